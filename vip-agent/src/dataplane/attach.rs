@@ -1,0 +1,118 @@
+//! Attaching the program to an interface through a pinned bpf_link, so that the
+//! attachment outlives the agent process (hitless restarts) and detaching is
+//! removing the pin.
+use std::{
+    ffi::CString,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::{
+    programs::{
+        links::{FdLink, PinnedLink},
+        Xdp, XdpMode,
+    },
+    Ebpf,
+};
+use vip_common::PROGRAM_NAME;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum AttachMode {
+    /// Native (driver) XDP, falling back to generic when the driver has none.
+    Auto,
+    /// Native XDP only.
+    Native,
+    /// Generic (skb) XDP only.
+    Generic,
+}
+
+#[derive(Clone, Debug)]
+pub struct Attached {
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    /// None when an earlier agent's attachment was found and kept.
+    pub mode: Option<AttachMode>,
+}
+
+fn link_pin(dir: &Path, iface: &str) -> PathBuf {
+    dir.join("links").join(iface)
+}
+
+/// ifindex and MAC of `iface` in the calling thread's network namespace.
+pub fn iface_info(iface: &str) -> Result<(u32, [u8; 6])> {
+    let c = CString::new(iface)?;
+    // SAFETY: valid C string.
+    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if ifindex == 0 {
+        bail!("no interface named {iface:?} in this network namespace");
+    }
+    // SIOCGIFHWADDR rather than /sys/class/net: sysfs may belong to another netns.
+    // SAFETY: plain socket/ioctl with a zeroed ifreq whose name fits (checked).
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        let name = iface.as_bytes();
+        if name.len() >= ifr.ifr_name.len() {
+            libc::close(fd);
+            bail!("interface name {iface:?} too long");
+        }
+        for (d, s) in ifr.ifr_name.iter_mut().zip(name) {
+            *d = *s as libc::c_char;
+        }
+        let r = libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut ifr);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if r < 0 {
+            bail!("reading the MAC of {iface}: {err}");
+        }
+        let sa = ifr.ifr_ifru.ifru_hwaddr.sa_data;
+        Ok((ifindex, [sa[0] as u8, sa[1] as u8, sa[2] as u8, sa[3] as u8, sa[4] as u8, sa[5] as u8]))
+    }
+}
+
+pub fn attach(ebpf: &mut Ebpf, dir: &Path, iface: &str, mode: AttachMode) -> Result<Attached> {
+    let (ifindex, mac) = iface_info(iface)?;
+    let pin = link_pin(dir, iface);
+    if pin.exists() {
+        match PinnedLink::from_pin(&pin) {
+            // Still attached from an earlier agent: keep it, no gap in forwarding.
+            Ok(_) => return Ok(Attached { ifindex, mac, mode: None }),
+            Err(_) => std::fs::remove_file(&pin).with_context(|| format!("removing stale {}", pin.display()))?,
+        }
+    }
+    let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("no program"))?.try_into()?;
+    let prog_pin = dir.join(PROGRAM_NAME);
+    if !prog_pin.exists() {
+        prog.pin(&prog_pin).with_context(|| format!("pinning the program at {}", prog_pin.display()))?;
+    }
+    let (id, used) = match mode {
+        AttachMode::Native => (prog.attach(iface, XdpMode::Driver)?, AttachMode::Native),
+        AttachMode::Generic => (prog.attach(iface, XdpMode::Skb)?, AttachMode::Generic),
+        AttachMode::Auto => match prog.attach(iface, XdpMode::Driver) {
+            Ok(id) => (id, AttachMode::Native),
+            Err(e) => {
+                tracing::info!(%iface, error = %e, "native XDP unavailable, using generic");
+                (prog.attach(iface, XdpMode::Skb)?, AttachMode::Generic)
+            }
+        },
+    };
+    let link = prog.take_link(id)?;
+    let fd_link = FdLink::try_from(link).context("XDP attachment is not a bpf_link (kernel too old?)")?;
+    std::fs::create_dir_all(pin.parent().expect("has parent"))?;
+    fd_link.pin(&pin).with_context(|| format!("pinning the link at {}", pin.display()))?;
+    Ok(Attached { ifindex, mac, mode: Some(used) })
+}
+
+/// Detaches from `iface` by removing the link pin (the kernel drops the link with
+/// its last reference). Returns whether there was an attachment.
+pub fn detach(dir: &Path, iface: &str) -> Result<bool> {
+    let pin = link_pin(dir, iface);
+    if !pin.exists() {
+        return Ok(false);
+    }
+    std::fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
+    Ok(true)
+}

@@ -1,0 +1,139 @@
+//! `vip-agent inspect`: the pinned maps decoded for a human, or as JSON.
+use std::{fmt::Write as _, net::Ipv4Addr};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::dataplane::{monotonic_ns, Dataplane};
+
+#[derive(Serialize)]
+pub struct Report {
+    pub held: Vec<HeldRow>,
+    pub services: Vec<ServiceRow>,
+    pub backends: Vec<BackendRow>,
+    pub reasons: Vec<CounterRow>,
+    pub flows: usize,
+}
+
+#[derive(Serialize)]
+pub struct HeldRow {
+    pub ifindex: u32,
+    pub vip: Ipv4Addr,
+    /// Milliseconds until the deadline; negative once stale (not answered).
+    pub expires_in_ms: i64,
+}
+
+#[derive(Serialize)]
+pub struct ServiceRow {
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    pub proto: &'static str,
+    pub id: u32,
+    pub table_size: u32,
+    pub packets: u64,
+    pub bytes: u64,
+    /// (backend id, slots) of this service's ring.
+    pub ring_share: Vec<(u32, u32)>,
+}
+
+#[derive(Serialize)]
+pub struct BackendRow {
+    pub id: u32,
+    pub addr: Ipv4Addr,
+    pub mac: String,
+    pub local: bool,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[derive(Serialize)]
+pub struct CounterRow {
+    pub reason: &'static str,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+pub fn mac_str(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn proto_name(p: u8) -> &'static str {
+    match p {
+        vip_common::PROTO_TCP => "tcp",
+        vip_common::PROTO_UDP => "udp",
+        _ => "?",
+    }
+}
+
+pub fn report(dp: &Dataplane) -> Result<Report> {
+    let now = monotonic_ns() as i64;
+    let counters = dp.counters()?;
+    let held = dp
+        .held_vips()?
+        .into_iter()
+        .map(|(ifindex, vip, d)| HeldRow { ifindex, vip, expires_in_ms: (d as i64 - now) / 1_000_000 })
+        .collect();
+    let mut services = Vec::new();
+    for (a, s, ring) in dp.services()? {
+        let mut share = std::collections::BTreeMap::<u32, u32>::new();
+        for id in ring {
+            *share.entry(id).or_default() += 1;
+        }
+        let (packets, bytes) = counters.services.get(&s.id).copied().unwrap_or_default();
+        services.push(ServiceRow {
+            vip: a.vip,
+            port: a.port,
+            proto: proto_name(a.proto),
+            id: s.id,
+            table_size: s.ring_size,
+            packets,
+            bytes,
+            ring_share: share.into_iter().collect(),
+        });
+    }
+    let backends = dp
+        .backends()?
+        .into_iter()
+        .map(|(id, b)| {
+            let (packets, bytes) = counters.backends.get(&id).copied().unwrap_or_default();
+            BackendRow {
+                id,
+                addr: Ipv4Addr::from(b.addr),
+                mac: mac_str(&b.mac),
+                local: b.flags & vip_common::BACKEND_LOCAL != 0,
+                packets,
+                bytes,
+            }
+        })
+        .collect();
+    let reasons = counters
+        .reasons
+        .iter()
+        .map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes })
+        .collect();
+    Ok(Report { held, services, backends, reasons, flows: dp.flow_count() })
+}
+
+pub fn render(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "HELD VIPS\n  {:<8} {:<16} {}", "IFINDEX", "VIP", "EXPIRES");
+    for h in &r.held {
+        let state = if h.expires_in_ms >= 0 { format!("in {} ms", h.expires_in_ms) } else { "STALE (not answered)".into() };
+        let _ = writeln!(s, "  {:<8} {:<16} {}", h.ifindex, h.vip, state);
+    }
+    let _ = writeln!(s, "\nSERVICES\n  {:<22} {:<4} {:<6} {:<10} {:<10} RING SHARE (backend:slots)", "VIP:PORT", "ID", "PROTO", "PACKETS", "BYTES");
+    for v in &r.services {
+        let share: Vec<String> = v.ring_share.iter().map(|(b, n)| format!("{b}:{n}")).collect();
+        let port = if v.port == 0 { "*frag".to_string() } else { v.port.to_string() };
+        let _ = writeln!(s, "  {:<22} {:<4} {:<6} {:<10} {:<10} {} / {}", format!("{}:{}", v.vip, port), v.id, v.proto, v.packets, v.bytes, share.join(" "), v.table_size);
+    }
+    let _ = writeln!(s, "\nBACKENDS\n  {:<4} {:<16} {:<18} {:<6} {:<10} BYTES", "ID", "ADDRESS", "MAC", "LOCAL", "PACKETS");
+    for b in &r.backends {
+        let _ = writeln!(s, "  {:<4} {:<16} {:<18} {:<6} {:<10} {}", b.id, b.addr, b.mac, b.local, b.packets, b.bytes);
+    }
+    let _ = writeln!(s, "\nCOUNTERS (flows in table: {})", r.flows);
+    for c in r.reasons.iter().filter(|c| c.packets > 0) {
+        let _ = writeln!(s, "  {:<28} {:>10} pkts {:>12} bytes", c.reason, c.packets, c.bytes);
+    }
+    s
+}

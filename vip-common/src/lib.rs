@@ -1,0 +1,242 @@
+//! Key and value layouts of the BPF maps, shared by the XDP program (`vip-ebpf`)
+//! and the agent (`vip-agent`). Everything is `#[repr(C)]` with explicit padding so
+//! both sides agree byte for byte; addresses and ports are stored in network byte
+//! order exactly as they appear in packets, so the data path never converts them.
+#![no_std]
+
+/// Map names; the agent pins each map under its bpffs directory with this name.
+pub mod map_names {
+    pub const IFACES: &str = "lb_ifaces";
+    pub const HELD: &str = "arp_held";
+    pub const SERVICES: &str = "lb4_services";
+    pub const BACKENDS: &str = "lb4_backends";
+    pub const RING: &str = "lb4_ring";
+    pub const FLOWS: &str = "lb4_flows";
+    pub const STATS: &str = "lb_stats";
+    pub const SERVICE_STATS: &str = "lb4_service_stats";
+    pub const BACKEND_STATS: &str = "lb4_backend_stats";
+    pub const ALL: [&str; 9] = [
+        IFACES,
+        HELD,
+        SERVICES,
+        BACKENDS,
+        RING,
+        FLOWS,
+        STATS,
+        SERVICE_STATS,
+        BACKEND_STATS,
+    ];
+}
+
+/// Name of the XDP program inside the object, and of its pin.
+pub const PROGRAM_NAME: &str = "vip_xdp";
+
+/// Capacity of the maps (the ring's is set by the agent at load time).
+pub const MAX_IFACES: u32 = 64;
+pub const MAX_HELD: u32 = 4096;
+pub const MAX_SERVICES: u32 = 4096;
+pub const MAX_BACKENDS: u32 = 4096;
+pub const MAX_FLOWS: u32 = 1 << 20;
+/// Default number of ring slots in `lb4_ring`, shared by all services.
+pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
+
+/// Ring slot value meaning "no backend" (a service whose backends are all gone).
+pub const NO_BACKEND: u32 = u32::MAX;
+
+/// IP protocol numbers used in [`ServiceKey::proto`].
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+/// `lb_ifaces`: ifindex of an interface the program is attached to → its MAC.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct IfaceConfig {
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+/// `arp_held` key: a VIP held on one interface.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct HeldKey {
+    pub ifindex: u32,
+    /// IPv4 address, network byte order.
+    pub vip: [u8; 4],
+}
+
+/// `arp_held` value: until when the agent vouches for holding the VIP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct HeldVip {
+    /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`). Past it the VIP is neither
+    /// answered nor load-balanced: a wedged agent loses its VIPs by itself.
+    pub deadline_ns: u64,
+}
+
+/// `lb4_services` key: (VIP, port, protocol). Fragments look up port 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ServiceKey {
+    pub vip: [u8; 4],
+    /// Network byte order; 0 is the entry fragments of this VIP/protocol use.
+    pub port: [u8; 2],
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// `lb4_services` value: where the service's Maglev ring lives in `lb4_ring`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Service {
+    /// Index into `lb4_service_stats`.
+    pub id: u32,
+    /// First slot of the ring in `lb4_ring`.
+    pub ring_offset: u32,
+    /// Ring size (a prime); 0 means no ring yet (counted as no backend).
+    pub ring_size: u32,
+    pub _pad: u32,
+}
+
+/// `lb4_backends` value flag: the backend is this node, hand the packet to the stack.
+pub const BACKEND_LOCAL: u32 = 1;
+
+/// `lb4_backends`: backend id (stored in ring slots and flows) → where to send.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Backend {
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// Node address, network byte order (for humans and `inspect`).
+    pub addr: [u8; 4],
+    pub flags: u32,
+}
+
+/// `lb4_flows` key: the 5-tuple (ports 0 for fragments).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+/// `lb4_flows` value: the backend chosen for the flow when it was first seen.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Flow {
+    pub backend: u32,
+    pub _pad: u32,
+}
+
+/// Packet and byte counter, one per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// Index into `lb_stats`: why the program returned what it returned.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    ArpAnswered = 0,
+    ArpNotHeld = 1,
+    ArpStale = 2,
+    ArpOther = 3,
+    Forwarded = 4,
+    PassedLocalBackend = 5,
+    PassedNotVip = 6,
+    PassedNotOwner = 7,
+    PassedIcmp = 8,
+    PassedFragmentNoService = 9,
+    DropMalformed = 10,
+    DropNoBackend = 11,
+    FlowRehashed = 12,
+    PassedOther = 13,
+}
+
+impl Reason {
+    pub const COUNT: u32 = 14;
+    pub const ALL: [Reason; Self::COUNT as usize] = [
+        Reason::ArpAnswered,
+        Reason::ArpNotHeld,
+        Reason::ArpStale,
+        Reason::ArpOther,
+        Reason::Forwarded,
+        Reason::PassedLocalBackend,
+        Reason::PassedNotVip,
+        Reason::PassedNotOwner,
+        Reason::PassedIcmp,
+        Reason::PassedFragmentNoService,
+        Reason::DropMalformed,
+        Reason::DropNoBackend,
+        Reason::FlowRehashed,
+        Reason::PassedOther,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::ArpAnswered => "arp_answered",
+            Reason::ArpNotHeld => "arp_not_held",
+            Reason::ArpStale => "arp_stale",
+            Reason::ArpOther => "arp_other",
+            Reason::Forwarded => "forwarded",
+            Reason::PassedLocalBackend => "passed_local_backend",
+            Reason::PassedNotVip => "passed_not_vip",
+            Reason::PassedNotOwner => "passed_not_owner",
+            Reason::PassedIcmp => "passed_icmp",
+            Reason::PassedFragmentNoService => "passed_fragment_no_service",
+            Reason::DropMalformed => "drop_malformed",
+            Reason::DropNoBackend => "drop_no_backend",
+            Reason::FlowRehashed => "flow_rehashed",
+            Reason::PassedOther => "passed_other",
+        }
+    }
+}
+
+/// The flow hash, shared so that userspace can predict the data path's choice
+/// (tests, `inspect`). A Jenkins-style mix of the 5-tuple words; fragments pass
+/// zero ports so every fragment of a datagram hashes alike.
+#[inline(always)]
+pub fn flow_hash(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2], proto: u8) -> u32 {
+    let mut a = u32::from_ne_bytes(src);
+    let mut b = u32::from_ne_bytes(dst);
+    let mut c = (u32::from(u16::from_ne_bytes(sport)) << 16 | u32::from(u16::from_ne_bytes(dport)))
+        ^ (u32::from(proto) << 8)
+        ^ 0x9e37_79b9;
+    // Bob Jenkins' final mix (lookup3 `final`).
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(14));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(11));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(25));
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(16));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(4));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(14));
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(24));
+    c
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are repr(C), Copy, with explicit padding and no pointers.
+    unsafe impl aya::Pod for IfaceConfig {}
+    unsafe impl aya::Pod for HeldKey {}
+    unsafe impl aya::Pod for HeldVip {}
+    unsafe impl aya::Pod for ServiceKey {}
+    unsafe impl aya::Pod for Service {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for Flow {}
+    unsafe impl aya::Pod for Counter {}
+}

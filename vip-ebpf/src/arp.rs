@@ -1,0 +1,65 @@
+//! ARP: answer requests for VIPs this node holds on the receiving interface.
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, programs::XdpContext};
+use network_types::{arp::ArpHdr, eth::EthHdr};
+use vip_common::{HeldKey, Reason};
+
+use crate::{
+    maps::{arp_held, lb_ifaces},
+    parse::{ptr_at, Verdict},
+};
+
+const ARPHRD_ETHER: u16 = 1;
+const ETH_P_IP: u16 = 0x0800;
+const ARPOP_REQUEST: u16 = 1;
+const ARPOP_REPLY: u16 = 2;
+
+/// Whether this node holds `vip` on `ifindex` now: an entry whose deadline has
+/// passed means the agent stopped vouching for it (fencing), so it counts as not held.
+#[inline(always)]
+pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<(), Reason> {
+    let key = HeldKey { ifindex, vip };
+    let deadline = match unsafe { arp_held.get(&key) } {
+        Some(h) => h.deadline_ns,
+        None => return Err(Reason::ArpNotHeld),
+    };
+    if unsafe { bpf_ktime_get_ns() } > deadline {
+        return Err(Reason::ArpStale);
+    }
+    Ok(())
+}
+
+/// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and
+/// sends it back out. Everything else (replies, gratuitous ARP, other targets,
+/// non-Ethernet/IPv4 ARP) passes untouched.
+#[inline(always)]
+pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict, ()> {
+    let arp: *mut ArpHdr = ptr_at(ctx, off)?;
+    let a = unsafe { &mut *arp };
+    if u16::from_be_bytes(a.htype) != ARPHRD_ETHER
+        || u16::from_be_bytes(a.ptype) != ETH_P_IP
+        || a.hlen != 6
+        || a.plen != 4
+        || u16::from_be_bytes(a.oper) != ARPOP_REQUEST
+        || a.spa == a.tpa
+    {
+        return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
+    }
+    let vip = a.tpa;
+    if let Err(reason) = arp_held_fresh(ifindex, vip) {
+        return Ok((xdp_action::XDP_PASS, reason));
+    }
+    let mac = match unsafe { lb_ifaces.get(&ifindex) } {
+        Some(cfg) => cfg.mac,
+        None => return Ok((xdp_action::XDP_PASS, Reason::ArpNotHeld)),
+    };
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
+    let eth = unsafe { &mut *eth };
+    eth.dst_addr = eth.src_addr;
+    eth.src_addr = mac;
+    a.oper = ARPOP_REPLY.to_be_bytes();
+    a.tha = a.sha;
+    a.tpa = a.spa;
+    a.sha = mac;
+    a.spa = vip;
+    Ok((xdp_action::XDP_TX, Reason::ArpAnswered))
+}

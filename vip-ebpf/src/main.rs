@@ -1,0 +1,44 @@
+//! vip XDP program: answers ARP for the VIPs this node holds and spreads VIP
+//! traffic over backend nodes with Maglev rings (see DESIGN.md, "Data path").
+#![no_std]
+#![no_main]
+
+mod arp;
+mod lb4;
+mod maps;
+mod parse;
+mod stats;
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use parse::{L3, Verdict};
+use vip_common::Reason;
+
+#[xdp]
+pub fn vip_xdp(ctx: XdpContext) -> u32 {
+    let (action, reason) = match try_vip_xdp(&ctx) {
+        Ok(v) => v,
+        Err(()) => (xdp_action::XDP_DROP, Reason::DropMalformed),
+    };
+    stats::count_reason(reason, ctx.data_end() - ctx.data());
+    action
+}
+
+#[inline(always)]
+fn try_vip_xdp(ctx: &XdpContext) -> Result<Verdict, ()> {
+    let ifindex = ctx.ingress_ifindex() as u32;
+    match parse::l3(ctx)? {
+        L3::Arp(off) => arp::arp_handle(ctx, ifindex, off),
+        L3::Ipv4(off) => lb4::lb4_handle(ctx, ifindex, off),
+        L3::Other => Ok((xdp_action::XDP_PASS, Reason::PassedOther)),
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

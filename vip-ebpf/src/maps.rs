@@ -1,0 +1,44 @@
+//! The program's maps. Every map is pinned by name under the agent's bpffs
+#![allow(non_upper_case_globals)]
+//! directory (default /sys/fs/bpf/vip) so it outlives agent restarts.
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use vip_common::*;
+
+/// ifindex of an interface we are attached to → its MAC (source of replies and forwards).
+#[map]
+pub static lb_ifaces: HashMap<u32, IfaceConfig> = HashMap::pinned(MAX_IFACES, 0);
+
+/// (ifindex, VIP) → deadline until which this node answers ARP for and balances the VIP.
+#[map]
+pub static arp_held: HashMap<HeldKey, HeldVip> = HashMap::pinned(MAX_HELD, 0);
+
+/// (VIP, port, protocol) → the service's id and its ring's place in `lb4_ring`.
+#[map]
+pub static lb4_services: HashMap<ServiceKey, Service> = HashMap::pinned(MAX_SERVICES, 0);
+
+/// backend id → backend node MAC, address and flags (BACKEND_LOCAL: pass to the stack).
+#[map]
+pub static lb4_backends: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
+
+/// ring slot (service ring_offset + index) → backend id; all services' Maglev rings.
+#[map]
+pub static lb4_ring: Array<u32> = Array::pinned(DEFAULT_RING_CAPACITY, 0);
+
+/// 5-tuple → backend chosen at the flow's first packet (connection stickiness).
+#[map]
+pub static lb4_flows: LruHashMap<FlowKey, Flow> = LruHashMap::pinned(MAX_FLOWS, 0);
+
+/// Reason → packets and bytes, per CPU.
+#[map]
+pub static lb_stats: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
+
+/// service id → packets and bytes balanced for it, per CPU.
+#[map]
+pub static lb4_service_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_SERVICES, 0);
+
+/// backend id → packets and bytes sent to it (forwarded or passed locally), per CPU.
+#[map]
+pub static lb4_backend_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_BACKENDS, 0);
