@@ -1,0 +1,135 @@
+//! Frame builders for fixtures: Ethernet (optionally one 802.1Q tag), ARP, IPv4
+//! TCP/UDP/ICMP, fragments. Checksums are real so captures read cleanly.
+use std::net::Ipv4Addr;
+
+pub type Mac = [u8; 6];
+pub const BROADCAST: Mac = [0xff; 6];
+
+fn csum(data: &[u8]) -> u16 {
+    let mut s: u32 = data.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+/// Ethernet header with an optional VLAN id.
+pub fn eth(dst: Mac, src: Mac, vlan: Option<u16>, ethertype: u16) -> Vec<u8> {
+    let mut f = Vec::with_capacity(64);
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    if let Some(v) = vlan {
+        f.extend_from_slice(&0x8100u16.to_be_bytes());
+        f.extend_from_slice(&(v & 0x0fff).to_be_bytes());
+    }
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f
+}
+
+/// An ARP packet (op 1 request, 2 reply) in an Ethernet frame.
+pub fn arp(dst: Mac, vlan: Option<u16>, op: u16, sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
+    let mut f = eth(dst, sha, vlan, 0x0806);
+    f.extend_from_slice(&[0, 1, 8, 0, 6, 4]);
+    f.extend_from_slice(&op.to_be_bytes());
+    f.extend_from_slice(&sha);
+    f.extend_from_slice(&spa.octets());
+    f.extend_from_slice(&tha);
+    f.extend_from_slice(&tpa.octets());
+    f
+}
+
+pub fn arp_request(sha: Mac, spa: Ipv4Addr, tpa: Ipv4Addr, vlan: Option<u16>) -> Vec<u8> {
+    arp(BROADCAST, vlan, 1, sha, spa, [0; 6], tpa)
+}
+
+/// The RFC 826 reply `our_mac` owes to `request` (same VLAN tag).
+pub fn arp_reply_for(request: &[u8], our_mac: Mac) -> Vec<u8> {
+    let off = if request[12..14] == [0x81, 0x00] { 18 } else { 14 };
+    let a = &request[off..off + 28];
+    let (sha, spa, tpa) = (&a[8..14], &a[14..18], &a[24..28]);
+    let mut r = request.to_vec();
+    r[0..6].copy_from_slice(sha);
+    r[6..12].copy_from_slice(&our_mac);
+    let b = &mut r[off..off + 28];
+    b[6..8].copy_from_slice(&2u16.to_be_bytes());
+    b[8..14].copy_from_slice(&our_mac);
+    b[14..18].copy_from_slice(tpa);
+    b[18..24].copy_from_slice(sha);
+    b[24..28].copy_from_slice(spa);
+    r
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Ip4 {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub proto: u8,
+    /// Fragment offset in 8-byte units and the more-fragments flag.
+    pub frag_offset: u16,
+    pub more_fragments: bool,
+    pub id: u16,
+}
+
+impl Ip4 {
+    pub fn new(src: Ipv4Addr, dst: Ipv4Addr, proto: u8) -> Self {
+        Self { src, dst, proto, frag_offset: 0, more_fragments: false, id: 1 }
+    }
+}
+
+/// An IPv4 packet with `payload` (an L4 header and data) in an Ethernet frame.
+pub fn ipv4(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, ip: Ip4, payload: &[u8]) -> Vec<u8> {
+    let mut f = eth(dst_mac, src_mac, vlan, 0x0800);
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&((20 + payload.len()) as u16).to_be_bytes());
+    h[4..6].copy_from_slice(&ip.id.to_be_bytes());
+    let frags = (ip.frag_offset & 0x1fff) | if ip.more_fragments { 0x2000 } else { 0 };
+    h[6..8].copy_from_slice(&frags.to_be_bytes());
+    h[8] = 64;
+    h[9] = ip.proto;
+    h[12..16].copy_from_slice(&ip.src.octets());
+    h[16..20].copy_from_slice(&ip.dst.octets());
+    let c = csum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&h);
+    f.extend_from_slice(payload);
+    f
+}
+
+pub fn tcp_header(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    let mut t = vec![0u8; 20];
+    t[0..2].copy_from_slice(&sport.to_be_bytes());
+    t[2..4].copy_from_slice(&dport.to_be_bytes());
+    t[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = flags;
+    t[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    t
+}
+
+pub fn udp_header(sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+    let mut u = vec![0u8; 8];
+    u[0..2].copy_from_slice(&sport.to_be_bytes());
+    u[2..4].copy_from_slice(&dport.to_be_bytes());
+    u[4..6].copy_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+    u.extend_from_slice(data);
+    u
+}
+
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_ACK: u8 = 0x10;
+
+pub fn tcp(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16)) -> Vec<u8> {
+    ipv4(dst_mac, src_mac, vlan, Ip4::new(src.0, dst.0, 6), &tcp_header(src.1, dst.1, TCP_SYN))
+}
+
+pub fn udp(dst_mac: Mac, src_mac: Mac, src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), data: &[u8]) -> Vec<u8> {
+    ipv4(dst_mac, src_mac, None, Ip4::new(src.0, dst.0, 17), &udp_header(src.1, dst.1, data))
+}
+
+pub fn icmp_echo(dst_mac: Mac, src_mac: Mac, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+    let mut m = vec![8u8, 0, 0, 0, 0, 1, 0, 1, b'v', b'i', b'p', 0];
+    let c = csum(&m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    ipv4(dst_mac, src_mac, None, Ip4::new(src, dst, 1), &m)
+}

@@ -1,0 +1,150 @@
+//! Network namespaces for tests, removed on Drop (also when a test fails), and
+//! helpers to run code or commands inside them. Only 198.18.0.0/15 addresses.
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::PathBuf,
+    process::{Command, Output},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A unique short name for this process and call: `prefix` + pid + counter.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}x{}", std::process::id() % 100_000, SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Runs a command; fails with its stderr when it fails.
+pub fn sh(args: &[&str]) -> Result<Output> {
+    let o = Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("starting {args:?}"))?;
+    if !o.status.success() {
+        bail!("{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(o)
+}
+
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let name = unique(prefix);
+        sh(&["ip", "netns", "add", &name])?;
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+
+    /// `ip -n NS ARGS...`
+    pub fn ip(&self, args: &[&str]) -> Result<Output> {
+        let mut a = vec!["ip", "-n", &self.name];
+        a.extend_from_slice(args);
+        sh(&a)
+    }
+
+    /// A command run inside the namespace (network only; mounts stay, so bpffs too).
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", self.path().display())).arg("--").arg(program);
+        c
+    }
+
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
+        let o = self.cmd("sysctl").args(["-qw", &format!("{key}={value}")]).output()?;
+        if !o.status.success() {
+            bail!("sysctl {key}={value} in {}: {}", self.name, String::from_utf8_lossy(&o.stderr));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace; sockets made
+    /// there stay in it.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let file = File::open(self.path())?;
+        let h = std::thread::spawn(move || {
+            // SAFETY: valid namespace fd; only this thread changes namespace.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                panic!("setns: {}", std::io::Error::last_os_error());
+            }
+            f()
+        });
+        h.join().map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))
+    }
+
+    /// Spawns a long-running thread inside the namespace.
+    pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<std::thread::JoinHandle<T>> {
+        let file = File::open(self.path())?;
+        Ok(std::thread::spawn(move || {
+            // SAFETY: as in `run`.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                panic!("setns: {}", std::io::Error::last_os_error());
+            }
+            f()
+        }))
+    }
+
+    /// MAC of `iface` in this namespace.
+    pub fn mac(&self, iface: &str) -> Result<[u8; 6]> {
+        let o = self.ip(&["-br", "link", "show", iface])?;
+        let s = String::from_utf8_lossy(&o.stdout);
+        let mac = s.split_whitespace().nth(2).context("no MAC in ip output")?;
+        let b: Vec<u8> = mac.split(':').map(|x| u8::from_str_radix(x, 16)).collect::<Result<_, _>>()?;
+        Ok(b.try_into().map_err(|_| anyhow::anyhow!("bad MAC {mac}"))?)
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Deleting the namespace removes its veth ends (and their peers).
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// Connects `a`:`a_if` to `b`:`b_if` with a veth pair, both up.
+pub fn veth(a: &NetNs, a_if: &str, b: &NetNs, b_if: &str) -> Result<()> {
+    sh(&["ip", "-n", &a.name, "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name])?;
+    a.ip(&["link", "set", a_if, "up"])?;
+    b.ip(&["link", "set", b_if, "up"])?;
+    Ok(())
+}
+
+/// A bpffs directory for one test, removed (with everything pinned) on Drop.
+pub struct PinDir {
+    pub path: PathBuf,
+}
+
+impl PinDir {
+    pub fn new() -> Result<Self> {
+        let path = PathBuf::from("/sys/fs/bpf").join(unique("vip-test-"));
+        vip_agent::dataplane::ensure_bpffs_dir(&path)?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Whether the privileged tests can run here. Without root they are skipped with
+/// a message, except under CI (CI=true), where skipping is a failure.
+pub fn privileged() -> bool {
+    // SAFETY: no arguments.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("CI=true but not root: the BPF and netns tests must run in CI");
+        }
+        eprintln!("skipping: BPF/netns tests need root (they run under CI=true)");
+    }
+    root
+}

@@ -54,7 +54,8 @@ pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     };
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     let eth = unsafe { &mut *eth };
-    eth.dst_addr = eth.src_addr;
+    // RFC 826: the reply goes to the sender hardware address (as Linux does).
+    eth.dst_addr = a.sha;
     eth.src_addr = mac;
     a.oper = ARPOP_REPLY.to_be_bytes();
     a.tha = a.sha;

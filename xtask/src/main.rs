@@ -1,1 +1,93 @@
-fn main(){}
+//! Project tasks: `cargo xtask setup | build-ebpf | test | bench`.
+mod setup;
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what building and testing need (idempotent): Debian packages,
+    /// rust-src for the nightly, bpf-linker against the nightly's LLVM, bpffs.
+    Setup,
+    /// Build the XDP object (release, with BTF) with the nightly toolchain.
+    BuildEbpf,
+    /// setup + build-ebpf + the whole test suite (BPF and netns tests need root).
+    Test {
+        /// Extra arguments for `cargo test` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// setup + build-ebpf + benchmarks; results go to bench-results/ and are
+    /// summarised for BENCHMARKS.md.
+    Bench,
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned()
+}
+
+/// Runs `cmd`, failing with its description when it does not succeed.
+pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    eprintln!("xtask: {what}");
+    let st = cmd.status().with_context(|| format!("{what}: could not start {:?}", cmd.get_program()))?;
+    if !st.success() {
+        bail!("{what} failed ({st})");
+    }
+    Ok(())
+}
+
+/// `cargo` for the stable userspace build, without the variables `cargo run`
+/// gave this process (they would pin the wrong toolchain or target dir).
+pub fn cargo(toolchain: Option<&str>) -> Command {
+    let mut c = Command::new("cargo");
+    if let Some(t) = toolchain {
+        c.arg(format!("+{t}"));
+    }
+    for v in ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"] {
+        c.env_remove(v);
+    }
+    c.current_dir(root());
+    c
+}
+
+fn build_ebpf() -> Result<()> {
+    let mut c = cargo(Some("nightly"));
+    c.current_dir(root().join("vip-ebpf")).args(["build", "--release"]);
+    run(&mut c, "building the XDP object (vip-ebpf, nightly, bpfel-unknown-none)")?;
+    let obj = root().join("vip-ebpf/target/bpfel-unknown-none/release/vip");
+    eprintln!("xtask: XDP object at {}", obj.display());
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Setup => setup::setup(),
+        Cmd::BuildEbpf => build_ebpf(),
+        Cmd::Test { args } => {
+            setup::setup()?;
+            build_ebpf()?;
+            let mut c = cargo(None);
+            c.args(["test", "--workspace", "--release"]);
+            if !args.is_empty() {
+                c.arg("--").args(&args);
+            }
+            run(&mut c, "running the test suite")
+        }
+        Cmd::Bench => {
+            setup::setup()?;
+            build_ebpf()?;
+            let mut c = cargo(None);
+            c.args(["run", "--release", "-p", "vip-tests", "--bin", "vip-bench", "--"]).arg(root().join("bench-results"));
+            run(&mut c, "running the benchmarks")
+        }
+    }
+}

@@ -360,6 +360,10 @@ impl Dataplane {
                 self.ring_alloc.free(s.ring_offset, s.ring_size);
             }
         }
+        // Flows of this service pinned to a backend it no longer has re-hash.
+        let kept: BTreeSet<u32> = slots.iter().copied().collect();
+        let (vip, port) = (key.vip, key.port);
+        self.evict_flows(|k, f| k.dst == vip && k.proto == addr.proto && (k.dport == port || k.dport == [0, 0]) && !kept.contains(&f.backend))?;
         self.rings.insert(addr, slots);
         self.update_fragment_alias(addr.vip, addr.proto)?;
         self.collect_backends()?;
@@ -410,13 +414,13 @@ impl Dataplane {
             ignore_missing(self.backends.remove(id))?;
             reset_counter(&mut self.backend_stats, *id)?;
         }
-        self.evict_flows(|f| gone.contains(&f.backend))?;
+        self.evict_flows(|_, f| gone.contains(&f.backend))?;
         Ok(())
     }
 
     /// Removes flow-table entries matching `pred`; returns how many.
-    pub fn evict_flows(&mut self, pred: impl Fn(&Flow) -> bool) -> Result<usize> {
-        let stale: Vec<FlowKey> = self.flows.iter().filter_map(|kv| kv.ok()).filter(|(_, f)| pred(f)).map(|(k, _)| k).collect();
+    pub fn evict_flows(&mut self, pred: impl Fn(&FlowKey, &Flow) -> bool) -> Result<usize> {
+        let stale: Vec<FlowKey> = self.flows.iter().filter_map(|kv| kv.ok()).filter(|(k, f)| pred(k, f)).map(|(k, _)| k).collect();
         for k in &stale {
             ignore_missing(self.flows.remove(k))?;
         }

@@ -1,0 +1,296 @@
+//! Packet fixtures through BPF_PROG_TEST_RUN: input frame, expected verdict,
+//! expected output frame, byte for byte. Then truncations and random mutations
+//! of every fixture: the program must never transmit a frame it did not build.
+use std::net::Ipv4Addr;
+
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+use vip_agent::dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr};
+use vip_common::{flow_hash, PROTO_TCP, PROTO_UDP};
+use vip_tests::{
+    frames::{self, Ip4, Mac},
+    netns::{privileged, PinDir},
+};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+
+/// BPF_PROG_TEST_RUN runs the program as if received on the loopback device.
+const IFINDEX: u32 = 1;
+const OUR_MAC: Mac = [0x02, 0, 0, 0, 0, 0x01];
+const CLIENT_MAC: Mac = [0x02, 0, 0, 0, 0, 0xaa];
+const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+const VIP_STALE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
+const VIP_NOT_HELD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 102);
+const VIP_LOCAL: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 103);
+const VIP_EMPTY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 104);
+const OTHER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 200);
+const TABLE: u32 = 251;
+
+fn backend(i: u8) -> BackendSpec {
+    BackendSpec {
+        name: format!("node-{i}"),
+        addr: Ipv4Addr::new(198, 18, 0, 10 + i),
+        mac: [0x02, 0, 0, 0, 0x10, i],
+        weight: 1,
+        local: false,
+    }
+}
+
+fn svc(vip: Ipv4Addr, port: u16, proto: u8) -> ServiceAddr {
+    ServiceAddr { vip, port, proto }
+}
+
+struct World {
+    dp: Dataplane,
+    _pins: PinDir,
+}
+
+fn world() -> World {
+    let pins = PinDir::new().unwrap();
+    let mut dp = Dataplane::load(&pins.path, 1 << 16).unwrap();
+    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    for v in [VIP, VIP_LOCAL, VIP_EMPTY] {
+        dp.hold_vip(IFINDEX, v, hour).unwrap();
+    }
+    dp.hold_vip(IFINDEX, VIP_STALE, 1).unwrap();
+    let three = [backend(1), backend(2), backend(3)];
+    for s in [svc(VIP, 80, PROTO_TCP), svc(VIP, 53, PROTO_UDP), svc(VIP_STALE, 80, PROTO_TCP), svc(VIP_NOT_HELD, 80, PROTO_TCP)] {
+        dp.set_service(s, &three, TABLE, 0).unwrap();
+    }
+    let me = BackendSpec { local: true, ..backend(9) };
+    dp.set_service(svc(VIP_LOCAL, 80, PROTO_TCP), &[me], TABLE, 0).unwrap();
+    dp.set_service(svc(VIP_EMPTY, 80, PROTO_TCP), &[], TABLE, 0).unwrap();
+    World { dp, _pins: pins }
+}
+
+/// The backend MAC the ring gives a new flow, computed from the maps in userspace.
+fn ring_choice(dp: &Dataplane, s: ServiceAddr, src: Ipv4Addr, sport: u16, dport: u16) -> Mac {
+    let (_, entry, ring) = dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap();
+    let h = flow_hash(src.octets(), s.vip.octets(), sport.to_be_bytes(), dport.to_be_bytes(), s.proto);
+    let id = ring[(h % entry.ring_size) as usize];
+    dp.backends().unwrap()[&id].mac
+}
+
+fn forwarded(frame: &[u8], to: Mac) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[0..6].copy_from_slice(&to);
+    f[6..12].copy_from_slice(&OUR_MAC);
+    f
+}
+
+struct Case {
+    name: &'static str,
+    input: Vec<u8>,
+    verdict: u32,
+    /// None: the frame must come out unchanged.
+    output: Option<Vec<u8>>,
+}
+
+fn cases(dp: &Dataplane) -> Vec<Case> {
+    let req = |tpa, vlan| frames::arp_request(CLIENT_MAC, CLIENT, tpa, vlan);
+    let tcp = |dst, sport, dport, vlan| frames::tcp(OUR_MAC, CLIENT_MAC, vlan, (CLIENT, sport), (dst, dport));
+    let fwd_tcp = tcp(VIP, 40000, 80, None);
+    let fwd_tcp_vlan = tcp(VIP, 40001, 80, Some(42));
+    let fwd_udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 5353), (VIP, 53), b"query");
+    let mut frag1 = Ip4::new(CLIENT, VIP, PROTO_UDP);
+    frag1.more_fragments = true;
+    frag1.id = 77;
+    let first_frag = frames::ipv4(OUR_MAC, CLIENT_MAC, None, frag1, &frames::udp_header(5353, 53, &[7u8; 32]));
+    let later = Ip4 { frag_offset: 5, more_fragments: false, ..frag1 };
+    let last_frag = frames::ipv4(OUR_MAC, CLIENT_MAC, None, later, &[9u8; 24]);
+    // Fragments hash with zero ports: both go where (src, dst, proto) points.
+    let frag_to = ring_choice(dp, svc(VIP, 53, PROTO_UDP), CLIENT, 0, 0);
+    vec![
+        Case { name: "arp request for held VIP is answered", input: req(VIP, None), verdict: XDP_TX, output: Some(frames::arp_reply_for(&req(VIP, None), OUR_MAC)) },
+        Case { name: "arp request in VLAN 42 is answered in VLAN 42", input: req(VIP, Some(42)), verdict: XDP_TX, output: Some(frames::arp_reply_for(&req(VIP, Some(42)), OUR_MAC)) },
+        Case { name: "arp request for an unheld address passes", input: req(OTHER, None), verdict: XDP_PASS, output: None },
+        Case { name: "arp request for a stale VIP passes (fenced)", input: req(VIP_STALE, None), verdict: XDP_PASS, output: None },
+        Case { name: "arp reply passes", input: frames::arp(OUR_MAC, None, 2, CLIENT_MAC, CLIENT, OUR_MAC, VIP), verdict: XDP_PASS, output: None },
+        Case { name: "gratuitous arp for a held VIP passes", input: frames::arp(frames::BROADCAST, None, 1, CLIENT_MAC, VIP, [0; 6], VIP), verdict: XDP_PASS, output: None },
+        Case { name: "tcp to VIP forwarded to the ring's backend", output: Some(forwarded(&fwd_tcp, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40000, 80))), input: fwd_tcp, verdict: XDP_TX },
+        Case { name: "tcp to VIP in VLAN 42 forwarded", output: Some(forwarded(&fwd_tcp_vlan, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40001, 80))), input: fwd_tcp_vlan, verdict: XDP_TX },
+        Case { name: "udp to VIP forwarded to the ring's backend", output: Some(forwarded(&fwd_udp, ring_choice(dp, svc(VIP, 53, PROTO_UDP), CLIENT, 5353, 53))), input: fwd_udp, verdict: XDP_TX },
+        Case { name: "first fragment hashed on addresses", output: Some(forwarded(&first_frag, frag_to)), input: first_frag, verdict: XDP_TX },
+        Case { name: "later fragment follows the first", output: Some(forwarded(&last_frag, frag_to)), input: last_frag, verdict: XDP_TX },
+        Case { name: "backend is this node: passed to the stack", input: tcp(VIP_LOCAL, 40000, 80, None), verdict: XDP_PASS, output: None },
+        Case { name: "service without backends: dropped", input: tcp(VIP_EMPTY, 40000, 80, None), verdict: XDP_DROP, output: None },
+        Case { name: "service of a VIP not held here: passed", input: tcp(VIP_NOT_HELD, 40000, 80, None), verdict: XDP_PASS, output: None },
+        Case { name: "service of a stale VIP: passed", input: tcp(VIP_STALE, 40000, 80, None), verdict: XDP_PASS, output: None },
+        Case { name: "tcp to VIP on a port without service: passed", input: tcp(VIP, 40000, 81, None), verdict: XDP_PASS, output: None },
+        Case { name: "tcp to a non-VIP address: passed", input: tcp(OTHER, 40000, 80, None), verdict: XDP_PASS, output: None },
+        Case { name: "icmp echo to VIP: local stack", input: frames::icmp_echo(OUR_MAC, CLIENT_MAC, CLIENT, VIP), verdict: XDP_PASS, output: None },
+        Case { name: "ipv6 frame: passed", input: frames::eth(OUR_MAC, CLIENT_MAC, None, 0x86dd).into_iter().chain([0x60, 0, 0, 0]).collect(), verdict: XDP_PASS, output: None },
+    ]
+}
+
+#[test]
+fn fixtures_byte_for_byte() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    for c in cases(&w.dp) {
+        let (verdict, out, _) = w.dp.test_run(&c.input, 1, None).unwrap();
+        assert_eq!(verdict, c.verdict, "{}: verdict", c.name);
+        let want = c.output.unwrap_or_else(|| c.input.clone());
+        assert_eq!(out, want, "{}: output frame", c.name);
+    }
+    let counters = w.dp.counters().unwrap();
+    assert!(counters.reasons["arp_answered"].0 >= 2);
+    assert!(counters.reasons["forwarded"].0 >= 5);
+    assert!(counters.reasons["drop_no_backend"].0 >= 1);
+    assert!(counters.reasons["arp_stale"].0 >= 1);
+    assert!(counters.reasons["passed_local_backend"].0 >= 1);
+    assert!(counters.reasons["passed_icmp"].0 >= 1);
+    // Per-service and per-backend counters saw the forwarded packets.
+    assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 6);
+    assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 5);
+}
+
+#[test]
+fn ten_thousand_flows_are_stable_and_spread() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let mut per_backend = std::collections::BTreeMap::<Mac, u32>::new();
+    for i in 0..10_000u32 {
+        let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + i / 50);
+        let sport = 20000 + (i % 50) as u16 * 7;
+        let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (src, sport), (VIP, 80));
+        let want = ring_choice(&w.dp, s, src, sport, 80);
+        for _ in 0..2 {
+            let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+            assert_eq!(v, XDP_TX);
+            assert_eq!(out[0..6], want, "flow {src}:{sport} moved");
+        }
+        *per_backend.entry(want).or_default() += 1;
+    }
+    assert_eq!(per_backend.len(), 3);
+    for (mac, n) in &per_backend {
+        assert!((2900..=3800).contains(n), "backend {mac:?} got {n} of 10000 flows");
+    }
+}
+
+#[test]
+fn flow_table_keeps_flows_across_ring_changes() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let three = [backend(1), backend(2), backend(3)];
+    // Find a flow that a fourth backend would take over.
+    let four = [backend(1), backend(2), backend(3), backend(4)];
+    let mut flows = Vec::new();
+    for sport in 30000..31000u16 {
+        let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+        let (_, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+        flows.push((sport, f, <Mac>::try_from(&out[0..6]).unwrap()));
+    }
+    w.dp.set_service(s, &four, TABLE, 0).unwrap();
+    let moved: Vec<_> = flows.iter().filter(|(sport, _, before)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *before).collect();
+    assert!(!moved.is_empty(), "adding a backend moved no ring slot for 1000 flows");
+    for (sport, f, before) in &moved {
+        let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
+        assert_eq!(&out[0..6], before, "established flow {sport} followed the new ring");
+    }
+    // New flows do use the new backend.
+    let (_, out, _) = w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 9), (VIP, 80)), 1, None).unwrap();
+    assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, 9, 80));
+
+    // Removing backends 3 and 4 evicts their flows: they re-hash, and only they move.
+    w.dp.set_service(s, &three[..2], TABLE, 0).unwrap();
+    let gone = backend(3).mac;
+    for (sport, f, before) in &flows {
+        let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
+        if *before == gone {
+            assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, *sport, 80), "flow {sport} of the removed backend");
+            assert_ne!(out[0..6], gone);
+        } else {
+            assert_eq!(&out[0..6], before, "flow {sport} on a surviving backend moved");
+        }
+    }
+}
+
+/// Checks one run of a possibly malformed frame: a passed frame is unchanged; a
+/// transmitted one is exactly an ARP reply we owe or a forward of a frame to a
+/// held VIP service, with only the MACs rewritten.
+fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> Result<(), String> {
+    match verdict {
+        XDP_PASS => (out == input).then_some(()).ok_or("passed frame was modified".into()),
+        XDP_DROP => Ok(()),
+        XDP_TX => {
+            let off = if input.len() >= 14 && input[12..14] == [0x81, 0x00] { 18 } else { 14 };
+            let ethertype = input.get(off - 2..off).ok_or("TX of a frame without ethertype")?;
+            if ethertype == [0x08, 0x06] {
+                let a = input.get(off..off + 28).ok_or("TX of a truncated ARP frame")?;
+                let held = [VIP, VIP_LOCAL, VIP_EMPTY].map(|v| v.octets());
+                if a[0..8] != [0, 1, 8, 0, 6, 4, 0, 1] || !held.contains(&a[24..28].try_into().unwrap()) || a[14..18] == a[24..28] {
+                    return Err("TX of an ARP frame that is not a request for a held VIP".into());
+                }
+                (out == frames::arp_reply_for(input, OUR_MAC)).then_some(()).ok_or("ARP reply is not the one owed".into())
+            } else if ethertype == [0x08, 0x00] {
+                let ip = input.get(off..off + 20).ok_or("TX of a truncated IPv4 frame")?;
+                let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+                if ip[0] >> 4 != 4 || dst != VIP || !(ip[9] == 6 || ip[9] == 17) {
+                    return Err(format!("TX of IPv4 that is not TCP/UDP to the balanced VIP: {dst} proto {}", ip[9]));
+                }
+                let to: Mac = out[0..6].try_into().unwrap();
+                let ok = out.len() == input.len() && out[12..] == input[12..] && out[6..12] == OUR_MAC && backend_macs.contains(&to);
+                ok.then_some(()).ok_or("forwarded frame altered beyond its MACs".into())
+            } else {
+                Err("TX of a frame that is neither ARP nor IPv4".into())
+            }
+        }
+        v => Err(format!("unexpected verdict {v}")),
+    }
+}
+
+#[test]
+fn truncations_and_mutations_never_mis_forward() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let macs: Vec<Mac> = w.dp.backends().unwrap().values().map(|b| b.mac).collect();
+    let mut rng = SmallRng::seed_from_u64(0x5eed);
+    let (mut runs, mut refused) = (0u32, 0u32);
+    for c in cases(&w.dp) {
+        // Every truncation. The kernel refuses frames shorter than an Ethernet header.
+        for len in 0..=c.input.len() {
+            let input = &c.input[..len];
+            match w.dp.test_run(input, 1, None) {
+                Ok((v, out, _)) => {
+                    runs += 1;
+                    check_safe(input, v, &out, &macs).unwrap_or_else(|e| panic!("{}: truncated to {len}: {e}", c.name));
+                }
+                Err(e) => {
+                    assert!(len < 14, "{}: truncated to {len} refused: {e:#}", c.name);
+                    refused += 1;
+                }
+            }
+        }
+        // Random mutations: 1 to 4 bytes flipped, sometimes a length change.
+        for _ in 0..2000 {
+            let mut m = c.input.clone();
+            for _ in 0..rng.random_range(1..=4) {
+                let i = rng.random_range(0..m.len());
+                m[i] = rng.random();
+            }
+            if rng.random_ratio(1, 5) {
+                m.truncate(rng.random_range(14..=m.len()));
+            }
+            let (v, out, _) = w.dp.test_run(&m, 1, None).unwrap_or_else(|e| panic!("{}: mutation refused: {e:#}", c.name));
+            runs += 1;
+            check_safe(&m, v, &out, &macs).unwrap_or_else(|e| panic!("{}: mutation {m:02x?}: {e}", c.name));
+        }
+    }
+    assert!(runs > 5000, "only {runs} runs");
+    assert!(refused > 0);
+    assert!(w.dp.counters().unwrap().reasons["drop_malformed"].0 > 0, "no truncation counted as malformed");
+}
