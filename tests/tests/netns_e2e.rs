@@ -1,0 +1,194 @@
+//! Real packets in namespaces this test makes: ARP answers seen by arping, and a
+//! TCP connection through a VIP reaching the backend the ring chose (L2 DSR).
+//! Addresses are from 198.18.0.0/15 only; everything is removed on Drop.
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use vip_agent::dataplane::{self, monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr};
+use vip_common::{flow_hash, PROTO_TCP};
+use vip_tests::netns::{privileged, sh, veth, NetNs, PinDir};
+
+fn hex_mac(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+}
+
+fn arping(ns: &NetNs, iface: &str, target: Ipv4Addr) -> (bool, String) {
+    let o = ns.cmd("arping").args(["-c", "2", "-w", "2", "-I", iface, &target.to_string()]).output().unwrap();
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+fn in_ten_s() -> u64 {
+    monotonic_ns() + 10_000_000_000
+}
+
+#[test]
+fn arping_gets_our_mac_only_for_held_fresh_vips() {
+    if !privileged() {
+        return;
+    }
+    let client = NetNs::new("vcl").unwrap();
+    let node = NetNs::new("vnd").unwrap();
+    veth(&client, "c0", &node, "n0").unwrap();
+    client.ip(&["addr", "add", "198.18.1.1/24", "dev", "c0"]).unwrap();
+    node.ip(&["addr", "add", "198.18.1.2/24", "dev", "n0"]).unwrap();
+    let pins = PinDir::new().unwrap();
+    let dir = pins.path.clone();
+    let (mut dp, ifindex) = node
+        .run(move || {
+            let mut dp = Dataplane::load(&dir, 1 << 16).unwrap();
+            let a = dp.attach("n0", AttachMode::Generic).unwrap();
+            assert_eq!(a.mode, Some(AttachMode::Generic));
+            (dp, a.ifindex)
+        })
+        .unwrap();
+    let vip = Ipv4Addr::new(198, 18, 1, 100);
+    let node_mac = hex_mac(node.mac("n0").unwrap());
+    dp.hold_vip(ifindex, vip, in_ten_s()).unwrap();
+
+    let (ok, out) = arping(&client, "c0", vip);
+    assert!(ok && out.contains(&node_mac), "no ARP answer with {node_mac} for held {vip}: {out}");
+    let (ok, out) = arping(&client, "c0", Ipv4Addr::new(198, 18, 1, 101));
+    assert!(!ok && !out.contains(&node_mac), "answered for an unheld address: {out}");
+
+    // bpftool reads the pinned maps: the held VIP (c6 12 01 64) is in arp_held.
+    let dump = sh(&["bpftool", "map", "dump", "pinned", pins.path.join("arp_held").to_str().unwrap()]).unwrap();
+    assert!(String::from_utf8_lossy(&dump.stdout).contains("c6 12 01 64"), "bpftool dump lacks the VIP");
+
+    // Agent restart: drop everything this "process" held, re-open from the pins.
+    drop(dp);
+    let mut dp = Dataplane::open(&pins.path).unwrap();
+    assert_eq!(dp.held_vips().unwrap().len(), 1);
+    let (ok, _) = arping(&client, "c0", vip);
+    assert!(ok, "ARP answers stopped after the agent let go of its handles");
+    let dir = pins.path.clone();
+    let again = node.run(move || Dataplane::load(&dir, 1 << 16).unwrap().attach("n0", AttachMode::Auto).unwrap().mode).unwrap();
+    assert_eq!(again, None, "a restarted agent must keep the pinned attachment");
+
+    // Fencing: a deadline in the past is not answered.
+    dp.hold_vip(ifindex, vip, monotonic_ns() - 1).unwrap();
+    let (ok, _) = arping(&client, "c0", vip);
+    assert!(!ok, "answered ARP for a stale VIP");
+    assert!(dp.counters().unwrap().reasons["arp_stale"].0 > 0);
+
+    // Detach removes the program from the interface.
+    let link = String::from_utf8_lossy(&node.ip(&["link", "show", "n0"]).unwrap().stdout).into_owned();
+    assert!(link.contains("xdp"), "{link}");
+    assert!(dataplane::detach(&pins.path, "n0").unwrap());
+    let link = String::from_utf8_lossy(&node.ip(&["link", "show", "n0"]).unwrap().stdout).into_owned();
+    assert!(!link.contains("xdp"), "still attached after detach: {link}");
+}
+
+/// A TCP server in `ns` answering its name to each connection until `stop`.
+fn name_server(ns: &NetNs, name: &'static str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u32> {
+    ns.spawn(move || {
+        let l = TcpListener::bind("0.0.0.0:8080").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let mut served = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    let _ = s.write_all(name.as_bytes());
+                    served += 1;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        served
+    })
+    .unwrap()
+}
+
+/// Connects from `src`:`sport` to `dst` and reads the answer.
+fn fetch(src: Ipv4Addr, sport: u16, dst: SocketAddr) -> std::io::Result<String> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::from((src, sport)).into())?;
+    s.connect_timeout(&dst.into(), Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let mut t: std::net::TcpStream = s.into();
+    let mut out = String::new();
+    t.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn tcp_through_the_vip_reaches_the_ring_choice() {
+    if !privileged() {
+        return;
+    }
+    let bridge = NetNs::new("vbr").unwrap();
+    bridge.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
+    bridge.ip(&["link", "set", "br0", "up"]).unwrap();
+    let plug = |ns: &NetNs, port: &str, addr: &str| {
+        veth(ns, "eth0", &bridge, port).unwrap();
+        bridge.ip(&["link", "set", port, "master", "br0"]).unwrap();
+        ns.ip(&["addr", "add", addr, "dev", "eth0"]).unwrap();
+    };
+    let client = NetNs::new("vcl").unwrap();
+    let lb = NetNs::new("vlb").unwrap();
+    let k1 = NetNs::new("vk1").unwrap();
+    let k2 = NetNs::new("vk2").unwrap();
+    plug(&client, "p-cl", "198.18.2.1/24");
+    plug(&lb, "p-lb", "198.18.2.2/24");
+    plug(&k1, "p-k1", "198.18.2.11/24");
+    plug(&k2, "p-k2", "198.18.2.12/24");
+    let vip = Ipv4Addr::new(198, 18, 2, 100);
+    // Backends accept the VIP (on lo, as kube-proxy would) but never ARP for it.
+    for k in [&k1, &k2] {
+        k.ip(&["addr", "add", "198.18.2.100/32", "dev", "lo"]).unwrap();
+        k.sysctl("net.ipv4.conf.all.arp_ignore", "1").unwrap();
+        k.sysctl("net.ipv4.conf.all.arp_announce", "2").unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers = [name_server(&k1, "k1", stop.clone()), name_server(&k2, "k2", stop.clone())];
+
+    let pins = PinDir::new().unwrap();
+    let dir = pins.path.clone();
+    let (mut dp, ifindex) = lb
+        .run(move || {
+            let mut dp = Dataplane::load(&dir, 1 << 16).unwrap();
+            let a = dp.attach("eth0", AttachMode::Generic).unwrap();
+            (dp, a.ifindex)
+        })
+        .unwrap();
+    dp.hold_vip(ifindex, vip, monotonic_ns() + 60_000_000_000).unwrap();
+    let spec = |name: &str, ns: &NetNs, last: u8| BackendSpec {
+        name: name.into(),
+        addr: Ipv4Addr::new(198, 18, 2, last),
+        mac: ns.mac("eth0").unwrap(),
+        weight: 1,
+        local: false,
+    };
+    let s = ServiceAddr { vip, port: 8080, proto: PROTO_TCP };
+    dp.set_service(s, &[spec("k1", &k1, 11), spec("k2", &k2, 12)], 251, 0).unwrap();
+    let (_, entry, ring) = dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap();
+    let backends = dp.backends().unwrap();
+
+    let client_ip = Ipv4Addr::new(198, 18, 2, 1);
+    let mut seen = std::collections::BTreeMap::<String, u32>::new();
+    for sport in 41000..41020u16 {
+        let h = flow_hash(client_ip.octets(), vip.octets(), sport.to_be_bytes(), 8080u16.to_be_bytes(), PROTO_TCP);
+        let chosen = backends[&ring[(h % entry.ring_size) as usize]].addr;
+        let want = if chosen == [198, 18, 2, 11] { "k1" } else { "k2" };
+        let got = client.run(move || fetch(client_ip, sport, SocketAddr::from((vip, 8080)))).unwrap();
+        let got = got.unwrap_or_else(|e| panic!("connection from port {sport} to the VIP failed: {e}"));
+        assert_eq!(got, want, "port {sport}");
+        *seen.entry(got).or_default() += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let served: u32 = servers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(served, 20);
+    assert_eq!(seen.len(), 2, "all 20 connections went to one backend: {seen:?}");
+    let c = dp.counters().unwrap();
+    assert!(c.reasons["arp_answered"].0 >= 1);
+    assert!(c.reasons["forwarded"].0 >= 20 * 3, "{:?}", c.reasons);
+}
