@@ -1,2 +1,3 @@
 pub mod frames;
+pub mod lab;
 pub mod netns;

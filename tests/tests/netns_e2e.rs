@@ -2,18 +2,19 @@
 //! TCP connection through a VIP reaching the backend the ring chose (L2 DSR).
 //! Addresses are from 198.18.0.0/15 only; everything is removed on Drop.
 use std::{
-    io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpListener},
+    net::{Ipv4Addr, SocketAddr},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
     },
-    time::{Duration, Instant},
 };
 
 use vip_agent::dataplane::{self, monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr};
 use vip_common::{flow_hash, PROTO_TCP};
-use vip_tests::netns::{privileged, sh, veth, NetNs, PinDir};
+use vip_tests::{
+    lab::{accept_vip, fetch, name_server, Segment},
+    netns::{privileged, sh, veth, NetNs, PinDir},
+};
 
 fn hex_mac(m: [u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
@@ -85,71 +86,24 @@ fn arping_gets_our_mac_only_for_held_fresh_vips() {
     assert!(!link.contains("xdp"), "still attached after detach: {link}");
 }
 
-/// A TCP server in `ns` answering its name to each connection until `stop`.
-fn name_server(ns: &NetNs, name: &'static str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u32> {
-    ns.spawn(move || {
-        let l = TcpListener::bind("0.0.0.0:8080").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let mut served = 0;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-            match l.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).unwrap();
-                    let _ = s.write_all(name.as_bytes());
-                    served += 1;
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(2)),
-            }
-        }
-        served
-    })
-    .unwrap()
-}
-
-/// Connects from `src`:`sport` to `dst` and reads the answer.
-fn fetch(src: Ipv4Addr, sport: u16, dst: SocketAddr) -> std::io::Result<String> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-    s.set_reuse_address(true)?;
-    s.bind(&SocketAddr::from((src, sport)).into())?;
-    s.connect_timeout(&dst.into(), Duration::from_secs(3))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-    let mut t: std::net::TcpStream = s.into();
-    let mut out = String::new();
-    t.read_to_string(&mut out)?;
-    Ok(out)
-}
-
 #[test]
 fn tcp_through_the_vip_reaches_the_ring_choice() {
     if !privileged() {
         return;
     }
-    let bridge = NetNs::new("vbr").unwrap();
-    bridge.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
-    bridge.ip(&["link", "set", "br0", "up"]).unwrap();
-    let plug = |ns: &NetNs, port: &str, addr: &str| {
-        veth(ns, "eth0", &bridge, port).unwrap();
-        bridge.ip(&["link", "set", port, "master", "br0"]).unwrap();
-        ns.ip(&["addr", "add", addr, "dev", "eth0"]).unwrap();
-    };
-    let client = NetNs::new("vcl").unwrap();
-    let lb = NetNs::new("vlb").unwrap();
-    let k1 = NetNs::new("vk1").unwrap();
-    let k2 = NetNs::new("vk2").unwrap();
-    plug(&client, "p-cl", "198.18.2.1/24");
-    plug(&lb, "p-lb", "198.18.2.2/24");
-    plug(&k1, "p-k1", "198.18.2.11/24");
-    plug(&k2, "p-k2", "198.18.2.12/24");
+    let seg = Segment::new().unwrap();
+    let client = seg.host("vcl", "198.18.2.1/24").unwrap();
+    let lb = seg.host("vlb", "198.18.2.2/24").unwrap();
+    let k1 = seg.host("vk1", "198.18.2.11/24").unwrap();
+    let k2 = seg.host("vk2", "198.18.2.12/24").unwrap();
     let vip = Ipv4Addr::new(198, 18, 2, 100);
-    // Backends accept the VIP (on lo, as kube-proxy would) but never ARP for it.
-    for k in [&k1, &k2] {
-        k.ip(&["addr", "add", "198.18.2.100/32", "dev", "lo"]).unwrap();
-        k.sysctl("net.ipv4.conf.all.arp_ignore", "1").unwrap();
-        k.sysctl("net.ipv4.conf.all.arp_announce", "2").unwrap();
-    }
+    accept_vip(&k1, vip).unwrap();
+    accept_vip(&k2, vip).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let servers = [name_server(&k1, "k1", stop.clone()), name_server(&k2, "k2", stop.clone())];
+    let servers = [
+        name_server(&k1, 8080, "k1".into(), stop.clone()).unwrap(),
+        name_server(&k2, 8080, "k2".into(), stop.clone()).unwrap(),
+    ];
 
     let pins = PinDir::new().unwrap();
     let dir = pins.path.clone();

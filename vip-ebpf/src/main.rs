@@ -23,6 +23,13 @@ pub fn vip_xdp(ctx: XdpContext) -> u32 {
     action
 }
 
+/// Benchmark reference: the cheapest possible XDP program. `cargo xtask bench`
+/// quotes every path as a ratio to it; the agent never attaches it.
+#[xdp]
+pub fn xdp_baseline_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
 #[inline(always)]
 fn try_vip_xdp(ctx: &XdpContext) -> Result<Verdict, ()> {
     let ifindex = ctx.ingress_ifindex() as u32;

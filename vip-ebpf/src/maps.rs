@@ -7,6 +7,8 @@ use aya_ebpf::{
 };
 use vip_common::*;
 
+const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
+
 /// ifindex of an interface we are attached to → its MAC (source of replies and forwards).
 #[map]
 pub static lb_ifaces: HashMap<u32, IfaceConfig> = HashMap::pinned(MAX_IFACES, 0);
@@ -28,8 +30,9 @@ pub static lb4_backends: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0
 pub static lb4_ring: Array<u32> = Array::pinned(DEFAULT_RING_CAPACITY, 0);
 
 /// 5-tuple → backend chosen at the flow's first packet (connection stickiness).
+/// Per-CPU LRU lists: inserts on the miss path do not contend across CPUs.
 #[map]
-pub static lb4_flows: LruHashMap<FlowKey, Flow> = LruHashMap::pinned(MAX_FLOWS, 0);
+pub static lb4_flows: LruHashMap<FlowKey, Flow> = LruHashMap::pinned(MAX_FLOWS, BPF_F_NO_COMMON_LRU);
 
 /// Reason → packets and bytes, per CPU.
 #[map]

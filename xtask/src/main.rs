@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | test | bench`.
+//! Project tasks: `cargo xtask setup | build-ebpf | test | bench | lab`.
 mod setup;
 
 use std::{path::PathBuf, process::Command};
@@ -29,6 +29,12 @@ enum Cmd {
     /// setup + build-ebpf + benchmarks; results go to bench-results/ and are
     /// summarised for BENCHMARKS.md.
     Bench,
+    /// setup + build-ebpf + the lab in network namespaces: `demo` builds it, shows
+    /// ARP answers and connections spread over the nodes, and removes it.
+    Lab {
+        #[arg(default_value = "demo")]
+        action: String,
+    },
 }
 
 pub fn root() -> PathBuf {
@@ -88,6 +94,13 @@ fn main() -> Result<()> {
             let mut c = cargo(None);
             c.args(["run", "--release", "-p", "vip-tests", "--bin", "vip-bench", "--"]).arg(root().join("bench-results"));
             run(&mut c, "running the benchmarks")
+        }
+        Cmd::Lab { action } => {
+            setup::setup()?;
+            build_ebpf()?;
+            let mut c = cargo(None);
+            c.args(["run", "--quiet", "--release", "-p", "vip-tests", "--bin", "vip-lab", "--"]).arg(action);
+            run(&mut c, "running the lab")
         }
     }
 }

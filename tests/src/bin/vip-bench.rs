@@ -1,0 +1,154 @@
+//! `cargo xtask bench`: data-path cost per packet (BPF_PROG_TEST_RUN) as ratios
+//! to a trivial XDP_PASS program measured in the same run, and Maglev build cost
+//! and quality. Writes OUT_DIR/bench.json and OUT_DIR/bench.md.
+use std::{fmt::Write as _, net::Ipv4Addr, path::PathBuf, time::Instant};
+
+use anyhow::Result;
+use vip_agent::{
+    dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
+    maglev::{self, Member},
+};
+use vip_common::PROTO_TCP;
+use vip_tests::{
+    frames,
+    netns::{NetNs, PinDir},
+};
+
+const REPEAT: u32 = 100_000;
+const ROUNDS: usize = 7;
+const MISS_FLOWS: u32 = 100_000;
+const OUR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xaa];
+const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Median over ROUNDS of ns/packet for `repeat` runs of one frame.
+fn per_packet(dp: &mut Dataplane, prog: &str, frame: &[u8], live: bool) -> Result<f64> {
+    let mut v = Vec::new();
+    for _ in 0..ROUNDS {
+        let (_, _, d) = dp.test_run_program(prog, frame, REPEAT, live.then_some(64))?;
+        v.push(d.as_nanos() as f64);
+    }
+    Ok(median(v))
+}
+
+/// Median over ROUNDS of the mean ns/packet of MISS_FLOWS single runs, each a new
+/// flow (so each one misses the flow table and walks the ring).
+fn per_call(dp: &mut Dataplane, prog: &str, frame_for: &dyn Fn(u32) -> Vec<u8>, round_base: &mut u32) -> Result<f64> {
+    let mut v = Vec::new();
+    for _ in 0..ROUNDS {
+        let mut total = 0u128;
+        for i in 0..MISS_FLOWS {
+            let (_, _, d) = dp.test_run_program(prog, &frame_for(*round_base + i), 1, None)?;
+            total += d.as_nanos();
+        }
+        *round_base += MISS_FLOWS;
+        v.push(total as f64 / f64::from(MISS_FLOWS));
+    }
+    Ok(median(v))
+}
+
+fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    let pins = PinDir::new()?;
+    let mut dp = Dataplane::load(&pins.path, 1 << 20)?;
+    dp.set_iface(1, OUR_MAC)?;
+    dp.hold_vip(1, VIP, monotonic_ns() + 3_600_000_000_000)?;
+    let backends: Vec<BackendSpec> = (1..=10u8)
+        .map(|i| BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [2, 0, 0, 0, 0x10, i], weight: 1, local: false })
+        .collect();
+    dp.set_service(ServiceAddr { vip: VIP, port: 80, proto: PROTO_TCP }, &backends, 16381, 0)?;
+    let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
+    let fwd = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP, 80));
+    let other = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (Ipv4Addr::new(198, 18, 0, 200), 80));
+    let fresh = |i: u32| {
+        let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + (i >> 12));
+        frames::tcp(OUR_MAC, CLIENT_MAC, None, (src, 1024 + (i & 0xfff) as u16), (VIP, 80))
+    };
+    let base_live = per_packet(&mut dp, "xdp_baseline_pass", &fwd, true)?;
+    let base = per_packet(&mut dp, "xdp_baseline_pass", &fwd, false)?;
+    let mut base_round = 0;
+    let base_call = per_call(&mut dp, "xdp_baseline_pass", &fresh, &mut base_round)?;
+    // Live frames are not reset between repeats: after one reply the frame is a
+    // reply and would take the pass path. Each ARP run gets a fresh request.
+    let mut arp_round = 0;
+    let arp_ns = per_call(&mut dp, "vip_xdp", &|_| arp.clone(), &mut arp_round)?;
+    let hit_ns = per_packet(&mut dp, "vip_xdp", &fwd, true)?;
+    let pass_ns = per_packet(&mut dp, "vip_xdp", &other, false)?;
+    let mut round = 1 << 24;
+    let miss_ns = per_call(&mut dp, "vip_xdp", &fresh, &mut round)?;
+    let c = dp.counters()?;
+    anyhow::ensure!(c.reasons["arp_answered"].0 >= u64::from(MISS_FLOWS) * ROUNDS as u64, "ARP path not taken: {:?}", c.reasons);
+    anyhow::ensure!(c.reasons["forwarded"].0 >= (u64::from(REPEAT) + u64::from(MISS_FLOWS)) * ROUNDS as u64, "forward path not taken: {:?}", c.reasons);
+
+    writeln!(out, "## XDP data path (BPF_PROG_TEST_RUN, ns/packet, median of {ROUNDS} rounds)\n")?;
+    writeln!(out, "| path | mode | ns/packet | trivial XDP_PASS, same mode | ratio | target |")?;
+    writeln!(out, "|---|---|---:|---:|---:|---|")?;
+    let rows = [
+        ("ARP reply (XDP_TX)", "100k fresh requests, 1 run each", arp_ns, base_call, "≤ 2×"),
+        ("VIP forward, flow-table hit (XDP_TX)", "live frames, 100k repeats", hit_ns, base_live, "≤ 2.5×"),
+        ("VIP forward, flow-table miss (XDP_TX)", "100k fresh flows, 1 run each", miss_ns, base_call, "≤ 4×"),
+        ("non-VIP pass (XDP_PASS)", "100k repeats", pass_ns, base, "—"),
+    ];
+    for (name, mode, ns, b, target) in rows {
+        writeln!(out, "| {name} | {mode} | {ns:.1} | {b:.1} | {:.2}× | {target} |", ns / b)?;
+        json.insert(name.into(), serde_json::json!({"ns_per_packet": ns, "baseline_ns": b, "ratio": ns / b, "mode": mode}));
+    }
+    Ok(())
+}
+
+fn maglev_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    writeln!(out, "\n## Maglev ring build (userspace, median of 15 builds)\n")?;
+    writeln!(out, "| M (table) | N (backends) | build time | largest/smallest share |")?;
+    writeln!(out, "|---:|---:|---:|---:|")?;
+    for (m, n) in [(65537u32, 10usize), (65537, 100), (65537, 1000), (16381, 100)] {
+        let members: Vec<Member> = (0..n).map(|i| Member::new(format!("node-{i:05}"))).collect();
+        let mut times = Vec::new();
+        let mut ring = None;
+        for _ in 0..15 {
+            let t = Instant::now();
+            ring = Some(maglev::build(&members, m, 0)?);
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let shares = ring.unwrap().shares();
+        let spread = f64::from(*shares.iter().max().unwrap()) / f64::from(*shares.iter().min().unwrap());
+        let ms = median(times);
+        writeln!(out, "| {m} | {n} | {ms:.3} ms | {spread:.4} |")?;
+        json.insert(format!("maglev_build_m{m}_n{n}"), serde_json::json!({"ms": ms, "max_min_share": spread}));
+    }
+    let members: Vec<Member> = (0..100).map(|i| Member::new(format!("node-{i:05}"))).collect();
+    let before = maglev::build(&members, 65537, 0)?;
+    let after = maglev::build(&members[1..], 65537, 0)?;
+    let changed = (0..65537).filter(|&i| before.member_at(i) != after.member_at(i)).count();
+    let pct = changed as f64 * 100.0 / 65537.0;
+    writeln!(out, "\nOne of N=100 backends removed at M=65537: {changed} slots changed ({pct:.2}%; the removed backend owned {:.2}%). Target ≤ 2%.", f64::from(before.shares()[0]) * 100.0 / 65537.0)?;
+    json.insert("maglev_removal_changed_pct".into(), serde_json::json!(pct));
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bench-results".into()));
+    std::fs::create_dir_all(&dir)?;
+    let mut out = String::new();
+    let mut json = serde_json::Map::new();
+    // Live-frames XDP_TX really transmits: do it inside a namespace of our own, on its lo.
+    let ns = NetNs::new("vbench")?;
+    let (o, j) = ns.run(|| -> Result<_> {
+        let (mut o, mut j) = (String::new(), serde_json::Map::new());
+        xdp_bench(&mut o, &mut j)?;
+        Ok((o, j))
+    })??;
+    out.push_str(&o);
+    json.extend(j);
+    maglev_bench(&mut out, &mut json)?;
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let header = format!("Run on {} cores, kernel {}\n\n", std::thread::available_parallelism()?.get(), kernel.trim());
+    std::fs::write(dir.join("bench.md"), format!("{header}{out}"))?;
+    std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(&json)?)?;
+    println!("{header}{out}\nwritten to {}", dir.join("bench.md").display());
+    Ok(())
+}

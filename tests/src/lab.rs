@@ -1,0 +1,86 @@
+//! Building blocks of the lab, shared by the end-to-end tests and `vip-lab`: an
+//! L2 segment (a bridge in its own namespace), hosts plugged into it, a TCP
+//! server that answers its name, and a client that connects from a chosen port.
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+
+use crate::netns::{veth, NetNs};
+
+/// The L2 segment: a namespace holding bridge `br0`.
+pub struct Segment {
+    pub ns: NetNs,
+    ports: std::cell::Cell<u32>,
+}
+
+impl Segment {
+    pub fn new() -> Result<Self> {
+        let ns = NetNs::new("vbr")?;
+        ns.ip(&["link", "add", "br0", "type", "bridge"])?;
+        ns.ip(&["link", "set", "br0", "up"])?;
+        Ok(Self { ns, ports: 0.into() })
+    }
+
+    /// A new namespace with `eth0` on the segment, addressed `addr` (CIDR).
+    pub fn host(&self, prefix: &str, addr: &str) -> Result<NetNs> {
+        let host = NetNs::new(prefix)?;
+        let port = format!("p{}", self.ports.get());
+        self.ports.set(self.ports.get() + 1);
+        veth(&host, "eth0", &self.ns, &port)?;
+        self.ns.ip(&["link", "set", &port, "master", "br0"])?;
+        host.ip(&["addr", "add", addr, "dev", "eth0"])?;
+        Ok(host)
+    }
+}
+
+/// Makes `host` accept `vip` (on lo, as kube-proxy would) without ever
+/// answering ARP for it: the backend side of L2 direct server return.
+pub fn accept_vip(host: &NetNs, vip: Ipv4Addr) -> Result<()> {
+    host.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"])?;
+    host.sysctl("net.ipv4.conf.all.arp_ignore", "1")?;
+    host.sysctl("net.ipv4.conf.all.arp_announce", "2")
+}
+
+/// A TCP server in `ns` on `port` answering `name` to each connection until
+/// `stop` (or 120 s). Returns how many connections it served.
+pub fn name_server(ns: &NetNs, port: u16, name: String, stop: Arc<AtomicBool>) -> Result<JoinHandle<u32>> {
+    ns.spawn(move || {
+        let l = TcpListener::bind(("0.0.0.0", port)).expect("bind name server");
+        l.set_nonblocking(true).expect("nonblocking");
+        let mut served = 0;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.write_all(name.as_bytes());
+                    served += 1;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        served
+    })
+}
+
+/// Connects from `src`:`sport` to `dst` (3 s timeouts) and reads the answer.
+pub fn fetch(src: Ipv4Addr, sport: u16, dst: SocketAddr) -> std::io::Result<String> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::from((src, sport)).into())?;
+    s.connect_timeout(&dst.into(), Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let mut t: std::net::TcpStream = s.into();
+    let mut out = String::new();
+    t.read_to_string(&mut out)?;
+    Ok(out)
+}
