@@ -84,3 +84,15 @@ pub fn fetch(src: Ipv4Addr, sport: u16, dst: SocketAddr) -> std::io::Result<Stri
     t.read_to_string(&mut out)?;
     Ok(out)
 }
+
+/// Loads the program with its maps pinned under `dir` and attaches it (generic
+/// mode: native XDP_TX on veth needs a program on the peer) to `host`'s eth0.
+/// Returns the facade and eth0's ifindex.
+pub fn attach_node(host: &NetNs, dir: &std::path::Path) -> Result<(vip_agent::dataplane::Dataplane, u32)> {
+    let dir = dir.to_owned();
+    host.run(move || -> Result<_> {
+        let mut dp = vip_agent::dataplane::Dataplane::load(&dir, 1 << 16)?;
+        let a = dp.attach("eth0", vip_agent::dataplane::AttachMode::Generic)?;
+        Ok((dp, a.ifindex))
+    })?
+}

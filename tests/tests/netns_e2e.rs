@@ -12,7 +12,7 @@ use std::{
 use vip_agent::dataplane::{self, monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr};
 use vip_common::{flow_hash, PROTO_TCP};
 use vip_tests::{
-    lab::{accept_vip, fetch, name_server, Segment},
+    lab::{accept_vip, attach_node, fetch, name_server, Segment},
     netns::{privileged, sh, veth, NetNs, PinDir},
 };
 
@@ -106,14 +106,7 @@ fn tcp_through_the_vip_reaches_the_ring_choice() {
     ];
 
     let pins = PinDir::new().unwrap();
-    let dir = pins.path.clone();
-    let (mut dp, ifindex) = lb
-        .run(move || {
-            let mut dp = Dataplane::load(&dir, 1 << 16).unwrap();
-            let a = dp.attach("eth0", AttachMode::Generic).unwrap();
-            (dp, a.ifindex)
-        })
-        .unwrap();
+    let (mut dp, ifindex) = attach_node(&lb, &pins.path).unwrap();
     dp.hold_vip(ifindex, vip, monotonic_ns() + 60_000_000_000).unwrap();
     let spec = |name: &str, ns: &NetNs, last: u8| BackendSpec {
         name: name.into(),

@@ -107,39 +107,37 @@ pub fn build(members: &[Member], m: u32, seed: u64) -> Result<Ring, MaglevError>
     if members.is_empty() {
         return Ok(Ring { members, slots: Vec::new() });
     }
+    // u32 arithmetic throughout: M < 2^17, so position + skip never overflows.
     let m64 = u64::from(m);
     // Per member: next position of its permutation and its skip.
-    let mut pos: Vec<u64> = Vec::with_capacity(members.len());
-    let mut skip: Vec<u64> = Vec::with_capacity(members.len());
+    let mut pos: Vec<u32> = Vec::with_capacity(members.len());
+    let mut skip: Vec<u32> = Vec::with_capacity(members.len());
     for b in &members {
-        pos.push(hash(seed, 0x6f66_6673_6574, &b.id) % m64);
-        skip.push(hash(seed, 0x736b_6970, &b.id) % (m64 - 1) + 1);
+        pos.push((hash(seed, 0x6f66_6673_6574, &b.id) % m64) as u32);
+        skip.push((hash(seed, 0x736b_6970, &b.id) % (m64 - 1) + 1) as u32);
     }
     const EMPTY: u32 = u32::MAX;
     let mut slots = vec![EMPTY; m as usize];
     let mut filled = 0u32;
     'fill: loop {
         for (i, b) in members.iter().enumerate() {
+            let step = skip[i];
+            let mut c = pos[i];
             for _ in 0..b.weight {
                 // Walk this member's permutation to its next free slot.
-                let mut c = pos[i];
                 while slots[c as usize] != EMPTY {
-                    c += skip[i];
-                    if c >= m64 {
-                        c -= m64;
+                    c += step;
+                    if c >= m {
+                        c -= m;
                     }
                 }
                 slots[c as usize] = i as u32;
-                c += skip[i];
-                if c >= m64 {
-                    c -= m64;
-                }
-                pos[i] = c;
                 filled += 1;
                 if filled == m {
                     break 'fill;
                 }
             }
+            pos[i] = c;
         }
     }
     Ok(Ring { members, slots })

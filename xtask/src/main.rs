@@ -65,6 +65,41 @@ pub fn cargo(toolchain: Option<&str>) -> Command {
     c
 }
 
+/// Runs `cargo test`, echoing its output, and closes with one line summing every
+/// test binary's result, so the total is the last thing a reader (or CI) sees.
+fn test_with_summary(c: &mut Command) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    eprintln!("xtask: running the test suite");
+    let mut child = c.stdout(std::process::Stdio::piped()).spawn().context("starting cargo test")?;
+    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(['.', ';']) {
+                let mut w = part.split_whitespace();
+                if let (Some(n), Some(what)) = (w.next().and_then(|n| n.parse::<u64>().ok()), w.next()) {
+                    match what {
+                        "passed" => passed += n,
+                        "failed" => failed += n,
+                        "ignored" => ignored += n,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    let st = child.wait()?;
+    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+    if !st.success() || failed > 0 {
+        bail!("the test suite failed ({st})");
+    }
+    if passed == 0 {
+        bail!("the test suite ran no test");
+    }
+    Ok(())
+}
+
 fn build_ebpf() -> Result<()> {
     let mut c = cargo(Some("nightly"));
     c.current_dir(root().join("vip-ebpf")).args(["build", "--release"]);
@@ -82,11 +117,11 @@ fn main() -> Result<()> {
             setup::setup()?;
             build_ebpf()?;
             let mut c = cargo(None);
-            c.args(["test", "--workspace", "--release"]);
+            c.args(["test", "--workspace", "--release", "--lib", "--bins", "--tests", "--no-fail-fast"]);
             if !args.is_empty() {
                 c.arg("--").args(&args);
             }
-            run(&mut c, "running the test suite")
+            test_with_summary(&mut c)
         }
         Cmd::Bench => {
             setup::setup()?;

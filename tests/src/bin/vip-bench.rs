@@ -78,12 +78,14 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     let mut arp_round = 0;
     let arp_ns = per_call(&mut dp, "vip_xdp", &|_| arp.clone(), &mut arp_round)?;
     let hit_ns = per_packet(&mut dp, "vip_xdp", &fwd, true)?;
+    // Non-live repeats keep the rewritten frame: still TCP to the VIP, still a hit.
+    let hit_prog_ns = per_packet(&mut dp, "vip_xdp", &fwd, false)?;
     let pass_ns = per_packet(&mut dp, "vip_xdp", &other, false)?;
     let mut round = 1 << 24;
     let miss_ns = per_call(&mut dp, "vip_xdp", &fresh, &mut round)?;
     let c = dp.counters()?;
     anyhow::ensure!(c.reasons["arp_answered"].0 >= u64::from(MISS_FLOWS) * ROUNDS as u64, "ARP path not taken: {:?}", c.reasons);
-    anyhow::ensure!(c.reasons["forwarded"].0 >= (u64::from(REPEAT) + u64::from(MISS_FLOWS)) * ROUNDS as u64, "forward path not taken: {:?}", c.reasons);
+    anyhow::ensure!(c.reasons["forwarded"].0 >= (2 * u64::from(REPEAT) + u64::from(MISS_FLOWS)) * ROUNDS as u64, "forward path not taken: {:?}", c.reasons);
 
     writeln!(out, "## XDP data path (BPF_PROG_TEST_RUN, ns/packet, median of {ROUNDS} rounds)\n")?;
     writeln!(out, "| path | mode | ns/packet | trivial XDP_PASS, same mode | ratio | target |")?;
@@ -91,12 +93,13 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     let rows = [
         ("ARP reply (XDP_TX)", "100k fresh requests, 1 run each", arp_ns, base_call, "≤ 2×"),
         ("VIP forward, flow-table hit (XDP_TX)", "live frames, 100k repeats", hit_ns, base_live, "≤ 2.5×"),
+        ("VIP forward, flow-table hit (XDP_TX)", "100k repeats, not live", hit_prog_ns, base, "≤ 2.5×"),
         ("VIP forward, flow-table miss (XDP_TX)", "100k fresh flows, 1 run each", miss_ns, base_call, "≤ 4×"),
         ("non-VIP pass (XDP_PASS)", "100k repeats", pass_ns, base, "—"),
     ];
     for (name, mode, ns, b, target) in rows {
         writeln!(out, "| {name} | {mode} | {ns:.1} | {b:.1} | {:.2}× | {target} |", ns / b)?;
-        json.insert(name.into(), serde_json::json!({"ns_per_packet": ns, "baseline_ns": b, "ratio": ns / b, "mode": mode}));
+        json.insert(format!("{name} [{mode}]"), serde_json::json!({"ns_per_packet": ns, "baseline_ns": b, "ratio": ns / b, "mode": mode}));
     }
     Ok(())
 }

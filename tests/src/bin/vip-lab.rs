@@ -10,12 +10,12 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use vip_agent::{
-    dataplane::{monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr},
+    dataplane::{monotonic_ns, BackendSpec, ServiceAddr},
     inspect,
 };
 use vip_common::PROTO_TCP;
 use vip_tests::{
-    lab::{accept_vip, fetch, name_server, Segment},
+    lab::{accept_vip, attach_node, fetch, name_server, Segment},
     netns::PinDir,
 };
 
@@ -41,12 +41,7 @@ fn demo() -> Result<()> {
         nodes.push((ns, addr, mac));
     }
     let pins = PinDir::new()?;
-    let dir = pins.path.clone();
-    let (mut dp, ifindex) = nodes[0].0.run(move || -> Result<_> {
-        let mut dp = Dataplane::load(&dir, 1 << 16)?;
-        let a = dp.attach("eth0", AttachMode::Generic)?;
-        Ok((dp, a.ifindex))
-    })??;
+    let (mut dp, ifindex) = attach_node(&nodes[0].0, &pins.path)?;
     dp.hold_vip(ifindex, VIP, monotonic_ns() + 300_000_000_000)?;
     let backends: Vec<BackendSpec> = nodes
         .iter()
