@@ -68,22 +68,14 @@ impl NetNs {
     /// Runs `f` on a new thread that has entered this namespace; sockets made
     /// there stay in it.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-        let file = File::open(self.path())?;
-        let h = std::thread::spawn(move || {
-            // SAFETY: valid namespace fd; only this thread changes namespace.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                panic!("setns: {}", std::io::Error::last_os_error());
-            }
-            f()
-        });
-        h.join().map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))
+        self.spawn(f)?.join().map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))
     }
 
     /// Spawns a long-running thread inside the namespace.
     pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<std::thread::JoinHandle<T>> {
         let file = File::open(self.path())?;
         Ok(std::thread::spawn(move || {
-            // SAFETY: as in `run`.
+            // SAFETY: valid namespace fd; only this thread changes namespace.
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 panic!("setns: {}", std::io::Error::last_os_error());
             }

@@ -365,13 +365,21 @@ impl Dataplane {
                 self.ring_alloc.free(s.ring_offset, s.ring_size);
             }
         }
-        // Flows of this service pinned to a backend it no longer has re-hash.
         let kept: BTreeSet<u32> = slots.iter().copied().collect();
-        let (vip, port) = (key.vip, key.port);
-        self.evict_flows(|k, f| k.dst == vip && k.proto == addr.proto && (k.dport == port || k.dport == [0, 0]) && !kept.contains(&f.backend))?;
+        let lost_some = self.rings.get(&addr).is_some_and(|prev| prev.iter().any(|b| !kept.contains(b)));
         self.rings.insert(addr, slots);
         self.update_fragment_alias(addr.vip, addr.proto)?;
-        self.collect_backends()?;
+        let gone = self.collect_backends()?;
+        // One pass over the flow table, and only when some flow may have to move:
+        // flows of this service pinned to a backend it no longer has, and flows to
+        // backends no service has any more, re-hash.
+        if lost_some || !gone.is_empty() {
+            let (vip, port) = (key.vip, key.port);
+            self.evict_flows(|k, f| {
+                gone.contains(&f.backend)
+                    || (k.dst == vip && k.proto == addr.proto && (k.dport == port || k.dport == [0, 0]) && !kept.contains(&f.backend))
+            })?;
+        }
         Ok(RingUpdate { slots_written: changes.len(), table_size, elapsed: start.elapsed() })
     }
 
@@ -385,7 +393,11 @@ impl Dataplane {
         }
         self.rings.remove(&addr);
         self.update_fragment_alias(addr.vip, addr.proto)?;
-        self.collect_backends()
+        let gone = self.collect_backends()?;
+        if !gone.is_empty() {
+            self.evict_flows(|_, f| gone.contains(&f.backend))?;
+        }
+        Ok(())
     }
 
     fn free_service_id(&self) -> Result<u32> {
@@ -408,19 +420,16 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Deletes backends no ring references, after evicting their flows.
-    fn collect_backends(&mut self) -> Result<()> {
+    /// Deletes backends no ring references and returns their ids; the caller
+    /// evicts their flows (in the same pass as any other eviction it needs).
+    fn collect_backends(&mut self) -> Result<BTreeSet<u32>> {
         let used: BTreeSet<u32> = self.rings.values().flatten().copied().collect();
-        let gone: Vec<u32> = self.backends()?.into_keys().filter(|id| !used.contains(id)).collect();
-        if gone.is_empty() {
-            return Ok(());
-        }
+        let gone: BTreeSet<u32> = self.backends()?.into_keys().filter(|id| !used.contains(id)).collect();
         for id in &gone {
             ignore_missing(self.backends.remove(id))?;
             reset_counter(&mut self.backend_stats, *id)?;
         }
-        self.evict_flows(|_, f| gone.contains(&f.backend))?;
-        Ok(())
+        Ok(gone)
     }
 
     /// Removes flow-table entries matching `pred`; returns how many.
