@@ -4,7 +4,10 @@ use std::{fmt::Write as _, net::Ipv4Addr};
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::dataplane::{monotonic_ns, Dataplane};
+use crate::{
+    agent::Status,
+    dataplane::{monotonic_ns, Dataplane},
+};
 
 #[derive(Serialize)]
 pub struct Report {
@@ -13,6 +16,29 @@ pub struct Report {
     pub backends: Vec<BackendRow>,
     pub reasons: Vec<CounterRow>,
     pub flows: usize,
+    /// From the agent's status file, when there is one.
+    pub agent: Option<AgentView>,
+}
+
+/// What only the agent knows: owners, backend health, config state.
+#[derive(Serialize)]
+pub struct AgentView {
+    pub node: String,
+    pub config_generation: u64,
+    pub config_error: Option<String>,
+    pub owners: std::collections::BTreeMap<Ipv4Addr, String>,
+    pub backends: Vec<HealthRow>,
+}
+
+#[derive(Serialize)]
+pub struct HealthRow {
+    pub service: String,
+    pub node: String,
+    pub addr: Ipv4Addr,
+    pub healthy: bool,
+    /// Share of the service's ring this backend holds in the maps now, percent.
+    pub ring_share_pct: f64,
+    pub detail: String,
 }
 
 #[derive(Serialize)]
@@ -65,7 +91,7 @@ fn proto_name(p: u8) -> &'static str {
     }
 }
 
-pub fn report(dp: &Dataplane) -> Result<Report> {
+pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
     let now = monotonic_ns() as i64;
     let counters = dp.counters()?;
     let held = dp
@@ -111,7 +137,30 @@ pub fn report(dp: &Dataplane) -> Result<Report> {
         .iter()
         .map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes })
         .collect();
-    Ok(Report { held, services, backends, reasons, flows: dp.flow_count() })
+    let mut r = Report { held, services, backends, reasons, flows: dp.flow_count(), agent: None };
+    r.agent = status.map(|st| agent_view(&r, st));
+    Ok(r)
+}
+
+fn agent_view(r: &Report, st: Status) -> AgentView {
+    let backends = st
+        .backends
+        .into_iter()
+        .map(|b| {
+            let svc = st.services.iter().find(|s| s.name == b.service);
+            let row = svc.and_then(|s| r.services.iter().find(|v| v.vip == s.vip && v.port == s.port && v.proto == s.protocol));
+            let id = r.backends.iter().find(|x| x.addr == b.addr).map(|x| x.id);
+            let share = match (row, id) {
+                (Some(v), Some(id)) => {
+                    let n = v.ring_share.iter().find(|(b, _)| *b == id).map_or(0, |(_, n)| *n);
+                    100.0 * n as f64 / v.table_size.max(1) as f64
+                }
+                _ => 0.0,
+            };
+            HealthRow { service: b.service, node: b.node, addr: b.addr, healthy: b.healthy, ring_share_pct: share, detail: b.detail }
+        })
+        .collect();
+    AgentView { node: st.node, config_generation: st.config.generation, config_error: st.config.error, owners: st.owners, backends }
 }
 
 pub fn render(r: &Report) -> String {
@@ -130,6 +179,21 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(s, "\nBACKENDS\n  {:<4} {:<16} {:<18} {:<6} {:<10} BYTES", "ID", "ADDRESS", "MAC", "LOCAL", "PACKETS");
     for b in &r.backends {
         let _ = writeln!(s, "  {:<4} {:<16} {:<18} {:<6} {:<10} {}", b.id, b.addr, b.mac, b.local, b.packets, b.bytes);
+    }
+    if let Some(a) = &r.agent {
+        let cfg = match &a.config_error {
+            None => format!("config generation {}", a.config_generation),
+            Some(e) => format!("config generation {}; LAST FILE REJECTED: {e}", a.config_generation),
+        };
+        let _ = writeln!(s, "\nAGENT {} ({cfg})\n  {:<16} OWNER", a.node, "VIP");
+        for (vip, owner) in &a.owners {
+            let _ = writeln!(s, "  {:<16} {}", vip, owner);
+        }
+        let _ = writeln!(s, "\n  {:<14} {:<14} {:<16} {:<8} {:>7}  DETAIL", "SERVICE", "BACKEND", "ADDRESS", "HEALTH", "RING");
+        for b in &a.backends {
+            let h = if b.healthy { "up" } else { "DOWN" };
+            let _ = writeln!(s, "  {:<14} {:<14} {:<16} {:<8} {:>6.2}%  {}", b.service, b.node, b.addr, h, b.ring_share_pct, b.detail);
+        }
     }
     let _ = writeln!(s, "\nCOUNTERS (flows in table: {})", r.flows);
     for c in r.reasons.iter().filter(|c| c.packets > 0) {

@@ -1,8 +1,9 @@
-use std::path::PathBuf;
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use vip_agent::{
+    agent,
     dataplane::{self, AttachMode, Dataplane},
     inspect,
 };
@@ -19,6 +20,34 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run the node agent from a YAML config file (re-read on change and on SIGHUP).
+    Run {
+        #[arg(long, env = "VIP_CONFIG")]
+        config: PathBuf,
+        /// This node's name in the config's `nodes` (default: the host name).
+        #[arg(long, env = "VIP_NODE_NAME")]
+        node_name: Option<String>,
+        /// Uplink interface: the XDP program is attached here and VIPs are answered on it.
+        #[arg(long, env = "VIP_IFACE")]
+        iface: String,
+        #[arg(long, value_enum, default_value = "auto")]
+        mode: AttachMode,
+        /// Slots in lb4_ring shared by all services' rings (only used when the map is created).
+        #[arg(long, default_value_t = vip_common::DEFAULT_RING_CAPACITY)]
+        ring_capacity: u32,
+        /// Address for /metrics, /healthz, /readyz and /status; "off" for none.
+        #[arg(long, env = "VIP_METRICS_ADDR", default_value = "127.0.0.1:9472")]
+        metrics_addr: String,
+        /// Status JSON written after every change (read by `inspect`).
+        #[arg(long, env = "VIP_STATUS_FILE", default_value = "/run/vip/status.json")]
+        status_file: PathBuf,
+        /// How often the config file is checked for changes, e.g. 1s, 250ms.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        reload_interval: Duration,
+        /// Log as JSON lines instead of text.
+        #[arg(long)]
+        log_json: bool,
+    },
     /// Load the XDP program (re-using pinned maps) and attach it to an interface.
     Attach {
         #[arg(long)]
@@ -36,17 +65,42 @@ enum Cmd {
         #[arg(long)]
         purge: bool,
     },
-    /// Decode the pinned maps: held VIPs, services, backends, counters.
+    /// Decode the pinned maps: held VIPs, services, backends, counters; with the
+    /// agent's status file, also owners and backend health.
     Inspect {
         #[arg(long)]
         json: bool,
+        #[arg(long, env = "VIP_STATUS_FILE", default_value = "/run/vip/status.json")]
+        status_file: PathBuf,
     },
 }
 
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        fmt.json().init();
+    } else {
+        fmt.init();
+    }
+}
+
 fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
+    init_logs(matches!(cli.cmd, Cmd::Run { log_json: true, .. }));
     match cli.cmd {
+        Cmd::Run { config, node_name, iface, mode, ring_capacity, metrics_addr, status_file, reload_interval, log_json: _ } => {
+            let node_name = match node_name {
+                Some(n) => n,
+                None => hostname()?,
+            };
+            let metrics_addr = match metrics_addr.as_str() {
+                "off" => None,
+                a => Some(a.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics-addr {a:?}: {e}"))?),
+            };
+            let opts = agent::Options { config, node_name, iface, attach_mode: mode, pin_dir: cli.pin_dir, ring_capacity, metrics_addr, status_file: Some(status_file), reload_interval };
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
+        }
         Cmd::Attach { iface, mode, ring_capacity } => {
             let mut dp = Dataplane::load(&cli.pin_dir, ring_capacity)?;
             let a = dp.attach(&iface, mode)?;
@@ -65,9 +119,10 @@ fn main() -> Result<()> {
                 println!("removed {}", cli.pin_dir.display());
             }
         }
-        Cmd::Inspect { json } => {
+        Cmd::Inspect { json, status_file } => {
             let dp = Dataplane::open(&cli.pin_dir)?;
-            let r = inspect::report(&dp)?;
+            let status = std::fs::read_to_string(&status_file).ok().and_then(|t| serde_json::from_str(&t).ok());
+            let r = inspect::report(&dp, status)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -76,4 +131,9 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn hostname() -> Result<String> {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    Ok(h.trim().to_owned())
 }

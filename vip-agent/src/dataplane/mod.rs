@@ -19,7 +19,7 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
     Ebpf,
 };
-pub use attach::{detach, AttachMode};
+pub use attach::{detach, iface_info, AttachMode};
 use vip_common::{map_names as names, *};
 
 use crate::maglev::{self, Member};

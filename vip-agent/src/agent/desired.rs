@@ -1,0 +1,171 @@
+//! What the data path of one node should hold, computed from the model, the
+//! live nodes and the health of backends. Pure: the agent loop diffs its result
+//! against what it last wrote and writes only the difference.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
+
+use crate::{
+    dataplane::{BackendSpec, ServiceAddr},
+    health::Target,
+    model::World,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredService {
+    pub name: String,
+    pub backends: Vec<BackendSpec>,
+    pub table_size: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Owner of every VIP that has one (a live eligible node).
+    pub owners: BTreeMap<Ipv4Addr, String>,
+    /// The VIPs this node holds (answers ARP for and balances).
+    pub held: BTreeSet<Ipv4Addr>,
+    pub services: BTreeMap<ServiceAddr, DesiredService>,
+    /// Backend candidates left out because their MAC is not known yet.
+    pub unresolved: BTreeSet<String>,
+}
+
+/// What this node knows besides the model.
+pub struct Observed<'a> {
+    pub me: &'a str,
+    /// Nodes currently alive (the heartbeat view; without peers, every node).
+    pub live: &'a BTreeSet<String>,
+    /// Probe state of each health target; absent = not probed yet = up.
+    pub health: &'a BTreeMap<Target, bool>,
+    /// MACs of nodes the config leaves without one, as resolved so far.
+    pub macs: &'a BTreeMap<String, [u8; 6]>,
+}
+
+pub fn desired(w: &World, o: &Observed) -> Desired {
+    let mut d = Desired::default();
+    for pool in &w.pools {
+        let eligible: Vec<String> =
+            w.eligible(pool).into_iter().filter(|n| o.live.contains(&n.name)).map(|n| n.name.clone()).collect();
+        for (vip, owner) in assign(&pool.addresses, &eligible) {
+            if owner == o.me {
+                d.held.insert(vip);
+            }
+            d.owners.insert(vip, owner);
+        }
+    }
+    for svc in &w.services {
+        let mut backends = Vec::new();
+        for node in w.backend_candidates(svc) {
+            let healthy = match &svc.health {
+                Some(check) => {
+                    let t = Target { node: node.name.clone(), addr: node.addr, check: check.clone() };
+                    o.health.get(&t).copied().unwrap_or(true)
+                }
+                None => true,
+            };
+            if !healthy {
+                continue;
+            }
+            let local = node.name == o.me;
+            let mac = match node.mac.or_else(|| o.macs.get(&node.name).copied()) {
+                Some(m) => m,
+                // Our own frames are passed to the stack, never rewritten: no MAC needed.
+                None if local => [0; 6],
+                None => {
+                    d.unresolved.insert(node.name.clone());
+                    continue;
+                }
+            };
+            backends.push(BackendSpec { name: node.name.clone(), addr: node.addr, mac, weight: 1, local });
+        }
+        for addr in svc.addrs() {
+            d.services.insert(addr, DesiredService { name: svc.name.clone(), backends: backends.clone(), table_size: svc.table_size });
+        }
+    }
+    d
+}
+
+// TEMPORARY until ha::ownership lands: plain highest-random-weight.
+fn assign(vips: &[Ipv4Addr], nodes: &[String]) -> BTreeMap<Ipv4Addr, String> {
+    use std::hash::{Hash, Hasher};
+    vips.iter()
+        .filter_map(|v| {
+            nodes
+                .iter()
+                .max_by_key(|n| {
+                    let mut h = siphasher::sip::SipHasher13::new_with_keys(1, 2);
+                    (v, n).hash(&mut h);
+                    h.finish()
+                })
+                .map(|n| (*v, n.clone()))
+        })
+        .collect()
+}
+
+/// Every (node, check) pair some service needs probed.
+pub fn health_targets(w: &World) -> BTreeSet<Target> {
+    w.services
+        .iter()
+        .filter_map(|s| s.health.as_ref().map(|h| (s, h)))
+        .flat_map(|(s, h)| {
+            w.backend_candidates(s).into_iter().map(move |n| Target { node: n.name.clone(), addr: n.addr, check: h.clone() })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    const CFG: &str = r#"
+nodes:
+  - {name: lb1, address: 198.18.0.1, mac: "02:00:00:00:00:01", labels: {role: lb}}
+  - {name: lb2, address: 198.18.0.2, mac: "02:00:00:00:00:02", labels: {role: lb}}
+  - {name: b1, address: 198.18.0.11, mac: "02:00:00:00:00:11"}
+  - {name: b2, address: 198.18.0.12}
+pools:
+  - {name: p, addresses: [198.18.1.1-198.18.1.4], nodeSelector: {role: lb}}
+services:
+  - name: web
+    vip: 198.18.1.1
+    ports: [80, 8080]
+    backendSelector: {}
+    healthCheck: {type: tcp, rise: 1, fall: 1}
+"#;
+
+    fn names(d: &DesiredService) -> Vec<&str> {
+        d.backends.iter().map(|b| b.name.as_str()).collect()
+    }
+
+    #[test]
+    fn spreads_ownership_and_filters_backends() {
+        let w = parse(CFG).unwrap();
+        let live: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut health = BTreeMap::new();
+        let macs = BTreeMap::new();
+        let d = desired(&w, &Observed { me: "lb1", live: &live, health: &health, macs: &macs });
+        assert_eq!(d.owners.len(), 4);
+        assert_eq!(d.owners.values().filter(|o| *o == "lb1").count(), 2, "4 VIPs over 2 eligible nodes");
+        assert!(d.owners.values().all(|o| o == "lb1" || o == "lb2"), "only eligible nodes own");
+        assert_eq!(d.held, d.owners.iter().filter(|(_, o)| *o == "lb1").map(|(v, _)| *v).collect());
+        assert_eq!(d.services.len(), 2, "one per port");
+        let web = d.services.values().next().unwrap();
+        assert_eq!(names(web), ["b1", "lb1", "lb2"], "b2 has no MAC yet");
+        assert!(web.backends.iter().find(|b| b.name == "lb1").unwrap().local);
+        assert_eq!(d.unresolved, ["b2".to_owned()].into());
+
+        // b2 resolved, b1 down: b1 leaves, b2 joins.
+        let macs = [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into();
+        let check = w.services[0].health.clone().unwrap();
+        health.insert(Target { node: "b1".into(), addr: "198.18.0.11".parse().unwrap(), check }, false);
+        let d = desired(&w, &Observed { me: "lb1", live: &live, health: &health, macs: &macs });
+        assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
+
+        // lb2 dead: lb1 owns every VIP.
+        let live: BTreeSet<String> = live.into_iter().filter(|n| n != "lb2").collect();
+        let d = desired(&w, &Observed { me: "lb1", live: &live, health: &health, macs: &macs });
+        assert_eq!(d.held.len(), 4);
+        assert_eq!(health_targets(&w).len(), 4, "every candidate of the checked service");
+    }
+}

@@ -1,0 +1,246 @@
+//! Prometheus metrics and the agent's HTTP endpoints: /metrics, /healthz,
+//! /readyz and /status (the same JSON as the status file).
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Router};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+use tracing::warn;
+
+use crate::dataplane::{monotonic_ns, Dataplane};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VipLabels {
+    pub vip: String,
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub service: String,
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabels {
+    pub service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+/// The agent's own metrics (the BPF counters are read at scrape time by `BpfCounters`).
+pub struct Metrics {
+    pub registry: Registry,
+    /// 1 for the current owner of each VIP.
+    pub vip_owner: Family<VipLabels, Gauge>,
+    /// 1 healthy, 0 not, per service and backend node.
+    pub backend_healthy: Family<BackendLabels, Gauge>,
+    pub ring_updates: Family<ServiceLabels, Counter>,
+    pub ring_slots_written: Family<ServiceLabels, Counter>,
+    pub ring_update_seconds: Histogram,
+    pub health_to_maps_seconds: Histogram,
+    pub config_reloads: Family<ResultLabels, Counter>,
+    pub config_valid: Gauge,
+    pub vips_held: Gauge,
+    pub ready: Arc<AtomicBool>,
+    /// Monotonic ns of the main loop's last turn (for /healthz).
+    pub last_turn_ns: Arc<AtomicU64>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            vip_owner: Family::default(),
+            backend_healthy: Family::default(),
+            ring_updates: Family::default(),
+            ring_slots_written: Family::default(),
+            // 10 µs .. ~5 s
+            ring_update_seconds: Histogram::new(exponential_buckets(1e-5, 2.5, 15)),
+            health_to_maps_seconds: Histogram::new(exponential_buckets(1e-5, 2.5, 15)),
+            config_reloads: Family::default(),
+            config_valid: Gauge::default(),
+            vips_held: Gauge::default(),
+            ready: Arc::new(AtomicBool::new(false)),
+            last_turn_ns: Arc::new(AtomicU64::new(monotonic_ns())),
+            registry: Registry::default(),
+        };
+        registry.register("vip_owner", "Owner node of each VIP (1 = owns it)", m.vip_owner.clone());
+        registry.register("vip_backend_healthy", "Health of each backend node per service (1 healthy, 0 down)", m.backend_healthy.clone());
+        registry.register("vip_ring_updates", "Maglev ring writes per service", m.ring_updates.clone());
+        registry.register("vip_ring_slots_written", "Ring slots written per service", m.ring_slots_written.clone());
+        registry.register("vip_ring_update_seconds", "Time to write one service's ring change to the maps", m.ring_update_seconds.clone());
+        registry.register(
+            "vip_health_to_maps_seconds",
+            "Time from a backend health change (deciding probe done) to every affected ring written",
+            m.health_to_maps_seconds.clone(),
+        );
+        registry.register("vip_config_reloads", "Config file loads by result (ok, error)", m.config_reloads.clone());
+        registry.register("vip_config_valid", "1 when the last config file read was valid, 0 when it was rejected", m.config_valid.clone());
+        registry.register("vip_vips_held", "VIPs this node holds", m.vips_held.clone());
+        Self { registry, ..m }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The data path's per-CPU counters, summed at scrape time from the pinned maps.
+#[derive(Debug)]
+pub struct BpfCounters {
+    pin_dir: PathBuf,
+    /// Opened lazily (and again after an error): the maps may be re-created.
+    dp: Mutex<Option<DebugDp>>,
+}
+
+struct DebugDp(Dataplane);
+impl std::fmt::Debug for DebugDp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Dataplane")
+    }
+}
+
+impl BpfCounters {
+    pub fn new(pin_dir: PathBuf) -> Self {
+        Self { pin_dir, dp: Mutex::new(None) }
+    }
+}
+
+fn const_counter_family<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl Iterator<Item = (L, u64)>,
+) -> std::fmt::Result {
+    let mut rows = rows.peekable();
+    if rows.peek().is_none() {
+        return Ok(());
+    }
+    let mut fam = enc.encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
+    for (labels, v) in rows {
+        ConstCounter::new(v).encode(fam.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IdLabels {
+    id: String,
+}
+
+impl Collector for BpfCounters {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let mut guard = self.dp.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Dataplane::open(&self.pin_dir).ok().map(DebugDp);
+        }
+        let Some(dp) = guard.as_ref() else { return Ok(()) };
+        let c = match dp.0.counters() {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("reading BPF counters: {e:#}");
+                *guard = None;
+                return Ok(());
+            }
+        };
+        let reason = |(r, v): (&&'static str, &(u64, u64)), bytes: bool| (ReasonLabels { reason: (*r).to_owned() }, if bytes { v.1 } else { v.0 });
+        const_counter_family(&mut enc, "vip_xdp_packets", "Packets seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, false)))?;
+        const_counter_family(&mut enc, "vip_xdp_bytes", "Bytes seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, true)))?;
+        let id = |(i, v): (&u32, &(u64, u64)), bytes: bool| (IdLabels { id: i.to_string() }, if bytes { v.1 } else { v.0 });
+        const_counter_family(&mut enc, "vip_service_packets", "Packets balanced per data-path service id (see /status for names)", c.services.iter().map(|x| id(x, false)))?;
+        const_counter_family(&mut enc, "vip_service_bytes", "Bytes balanced per data-path service id", c.services.iter().map(|x| id(x, true)))?;
+        const_counter_family(&mut enc, "vip_backend_packets", "Packets sent to each backend id (see /status for nodes)", c.backends.iter().map(|x| id(x, false)))?;
+        const_counter_family(&mut enc, "vip_backend_bytes", "Bytes sent to each backend id", c.backends.iter().map(|x| id(x, true)))?;
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct Http {
+    registry: Arc<Registry>,
+    ready: Arc<AtomicBool>,
+    last_turn_ns: Arc<AtomicU64>,
+    stale_after: Duration,
+    status: Arc<Mutex<String>>,
+}
+
+/// Serves the endpoints on `addr` until the runtime stops.
+pub async fn serve(addr: SocketAddr, m: &mut Metrics, pin_dir: PathBuf, status: Arc<Mutex<String>>, stale_after: Duration) -> Result<SocketAddr> {
+    m.registry.register_collector(Box::new(BpfCounters::new(pin_dir)));
+    let registry = std::mem::take(&mut m.registry);
+    let state = Http { registry: Arc::new(registry), ready: m.ready.clone(), last_turn_ns: m.last_turn_ns.clone(), stale_after, status };
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status_json))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the metrics address {addr}"))?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!("metrics server stopped: {e}");
+        }
+    });
+    Ok(bound)
+}
+
+async fn metrics(State(h): State<Http>) -> impl IntoResponse {
+    let mut out = String::new();
+    match prometheus_client::encoding::text::encode(&mut out, &h.registry) {
+        Ok(()) => (StatusCode::OK, [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], out),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], e.to_string()),
+    }
+}
+
+/// Alive: the main loop turned recently (a wedged agent fails its liveness probe).
+async fn healthz(State(h): State<Http>) -> impl IntoResponse {
+    let age = Duration::from_nanos(monotonic_ns().saturating_sub(h.last_turn_ns.load(Ordering::Relaxed)));
+    if age <= h.stale_after {
+        (StatusCode::OK, "ok\n".to_owned())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("main loop stalled for {age:?}\n"))
+    }
+}
+
+/// Ready: attached, a valid config loaded and written to the maps once.
+async fn readyz(State(h): State<Http>) -> impl IntoResponse {
+    if h.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: no valid config applied yet\n")
+    }
+}
+
+async fn status_json(State(h): State<Http>) -> impl IntoResponse {
+    let s = h.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    ([("content-type", "application/json")], s)
+}

@@ -1,0 +1,399 @@
+//! `vip-agent run`: keeps one node's data path equal to the model. The model
+//! comes from a source (today the YAML file, re-read on change or SIGHUP); health
+//! checks and the live-node view change what is desired; the loop writes only
+//! the difference to the pinned maps and keeps the last good state on bad input.
+mod desired;
+pub mod metrics;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    sync::{atomic::Ordering, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use serde::{Deserialize, Serialize};
+use tokio::{signal::unix, sync::mpsc};
+use tracing::{error, info, warn};
+
+pub use desired::{desired, health_targets, Desired, DesiredService, Observed};
+
+use crate::{
+    config,
+    dataplane::{self, monotonic_ns, AttachMode, Dataplane, ServiceAddr},
+    health::{self, Target},
+    inspect::mac_str,
+    model::World,
+    neighbour,
+};
+
+/// How `run` is set up (the CLI fills it).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub config: PathBuf,
+    /// This node's name in the config's `nodes`.
+    pub node_name: String,
+    /// The uplink the XDP program is attached to and VIPs are answered on.
+    pub iface: String,
+    pub attach_mode: AttachMode,
+    pub pin_dir: PathBuf,
+    pub ring_capacity: u32,
+    /// /metrics, /healthz, /readyz, /status; None: no HTTP server.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Where the status JSON is written after every change (read by `inspect`).
+    pub status_file: Option<PathBuf>,
+    /// How often the config file is checked for changes.
+    pub reload_interval: Duration,
+}
+
+/// The agent's view, published as JSON (status file, /status) for `inspect` and humans.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Status {
+    pub node: String,
+    pub config: ConfigStatus,
+    /// VIP → owner node.
+    pub owners: BTreeMap<Ipv4Addr, String>,
+    pub held: Vec<Ipv4Addr>,
+    pub services: Vec<ServiceStatus>,
+    pub backends: Vec<BackendStatus>,
+    /// Recent health change → maps updated latencies, microseconds (newest last, at most 256).
+    pub health_to_maps_us: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    pub path: PathBuf,
+    /// Valid configs applied since start.
+    pub generation: u64,
+    /// The last rejected file's error, cleared by the next valid one.
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    pub name: String,
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    pub protocol: String,
+    pub backends: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub service: String,
+    pub node: String,
+    pub addr: Ipv4Addr,
+    pub mac: Option<String>,
+    pub healthy: bool,
+    /// In the service's ring now (healthy and MAC known).
+    pub in_ring: bool,
+    pub detail: String,
+}
+
+struct Agent {
+    opts: Options,
+    dp: Dataplane,
+    ifindex: u32,
+    world: World,
+    /// Bytes of the config file last read (valid or not): reloads only on change.
+    config_text: Option<String>,
+    health: BTreeMap<Target, (bool, String)>,
+    monitor: health::Monitor,
+    macs: BTreeMap<String, [u8; 6]>,
+    live: BTreeSet<String>,
+    applied: Desired,
+    metrics: metrics::Metrics,
+    status: Status,
+    status_json: Arc<Mutex<String>>,
+}
+
+pub async fn run(opts: Options) -> Result<()> {
+    let text = std::fs::read_to_string(&opts.config).with_context(|| format!("reading {}", opts.config.display()))?;
+    let world = config::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", opts.config.display()))?;
+    if world.node(&opts.node_name).is_none() {
+        bail!("{}: nodes: this node ({:?}) is not listed; set --node-name to one of the listed names", opts.config.display(), opts.node_name);
+    }
+    for w in config::warnings(&world) {
+        warn!("{w}");
+    }
+    let mut dp = Dataplane::load(&opts.pin_dir, opts.ring_capacity)?;
+    let attached = dp.attach(&opts.iface, opts.attach_mode)?;
+    let (ifindex, mac) = dataplane::iface_info(&opts.iface)?;
+    dp.set_iface(ifindex, mac)?;
+    info!(iface = %opts.iface, ifindex, mac = %mac_str(&mac), mode = ?attached.mode, "XDP attached (None: kept the existing attachment)");
+
+    let (health_tx, mut health_rx) = mpsc::unbounded_channel();
+    let mut metrics = metrics::Metrics::new();
+    let status_json = Arc::new(Mutex::new("{}".to_owned()));
+    if let Some(addr) = opts.metrics_addr {
+        let bound = metrics::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
+        info!(%bound, "serving /metrics /healthz /readyz /status");
+    }
+    let live = world.nodes.iter().map(|n| n.name.clone()).collect();
+    let mut agent = Agent {
+        status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: opts.config.clone(), generation: 1, error: None }, ..Default::default() },
+        opts,
+        dp,
+        ifindex,
+        world: World::default(),
+        config_text: Some(text),
+        health: BTreeMap::new(),
+        monitor: health::Monitor::new(health_tx),
+        macs: BTreeMap::new(),
+        live,
+        applied: Desired::default(),
+        metrics,
+        status_json,
+    };
+    agent.metrics.config_valid.set(1);
+    agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
+    agent.adopt(world);
+    agent.reconcile(None)?;
+    agent.metrics.ready.store(true, Ordering::Relaxed);
+
+    let hold_refresh = agent.world.announce.hold_time / 3;
+    let mut refresh = tokio::time::interval(hold_refresh);
+    let mut reload = tokio::time::interval(agent.opts.reload_interval);
+    let mut hup = unix::signal(unix::SignalKind::hangup())?;
+    let mut term = unix::signal(unix::SignalKind::terminate())?;
+    let mut int = unix::signal(unix::SignalKind::interrupt())?;
+    loop {
+        agent.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
+        tokio::select! {
+            Some(ev) = health_rx.recv() => {
+                agent.health.insert(ev.target.clone(), (ev.up, ev.detail.clone()));
+                // Drain what else is queued: one map update for a burst of changes.
+                while let Ok(more) = health_rx.try_recv() {
+                    agent.health.insert(more.target.clone(), (more.up, more.detail));
+                }
+                if let Err(e) = agent.reconcile(Some(ev.at)) {
+                    error!("applying a health change: {e:#}");
+                }
+            }
+            _ = refresh.tick() => {
+                if let Err(e) = agent.refresh() {
+                    error!("refreshing held VIPs: {e:#}");
+                }
+            }
+            _ = reload.tick() => agent.reload(false),
+            _ = hup.recv() => agent.reload(true),
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    // Program and maps stay: held VIPs keep being answered until their deadline, so
+    // an agent restarted within the hold time takes over without a gap.
+    info!("stopping; the data path keeps running on the last state until held deadlines pass");
+    Ok(())
+}
+
+impl Agent {
+    /// Makes `world` the current model (probes follow it).
+    fn adopt(&mut self, world: World) {
+        let targets = health_targets(&world);
+        self.health.retain(|t, _| targets.contains(t));
+        self.monitor.sync(targets);
+        self.world = world;
+    }
+
+    /// Re-reads the config file when it changed (or when `force`d by SIGHUP).
+    fn reload(&mut self, force: bool) {
+        let text = match std::fs::read_to_string(&self.opts.config) {
+            Ok(t) => t,
+            Err(e) => {
+                self.reject(format!("cannot read {}: {e}", self.opts.config.display()));
+                return;
+            }
+        };
+        if !force && self.config_text.as_deref() == Some(text.as_str()) {
+            return;
+        }
+        self.config_text = Some(text.clone());
+        let world = match config::parse(&text) {
+            Ok(w) if w.node(&self.opts.node_name).is_none() => {
+                self.reject(format!("nodes: this node ({:?}) is not listed", self.opts.node_name));
+                return;
+            }
+            Ok(w) => w,
+            Err(e) => {
+                self.reject(e.to_string());
+                return;
+            }
+        };
+        for w in config::warnings(&world) {
+            warn!("{w}");
+        }
+        info!(path = %self.opts.config.display(), "config changed; applying");
+        self.status.config.generation += 1;
+        self.status.config.error = None;
+        self.metrics.config_valid.set(1);
+        self.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
+        self.adopt(world);
+        if let Err(e) = self.reconcile(None) {
+            error!("applying the new config: {e:#}");
+        }
+    }
+
+    fn reject(&mut self, msg: String) {
+        error!(path = %self.opts.config.display(), error = %msg, "config rejected; the last good config keeps running");
+        self.status.config.error = Some(msg);
+        self.metrics.config_valid.set(0);
+        self.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "error".into() }).inc();
+        self.publish();
+    }
+
+    /// Re-writes the deadline of every held VIP (fencing: if this stops, they go stale).
+    fn refresh(&mut self) -> Result<()> {
+        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
+        for vip in &self.applied.held {
+            self.dp.hold_vip(self.ifindex, *vip, deadline)?;
+        }
+        // Backends waiting for a MAC: look again (and ask the kernel to resolve them).
+        if !self.applied.unresolved.is_empty() {
+            self.reconcile(None)?;
+        }
+        Ok(())
+    }
+
+    /// Computes what the maps should hold and writes the difference. `since`: the
+    /// health change that caused this, for the latency metric.
+    fn reconcile(&mut self, since: Option<Instant>) -> Result<()> {
+        for n in &self.world.nodes {
+            if n.mac.is_none() && n.name != self.opts.node_name {
+                match neighbour::lookup(n.addr) {
+                    Some(m) => {
+                        self.macs.insert(n.name.clone(), m);
+                    }
+                    None if !self.macs.contains_key(&n.name) => neighbour::solicit(n.addr),
+                    None => {}
+                }
+            }
+        }
+        let health: BTreeMap<Target, bool> = self.health.iter().map(|(t, (up, _))| (t.clone(), *up)).collect();
+        let want = desired(&self.world, &Observed { me: &self.opts.node_name, live: &self.live, health: &health, macs: &self.macs });
+        self.write(&want)?;
+        if let Some(at) = since {
+            let took = at.elapsed();
+            self.metrics.health_to_maps_seconds.observe(took.as_secs_f64());
+            let l = &mut self.status.health_to_maps_us;
+            l.push(took.as_micros() as u64);
+            if l.len() > 256 {
+                l.remove(0);
+            }
+            info!(took_us = took.as_micros() as u64, "health change written to the maps");
+        }
+        self.applied = want;
+        self.publish();
+        Ok(())
+    }
+
+    fn write(&mut self, want: &Desired) -> Result<()> {
+        let seed = self.world.maglev_seed;
+        for (addr, svc) in &want.services {
+            if self.applied.services.get(addr) == Some(svc) {
+                continue;
+            }
+            let u = self.dp.set_service(*addr, &svc.backends, svc.table_size, seed).with_context(|| format!("service {} ({addr:?})", svc.name))?;
+            let l = metrics::ServiceLabels { service: svc.name.clone() };
+            self.metrics.ring_updates.get_or_create(&l).inc();
+            self.metrics.ring_slots_written.get_or_create(&l).inc_by(u.slots_written as u64);
+            self.metrics.ring_update_seconds.observe(u.elapsed.as_secs_f64());
+            info!(service = %svc.name, vip = %addr.vip, port = addr.port, backends = svc.backends.len(), slots = u.slots_written, us = u.elapsed.as_micros() as u64, "ring written");
+        }
+        let gone: Vec<ServiceAddr> = self.applied.services.keys().filter(|a| !want.services.contains_key(a)).copied().collect();
+        for addr in gone {
+            self.dp.remove_service(addr)?;
+            info!(vip = %addr.vip, port = addr.port, "service removed");
+        }
+        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
+        for vip in want.held.difference(&self.applied.held) {
+            self.dp.hold_vip(self.ifindex, *vip, deadline)?;
+            info!(%vip, "holding VIP");
+        }
+        for vip in self.applied.held.difference(&want.held) {
+            self.dp.release_vip(self.ifindex, *vip)?;
+            info!(%vip, "released VIP");
+        }
+        for (vip, owner) in &self.applied.owners {
+            if want.owners.get(vip) != Some(owner) {
+                self.metrics.vip_owner.remove(&metrics::VipLabels { vip: vip.to_string(), node: owner.clone() });
+            }
+        }
+        for (vip, owner) in &want.owners {
+            self.metrics.vip_owner.get_or_create(&metrics::VipLabels { vip: vip.to_string(), node: owner.clone() }).set(1);
+        }
+        self.metrics.vips_held.set(want.held.len() as i64);
+        Ok(())
+    }
+
+    /// Refreshes the status (file and /status) and the health gauges.
+    fn publish(&mut self) {
+        let s = &mut self.status;
+        s.owners = self.applied.owners.clone();
+        s.held = self.applied.held.iter().copied().collect();
+        s.services = self
+            .applied
+            .services
+            .iter()
+            .map(|(a, d)| ServiceStatus {
+                name: d.name.clone(),
+                vip: a.vip,
+                port: a.port,
+                protocol: if a.proto == vip_common::PROTO_UDP { "udp" } else { "tcp" }.to_owned(),
+                backends: d.backends.iter().map(|b| b.name.clone()).collect(),
+            })
+            .collect();
+        s.backends.clear();
+        self.metrics.backend_healthy.clear();
+        for svc in &self.world.services {
+            let in_ring: BTreeSet<&str> = svc
+                .addrs()
+                .next()
+                .and_then(|a| self.applied.services.get(&a))
+                .map(|d| d.backends.iter().map(|b| b.name.as_str()).collect())
+                .unwrap_or_default();
+            for node in self.world.backend_candidates(svc) {
+                let probed = svc.health.as_ref().and_then(|c| {
+                    self.health.get(&Target { node: node.name.clone(), addr: node.addr, check: c.clone() })
+                });
+                let (healthy, detail) = match probed {
+                    Some((up, d)) => (*up, d.clone()),
+                    None if svc.health.is_some() => (true, "no state change yet".into()),
+                    None => (true, "not checked".into()),
+                };
+                let mac = node.mac.or_else(|| self.macs.get(&node.name).copied());
+                let l = metrics::BackendLabels { service: svc.name.clone(), node: node.name.clone() };
+                self.metrics.backend_healthy.get_or_create(&l).set(healthy as i64);
+                s.backends.push(BackendStatus {
+                    service: svc.name.clone(),
+                    node: node.name.clone(),
+                    addr: node.addr,
+                    mac: mac.map(|m| mac_str(&m)),
+                    healthy,
+                    in_ring: in_ring.contains(node.name.as_str()),
+                    detail,
+                });
+            }
+        }
+        let json = serde_json::to_string_pretty(&self.status).unwrap_or_default();
+        if let Some(path) = &self.opts.status_file {
+            if let Err(e) = write_atomic(path, &json) {
+                warn!("writing status file {}: {e:#}", path.display());
+            }
+        }
+        *self.status_json.lock().unwrap_or_else(|e| e.into_inner()) = json;
+    }
+}
+
+/// Write to a temporary file and rename, so readers never see half a status.
+fn write_atomic(path: &std::path::Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}

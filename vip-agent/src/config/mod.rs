@@ -1,0 +1,426 @@
+//! The YAML file source: parses and validates `vip-agent run --config FILE` into
+//! the model. Unknown keys are errors; every error names the field path and line.
+mod locate;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::Ipv4Addr,
+    path::Path,
+    str::FromStr,
+    time::Duration,
+};
+
+use ipnet::Ipv4Net;
+use serde::{de, Deserialize, Deserializer};
+
+use crate::{
+    maglev,
+    model::{Announce, HealthCheck, Node, Pool, Probe, Protocol, Selector, Service, World},
+};
+
+/// A rejected config: where (field path, line) and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "line {l}: ")?,
+            None => {}
+        }
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Largest number of addresses all pools may hold together (the held-VIP map's size).
+pub const MAX_POOL_ADDRESSES: usize = vip_common::MAX_HELD as usize;
+
+// ---- the file's schema -------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct File {
+    nodes: Vec<FileNode>,
+    #[serde(default)]
+    pools: Vec<FilePool>,
+    #[serde(default)]
+    services: Vec<FileService>,
+    #[serde(default)]
+    announce: FileAnnounce,
+    #[serde(default)]
+    maglev_seed: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileNode {
+    name: String,
+    address: Ipv4Addr,
+    #[serde(default)]
+    mac: Option<Mac>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FilePool {
+    name: String,
+    addresses: Vec<AddrEntry>,
+    #[serde(default, rename = "excludedIPs")]
+    excluded_ips: Vec<Ipv4Addr>,
+    #[serde(default)]
+    node_selector: Selector,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileService {
+    name: String,
+    vip: Ipv4Addr,
+    ports: Vec<u16>,
+    #[serde(default = "default_protocol")]
+    protocol: Protocol,
+    #[serde(default = "default_table_size")]
+    table_size: u32,
+    #[serde(default)]
+    backend_selector: Option<Selector>,
+    #[serde(default)]
+    health_check: Option<FileHealthCheck>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum ProbeKind {
+    Tcp,
+    Http,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileHealthCheck {
+    #[serde(rename = "type")]
+    kind: ProbeKind,
+    /// Defaults to the service's first port.
+    #[serde(default)]
+    port: Option<u16>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default = "default_interval", with = "humantime_serde")]
+    interval: Duration,
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    timeout: Duration,
+    #[serde(default = "default_rise")]
+    rise: u32,
+    #[serde(default = "default_fall")]
+    fall: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileAnnounce {
+    #[serde(default = "default_hold_time", with = "humantime_serde")]
+    hold_time: Duration,
+    #[serde(default = "default_garp_count")]
+    garp_count: u32,
+    #[serde(default = "default_garp_interval", with = "humantime_serde")]
+    garp_interval: Duration,
+    #[serde(default = "default_garp_refresh", with = "humantime_serde")]
+    garp_refresh: Duration,
+}
+
+impl Default for FileAnnounce {
+    fn default() -> Self {
+        let a = Announce::default();
+        Self { hold_time: a.hold_time, garp_count: a.garp_count, garp_interval: a.garp_interval, garp_refresh: a.garp_refresh }
+    }
+}
+
+fn default_protocol() -> Protocol {
+    Protocol::Tcp
+}
+fn default_table_size() -> u32 {
+    maglev::DEFAULT_TABLE_SIZE
+}
+fn default_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_timeout() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_rise() -> u32 {
+    2
+}
+fn default_fall() -> u32 {
+    3
+}
+fn default_hold_time() -> Duration {
+    Announce::default().hold_time
+}
+fn default_garp_count() -> u32 {
+    Announce::default().garp_count
+}
+fn default_garp_interval() -> Duration {
+    Announce::default().garp_interval
+}
+fn default_garp_refresh() -> Duration {
+    Announce::default().garp_refresh
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+struct Mac([u8; 6]);
+
+impl<'de> Deserialize<'de> for Mac {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let bytes: Vec<u8> = s.split(':').filter_map(|p| (p.len() == 2).then(|| u8::from_str_radix(p, 16).ok()).flatten()).collect();
+        let mac: [u8; 6] = bytes
+            .try_into()
+            .map_err(|_| de::Error::custom(format!("{s:?} is not a MAC address (expected six hex pairs, aa:bb:cc:dd:ee:ff)")))?;
+        Ok(Mac(mac))
+    }
+}
+
+/// One `addresses` entry: an address, a CIDR, or an inclusive `first-last` range.
+#[derive(Clone, Copy)]
+enum AddrEntry {
+    One(Ipv4Addr),
+    Net(Ipv4Net),
+    Range(Ipv4Addr, Ipv4Addr),
+}
+
+impl AddrEntry {
+    fn bounds(self) -> (u32, u32) {
+        match self {
+            AddrEntry::One(a) => (a.into(), a.into()),
+            AddrEntry::Net(n) => (n.network().into(), n.broadcast().into()),
+            AddrEntry::Range(a, b) => (a.into(), b.into()),
+        }
+    }
+}
+
+impl FromStr for AddrEntry {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not an IPv4 address, CIDR (198.18.1.0/28) or range (198.18.1.10-198.18.1.20)");
+        if let Some((a, b)) = s.split_once('-') {
+            let (a, b): (Ipv4Addr, Ipv4Addr) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+            if a > b {
+                return Err(format!("range {s:?} ends before it starts"));
+            }
+            return Ok(AddrEntry::Range(a, b));
+        }
+        if s.contains('/') {
+            let net: Ipv4Net = s.parse().map_err(|_| bad())?;
+            if net.trunc() != net {
+                return Err(format!("{s:?} has host bits set; did you mean {}?", net.trunc()));
+            }
+            return Ok(AddrEntry::Net(net));
+        }
+        s.parse().map(AddrEntry::One).map_err(|_| bad())
+    }
+}
+
+impl<'de> Deserialize<'de> for AddrEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+// ---- parsing and validation --------------------------------------------------
+
+/// Reads and validates `path`.
+pub fn load(path: &Path) -> Result<World, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError { path: String::new(), line: None, message: format!("cannot read {}: {e}", path.display()) })?;
+    parse(&text)
+}
+
+/// Parses and validates a config text.
+pub fn parse(text: &str) -> Result<World, ConfigError> {
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    let file: File = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let path = if path == "." { String::new() } else { path };
+        // The located field is exact; serde's own position can be the enclosing mapping.
+        let line = (!path.is_empty()).then(|| locate::line_of(text, &path)).flatten().or(inner.location().map(|l| l.line()));
+        let msg = strip_location(&inner.to_string());
+        // serde_yaml_ng may start its message with (part of) the path; we print it once.
+        let message = match msg.split_once(": ") {
+            Some((head, rest)) if !head.is_empty() && path.starts_with(head) => rest.to_owned(),
+            _ => msg,
+        };
+        ConfigError { path, line, message }
+    })?;
+    validate(file).map_err(|(path, message)| ConfigError { line: locate::line_of(text, &path), path, message })
+}
+
+/// serde_yaml puts " at line L column C" in its messages; we report the line ourselves.
+fn strip_location(msg: &str) -> String {
+    match msg.find(" at line ") {
+        Some(i) => msg[..i].to_owned(),
+        None => msg.to_owned(),
+    }
+}
+
+type Invalid = (String, String);
+
+fn invalid<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, Invalid> {
+    Err((path.into(), message.into()))
+}
+
+fn validate(f: File) -> Result<World, Invalid> {
+    let mut names = BTreeMap::new();
+    let mut addrs = BTreeMap::new();
+    let mut nodes = Vec::new();
+    if f.nodes.is_empty() {
+        return invalid("nodes", "at least one node is needed");
+    }
+    for (i, n) in f.nodes.into_iter().enumerate() {
+        let p = format!("nodes[{i}]");
+        if n.name.is_empty() {
+            return invalid(format!("{p}.name"), "must not be empty");
+        }
+        if let Some(j) = names.insert(n.name.clone(), i) {
+            return invalid(format!("{p}.name"), format!("node {:?} is already defined at nodes[{j}]", n.name));
+        }
+        if let Some(j) = addrs.insert(n.address, i) {
+            return invalid(format!("{p}.address"), format!("{} is already the address of nodes[{j}]", n.address));
+        }
+        nodes.push(Node { name: n.name, addr: n.address, mac: n.mac.map(|m| m.0), labels: n.labels });
+    }
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let mut pools: Vec<Pool> = Vec::new();
+    let mut owner_of: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
+    let mut pool_names = BTreeMap::new();
+    for (i, fp) in f.pools.into_iter().enumerate() {
+        let p = format!("pools[{i}]");
+        if let Some(j) = pool_names.insert(fp.name.clone(), i) {
+            return invalid(format!("{p}.name"), format!("pool {:?} is already defined at pools[{j}]", fp.name));
+        }
+        let mut set = BTreeSet::new();
+        for (k, e) in fp.addresses.iter().enumerate() {
+            let (lo, hi) = e.bounds();
+            if (hi - lo) as usize + set.len() >= MAX_POOL_ADDRESSES {
+                return invalid(format!("{p}.addresses[{k}]"), format!("the pool would exceed {MAX_POOL_ADDRESSES} addresses"));
+            }
+            set.extend((lo..=hi).map(Ipv4Addr::from));
+        }
+        for (k, x) in fp.excluded_ips.iter().enumerate() {
+            if !set.remove(x) {
+                return invalid(format!("{p}.excludedIPs[{k}]"), format!("{x} is not in this pool's addresses"));
+            }
+        }
+        if set.is_empty() {
+            return invalid(format!("{p}.addresses"), "the pool has no address left after exclusions");
+        }
+        for a in &set {
+            if let Some(j) = owner_of.insert(*a, i) {
+                return invalid(format!("{p}.addresses"), format!("{a} is also in pools[{j}] ({:?}); pools must not overlap", pools[j].name));
+            }
+        }
+        if owner_of.len() > MAX_POOL_ADDRESSES {
+            return invalid(format!("{p}.addresses"), format!("all pools together exceed {MAX_POOL_ADDRESSES} addresses"));
+        }
+        pools.push(Pool { name: fp.name, addresses: set.into_iter().collect(), node_selector: fp.node_selector });
+    }
+
+    let mut services = Vec::new();
+    let mut taken: BTreeMap<(Ipv4Addr, u16, Protocol), usize> = BTreeMap::new();
+    let mut svc_names = BTreeMap::new();
+    for (i, fs) in f.services.into_iter().enumerate() {
+        let p = format!("services[{i}]");
+        if let Some(j) = svc_names.insert(fs.name.clone(), i) {
+            return invalid(format!("{p}.name"), format!("service {:?} is already defined at services[{j}]", fs.name));
+        }
+        let Some(&pool) = owner_of.get(&fs.vip) else {
+            return invalid(format!("{p}.vip"), format!("{} is in no pool; add it to a pool's addresses", fs.vip));
+        };
+        if fs.ports.is_empty() {
+            return invalid(format!("{p}.ports"), "at least one port is needed");
+        }
+        for (k, &port) in fs.ports.iter().enumerate() {
+            if port == 0 {
+                return invalid(format!("{p}.ports[{k}]"), "port 0 is not a service port");
+            }
+            if let Some(j) = taken.insert((fs.vip, port, fs.protocol), i) {
+                return invalid(format!("{p}.ports[{k}]"), format!("{}:{port}/{:?} is already served by services[{j}]", fs.vip, fs.protocol).to_lowercase());
+            }
+        }
+        if let Err(e) = maglev::check_table_size(fs.table_size) {
+            return invalid(format!("{p}.tableSize"), e.to_string());
+        }
+        let health = match fs.health_check {
+            Some(h) => Some(health_check(&format!("{p}.healthCheck"), h, fs.ports[0])?),
+            None => None,
+        };
+        let backend_selector = fs.backend_selector.unwrap_or_else(|| pools[pool].node_selector.clone());
+        services.push(Service { name: fs.name, vip: fs.vip, ports: fs.ports, protocol: fs.protocol, table_size: fs.table_size, backend_selector, health });
+    }
+
+    let a = f.announce;
+    if a.hold_time < Duration::from_millis(100) {
+        return invalid("announce.holdTime", "must be at least 100ms (the agent refreshes held VIPs three times per hold time)");
+    }
+    if a.garp_refresh.is_zero() {
+        return invalid("announce.garpRefresh", "must be more than zero");
+    }
+    let announce = Announce { hold_time: a.hold_time, garp_count: a.garp_count, garp_interval: a.garp_interval, garp_refresh: a.garp_refresh };
+    Ok(World { nodes, pools, services, announce, maglev_seed: f.maglev_seed })
+}
+
+fn health_check(p: &str, h: FileHealthCheck, first_port: u16) -> Result<HealthCheck, Invalid> {
+    let port = h.port.unwrap_or(first_port);
+    if port == 0 {
+        return invalid(format!("{p}.port"), "port 0 cannot be probed");
+    }
+    let probe = match (h.kind, h.path) {
+        (ProbeKind::Tcp, Some(_)) => return invalid(format!("{p}.path"), "a path only applies to type: http"),
+        (ProbeKind::Tcp, None) => Probe::Tcp { port },
+        (ProbeKind::Http, path) => {
+            let path = path.unwrap_or_else(|| "/".into());
+            if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return invalid(format!("{p}.path"), format!("{path:?} is not an absolute URL path"));
+            }
+            Probe::Http { port, path }
+        }
+    };
+    if h.interval < Duration::from_millis(10) {
+        return invalid(format!("{p}.interval"), "must be at least 10ms");
+    }
+    if h.timeout.is_zero() || h.timeout > h.interval {
+        return invalid(format!("{p}.timeout"), format!("must be more than zero and at most the interval ({:?})", h.interval));
+    }
+    if h.rise == 0 {
+        return invalid(format!("{p}.rise"), "must be at least 1");
+    }
+    if h.fall == 0 {
+        return invalid(format!("{p}.fall"), "must be at least 1");
+    }
+    Ok(HealthCheck { probe, interval: h.interval, timeout: h.timeout, rise: h.rise, fall: h.fall })
+}
+
+/// Pools whose selector matches no node: nobody will answer for their VIPs.
+/// Not an error (labels may come later), but worth a warning.
+pub fn warnings(w: &World) -> Vec<String> {
+    w.pools
+        .iter()
+        .filter(|p| w.eligible(p).is_empty())
+        .map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

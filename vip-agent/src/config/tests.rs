@@ -1,0 +1,174 @@
+//! Config validation: the accepted example, and every rejected case with its
+//! field path, line and message.
+use std::{net::Ipv4Addr, time::Duration};
+
+use super::{parse, ConfigError};
+use crate::model::{Probe, Protocol};
+
+const GOOD: &str = r#"
+nodes:
+  - name: n2
+    address: 198.18.0.12
+    labels: {role: backend}
+  - name: n1
+    address: 198.18.0.11
+    mac: "02:00:00:00:00:11"
+    labels: {role: lb}
+pools:
+  - name: web
+    addresses: [198.18.1.10, 198.18.1.16/30, 198.18.1.20-198.18.1.22]
+    excludedIPs: [198.18.1.17]
+    nodeSelector: {role: lb}
+services:
+  - name: web
+    vip: 198.18.1.10
+    ports: [80, 443]
+    tableSize: 251
+    backendSelector: {role: backend}
+    healthCheck:
+      type: http
+      path: /healthz
+      interval: 200ms
+      timeout: 100ms
+      rise: 2
+      fall: 3
+  - name: dns
+    vip: 198.18.1.16
+    ports: [53]
+    protocol: udp
+announce:
+  holdTime: 900ms
+"#;
+
+#[test]
+fn accepts_the_example_and_fills_the_model() {
+    let w = parse(GOOD).unwrap();
+    assert_eq!(w.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"], "nodes sorted by name");
+    assert_eq!(w.nodes[0].mac, Some([2, 0, 0, 0, 0, 0x11]));
+    assert_eq!(w.nodes[1].mac, None);
+    let want: Vec<Ipv4Addr> = ["198.18.1.10", "198.18.1.16", "198.18.1.18", "198.18.1.19", "198.18.1.20", "198.18.1.21", "198.18.1.22"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(w.pools[0].addresses, want);
+    let web = &w.services[0];
+    assert_eq!(web.addrs().count(), 2);
+    assert_eq!(web.table_size, 251);
+    let h = web.health.as_ref().unwrap();
+    assert_eq!(h.probe, Probe::Http { port: 80, path: "/healthz".into() });
+    assert_eq!((h.interval, h.timeout, h.rise, h.fall), (Duration::from_millis(200), Duration::from_millis(100), 2, 3));
+    assert_eq!(w.backend_candidates(web).iter().map(|n| &n.name[..]).collect::<Vec<_>>(), ["n2"]);
+    let dns = &w.services[1];
+    assert_eq!((dns.protocol, dns.table_size, dns.health.is_none()), (Protocol::Udp, 16381, true));
+    assert_eq!(w.backend_candidates(dns).iter().map(|n| &n.name[..]).collect::<Vec<_>>(), ["n1"], "defaults to the pool's selector");
+    assert_eq!(w.announce.hold_time, Duration::from_millis(900));
+}
+
+/// `GOOD` with `from` replaced by `to` must be rejected at `path`, on the line
+/// of the edited text where `at` first appears, with a message containing `msg`.
+fn rejects(from: &str, to: &str, path: &str, at: &str, msg: &str) {
+    assert!(GOOD.contains(from), "fixture text {from:?} not in GOOD");
+    let text = GOOD.replacen(from, to, 1);
+    let line = line_with(&text, at);
+    let err: ConfigError = parse(&text).expect_err(&format!("accepted with {to:?}"));
+    assert_eq!(err.path, path, "path of {err}");
+    assert_eq!(err.line, Some(line), "line of {err}");
+    assert!(err.message.contains(msg), "message of {err:?} lacks {msg:?}");
+    assert!(err.to_string().starts_with(&format!("line {line}: {path}: ")), "display: {err}");
+}
+
+fn line_with(text: &str, at: &str) -> usize {
+    let i = text.find(at).unwrap_or_else(|| panic!("{at:?} not in the edited text"));
+    text[..i].matches('\n').count() + 1
+}
+
+#[test]
+fn unknown_keys_are_errors() {
+    rejects("    labels: {role: backend}", "    labels: {role: backend}\n    colour: red", "nodes[0].colour", "colour: red", "unknown field `colour`");
+    rejects("announce:\n  holdTime: 900ms", "announce:\n  holdTime: 900ms\n  holdtime: 1s", "announce.holdtime", "holdtime: 1s", "unknown field `holdtime`");
+    rejects("      fall: 3", "      fall: 3\n      retries: 3", "services[0].healthCheck.retries", "retries: 3", "unknown field `retries`");
+}
+
+#[test]
+fn malformed_values_name_their_field() {
+    rejects("address: 198.18.0.12", "address: 198.18.0.300", "nodes[0].address", "198.18.0.300", "invalid IPv4 address syntax");
+    rejects("mac: \"02:00:00:00:00:11\"", "mac: \"02:00:00:00:11\"", "nodes[1].mac", "02:00:00:00:11", "is not a MAC address");
+    rejects("198.18.1.16/30", "198.18.1.17/30", "pools[0].addresses[1]", "198.18.1.17/30", "has host bits set; did you mean 198.18.1.16/30?");
+    rejects("198.18.1.20-198.18.1.22", "198.18.1.22-198.18.1.20", "pools[0].addresses[2]", "198.18.1.22-198.18.1.20", "ends before it starts");
+    rejects("198.18.1.20-198.18.1.22", "198.18.1.20..22", "pools[0].addresses[2]", "198.18.1.20..22", "is not an IPv4 address, CIDR");
+    rejects("protocol: udp", "protocol: sctp", "services[1].protocol", "sctp", "unknown variant `sctp`");
+    rejects("interval: 200ms", "interval: 200 parsecs", "services[0].healthCheck.interval", "parsecs", "expected a duration");
+    rejects("rise: 2", "rise: -2", "services[0].healthCheck.rise", "rise: -2", "invalid value");
+    rejects("ports: [53]", "ports: [70000]", "services[1].ports[0]", "70000", "invalid value");
+}
+
+#[test]
+fn missing_required_fields() {
+    rejects("  - name: n1\n    address: 198.18.0.11\n", "  - name: n1\n", "nodes[1]", "  - name: n1", "missing field `address`");
+    rejects("    ports: [53]\n", "", "services[1]", "name: dns", "missing field `ports`");
+}
+
+#[test]
+fn node_errors() {
+    rejects("name: n2", "name: n1", "nodes[1].name", "name: n1\n    address: 198.18.0.11", "node \"n1\" is already defined at nodes[0]");
+    rejects("address: 198.18.0.11", "address: 198.18.0.12", "nodes[1].address", "address: 198.18.0.12\n    mac", "198.18.0.12 is already the address of nodes[0]");
+    rejects("name: n2", "name: \"\"", "nodes[0].name", "name: \"\"", "must not be empty");
+    let err = parse("nodes: []\n").unwrap_err();
+    assert_eq!((err.path.as_str(), err.message.as_str()), ("nodes", "at least one node is needed"));
+}
+
+#[test]
+fn pool_errors() {
+    rejects("excludedIPs: [198.18.1.17]", "excludedIPs: [198.18.1.99]", "pools[0].excludedIPs[0]", "198.18.1.99", "198.18.1.99 is not in this pool's addresses");
+    rejects(
+        "addresses: [198.18.1.10, 198.18.1.16/30, 198.18.1.20-198.18.1.22]\n    excludedIPs: [198.18.1.17]",
+        "addresses: [198.18.1.10]\n    excludedIPs: [198.18.1.10]",
+        "pools[0].addresses",
+        "addresses: [198.18.1.10]",
+        "no address left after exclusions",
+    );
+    rejects("198.18.1.16/30", "198.18.0.0/16", "pools[0].addresses[1]", "198.18.0.0/16", "would exceed 4096 addresses");
+    let overlap = GOOD.replace(
+        "services:",
+        "  - name: other\n    addresses: [198.18.1.21-198.18.1.30]\nservices:",
+    );
+    let err = parse(&overlap).unwrap_err();
+    assert_eq!((err.path.as_str(), err.line), ("pools[1].addresses", Some(super::tests::line_with(&overlap, "[198.18.1.21-"))));
+    assert!(err.message.contains("198.18.1.21 is also in pools[0] (\"web\"); pools must not overlap"), "{err}");
+}
+
+#[test]
+fn service_errors() {
+    rejects("vip: 198.18.1.16", "vip: 198.18.1.17", "services[1].vip", "vip: 198.18.1.17", "198.18.1.17 is in no pool");
+    rejects("ports: [80, 443]", "ports: []", "services[0].ports", "ports: []", "at least one port");
+    rejects("ports: [80, 443]", "ports: [80, 0]", "services[0].ports[1]", "ports: [80, 0]", "port 0 is not a service port");
+    rejects("ports: [80, 443]", "ports: [80, 80]", "services[0].ports[1]", "ports: [80, 80]", "198.18.1.10:80/tcp is already served by services[0]");
+    rejects("tableSize: 251", "tableSize: 1000", "services[0].tableSize", "tableSize: 1000", "1000");
+    rejects("tableSize: 251", "tableSize: 131101", "services[0].tableSize", "tableSize: 131101", "131101");
+    rejects("name: dns", "name: web", "services[1].name", "name: web\n    vip: 198.18.1.16", "service \"web\" is already defined at services[0]");
+}
+
+#[test]
+fn health_check_errors() {
+    rejects("rise: 2", "rise: 0", "services[0].healthCheck.rise", "rise: 0", "must be at least 1");
+    rejects("fall: 3", "fall: 0", "services[0].healthCheck.fall", "fall: 0", "must be at least 1");
+    rejects("timeout: 100ms", "timeout: 300ms", "services[0].healthCheck.timeout", "timeout: 300ms", "at most the interval");
+    rejects("interval: 200ms", "interval: 1ms", "services[0].healthCheck.interval", "interval: 1ms", "at least 10ms");
+    rejects("path: /healthz", "path: healthz", "services[0].healthCheck.path", "path: healthz", "not an absolute URL path");
+    rejects("type: http", "type: tcp", "services[0].healthCheck.path", "path: /healthz", "a path only applies to type: http");
+    rejects("type: http", "type: icmp", "services[0].healthCheck.type", "icmp", "unknown variant `icmp`");
+}
+
+#[test]
+fn announce_errors() {
+    rejects("holdTime: 900ms", "holdTime: 50ms", "announce.holdTime", "holdTime: 50ms", "at least 100ms");
+    rejects("holdTime: 900ms", "holdTime: 900ms\n  garpRefresh: 0s", "announce.garpRefresh", "garpRefresh: 0s", "more than zero");
+}
+
+#[test]
+fn not_yaml_at_all() {
+    let err = parse("nodes: [\n").unwrap_err();
+    assert!(err.line.is_some(), "{err}");
+    let err = parse("- just\n- a list\n").unwrap_err();
+    assert!(err.message.contains("expected struct File"), "{err}");
+}

@@ -1,0 +1,292 @@
+//! Health checks of backend nodes: TCP connect or HTTP GET, with interval,
+//! timeout and rise/fall thresholds. One probe task per (node, check); state
+//! changes go to the agent loop as events stamped with the moment they happened,
+//! so the agent can measure health change → maps updated.
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    sync::mpsc,
+    task::JoinHandle,
+};
+use tracing::{info, warn};
+
+use crate::model::{HealthCheck, Probe};
+
+/// What is probed: a node (by name and address) with one check.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Target {
+    pub node: String,
+    pub addr: Ipv4Addr,
+    pub check: HealthCheck,
+}
+
+/// A backend went up or down, at `at` (when the deciding probe finished).
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub target: Target,
+    pub up: bool,
+    pub at: Instant,
+    pub detail: String,
+}
+
+/// Rise/fall thresholds over consecutive probe results. A new target starts up,
+/// so an agent restart or a config reload does not empty rings while the first
+/// probes run; `fall` failures take it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    pub up: bool,
+    /// Consecutive results disagreeing with `up`.
+    streak: u32,
+}
+
+impl Thresholds {
+    pub fn new() -> Self {
+        Self { up: true, streak: 0 }
+    }
+
+    /// Records one probe result; returns the new state when it flips.
+    pub fn record(&mut self, ok: bool, rise: u32, fall: u32) -> Option<bool> {
+        if ok == self.up {
+            self.streak = 0;
+            return None;
+        }
+        self.streak += 1;
+        let needed = if self.up { fall } else { rise };
+        if self.streak >= needed {
+            self.up = ok;
+            self.streak = 0;
+            return Some(ok);
+        }
+        None
+    }
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One probe: Ok, or why it failed.
+pub async fn probe(addr: Ipv4Addr, check: &HealthCheck) -> Result<(), String> {
+    let (port, path) = match &check.probe {
+        Probe::Tcp { port } => (*port, None),
+        Probe::Http { port, path } => (*port, Some(path.as_str())),
+    };
+    let sa = SocketAddr::from((addr, port));
+    let attempt = async {
+        let mut s = TcpStream::connect(sa).await.map_err(|e| format!("connect {sa}: {e}"))?;
+        let Some(path) = path else { return Ok(()) };
+        http_get_status(&mut s, addr, path).await
+    };
+    match tokio::time::timeout(check.timeout, attempt).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer from {sa} within {:?}", check.timeout)),
+    }
+}
+
+/// HTTP/1.1 GET: success is a 2xx or 3xx status line. Hand-written on purpose: a
+/// probe needs only the status line (no TLS, no body, no redirects followed), and
+/// a client library would add a connection pool whose reuse hides a dead server.
+async fn http_get_status(s: &mut TcpStream, host: Ipv4Addr, path: &str) -> Result<(), String> {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: vip-agent\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.map_err(|e| format!("send: {e}"))?;
+    let mut buf = [0u8; 64];
+    let mut n = 0;
+    // Up to the end of the status line ("HTTP/1.1 200 OK\r\n").
+    while n < buf.len() && !buf[..n].contains(&b'\n') {
+        let r = s.read(&mut buf[n..]).await.map_err(|e| format!("read: {e}"))?;
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    let line = String::from_utf8_lossy(&buf[..n]);
+    let line = line.lines().next().unwrap_or("");
+    let code = line.strip_prefix("HTTP/1.").and_then(|r| r.get(2..5)).and_then(|c| c.parse::<u16>().ok());
+    match code {
+        Some(c) if (200..400).contains(&c) => Ok(()),
+        Some(c) => Err(format!("GET {path}: status {c}")),
+        None => Err(format!("GET {path}: not an HTTP response: {line:?}")),
+    }
+}
+
+/// Runs one probe task per target; `sync` starts and stops them as the
+/// configuration changes. Targets kept across a sync keep their state.
+pub struct Monitor {
+    events: mpsc::UnboundedSender<Event>,
+    tasks: BTreeMap<Target, JoinHandle<()>>,
+}
+
+impl Monitor {
+    pub fn new(events: mpsc::UnboundedSender<Event>) -> Self {
+        Self { events, tasks: BTreeMap::new() }
+    }
+
+    /// Makes the running probes exactly `targets`.
+    pub fn sync(&mut self, targets: std::collections::BTreeSet<Target>) {
+        self.tasks.retain(|t, h| {
+            let keep = targets.contains(t);
+            if !keep {
+                h.abort();
+            }
+            keep
+        });
+        for t in targets {
+            if self.tasks.contains_key(&t) {
+                continue;
+            }
+            let tx = self.events.clone();
+            let target = t.clone();
+            let task = tokio::spawn(async move { run_target(target, tx).await });
+            self.tasks.insert(t, task);
+        }
+    }
+
+    pub fn targets(&self) -> impl Iterator<Item = &Target> {
+        self.tasks.keys()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        for h in self.tasks.values() {
+            h.abort();
+        }
+    }
+}
+
+async fn run_target(target: Target, tx: mpsc::UnboundedSender<Event>) {
+    let check = &target.check;
+    let mut state = Thresholds::new();
+    let mut tick = tokio::time::interval(check.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let result = probe(target.addr, check).await;
+        if let Some(up) = state.record(result.is_ok(), check.rise, check.fall) {
+            let detail = match &result {
+                Ok(()) => format!("{} successes", check.rise),
+                Err(e) => format!("{} failures, last: {e}", check.fall),
+            };
+            if up {
+                info!(node = %target.node, addr = %target.addr, %detail, "backend up");
+            } else {
+                warn!(node = %target.node, addr = %target.addr, %detail, "backend down");
+            }
+            if tx.send(Event { target: target.clone(), up, at: Instant::now(), detail }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Upper bound on the time a dead backend stays in rings: `fall` probes, each
+/// started at most one interval apart and failing within the timeout.
+pub fn detection_bound(check: &HealthCheck) -> Duration {
+    check.interval * check.fall + check.timeout
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fall_and_rise_need_consecutive_results() {
+        let mut t = Thresholds::new();
+        assert_eq!(t.record(false, 2, 3), None);
+        assert_eq!(t.record(false, 2, 3), None);
+        assert_eq!(t.record(true, 2, 3), None, "a success resets the failure streak");
+        assert_eq!(t.record(false, 2, 3), None);
+        assert_eq!(t.record(false, 2, 3), None);
+        assert_eq!(t.record(false, 2, 3), Some(false), "third consecutive failure");
+        assert!(!t.up);
+        assert_eq!(t.record(false, 2, 3), None, "already down");
+        assert_eq!(t.record(true, 2, 3), None);
+        assert_eq!(t.record(false, 2, 3), None, "a failure resets the success streak");
+        assert_eq!(t.record(true, 2, 3), None);
+        assert_eq!(t.record(true, 2, 3), Some(true));
+        assert!(t.up);
+    }
+
+    #[test]
+    fn thresholds_of_one_flip_at_once() {
+        let mut t = Thresholds::new();
+        assert_eq!(t.record(false, 1, 1), Some(false));
+        assert_eq!(t.record(true, 1, 1), Some(true));
+    }
+
+    fn check(probe: Probe) -> HealthCheck {
+        HealthCheck { probe, interval: Duration::from_millis(50), timeout: Duration::from_millis(300), rise: 1, fall: 1 }
+    }
+
+    /// A one-shot HTTP server on loopback answering `status_line`.
+    async fn server(status_line: &'static str) -> u16 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            if let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(status_line.as_bytes()).await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn probes_tell_up_from_down() {
+        let lo = Ipv4Addr::LOCALHOST;
+        let port = server("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+        probe(lo, &check(Probe::Http { port, path: "/healthz".into() })).await.unwrap();
+        let port = server("HTTP/1.0 302 Found\r\n\r\n").await;
+        probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap();
+        let port = server("HTTP/1.1 503 Service Unavailable\r\n\r\n").await;
+        let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
+        assert!(e.contains("status 503"), "{e}");
+        let port = server("SSH-2.0-OpenSSH\r\n").await;
+        let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
+        assert!(e.contains("not an HTTP response"), "{e}");
+        let port = server("").await;
+        probe(lo, &check(Probe::Tcp { port })).await.unwrap();
+
+        // Nothing listening: refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let e = probe(lo, &check(Probe::Tcp { port: closed })).await.unwrap_err();
+        assert!(e.contains("connect"), "{e}");
+
+        // Accepts but never answers: the timeout decides.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let start = Instant::now();
+        let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
+        assert!(e.contains("no answer"), "{e}");
+        assert!(start.elapsed() >= Duration::from_millis(300));
+        drop(l);
+    }
+
+    #[tokio::test]
+    async fn monitor_reports_a_down_and_an_up() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut m = Monitor::new(tx);
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let c = HealthCheck { probe: Probe::Tcp { port }, interval: Duration::from_millis(20), timeout: Duration::from_millis(20), rise: 2, fall: 2 };
+        let t = Target { node: "n1".into(), addr: Ipv4Addr::LOCALHOST, check: c };
+        m.sync([t.clone()].into());
+        drop(l);
+        let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert_eq!((ev.target.clone(), ev.up), (t.clone(), false));
+        let _l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert_eq!((ev.target, ev.up), (t, true));
+        m.sync(Default::default());
+        assert_eq!(m.targets().count(), 0);
+    }
+}

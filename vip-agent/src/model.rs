@@ -1,0 +1,144 @@
+//! The one model of the world the agent acts on. The YAML file source
+//! (`config`) fills it today; the Kubernetes source fills the same types.
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use crate::dataplane::ServiceAddr;
+
+/// Label selector (matchLabels): every pair must be on the node; empty selects all.
+pub type Selector = BTreeMap<String, String>;
+
+pub fn selects(selector: &Selector, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Node {
+    /// Stable identity: Maglev permutations and VIP ownership derive from it.
+    pub name: String,
+    pub addr: Ipv4Addr,
+    /// Known MAC; `None` = resolved from the neighbour table at run time.
+    pub mac: Option<[u8; 6]>,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pool {
+    pub name: String,
+    /// Every address of the pool (ranges and CIDRs expanded, exclusions removed), sorted.
+    pub addresses: Vec<Ipv4Addr>,
+    /// Nodes that may hold (answer ARP for) this pool's VIPs.
+    pub node_selector: Selector,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => vip_common::PROTO_TCP,
+            Protocol::Udp => vip_common::PROTO_UDP,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Probe {
+    Tcp { port: u16 },
+    Http { port: u16, path: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct HealthCheck {
+    pub probe: Probe,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive successes that bring a down backend back.
+    pub rise: u32,
+    /// Consecutive failures that take an up backend out of every ring.
+    pub fall: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Service {
+    pub name: String,
+    pub vip: Ipv4Addr,
+    pub ports: Vec<u16>,
+    pub protocol: Protocol,
+    /// Maglev table size (prime, 251..=131071).
+    pub table_size: u32,
+    /// Which nodes are its backends (before health): defaults to the pool's selector.
+    pub backend_selector: Selector,
+    pub health: Option<HealthCheck>,
+}
+
+impl Service {
+    /// One data-path service per port.
+    pub fn addrs(&self) -> impl Iterator<Item = ServiceAddr> + '_ {
+        self.ports.iter().map(|&port| ServiceAddr { vip: self.vip, port, proto: self.protocol.number() })
+    }
+}
+
+/// How the holder of a VIP announces it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Announce {
+    /// The deadline written with each held VIP: a holder that stops refreshing
+    /// (hung agent) stops answering ARP this long after its last refresh.
+    pub hold_time: Duration,
+    /// Gratuitous ARP frames sent on takeover, and the gap between them.
+    pub garp_count: u32,
+    pub garp_interval: Duration,
+    /// Gratuitous ARP repeated this often while holding (switch FDB/neighbour entries age out).
+    pub garp_refresh: Duration,
+}
+
+impl Default for Announce {
+    fn default() -> Self {
+        Self {
+            hold_time: Duration::from_millis(1500),
+            garp_count: 3,
+            garp_interval: Duration::from_millis(100),
+            garp_refresh: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct World {
+    pub nodes: Vec<Node>,
+    pub pools: Vec<Pool>,
+    pub services: Vec<Service>,
+    pub announce: Announce,
+    /// Seed of the Maglev permutation: equal on every node, or rings differ.
+    pub maglev_seed: u64,
+}
+
+impl World {
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    pub fn pool_of(&self, vip: Ipv4Addr) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.addresses.binary_search(&vip).is_ok())
+    }
+
+    /// Nodes eligible to hold the VIPs of `pool`, in name order.
+    pub fn eligible(&self, pool: &Pool) -> Vec<&Node> {
+        self.nodes.iter().filter(|n| selects(&pool.node_selector, &n.labels)).collect()
+    }
+
+    /// Candidate backends of `svc` (before health), in name order.
+    pub fn backend_candidates(&self, svc: &Service) -> Vec<&Node> {
+        self.nodes.iter().filter(|n| selects(&svc.backend_selector, &n.labels)).collect()
+    }
+}
