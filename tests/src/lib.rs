@@ -1,3 +1,4 @@
+pub mod agent;
 pub mod frames;
 pub mod lab;
 pub mod netns;

@@ -109,6 +109,12 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
+/// The `vip-agent` binary the end-to-end tests and the lab run as real
+/// processes (`cargo test` builds only test harnesses of other packages' bins).
+fn build_agent() -> Result<()> {
+    run(cargo(None).args(["build", "--release", "-p", "vip-agent", "--bin", "vip-agent"]), "build the vip-agent binary")
+}
+
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => setup::setup(),
@@ -116,6 +122,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => {
             setup::setup()?;
             build_ebpf()?;
+            build_agent()?;
             let mut c = cargo(None);
             c.args(["test", "--workspace", "--release", "--lib", "--bins", "--tests", "--no-fail-fast"]);
             if !args.is_empty() {

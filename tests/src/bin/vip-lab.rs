@@ -64,7 +64,7 @@ fn demo() -> Result<()> {
     let neigh = client.ip(&["neigh", "show", &VIP.to_string()])?;
     println!("== client's ARP entry for the VIP (answered by node-1's XDP program):\n   {}", String::from_utf8_lossy(&neigh.stdout).trim());
     println!("== node-1's maps (vip-agent inspect):");
-    print!("{}", inspect::render(&inspect::report(&dp)?));
+    print!("{}", inspect::render(&inspect::report(&dp, None)?));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for s in servers {
         let _ = s.join();

@@ -98,7 +98,7 @@ fn malformed_values_name_their_field() {
     rejects("198.18.1.20-198.18.1.22", "198.18.1.20..22", "pools[0].addresses[2]", "198.18.1.20..22", "is not an IPv4 address, CIDR");
     rejects("protocol: udp", "protocol: sctp", "services[1].protocol", "sctp", "unknown variant `sctp`");
     rejects("interval: 200ms", "interval: 200 parsecs", "services[0].healthCheck.interval", "parsecs", "expected a duration");
-    rejects("rise: 2", "rise: -2", "services[0].healthCheck.rise", "rise: -2", "invalid value");
+    rejects("rise: 2", "rise: -2", "services[0].healthCheck.rise", "rise: -2", "invalid type: integer `-2`, expected u32");
     rejects("ports: [53]", "ports: [70000]", "services[1].ports[0]", "70000", "invalid value");
 }
 
