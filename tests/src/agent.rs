@@ -1,13 +1,24 @@
-//! The real `vip-agent` binary run inside a lab namespace, killed on Drop.
+//! The real `vip-agent` binary run inside a lab namespace (killed on Drop), and
+//! the single-load-balancer lab the agent tests and benchmarks share.
 use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::{Child, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
 
-use crate::netns::NetNs;
+use crate::{
+    lab::{accept_vip, fetch, name_server, Segment},
+    netns::{unique, NetNs, PinDir},
+};
 
 /// The agent binary: $VIP_AGENT_BIN, else target/release/vip-agent next to the
 /// test executable's deps/ directory (`cargo xtask test` builds it first).
@@ -84,4 +95,182 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Writes through a temporary file and a rename: the agent never reads half a file.
+pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// A temporary directory, removed on Drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let p = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A backend namespace serving its name on port 80 (stoppable, restartable).
+pub struct Backend {
+    pub ns: NetNs,
+    pub name: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl Backend {
+    pub fn serve(&mut self) -> Result<()> {
+        self.stop = Arc::new(AtomicBool::new(false));
+        name_server(&self.ns, 80, self.name.clone(), self.stop.clone())?;
+        Ok(())
+    }
+
+    /// Stops answering: the listener closes within a few ms (connections are refused).
+    pub fn halt(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+pub const LB_VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 10);
+pub const LB_CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+
+/// Health check settings of the single-load-balancer lab's service.
+#[derive(Clone, Copy)]
+pub struct Check {
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub rise: u32,
+    pub fall: u32,
+}
+
+/// Config of the single-load-balancer lab: node `lb` holds VIP 198.18.1.10 and
+/// balances service `web` (TCP `ports`) over backends b1..bN, TCP-checked on 80.
+/// `extra_node_key` is appended to lb's entry (to make a file invalid).
+pub fn lb_config(backends: usize, ports: &str, c: Check, extra_node_key: &str) -> String {
+    let mut nodes = String::new();
+    for i in 1..=backends {
+        nodes.push_str(&format!("  - {{name: b{i}, address: 198.18.0.{}, labels: {{role: backend}}}}\n", 10 + i));
+    }
+    let lines = [
+        format!("# lab: one load balancer node, {backends} backends"),
+        "nodes:".into(),
+        format!("  - name: lb\n    address: 198.18.0.1\n    labels: {{role: lb}}{extra_node_key}"),
+        nodes.trim_end().into(),
+        "pools:".into(),
+        format!("  - name: lab\n    addresses: [{LB_VIP}]\n    nodeSelector: {{role: lb}}"),
+        "services:".into(),
+        format!("  - name: web\n    vip: {LB_VIP}\n    ports: [{ports}]\n    tableSize: 251\n    backendSelector: {{role: backend}}"),
+        format!(
+            "    healthCheck: {{type: tcp, port: 80, interval: {}ms, timeout: {}ms, rise: {}, fall: {}}}",
+            c.interval_ms, c.timeout_ms, c.rise, c.fall
+        ),
+        "announce:\n  holdTime: 900ms\n".into(),
+    ];
+    lines.join("\n")
+}
+
+/// One load-balancer node running the real agent, N backends with the VIP on lo
+/// (L2 direct server return), a client; all on one bridge. Removed on Drop.
+pub struct LbLab {
+    // Field order is drop order: the agent goes first, the namespaces last.
+    pub agent: AgentProc,
+    pub pins: PinDir,
+    pub backends: Vec<Backend>,
+    pub client: NetNs,
+    pub lb: NetNs,
+    pub seg: Segment,
+    pub config: PathBuf,
+    pub status_file: PathBuf,
+    pub tmp: TempDir,
+}
+
+impl LbLab {
+    pub fn start(backends: usize, config_text: &str, metrics_port: u16) -> Result<Self> {
+        let tmp = TempDir::new("vip-lb-lab-")?;
+        let (config, status_file, log) = (tmp.0.join("vip.yaml"), tmp.0.join("status.json"), tmp.0.join("agent.log"));
+        write_atomic(&config, config_text)?;
+        let seg = Segment::new()?;
+        let lb = seg.host("vlb", "198.18.0.1/24")?;
+        let client = seg.host("vcl", &format!("{LB_CLIENT}/24"))?;
+        // VIPs are on-link for the client: it ARPs for them on the segment.
+        client.ip(&["route", "add", "198.18.1.0/24", "dev", "eth0"])?;
+        let mut bs = Vec::new();
+        for i in 1..=backends {
+            let ns = seg.host(&format!("vb{i}"), &format!("198.18.0.{}/24", 10 + i))?;
+            accept_vip(&ns, LB_VIP)?;
+            let mut b = Backend { ns, name: format!("b{i}"), stop: Arc::new(AtomicBool::new(true)) };
+            b.serve()?;
+            bs.push(b);
+        }
+        let pins = PinDir::new()?;
+        let metrics = format!("127.0.0.1:{metrics_port}");
+        let args = [
+            "--config", path_str(&config)?, "--node-name", "lb", "--iface", "eth0", "--mode", "generic",
+            "--pin-dir", path_str(&pins.path)?, "--status-file", path_str(&status_file)?,
+            "--reload-interval", "100ms", "--metrics-addr", &metrics,
+        ];
+        let agent = AgentProc::start(&lb, &args, &log)?;
+        Ok(Self { agent, pins, backends: bs, client, lb, seg, config, status_file, tmp })
+    }
+
+    pub fn status(&self) -> Option<Value> {
+        serde_json::from_str(&std::fs::read_to_string(&self.status_file).ok()?).ok()
+    }
+
+    /// (healthy, in_ring) of backend `node` in the agent's status.
+    pub fn backend_state(&self, node: &str) -> Option<(bool, bool)> {
+        let s = self.status()?;
+        let b = s["backends"].as_array()?.iter().find(|b| b["node"] == node)?.clone();
+        Some((b["healthy"].as_bool()?, b["in_ring"].as_bool()?))
+    }
+
+    /// Waits until the VIP is held and all backends are in the ring.
+    pub fn wait_ready(&mut self, limit: Duration) -> Result<()> {
+        let n = self.backends.len();
+        let ok = wait_for(limit, || {
+            if self.agent.child.try_wait().ok().flatten().is_some() {
+                return Some(());
+            }
+            let s = self.status()?;
+            (s["held"].as_array()?.len() == 1 && s["services"][0]["backends"].as_array()?.len() == n).then_some(())
+        });
+        self.agent.check_alive()?;
+        if ok.is_none() {
+            bail!("agent not ready in {limit:?}; status {:?}; log:\n{}", self.status(), self.agent.log_text());
+        }
+        Ok(())
+    }
+
+    /// `count` connections from the client (source ports from `first_port`): answers by backend name.
+    pub fn spread(&self, first_port: u16, count: u16) -> Result<BTreeMap<String, u32>> {
+        self.client.run(move || {
+            let mut seen = BTreeMap::new();
+            for i in 0..count {
+                let who = fetch(LB_CLIENT, first_port + i, SocketAddr::from((LB_VIP, 80))).unwrap_or_else(|e| format!("error: {e}"));
+                *seen.entry(who).or_insert(0) += 1;
+            }
+            seen
+        })
+    }
+}
+
+fn path_str(p: &Path) -> Result<&str> {
+    p.to_str().context("non-UTF-8 path")
 }
