@@ -99,8 +99,12 @@ pub struct Service {
 
 /// `lb4_backends` value flag: the backend is this node, hand the packet to the stack.
 pub const BACKEND_LOCAL: u32 = 1;
+/// `lb4_backends` value flag: the slot is in use. `lb4_backends` is an array indexed
+/// by backend id; a slot without this flag (all zero) is no backend.
+pub const BACKEND_PRESENT: u32 = 2;
 
-/// `lb4_backends`: backend id (stored in ring slots and flows) → where to send.
+/// `lb4_backends`: backend id (stored in ring slots and flows; `< MAX_BACKENDS`)
+/// → where to send. Array slot; see [`BACKEND_PRESENT`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Backend {

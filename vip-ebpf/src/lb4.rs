@@ -87,9 +87,9 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
 #[inline(always)]
 fn lb4_flow_backend(fkey: &FlowKey) -> Option<(u32, Backend)> {
     let id = unsafe { lb4_flows.get(fkey) }?.backend;
-    match unsafe { lb4_backends.get(&id) } {
-        Some(b) => Some((id, *b)),
-        None => {
+    match lb4_backends.get(id) {
+        Some(b) if b.flags & BACKEND_PRESENT != 0 => Some((id, *b)),
+        _ => {
             stats::count_reason(Reason::FlowRehashed, 0);
             None
         }
@@ -108,6 +108,9 @@ fn lb4_ring_backend(svc: &Service, fkey: &FlowKey) -> Option<(u32, Backend)> {
     if id == NO_BACKEND {
         return None;
     }
-    let b = unsafe { lb4_backends.get(&id) }?;
+    let b = lb4_backends.get(id)?;
+    if b.flags & BACKEND_PRESENT == 0 {
+        return None;
+    }
     Some((id, *b))
 }

@@ -86,7 +86,7 @@ pub struct Dataplane {
     ifaces: HashMap<MapData, u32, IfaceConfig>,
     held: HashMap<MapData, HeldKey, HeldVip>,
     services: HashMap<MapData, ServiceKey, Service>,
-    backends: HashMap<MapData, u32, Backend>,
+    backends: Array<MapData, Backend>,
     ring: Array<MapData, u32>,
     flows: HashMap<MapData, FlowKey, Flow>,
     stats: PerCpuArray<MapData, Counter>,
@@ -95,6 +95,9 @@ pub struct Dataplane {
     ring_alloc: ring_alloc::RingAlloc,
     /// Last ring written per service (a cache of lb4_ring; rebuilt from it on open).
     rings: BTreeMap<ServiceAddr, Vec<u32>>,
+    /// The slots of lb4_backends in use (a cache of the array; rebuilt from it on
+    /// open), so that finding an id does not read all MAX_BACKENDS slots.
+    backend_slots: BTreeMap<u32, Backend>,
 }
 
 /// CLOCK_MONOTONIC now, the clock `bpf_ktime_get_ns` reads.
@@ -170,7 +173,7 @@ impl Dataplane {
             HashMap<MapData, u32, IfaceConfig>,
             HashMap<MapData, HeldKey, HeldVip>,
             HashMap<MapData, ServiceKey, Service>,
-            HashMap<MapData, u32, Backend>,
+            Array<MapData, Backend>,
             Array<MapData, u32>,
             HashMap<MapData, FlowKey, Flow>,
             PerCpuArray<MapData, Counter>,
@@ -193,6 +196,7 @@ impl Dataplane {
             service_stats,
             backend_stats,
             rings: BTreeMap::new(),
+            backend_slots: BTreeMap::new(),
         };
         dp.recover()?;
         Ok(dp)
@@ -201,6 +205,12 @@ impl Dataplane {
     /// Rebuilds the userspace caches (ring regions, rings) from the maps, so that
     /// a restarted agent diffs against what packets see now.
     fn recover(&mut self) -> Result<()> {
+        for (id, b) in self.backends.iter().enumerate() {
+            let b = b?;
+            if b.flags & BACKEND_PRESENT != 0 {
+                self.backend_slots.insert(id as u32, b);
+            }
+        }
         for (key, svc) in self.service_entries()? {
             if key.port == [0, 0] || svc.ring_size == 0 {
                 continue; // fragment alias: shares its service's ring
@@ -296,19 +306,21 @@ impl Dataplane {
         Ok(v)
     }
 
+    /// Backends in use (slots of `lb4_backends` with `BACKEND_PRESENT`), by id.
     pub fn backends(&self) -> Result<BTreeMap<u32, Backend>> {
-        Ok(self.backends.iter().collect::<Result<_, _>>()?)
+        Ok(self.backend_slots.clone())
     }
 
-    /// Backend id for `spec`, re-using the id of a backend with the same address.
+    /// Backend id for `spec`, re-using the id of a backend with the same address,
+    /// else the lowest free slot of `lb4_backends`.
     fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32> {
-        let existing = self.backends()?;
         let want = Backend {
             mac: spec.mac,
             _pad: [0; 2],
             addr: spec.addr.octets(),
-            flags: if spec.local { BACKEND_LOCAL } else { 0 },
+            flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 },
         };
+        let existing = &self.backend_slots;
         let id = match existing.iter().find(|(_, b)| b.addr == want.addr) {
             Some((&id, _)) => id,
             None => (0..MAX_BACKENDS)
@@ -316,7 +328,8 @@ impl Dataplane {
                 .ok_or_else(|| anyhow!("all {MAX_BACKENDS} backend ids are in use"))?,
         };
         if existing.get(&id) != Some(&want) {
-            self.backends.insert(id, want, 0)?;
+            self.backends.set(id, want, 0)?;
+            self.backend_slots.insert(id, want);
         }
         Ok(id)
     }
@@ -424,9 +437,11 @@ impl Dataplane {
     /// evicts their flows (in the same pass as any other eviction it needs).
     fn collect_backends(&mut self) -> Result<BTreeSet<u32>> {
         let used: BTreeSet<u32> = self.rings.values().flatten().copied().collect();
-        let gone: BTreeSet<u32> = self.backends()?.into_keys().filter(|id| !used.contains(id)).collect();
+        let gone: BTreeSet<u32> = self.backend_slots.keys().copied().filter(|id| !used.contains(id)).collect();
         for id in &gone {
-            ignore_missing(self.backends.remove(id))?;
+            // A zeroed slot (no BACKEND_PRESENT) is no backend: flows to it re-hash.
+            self.backends.set(*id, Backend::default(), 0)?;
+            self.backend_slots.remove(id);
             reset_counter(&mut self.backend_stats, *id)?;
         }
         Ok(gone)
