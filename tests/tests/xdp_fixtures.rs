@@ -294,3 +294,24 @@ fn truncations_and_mutations_never_mis_forward() {
     assert!(refused > 0);
     assert!(w.dp.counters().unwrap().reasons["drop_malformed"].0 > 0, "no truncation counted as malformed");
 }
+
+#[test]
+fn hold_vip_needs_the_interface_mac_and_follows_its_changes() {
+    if !privileged() {
+        return;
+    }
+    let pins = PinDir::new().unwrap();
+    let mut dp = Dataplane::load(&pins.path, 1 << 16).unwrap();
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    let err = dp.hold_vip(IFINDEX, VIP, hour).unwrap_err();
+    assert!(format!("{err:#}").contains("set_iface"), "unclear error: {err:#}");
+    assert!(dp.held_vips().unwrap().is_empty());
+    dp.set_iface(IFINDEX, [0x02, 0, 0, 0, 0, 0x77]).unwrap();
+    dp.hold_vip(IFINDEX, VIP, hour).unwrap();
+    // A new MAC for the interface reaches the VIPs already held on it.
+    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let req = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
+    let (v, out, _) = dp.test_run(&req, 1, None).unwrap();
+    assert_eq!(v, XDP_TX);
+    assert_eq!(out, frames::arp_reply_for(&req, OUR_MAC));
+}

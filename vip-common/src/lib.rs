@@ -48,6 +48,8 @@ pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
 /// `lb_ifaces`: ifindex of an interface the program is attached to → its MAC.
+/// The agent's record (it survives agent restarts with the pins); the data path
+/// reads the copy in each `arp_held` entry instead.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct IfaceConfig {
@@ -64,13 +66,18 @@ pub struct HeldKey {
     pub vip: [u8; 4],
 }
 
-/// `arp_held` value: until when the agent vouches for holding the VIP.
+/// `arp_held` value: until when the agent vouches for holding the VIP, and the
+/// MAC of the interface (copied from `lb_ifaces` by the agent), so that ARP replies
+/// and forwards need this one lookup only.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct HeldVip {
     /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`). Past it the VIP is neither
     /// answered nor load-balanced: a wedged agent loses its VIPs by itself.
     pub deadline_ns: u64,
+    /// Our MAC on this interface: source of ARP replies and forwards.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
 
 /// `lb4_services` key: (VIP, port, protocol). Fragments look up port 0.

@@ -4,7 +4,7 @@ use network_types::{arp::ArpHdr, eth::EthHdr};
 use vip_common::{HeldKey, Reason};
 
 use crate::{
-    maps::{arp_held, lb_ifaces},
+    maps::arp_held,
     parse::{ptr_at, Verdict},
 };
 
@@ -13,19 +13,20 @@ const ETH_P_IP: u16 = 0x0800;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 
-/// Whether this node holds `vip` on `ifindex` now: an entry whose deadline has
-/// passed means the agent stopped vouching for it (fencing), so it counts as not held.
+/// Whether this node holds `vip` on `ifindex` now, and if so our MAC there: an
+/// entry whose deadline has passed means the agent stopped vouching for it
+/// (fencing), so it counts as not held.
 #[inline(always)]
-pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<(), Reason> {
+pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<[u8; 6], Reason> {
     let key = HeldKey { ifindex, vip };
-    let deadline = match unsafe { arp_held.get(&key) } {
-        Some(h) => h.deadline_ns,
+    let (deadline, mac) = match unsafe { arp_held.get(&key) } {
+        Some(h) => (h.deadline_ns, h.mac),
         None => return Err(Reason::ArpNotHeld),
     };
     if unsafe { bpf_ktime_get_ns() } > deadline {
         return Err(Reason::ArpStale);
     }
-    Ok(())
+    Ok(mac)
 }
 
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and
@@ -45,12 +46,9 @@ pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
         return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
     }
     let vip = a.tpa;
-    if let Err(reason) = arp_held_fresh(ifindex, vip) {
-        return Ok((xdp_action::XDP_PASS, reason));
-    }
-    let mac = match unsafe { lb_ifaces.get(&ifindex) } {
-        Some(cfg) => cfg.mac,
-        None => return Ok((xdp_action::XDP_PASS, Reason::ArpNotHeld)),
+    let mac = match arp_held_fresh(ifindex, vip) {
+        Ok(mac) => mac,
+        Err(reason) => return Ok((xdp_action::XDP_PASS, reason)),
     };
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     let eth = unsafe { &mut *eth };

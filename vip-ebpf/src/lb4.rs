@@ -5,7 +5,7 @@ use vip_common::*;
 
 use crate::{
     arp::arp_held_fresh,
-    maps::{lb4_backends, lb4_flows, lb4_ring, lb4_services, lb_ifaces},
+    maps::{lb4_backends, lb4_flows, lb4_ring, lb4_services},
     parse::{ptr_at, Verdict},
     stats,
 };
@@ -47,11 +47,12 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
         None if fragment => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     };
-    if arp_held_fresh(ifindex, dst).is_err() {
+    let mac = match arp_held_fresh(ifindex, dst) {
+        Ok(mac) => mac,
         // Not ours to balance (another node owns it, or we were fenced): the frame
         // was sent to this node as a backend, or is stray; the stack decides.
-        return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
-    }
+        Err(_) => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
+    };
     let bytes = ctx.data_end() - ctx.data();
     stats::count_service(svc.id, bytes);
 
@@ -70,10 +71,6 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     if backend.flags & BACKEND_LOCAL != 0 {
         return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
     }
-    let mac = match unsafe { lb_ifaces.get(&ifindex) } {
-        Some(cfg) => cfg.mac,
-        None => return Ok((xdp_action::XDP_PASS, Reason::PassedOther)),
-    };
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
         (*eth).dst_addr = backend.mac;

@@ -257,9 +257,15 @@ impl Dataplane {
         Ok((r.return_value, out, r.duration))
     }
 
-    /// Records the MAC of an interface the program runs on.
+    /// Records the MAC of an interface the program runs on (attach does this).
+    /// VIPs already held on it get the new MAC too.
     pub fn set_iface(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
         self.ifaces.insert(ifindex, IfaceConfig { mac, _pad: [0; 2] }, 0)?;
+        let stale: Vec<(HeldKey, HeldVip)> =
+            self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        for (k, h) in stale {
+            self.held.insert(k, HeldVip { mac, ..h }, 0)?;
+        }
         Ok(())
     }
 
@@ -269,9 +275,18 @@ impl Dataplane {
 
     /// Holds `vip` on `ifindex` until `deadline_ns` (CLOCK_MONOTONIC). Call again
     /// before it passes to keep holding; past it the data path stops answering.
+    /// The entry carries the interface's MAC, so [`Self::set_iface`] (or
+    /// [`Self::attach`]) must have recorded it first.
     pub fn hold_vip(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64) -> Result<()> {
+        let mac = match self.ifaces.get(&ifindex, 0) {
+            Ok(cfg) => cfg.mac,
+            Err(aya::maps::MapError::KeyNotFound) => bail!(
+                "cannot hold {vip} on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)"
+            ),
+            Err(e) => return Err(e).context("reading lb_ifaces"),
+        };
         let key = HeldKey { ifindex, vip: vip.octets() };
-        self.held.insert(key, HeldVip { deadline_ns }, 0)?;
+        self.held.insert(key, HeldVip { deadline_ns, mac, _pad: [0; 2] }, 0)?;
         Ok(())
     }
 
