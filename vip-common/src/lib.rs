@@ -72,8 +72,10 @@ pub struct HeldKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct HeldVip {
-    /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`). Past it the VIP is neither
-    /// answered nor load-balanced: a wedged agent loses its VIPs by itself.
+    /// CLOCK_MONOTONIC nanoseconds, compared with `bpf_ktime_get_coarse_ns` (the
+    /// agent stores it two coarse ticks early to cover that clock's lag). Past it
+    /// the VIP is neither answered nor load-balanced: a wedged agent loses its VIPs
+    /// by itself.
     pub deadline_ns: u64,
     /// Our MAC on this interface: source of ARP replies and forwards.
     pub mac: [u8; 6],
