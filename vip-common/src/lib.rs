@@ -170,10 +170,11 @@ pub enum Reason {
     DropNoBackend = 11,
     FlowRehashed = 12,
     PassedOther = 13,
+    ArpConflict = 14,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 15;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -189,6 +190,7 @@ impl Reason {
         Reason::DropNoBackend,
         Reason::FlowRehashed,
         Reason::PassedOther,
+        Reason::ArpConflict,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -207,6 +209,7 @@ impl Reason {
             Reason::DropNoBackend => "drop_no_backend",
             Reason::FlowRehashed => "flow_rehashed",
             Reason::PassedOther => "passed_other",
+            Reason::ArpConflict => "arp_conflict",
         }
     }
 }

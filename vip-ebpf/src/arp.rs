@@ -33,18 +33,26 @@ pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<[u8; 6], Reason> {
 
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and
 /// sends it back out. Everything else (replies, gratuitous ARP, other targets,
-/// non-Ethernet/IPv4 ARP) passes untouched.
+/// non-Ethernet/IPv4 ARP) passes untouched; a reply or gratuitous ARP in which
+/// another MAC claims a VIP we hold here is counted as `arp_conflict`.
 #[inline(always)]
 pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict, ()> {
     let arp: *mut ArpHdr = ptr_at(ctx, off)?;
     let a = unsafe { &mut *arp };
-    if u16::from_be_bytes(a.htype) != ARPHRD_ETHER
-        || u16::from_be_bytes(a.ptype) != ETH_P_IP
-        || a.hlen != 6
-        || a.plen != 4
-        || u16::from_be_bytes(a.oper) != ARPOP_REQUEST
-        || a.spa == a.tpa
-    {
+    if u16::from_be_bytes(a.htype) != ARPHRD_ETHER || u16::from_be_bytes(a.ptype) != ETH_P_IP || a.hlen != 6 || a.plen != 4 {
+        return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
+    }
+    let oper = u16::from_be_bytes(a.oper);
+    if oper == ARPOP_REPLY || (oper == ARPOP_REQUEST && a.spa == a.tpa) {
+        // Someone announces spa is at sha. If spa is a VIP we hold (fresh) on this
+        // interface and sha is not our MAC, two nodes claim the VIP: count it, and
+        // let the stack see the frame as it is.
+        return Ok(match arp_held_fresh(ifindex, a.spa) {
+            Ok(mac) if a.sha != mac => (xdp_action::XDP_PASS, Reason::ArpConflict),
+            _ => (xdp_action::XDP_PASS, Reason::ArpOther),
+        });
+    }
+    if oper != ARPOP_REQUEST {
         return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
     }
     let vip = a.tpa;
