@@ -294,3 +294,60 @@ fn truncations_and_mutations_never_mis_forward() {
     assert!(refused > 0);
     assert!(w.dp.counters().unwrap().reasons["drop_malformed"].0 > 0, "no truncation counted as malformed");
 }
+
+#[test]
+fn hold_vip_needs_the_interface_mac_and_follows_its_changes() {
+    if !privileged() {
+        return;
+    }
+    let pins = PinDir::new().unwrap();
+    let mut dp = Dataplane::load(&pins.path, 1 << 16).unwrap();
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    let err = dp.hold_vip(IFINDEX, VIP, hour).unwrap_err();
+    assert!(format!("{err:#}").contains("set_iface"), "unclear error: {err:#}");
+    assert!(dp.held_vips().unwrap().is_empty());
+    dp.set_iface(IFINDEX, [0x02, 0, 0, 0, 0, 0x77]).unwrap();
+    dp.hold_vip(IFINDEX, VIP, hour).unwrap();
+    // A new MAC for the interface reaches the VIPs already held on it.
+    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let req = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
+    let (v, out, _) = dp.test_run(&req, 1, None).unwrap();
+    assert_eq!(v, XDP_TX);
+    assert_eq!(out, frames::arp_reply_for(&req, OUR_MAC));
+}
+
+/// ARP conflict detection: a reply or gratuitous ARP in which another MAC claims a
+/// VIP we hold fresh on this interface is counted (`arp_conflict`) and passed
+/// unchanged; our own announcements and claims on VIPs we do not hold are not.
+#[test]
+fn arp_conflicts_are_counted() {
+    if !privileged() {
+        return;
+    }
+    const INTRUDER: Mac = [0x02, 0, 0, 0, 0, 0xbb];
+    let garp = |sha, vip, op, vlan| frames::arp(frames::BROADCAST, vlan, op, sha, vip, [0; 6], vip);
+    let reply_from = |sha, vip| frames::arp(CLIENT_MAC, None, 2, sha, vip, CLIENT_MAC, CLIENT);
+    let table: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("foreign gratuitous request for a held VIP", garp(INTRUDER, VIP, 1, None), true),
+        ("foreign gratuitous reply for a held VIP", garp(INTRUDER, VIP, 2, None), true),
+        ("foreign gratuitous ARP for a held VIP in VLAN 42", garp(INTRUDER, VIP, 1, Some(42)), true),
+        ("foreign reply claiming a held VIP", reply_from(INTRUDER, VIP), true),
+        ("our own gratuitous ARP", garp(OUR_MAC, VIP, 1, None), false),
+        ("our own gratuitous reply in VLAN 42", garp(OUR_MAC, VIP, 2, Some(42)), false),
+        ("our own reply from the VIP", reply_from(OUR_MAC, VIP), false),
+        ("foreign gratuitous ARP for a VIP not held here", garp(INTRUDER, VIP_NOT_HELD, 1, None), false),
+        ("foreign reply for a VIP not held here", reply_from(INTRUDER, VIP_NOT_HELD), false),
+        ("foreign gratuitous ARP for a stale VIP", garp(INTRUDER, VIP_STALE, 1, None), false),
+        ("foreign gratuitous ARP for a non-VIP address", garp(INTRUDER, OTHER, 1, None), false),
+    ];
+    let mut w = world();
+    for (name, frame, conflict) in table {
+        let before = w.dp.counters().unwrap().reasons["arp_conflict"];
+        let (verdict, out, _) = w.dp.test_run(&frame, 1, None).unwrap();
+        assert_eq!(verdict, XDP_PASS, "{name}: verdict");
+        assert_eq!(out, frame, "{name}: frame changed");
+        let after = w.dp.counters().unwrap().reasons["arp_conflict"];
+        let want = if conflict { (before.0 + 1, before.1 + frame.len() as u64) } else { before };
+        assert_eq!(after, want, "{name}: arp_conflict counter (packets, bytes)");
+    }
+}

@@ -48,6 +48,8 @@ pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
 /// `lb_ifaces`: ifindex of an interface the program is attached to → its MAC.
+/// The agent's record (it survives agent restarts with the pins); the data path
+/// reads the copy in each `arp_held` entry instead.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct IfaceConfig {
@@ -64,13 +66,20 @@ pub struct HeldKey {
     pub vip: [u8; 4],
 }
 
-/// `arp_held` value: until when the agent vouches for holding the VIP.
+/// `arp_held` value: until when the agent vouches for holding the VIP, and the
+/// MAC of the interface (copied from `lb_ifaces` by the agent), so that ARP replies
+/// and forwards need this one lookup only.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct HeldVip {
-    /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`). Past it the VIP is neither
-    /// answered nor load-balanced: a wedged agent loses its VIPs by itself.
+    /// CLOCK_MONOTONIC nanoseconds, compared with `bpf_ktime_get_coarse_ns` (the
+    /// agent stores it two coarse ticks early to cover that clock's lag). Past it
+    /// the VIP is neither answered nor load-balanced: a wedged agent loses its VIPs
+    /// by itself.
     pub deadline_ns: u64,
+    /// Our MAC on this interface: source of ARP replies and forwards.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
 
 /// `lb4_services` key: (VIP, port, protocol). Fragments look up port 0.
@@ -99,8 +108,12 @@ pub struct Service {
 
 /// `lb4_backends` value flag: the backend is this node, hand the packet to the stack.
 pub const BACKEND_LOCAL: u32 = 1;
+/// `lb4_backends` value flag: the slot is in use. `lb4_backends` is an array indexed
+/// by backend id; a slot without this flag (all zero) is no backend.
+pub const BACKEND_PRESENT: u32 = 2;
 
-/// `lb4_backends`: backend id (stored in ring slots and flows) → where to send.
+/// `lb4_backends`: backend id (stored in ring slots and flows; `< MAX_BACKENDS`)
+/// → where to send. Array slot; see [`BACKEND_PRESENT`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Backend {
@@ -157,10 +170,11 @@ pub enum Reason {
     DropNoBackend = 11,
     FlowRehashed = 12,
     PassedOther = 13,
+    ArpConflict = 14,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 15;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -176,6 +190,7 @@ impl Reason {
         Reason::DropNoBackend,
         Reason::FlowRehashed,
         Reason::PassedOther,
+        Reason::ArpConflict,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -194,6 +209,7 @@ impl Reason {
             Reason::DropNoBackend => "drop_no_backend",
             Reason::FlowRehashed => "flow_rehashed",
             Reason::PassedOther => "passed_other",
+            Reason::ArpConflict => "arp_conflict",
         }
     }
 }

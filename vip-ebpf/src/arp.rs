@@ -1,10 +1,10 @@
 //! ARP: answer requests for VIPs this node holds on the receiving interface.
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use network_types::{arp::ArpHdr, eth::EthHdr};
 use vip_common::{HeldKey, Reason};
 
 use crate::{
-    maps::{arp_held, lb_ifaces},
+    maps::arp_held,
     parse::{ptr_at, Verdict},
 };
 
@@ -13,44 +13,52 @@ const ETH_P_IP: u16 = 0x0800;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 
-/// Whether this node holds `vip` on `ifindex` now: an entry whose deadline has
-/// passed means the agent stopped vouching for it (fencing), so it counts as not held.
+/// Whether this node holds `vip` on `ifindex` now, and if so our MAC there: an
+/// entry whose deadline has passed means the agent stopped vouching for it
+/// (fencing), so it counts as not held. The coarse clock costs a few ns where
+/// `bpf_ktime_get_ns` costs ~25 (a third of a flow-table hit); it lags by up to a
+/// tick, which the agent covers by storing deadlines two ticks early.
 #[inline(always)]
-pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<(), Reason> {
+pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<[u8; 6], Reason> {
     let key = HeldKey { ifindex, vip };
-    let deadline = match unsafe { arp_held.get(&key) } {
-        Some(h) => h.deadline_ns,
+    let (deadline, mac) = match unsafe { arp_held.get(&key) } {
+        Some(h) => (h.deadline_ns, h.mac),
         None => return Err(Reason::ArpNotHeld),
     };
-    if unsafe { bpf_ktime_get_ns() } > deadline {
+    if unsafe { bpf_ktime_get_coarse_ns() } > deadline {
         return Err(Reason::ArpStale);
     }
-    Ok(())
+    Ok(mac)
 }
 
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and
 /// sends it back out. Everything else (replies, gratuitous ARP, other targets,
-/// non-Ethernet/IPv4 ARP) passes untouched.
+/// non-Ethernet/IPv4 ARP) passes untouched; a reply or gratuitous ARP in which
+/// another MAC claims a VIP we hold here is counted as `arp_conflict`.
 #[inline(always)]
 pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict, ()> {
     let arp: *mut ArpHdr = ptr_at(ctx, off)?;
     let a = unsafe { &mut *arp };
-    if u16::from_be_bytes(a.htype) != ARPHRD_ETHER
-        || u16::from_be_bytes(a.ptype) != ETH_P_IP
-        || a.hlen != 6
-        || a.plen != 4
-        || u16::from_be_bytes(a.oper) != ARPOP_REQUEST
-        || a.spa == a.tpa
-    {
+    if u16::from_be_bytes(a.htype) != ARPHRD_ETHER || u16::from_be_bytes(a.ptype) != ETH_P_IP || a.hlen != 6 || a.plen != 4 {
+        return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
+    }
+    let oper = u16::from_be_bytes(a.oper);
+    if oper == ARPOP_REPLY || (oper == ARPOP_REQUEST && a.spa == a.tpa) {
+        // Someone announces spa is at sha. If spa is a VIP we hold (fresh) on this
+        // interface and sha is not our MAC, two nodes claim the VIP: count it, and
+        // let the stack see the frame as it is.
+        return Ok(match arp_held_fresh(ifindex, a.spa) {
+            Ok(mac) if a.sha != mac => (xdp_action::XDP_PASS, Reason::ArpConflict),
+            _ => (xdp_action::XDP_PASS, Reason::ArpOther),
+        });
+    }
+    if oper != ARPOP_REQUEST {
         return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
     }
     let vip = a.tpa;
-    if let Err(reason) = arp_held_fresh(ifindex, vip) {
-        return Ok((xdp_action::XDP_PASS, reason));
-    }
-    let mac = match unsafe { lb_ifaces.get(&ifindex) } {
-        Some(cfg) => cfg.mac,
-        None => return Ok((xdp_action::XDP_PASS, Reason::ArpNotHeld)),
+    let mac = match arp_held_fresh(ifindex, vip) {
+        Ok(mac) => mac,
+        Err(reason) => return Ok((xdp_action::XDP_PASS, reason)),
     };
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     let eth = unsafe { &mut *eth };

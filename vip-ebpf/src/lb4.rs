@@ -5,7 +5,7 @@ use vip_common::*;
 
 use crate::{
     arp::arp_held_fresh,
-    maps::{lb4_backends, lb4_flows, lb4_ring, lb4_services, lb_ifaces},
+    maps::{lb4_backends, lb4_flows, lb4_ring, lb4_services},
     parse::{ptr_at, Verdict},
     stats,
 };
@@ -47,11 +47,12 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
         None if fragment => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     };
-    if arp_held_fresh(ifindex, dst).is_err() {
+    let mac = match arp_held_fresh(ifindex, dst) {
+        Ok(mac) => mac,
         // Not ours to balance (another node owns it, or we were fenced): the frame
         // was sent to this node as a backend, or is stray; the stack decides.
-        return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
-    }
+        Err(_) => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
+    };
     let bytes = ctx.data_end() - ctx.data();
     stats::count_service(svc.id, bytes);
 
@@ -70,10 +71,6 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     if backend.flags & BACKEND_LOCAL != 0 {
         return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
     }
-    let mac = match unsafe { lb_ifaces.get(&ifindex) } {
-        Some(cfg) => cfg.mac,
-        None => return Ok((xdp_action::XDP_PASS, Reason::PassedOther)),
-    };
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     unsafe {
         (*eth).dst_addr = backend.mac;
@@ -87,9 +84,9 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
 #[inline(always)]
 fn lb4_flow_backend(fkey: &FlowKey) -> Option<(u32, Backend)> {
     let id = unsafe { lb4_flows.get(fkey) }?.backend;
-    match unsafe { lb4_backends.get(&id) } {
-        Some(b) => Some((id, *b)),
-        None => {
+    match lb4_backends.get(id) {
+        Some(b) if b.flags & BACKEND_PRESENT != 0 => Some((id, *b)),
+        _ => {
             stats::count_reason(Reason::FlowRehashed, 0);
             None
         }
@@ -108,6 +105,9 @@ fn lb4_ring_backend(svc: &Service, fkey: &FlowKey) -> Option<(u32, Backend)> {
     if id == NO_BACKEND {
         return None;
     }
-    let b = unsafe { lb4_backends.get(&id) }?;
+    let b = lb4_backends.get(id)?;
+    if b.flags & BACKEND_PRESENT == 0 {
+        return None;
+    }
     Some((id, *b))
 }

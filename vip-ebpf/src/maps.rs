@@ -21,9 +21,10 @@ pub static arp_held: HashMap<HeldKey, HeldVip> = HashMap::pinned(MAX_HELD, 0);
 #[map]
 pub static lb4_services: HashMap<ServiceKey, Service> = HashMap::pinned(MAX_SERVICES, 0);
 
-/// backend id → backend node MAC, address and flags (BACKEND_LOCAL: pass to the stack).
+/// backend id → backend node MAC, address and flags (BACKEND_PRESENT: slot in use,
+/// BACKEND_LOCAL: pass to the stack). An array: the verifier inlines its lookups.
 #[map]
-pub static lb4_backends: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
+pub static lb4_backends: Array<Backend> = Array::pinned(MAX_BACKENDS, 0);
 
 /// ring slot (service ring_offset + index) → backend id; all services' Maglev rings.
 #[map]

@@ -69,6 +69,20 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
         let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + (i >> 12));
         frames::tcp(OUR_MAC, CLIENT_MAC, None, (src, 1024 + (i & 0xfff) as u16), (VIP, 80))
     };
+    if std::env::var_os("VIP_BENCH_QUICK").is_some() {
+        let base = per_packet(&mut dp, "xdp_baseline_pass", &fwd, false)?;
+        let hit = per_packet(&mut dp, "vip_xdp", &fwd, false)?;
+        let pass = per_packet(&mut dp, "vip_xdp", &other, false)?;
+        let (mut r0, mut r1) = (0, 1 << 24);
+        let (base_call, miss) = if std::env::var_os("VIP_BENCH_MISS").is_some() {
+            (per_call(&mut dp, "xdp_baseline_pass", &fresh, &mut r0)?, per_call(&mut dp, "vip_xdp", &fresh, &mut r1)?)
+        } else {
+            (0.0, 0.0)
+        };
+        let hit_call = if std::env::var_os("VIP_BENCH_MISS").is_some() { per_call(&mut dp, "vip_xdp", &|_| fwd.clone(), &mut r0)? } else { 0.0 };
+        writeln!(out, "quick: base {base} hit {hit} pass {pass} base_call {base_call:.1} miss {miss:.1} hit_call {hit_call:.1}")?;
+        return Ok(());
+    }
     let base_live = per_packet(&mut dp, "xdp_baseline_pass", &fwd, true)?;
     let base = per_packet(&mut dp, "xdp_baseline_pass", &fwd, false)?;
     let mut base_round = 0;

@@ -86,7 +86,7 @@ pub struct Dataplane {
     ifaces: HashMap<MapData, u32, IfaceConfig>,
     held: HashMap<MapData, HeldKey, HeldVip>,
     services: HashMap<MapData, ServiceKey, Service>,
-    backends: HashMap<MapData, u32, Backend>,
+    backends: Array<MapData, Backend>,
     ring: Array<MapData, u32>,
     flows: HashMap<MapData, FlowKey, Flow>,
     stats: PerCpuArray<MapData, Counter>,
@@ -95,9 +95,29 @@ pub struct Dataplane {
     ring_alloc: ring_alloc::RingAlloc,
     /// Last ring written per service (a cache of lb4_ring; rebuilt from it on open).
     rings: BTreeMap<ServiceAddr, Vec<u32>>,
+    /// The slots of lb4_backends in use (a cache of the array; rebuilt from it on
+    /// open), so that finding an id does not read all MAX_BACKENDS slots.
+    backend_slots: BTreeMap<u32, Backend>,
 }
 
-/// CLOCK_MONOTONIC now, the clock `bpf_ktime_get_ns` reads.
+/// How much earlier than asked a held VIP goes stale in `arp_held`: two ticks of
+/// CLOCK_MONOTONIC_COARSE. The data path reads the coarse clock
+/// (`bpf_ktime_get_coarse_ns`, about 3 ns against 25 ns for `bpf_ktime_get_ns` on
+/// these machines), which lags CLOCK_MONOTONIC by up to a tick; storing the
+/// deadline two ticks early keeps the fencing promise: never answered past it.
+pub fn coarse_slack_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC_COARSE exists on Linux.
+    let res = if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0 {
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    } else {
+        10_000_000 // HZ=100, the coarsest tick
+    };
+    2 * res
+}
+
+/// CLOCK_MONOTONIC now, the clock deadlines are given in (the data path compares
+/// them with its coarse variant, see [`coarse_slack_ns`]).
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
@@ -170,7 +190,7 @@ impl Dataplane {
             HashMap<MapData, u32, IfaceConfig>,
             HashMap<MapData, HeldKey, HeldVip>,
             HashMap<MapData, ServiceKey, Service>,
-            HashMap<MapData, u32, Backend>,
+            Array<MapData, Backend>,
             Array<MapData, u32>,
             HashMap<MapData, FlowKey, Flow>,
             PerCpuArray<MapData, Counter>,
@@ -193,6 +213,7 @@ impl Dataplane {
             service_stats,
             backend_stats,
             rings: BTreeMap::new(),
+            backend_slots: BTreeMap::new(),
         };
         dp.recover()?;
         Ok(dp)
@@ -201,6 +222,12 @@ impl Dataplane {
     /// Rebuilds the userspace caches (ring regions, rings) from the maps, so that
     /// a restarted agent diffs against what packets see now.
     fn recover(&mut self) -> Result<()> {
+        for (id, b) in self.backends.iter().enumerate() {
+            let b = b?;
+            if b.flags & BACKEND_PRESENT != 0 {
+                self.backend_slots.insert(id as u32, b);
+            }
+        }
         for (key, svc) in self.service_entries()? {
             if key.port == [0, 0] || svc.ring_size == 0 {
                 continue; // fragment alias: shares its service's ring
@@ -247,9 +274,15 @@ impl Dataplane {
         Ok((r.return_value, out, r.duration))
     }
 
-    /// Records the MAC of an interface the program runs on.
+    /// Records the MAC of an interface the program runs on (attach does this).
+    /// VIPs already held on it get the new MAC too.
     pub fn set_iface(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
         self.ifaces.insert(ifindex, IfaceConfig { mac, _pad: [0; 2] }, 0)?;
+        let stale: Vec<(HeldKey, HeldVip)> =
+            self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        for (k, h) in stale {
+            self.held.insert(k, HeldVip { mac, ..h }, 0)?;
+        }
         Ok(())
     }
 
@@ -258,10 +291,21 @@ impl Dataplane {
     }
 
     /// Holds `vip` on `ifindex` until `deadline_ns` (CLOCK_MONOTONIC). Call again
-    /// before it passes to keep holding; past it the data path stops answering.
+    /// before it passes to keep holding; past it the data path stops answering
+    /// (the entry stores `deadline_ns - coarse_slack_ns()`, see [`coarse_slack_ns`]).
+    /// The entry carries the interface's MAC, so [`Self::set_iface`] (or
+    /// [`Self::attach`]) must have recorded it first.
     pub fn hold_vip(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64) -> Result<()> {
+        let mac = match self.ifaces.get(&ifindex, 0) {
+            Ok(cfg) => cfg.mac,
+            Err(aya::maps::MapError::KeyNotFound) => bail!(
+                "cannot hold {vip} on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)"
+            ),
+            Err(e) => return Err(e).context("reading lb_ifaces"),
+        };
         let key = HeldKey { ifindex, vip: vip.octets() };
-        self.held.insert(key, HeldVip { deadline_ns }, 0)?;
+        let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
+        self.held.insert(key, HeldVip { deadline_ns, mac, _pad: [0; 2] }, 0)?;
         Ok(())
     }
 
@@ -269,7 +313,8 @@ impl Dataplane {
         ignore_missing(self.held.remove(&HeldKey { ifindex, vip: vip.octets() }))
     }
 
-    /// Held VIPs as (ifindex, vip, deadline_ns).
+    /// Held VIPs as (ifindex, vip, deadline_ns), the deadline as stored: the one
+    /// the data path applies, [`coarse_slack_ns`] before the one asked for.
     pub fn held_vips(&self) -> Result<Vec<(u32, Ipv4Addr, u64)>> {
         let mut v = Vec::new();
         for kv in self.held.iter() {
@@ -296,19 +341,21 @@ impl Dataplane {
         Ok(v)
     }
 
+    /// Backends in use (slots of `lb4_backends` with `BACKEND_PRESENT`), by id.
     pub fn backends(&self) -> Result<BTreeMap<u32, Backend>> {
-        Ok(self.backends.iter().collect::<Result<_, _>>()?)
+        Ok(self.backend_slots.clone())
     }
 
-    /// Backend id for `spec`, re-using the id of a backend with the same address.
+    /// Backend id for `spec`, re-using the id of a backend with the same address,
+    /// else the lowest free slot of `lb4_backends`.
     fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32> {
-        let existing = self.backends()?;
         let want = Backend {
             mac: spec.mac,
             _pad: [0; 2],
             addr: spec.addr.octets(),
-            flags: if spec.local { BACKEND_LOCAL } else { 0 },
+            flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 },
         };
+        let existing = &self.backend_slots;
         let id = match existing.iter().find(|(_, b)| b.addr == want.addr) {
             Some((&id, _)) => id,
             None => (0..MAX_BACKENDS)
@@ -316,7 +363,8 @@ impl Dataplane {
                 .ok_or_else(|| anyhow!("all {MAX_BACKENDS} backend ids are in use"))?,
         };
         if existing.get(&id) != Some(&want) {
-            self.backends.insert(id, want, 0)?;
+            self.backends.set(id, want, 0)?;
+            self.backend_slots.insert(id, want);
         }
         Ok(id)
     }
@@ -424,9 +472,11 @@ impl Dataplane {
     /// evicts their flows (in the same pass as any other eviction it needs).
     fn collect_backends(&mut self) -> Result<BTreeSet<u32>> {
         let used: BTreeSet<u32> = self.rings.values().flatten().copied().collect();
-        let gone: BTreeSet<u32> = self.backends()?.into_keys().filter(|id| !used.contains(id)).collect();
+        let gone: BTreeSet<u32> = self.backend_slots.keys().copied().filter(|id| !used.contains(id)).collect();
         for id in &gone {
-            ignore_missing(self.backends.remove(id))?;
+            // A zeroed slot (no BACKEND_PRESENT) is no backend: flows to it re-hash.
+            self.backends.set(*id, Backend::default(), 0)?;
+            self.backend_slots.remove(id);
             reset_counter(&mut self.backend_stats, *id)?;
         }
         Ok(gone)
