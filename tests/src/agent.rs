@@ -83,7 +83,7 @@ impl Drop for AgentProc {
     }
 }
 
-/// Polls `f` every 20 ms until it returns Some or `limit` passes.
+/// Polls `f` every 5 ms until it returns Some or `limit` passes.
 pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let end = Instant::now() + limit;
     loop {
@@ -93,7 +93,7 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
         if Instant::now() >= end {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

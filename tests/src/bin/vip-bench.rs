@@ -1,15 +1,21 @@
 //! `cargo xtask bench`: data-path cost per packet (BPF_PROG_TEST_RUN) as ratios
 //! to a trivial XDP_PASS program measured in the same run, and Maglev build cost
 //! and quality. Writes OUT_DIR/bench.json and OUT_DIR/bench.md.
-use std::{fmt::Write as _, net::Ipv4Addr, path::PathBuf, time::Instant};
+use std::{
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use vip_agent::{
     dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
     maglev::{self, Member},
 };
 use vip_common::PROTO_TCP;
 use vip_tests::{
+    agent::{lb_config, wait_for, Check, LbLab},
     frames,
     netns::{NetNs, PinDir},
 };
@@ -147,21 +153,81 @@ fn maglev_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json:
     Ok(())
 }
 
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Health change → maps updated, with the real agent in the single-load-balancer
+/// lab: a backend's server is stopped and restarted HEALTH_TRIALS times; the agent
+/// stamps each decided change and reports the time until every affected ring was
+/// written (status `health_to_maps_us`). The bench also times, by polling the
+/// status every 5 ms, the fault → out-of-ring interval the health check bounds.
+const HEALTH_TRIALS: usize = 20;
+
+fn health_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    let check = Check { interval_ms: 100, timeout_ms: 50, rise: 2, fall: 3 };
+    let mut lab = LbLab::start(3, &lb_config(3, "80", check, ""), 9473)?;
+    lab.wait_ready(Duration::from_secs(10))?;
+    let state = |lab: &LbLab, want: (bool, bool)| wait_for(Duration::from_secs(5), || (lab.backend_state("b2")? == want).then_some(()));
+    let mut detect = Vec::new();
+    for _ in 0..HEALTH_TRIALS {
+        let t = Instant::now();
+        lab.backends[1].halt();
+        state(&lab, (false, false)).context("b2 never left the ring")?;
+        detect.push(t.elapsed().as_secs_f64() * 1e3);
+        lab.backends[1].serve()?;
+        state(&lab, (true, true)).context("b2 never came back")?;
+    }
+    lab.agent.check_alive()?;
+    let us: Vec<f64> = lab.status().context("status")?["health_to_maps_us"]
+        .as_array()
+        .context("health_to_maps_us")?
+        .iter()
+        .filter_map(|v| v.as_f64())
+        .collect();
+    anyhow::ensure!(us.len() == 2 * HEALTH_TRIALS, "expected {} health changes, the agent saw {}", 2 * HEALTH_TRIALS, us.len());
+    let bound = check.interval_ms * u64::from(check.fall) + check.timeout_ms;
+    writeln!(out, "\n## Health change → maps updated (real agent, lab namespaces, {HEALTH_TRIALS} down + {HEALTH_TRIALS} up changes)\n")?;
+    writeln!(out, "| figure | median | p95 | max |")?;
+    writeln!(out, "|---|---:|---:|---:|")?;
+    writeln!(out, "| health change decided → every affected ring written | {:.0} µs | {:.0} µs | {:.0} µs |", percentile(&us, 0.5), percentile(&us, 0.95), percentile(&us, 1.0))?;
+    writeln!(
+        out,
+        "| server stopped → out of the ring (interval {}ms × fall {} + timeout {}ms = {bound} ms bound; 5 ms polling) | {:.0} ms | {:.0} ms | {:.0} ms |",
+        check.interval_ms, check.fall, check.timeout_ms, percentile(&detect, 0.5), percentile(&detect, 0.95), percentile(&detect, 1.0)
+    )?;
+    json.insert("health_to_maps_us".into(), serde_json::json!({"median": percentile(&us, 0.5), "p95": percentile(&us, 0.95), "max": percentile(&us, 1.0), "samples": us}));
+    json.insert("health_detect_ms".into(), serde_json::json!({"median": percentile(&detect, 0.5), "p95": percentile(&detect, 0.95), "max": percentile(&detect, 1.0), "bound_ms": bound}));
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bench-results".into()));
     std::fs::create_dir_all(&dir)?;
     let mut out = String::new();
     let mut json = serde_json::Map::new();
-    // Live-frames XDP_TX really transmits: do it inside a namespace of our own, on its lo.
-    let ns = NetNs::new("vbench")?;
-    let (o, j) = ns.run(|| -> Result<_> {
-        let (mut o, mut j) = (String::new(), serde_json::Map::new());
-        xdp_bench(&mut o, &mut j)?;
-        Ok((o, j))
-    })??;
-    out.push_str(&o);
-    json.extend(j);
-    maglev_bench(&mut out, &mut json)?;
+    // VIP_BENCH_ONLY=xdp,maglev,health runs a subset (for quick iteration; BENCHMARKS.md quotes full runs).
+    let only = std::env::var("VIP_BENCH_ONLY").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == name));
+    if wanted("xdp") {
+        // Live-frames XDP_TX really transmits: do it inside a namespace of our own, on its lo.
+        let ns = NetNs::new("vbench")?;
+        let (o, j) = ns.run(|| -> Result<_> {
+            let (mut o, mut j) = (String::new(), serde_json::Map::new());
+            xdp_bench(&mut o, &mut j)?;
+            Ok((o, j))
+        })??;
+        out.push_str(&o);
+        json.extend(j);
+    }
+    if wanted("maglev") {
+        maglev_bench(&mut out, &mut json)?;
+    }
+    if wanted("health") {
+        health_bench(&mut out, &mut json)?;
+    }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let header = format!("Run on {} cores, kernel {}\n\n", std::thread::available_parallelism()?.get(), kernel.trim());
     std::fs::write(dir.join("bench.md"), format!("{header}{out}"))?;
