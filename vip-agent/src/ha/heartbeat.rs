@@ -145,6 +145,10 @@ fn unix_ms() -> u64 {
 /// receiver holds the live set (always including `me`) and changes only when the
 /// set does. The task stops, releasing the socket, once every receiver is dropped.
 ///
+/// Datagrams count only when their source address is one of `peers`: each agent
+/// sends from its bound socket, so every agent must bind the address (and port) the
+/// others list for it.
+///
 /// A dead peer is noticed between `dead_after` and `dead_after + interval` after
 /// its last heartbeat (expiry is checked on every send tick and receive).
 pub async fn run(
