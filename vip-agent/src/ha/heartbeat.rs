@@ -1,0 +1,368 @@
+//! Failure detection between agents over UDP on the node network, independent of
+//! any API server (the API server is often what is unreachable when a node fails).
+//!
+//! Every agent sends a small JSON datagram to every configured peer each
+//! `interval`; a peer not heard from for `dead_after` is dead. [`PeerTable`] is the
+//! pure state machine (fed with fake time in tests); [`run`] is the tokio task that
+//! drives it and publishes the live set.
+//!
+//! Trust: datagrams are accepted only from the configured peer addresses. They are
+//! not authenticated; the node network is assumed to be as trusted as the ARP the
+//! data path already answers on it.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    io,
+    net::SocketAddr,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+use tokio::{net::UdpSocket, sync::watch};
+
+/// Wire format, version 1. `sent_ms` (sender's wall clock, Unix ms) is informational
+/// (logs, skew/latency metrics): clocks are not assumed to agree, so liveness uses
+/// only the receiver's monotonic clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub v: u8,
+    pub node: String,
+    pub incarnation: u64,
+    pub seq: u64,
+    pub sent_ms: u64,
+}
+
+impl Heartbeat {
+    pub const VERSION: u8 = 1;
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a struct of strings and integers serializes")
+    }
+
+    /// `None` for anything that is not a version-1 heartbeat.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<Self>(b).ok().filter(|h| h.v == Self::VERSION)
+    }
+}
+
+/// A liveness change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// First heartbeat, heartbeat after being dead, or a new incarnation (restart).
+    Up { node: String, incarnation: u64 },
+    Down { node: String },
+}
+
+/// Incarnations a peer has left behind, remembered so that a delayed datagram from
+/// before a restart cannot switch the peer back to its old incarnation.
+const RETIRED_KEPT: usize = 4;
+
+#[derive(Debug)]
+struct Peer {
+    incarnation: u64,
+    seq: u64,
+    last_seen: Instant,
+    alive: bool,
+    retired: Vec<u64>,
+}
+
+/// Pure liveness state for the other agents. Time is passed in, never read.
+#[derive(Debug)]
+pub struct PeerTable {
+    dead_after: Duration,
+    peers: BTreeMap<String, Peer>,
+}
+
+impl PeerTable {
+    pub fn new(dead_after: Duration) -> Self {
+        Self { dead_after, peers: BTreeMap::new() }
+    }
+
+    /// Records a heartbeat received at `now`. Stale or duplicate sequence numbers
+    /// (same incarnation, `seq` not above the last one) and retired incarnations
+    /// are ignored: they neither refresh liveness nor produce events.
+    pub fn observe(&mut self, node: &str, incarnation: u64, seq: u64, now: Instant) -> Option<Event> {
+        let up = Some(Event::Up { node: node.to_owned(), incarnation });
+        let Some(p) = self.peers.get_mut(node) else {
+            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true, retired: Vec::new() });
+            return up;
+        };
+        if incarnation == p.incarnation {
+            if seq <= p.seq {
+                return None;
+            }
+        } else if p.retired.contains(&incarnation) {
+            return None;
+        } else {
+            // Restarted: a new incarnation starts its own sequence.
+            if p.retired.len() == RETIRED_KEPT {
+                p.retired.remove(0);
+            }
+            p.retired.push(p.incarnation);
+            p.incarnation = incarnation;
+            p.alive = false; // so that the restart is reported as Up below
+        }
+        p.seq = seq;
+        p.last_seen = now;
+        if p.alive {
+            return None;
+        }
+        p.alive = true;
+        up
+    }
+
+    /// Marks peers silent for `dead_after` or longer as dead.
+    pub fn expire(&mut self, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        for (node, p) in &mut self.peers {
+            if p.alive && now.saturating_duration_since(p.last_seen) >= self.dead_after {
+                p.alive = false;
+                events.push(Event::Down { node: node.clone() });
+            }
+        }
+        events
+    }
+
+    /// Names of the peers currently alive.
+    pub fn live(&self) -> BTreeSet<String> {
+        self.peers.iter().filter(|(_, p)| p.alive).map(|(n, _)| n.clone()).collect()
+    }
+}
+
+/// A random incarnation for this agent start (a "boot id").
+pub fn new_incarnation() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    assert_eq!(n, 8, "getrandom: {}", io::Error::last_os_error());
+    u64::from_ne_bytes(b)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Binds `bind` and spawns the heartbeat task on the current tokio runtime. The
+/// receiver holds the live set (always including `me`) and changes only when the
+/// set does. The task stops, releasing the socket, once every receiver is dropped.
+///
+/// Datagrams count only when their source address is one of `peers`: each agent
+/// sends from its bound socket, so every agent must bind the address (and port) the
+/// others list for it.
+///
+/// A dead peer is noticed between `dead_after` and `dead_after + interval` after
+/// its last heartbeat (expiry is checked on every send tick and receive).
+pub async fn run(
+    bind: SocketAddr,
+    peers: Vec<SocketAddr>,
+    me: String,
+    interval: Duration,
+    dead_after: Duration,
+) -> io::Result<watch::Receiver<BTreeSet<String>>> {
+    let sock = UdpSocket::bind(bind).await?;
+    let (tx, rx) = watch::channel(BTreeSet::from([me.clone()]));
+    tokio::spawn(heartbeat_loop(sock, peers, me, interval, dead_after, tx));
+    Ok(rx)
+}
+
+async fn heartbeat_loop(
+    sock: UdpSocket,
+    peers: Vec<SocketAddr>,
+    me: String,
+    interval: Duration,
+    dead_after: Duration,
+    tx: watch::Sender<BTreeSet<String>>,
+) {
+    let incarnation = new_incarnation();
+    let known: HashSet<SocketAddr> = peers.iter().copied().collect();
+    let mut table = PeerTable::new(dead_after);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seq = 0u64;
+    let mut buf = [0u8; 1500];
+    tracing::info!(%me, incarnation, peers = peers.len(), "heartbeat started");
+    loop {
+        let events = tokio::select! {
+            _ = tx.closed() => break,
+            _ = tick.tick() => {
+                seq += 1;
+                let hb = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms() }.encode();
+                for p in &peers {
+                    // A peer that is down may refuse (ICMP unreachable): that is what
+                    // the protocol detects, not an error of ours.
+                    if let Err(e) = sock.send_to(&hb, p).await {
+                        tracing::debug!(peer = %p, error = %e, "heartbeat send failed");
+                    }
+                }
+                table.expire(std::time::Instant::now())
+            }
+            r = sock.recv_from(&mut buf) => {
+                let now = std::time::Instant::now();
+                let mut ev = Vec::new();
+                match r {
+                    Ok((n, from)) if known.contains(&from) => match Heartbeat::decode(&buf[..n]) {
+                        Some(hb) if hb.node == me => {
+                            if hb.incarnation != incarnation {
+                                tracing::warn!(%from, node = %hb.node, "another agent uses our node name; ignored");
+                            }
+                        }
+                        Some(hb) => ev.extend(table.observe(&hb.node, hb.incarnation, hb.seq, now)),
+                        None => tracing::debug!(%from, "not a heartbeat; ignored"),
+                    },
+                    Ok((_, from)) => tracing::debug!(%from, "datagram from an unknown address; ignored"),
+                    // Linux reports an earlier send's ICMP error on the next receive.
+                    Err(e) => tracing::debug!(error = %e, "heartbeat receive error"),
+                }
+                ev.extend(table.expire(now));
+                ev
+            }
+        };
+        if events.is_empty() {
+            continue;
+        }
+        for e in &events {
+            tracing::info!(?e, "peer liveness changed");
+        }
+        let mut live = table.live();
+        live.insert(me.clone());
+        tx.send_if_modified(|cur| {
+            let changed = *cur != live;
+            *cur = live;
+            changed
+        });
+    }
+    tracing::info!(%me, "heartbeat stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEAD: Duration = Duration::from_secs(3);
+
+    fn up(n: &str, inc: u64) -> Option<Event> {
+        Some(Event::Up { node: n.into(), incarnation: inc })
+    }
+
+    #[test]
+    fn up_then_down_after_dead_after_without_heartbeat() {
+        let t0 = Instant::now();
+        let mut t = PeerTable::new(DEAD);
+        assert_eq!(t.observe("a", 7, 1, t0), up("a", 7));
+        assert_eq!(t.observe("a", 7, 2, t0 + Duration::from_secs(1)), None);
+        // 3 s after the last heartbeat (t0+1), not after the first.
+        assert!(t.expire(t0 + Duration::from_millis(3999)).is_empty());
+        assert_eq!(t.live(), BTreeSet::from(["a".to_string()]));
+        assert_eq!(t.expire(t0 + Duration::from_secs(4)), vec![Event::Down { node: "a".into() }]);
+        assert!(t.live().is_empty());
+        // Down is reported once.
+        assert!(t.expire(t0 + Duration::from_secs(10)).is_empty());
+        // Comes back with the same incarnation: Up again.
+        assert_eq!(t.observe("a", 7, 3, t0 + Duration::from_secs(11)), up("a", 7));
+    }
+
+    #[test]
+    fn stale_and_duplicate_seqs_do_not_refresh() {
+        let t0 = Instant::now();
+        let mut t = PeerTable::new(DEAD);
+        t.observe("a", 7, 5, t0);
+        assert_eq!(t.observe("a", 7, 5, t0 + Duration::from_secs(2)), None);
+        assert_eq!(t.observe("a", 7, 4, t0 + Duration::from_secs(2)), None);
+        // Had either refreshed last_seen, "a" would still be alive at t0+3.
+        assert_eq!(t.expire(t0 + DEAD).len(), 1);
+        // A replayed old seq does not resurrect it either.
+        assert_eq!(t.observe("a", 7, 5, t0 + Duration::from_secs(4)), None);
+        assert!(t.live().is_empty());
+    }
+
+    #[test]
+    fn restart_before_deadline_is_up_without_down() {
+        let t0 = Instant::now();
+        let mut t = PeerTable::new(DEAD);
+        t.observe("a", 1, 100, t0);
+        // New incarnation restarts its seq at 1: accepted and reported as Up.
+        assert_eq!(t.observe("a", 2, 1, t0 + Duration::from_secs(1)), up("a", 2));
+        assert!(t.expire(t0 + Duration::from_secs(2)).is_empty());
+        // A late datagram from the old incarnation is ignored (no flip back).
+        assert_eq!(t.observe("a", 1, 101, t0 + Duration::from_secs(2)), None);
+        assert_eq!(t.observe("a", 2, 2, t0 + Duration::from_secs(2)), None);
+        assert!(t.expire(t0 + Duration::from_millis(4999)).is_empty(), "seq 2 at t0+2 refreshed it");
+    }
+
+    #[test]
+    fn peers_are_independent() {
+        let t0 = Instant::now();
+        let mut t = PeerTable::new(DEAD);
+        t.observe("a", 1, 1, t0);
+        t.observe("b", 1, 1, t0 + Duration::from_secs(2));
+        assert_eq!(t.expire(t0 + DEAD), vec![Event::Down { node: "a".into() }]);
+        assert_eq!(t.live(), BTreeSet::from(["b".to_string()]));
+    }
+
+    #[test]
+    fn wire_format_round_trips_and_rejects_others() {
+        let hb = Heartbeat { v: 1, node: "node-1".into(), incarnation: u64::MAX, seq: 3, sent_ms: 1_700_000_000_000 };
+        assert_eq!(Heartbeat::decode(&hb.encode()), Some(hb.clone()));
+        assert_eq!(Heartbeat::decode(&Heartbeat { v: 2, ..hb }.encode()), None);
+        assert_eq!(Heartbeat::decode(b"\x00garbage"), None);
+        assert_ne!(new_incarnation(), new_incarnation());
+    }
+
+    /// Free 127.0.0.1 ports: bound, then released for the tasks to bind.
+    fn free_addrs(n: usize) -> Vec<SocketAddr> {
+        let socks: Vec<_> = (0..n).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+        socks.iter().map(|s| s.local_addr().unwrap()).collect()
+    }
+
+    const INTERVAL: Duration = Duration::from_millis(50);
+    const DEAD_AFTER: Duration = Duration::from_millis(200);
+
+    async fn start(addrs: &[SocketAddr], i: usize) -> watch::Receiver<BTreeSet<String>> {
+        let peers = addrs.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, a)| *a).collect();
+        run(addrs[i], peers, format!("n{i}"), INTERVAL, DEAD_AFTER).await.unwrap()
+    }
+
+    /// Waits (bounded by `limit`) until `rx` holds exactly `want`; returns how long it took.
+    async fn wait_for(rx: &mut watch::Receiver<BTreeSet<String>>, want: &[&str], limit: Duration) -> Duration {
+        let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+        let t0 = tokio::time::Instant::now();
+        let reached = tokio::time::timeout(limit, rx.wait_for(|s| *s == want)).await.is_ok();
+        assert!(reached, "live set is {:?}, not {want:?}, after {limit:?}", *rx.borrow());
+        t0.elapsed()
+    }
+
+    #[tokio::test]
+    async fn three_agents_see_each_other_drop_and_readmit_a_stopped_one() {
+        let addrs = free_addrs(3);
+        let mut a = start(&addrs, 0).await;
+        let mut b = start(&addrs, 1).await;
+        let c = start(&addrs, 2).await;
+        let all = ["n0", "n1", "n2"];
+        wait_for(&mut a, &all, Duration::from_secs(2)).await;
+        wait_for(&mut b, &all, Duration::from_secs(2)).await;
+        let mut c = c;
+        wait_for(&mut c, &all, Duration::from_secs(2)).await;
+
+        drop(c); // stops n2's task
+        let stopped = tokio::time::Instant::now();
+        wait_for(&mut a, &["n0", "n1"], Duration::from_secs(2)).await;
+        wait_for(&mut b, &["n0", "n1"], Duration::from_secs(2)).await;
+        // Its last heartbeat went out at most `INTERVAL` before the stop; allow one
+        // tick for the expiry check and scheduling slack.
+        let took = stopped.elapsed();
+        assert!(took <= DEAD_AFTER + INTERVAL + Duration::from_millis(50), "dropped after {took:?}");
+        assert!(took >= DEAD_AFTER - INTERVAL, "dropped after {took:?}, before it could have been silent for dead_after");
+
+        // Restart n2 on the same address (the old socket closes as its task ends).
+        let mut c = loop {
+            match run(addrs[2], vec![addrs[0], addrs[1]], "n2".into(), INTERVAL, DEAD_AFTER).await {
+                Ok(rx) => break rx,
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && stopped.elapsed() < Duration::from_secs(2) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("rebinding n2: {e}"),
+            }
+        };
+        wait_for(&mut a, &all, Duration::from_secs(1)).await;
+        wait_for(&mut c, &all, Duration::from_secs(1)).await;
+    }
+}
