@@ -181,7 +181,7 @@ pub fn lb_config(backends: usize, ports: &str, c: Check, extra_node_key: &str) -
             "    healthCheck: {{type: tcp, port: 80, interval: {}ms, timeout: {}ms, rise: {}, fall: {}}}",
             c.interval_ms, c.timeout_ms, c.rise, c.fall
         ),
-        "announce:\n  holdTime: 900ms\n".into(),
+        "announce:\n  holdTime: 200ms\n".into(),
     ];
     lines.join("\n")
 }

@@ -220,6 +220,38 @@ fn flow_table_keeps_flows_across_ring_changes() {
 /// Checks one run of a possibly malformed frame: a passed frame is unchanged; a
 /// transmitted one is exactly an ARP reply we owe or a forward of a frame to a
 /// held VIP service, with only the MACs rewritten.
+/// A released (or fenced) VIP: no ARP answer and no new flow, but the flows this
+/// node already pinned keep being forwarded (a client still sending to our MAC
+/// until the new owner's gratuitous ARP arrives keeps its connection); forgetting
+/// the VIP ends that too.
+#[test]
+fn released_vip_keeps_pinned_flows_only() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let old = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41000), (VIP, 80));
+    let new = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41001), (VIP, 80));
+    let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
+    let to = ring_choice(&w.dp, s, CLIENT, 41000, 80);
+    assert_eq!(w.dp.test_run(&old, 1, None).unwrap().0, XDP_TX, "pins the flow while held");
+
+    w.dp.release_vip(IFINDEX, VIP).unwrap();
+    let (verdict, out, _) = w.dp.test_run(&old, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_TX, forwarded(&old, to)), "pinned flow still forwarded after release");
+    let (verdict, out, _) = w.dp.test_run(&new, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_PASS, new.clone()), "no new flow on a released VIP");
+    let (verdict, out, _) = w.dp.test_run(&arp, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_PASS, arp.clone()), "a released VIP is not answered");
+    let held = w.dp.held_vips().unwrap();
+    assert!(held.iter().any(|&(_, v, d)| v == VIP && d == 0), "kept as a stale entry: {held:?}");
+
+    w.dp.forget_vip(IFINDEX, VIP).unwrap();
+    assert_eq!(w.dp.test_run(&old, 1, None).unwrap().0, XDP_PASS, "forgotten: not ours at all");
+    assert!(!w.dp.held_vips().unwrap().iter().any(|&(_, v, _)| v == VIP));
+}
+
 fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> Result<(), String> {
     match verdict {
         XDP_PASS => (out == input).then_some(()).ok_or("passed frame was modified".into()),

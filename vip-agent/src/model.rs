@@ -105,11 +105,28 @@ pub struct Announce {
 impl Default for Announce {
     fn default() -> Self {
         Self {
-            hold_time: Duration::from_millis(1500),
+            hold_time: Duration::from_millis(200),
             garp_count: 3,
             garp_interval: Duration::from_millis(100),
             garp_refresh: Duration::from_secs(30),
         }
+    }
+}
+
+/// Failure detection between agents (heartbeats on the node network).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Failover {
+    /// UDP port every agent sends heartbeats from and receives them on.
+    pub heartbeat_port: u16,
+    pub heartbeat_interval: Duration,
+    /// A node not heard from for this long is dead and its VIPs move. At least
+    /// 4/3 of `announce.hold_time`: a wedged owner has stopped answering by then.
+    pub dead_after: Duration,
+}
+
+impl Default for Failover {
+    fn default() -> Self {
+        Self { heartbeat_port: 7473, heartbeat_interval: Duration::from_millis(50), dead_after: Duration::from_millis(300) }
     }
 }
 
@@ -119,6 +136,7 @@ pub struct World {
     pub pools: Vec<Pool>,
     pub services: Vec<Service>,
     pub announce: Announce,
+    pub failover: Failover,
     /// Seed of the Maglev permutation: equal on every node, or rings differ.
     pub maglev_seed: u64,
 }
@@ -135,6 +153,11 @@ impl World {
     /// Nodes eligible to hold the VIPs of `pool`, in name order.
     pub fn eligible(&self, pool: &Pool) -> Vec<&Node> {
         self.nodes.iter().filter(|n| selects(&pool.node_selector, &n.labels)).collect()
+    }
+
+    /// Nodes eligible to hold some pool's VIPs: the ones that exchange heartbeats.
+    pub fn holders(&self) -> Vec<&Node> {
+        self.nodes.iter().filter(|n| self.pools.iter().any(|p| selects(&p.node_selector, &n.labels))).collect()
     }
 
     /// Candidate backends of `svc` (before health), in name order.

@@ -13,22 +13,28 @@ const ETH_P_IP: u16 = 0x0800;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 
-/// Whether this node holds `vip` on `ifindex` now, and if so our MAC there: an
-/// entry whose deadline has passed means the agent stopped vouching for it
-/// (fencing), so it counts as not held. The coarse clock costs a few ns where
-/// `bpf_ktime_get_ns` costs ~25 (a third of a flow-table hit); it lags by up to a
-/// tick, which the agent covers by storing deadlines two ticks early.
+/// This node's entry for `vip` on `ifindex`: our MAC there, and whether it is
+/// fresh. An entry whose deadline has passed means the agent stopped vouching for
+/// it (fencing, or released after the VIP moved): not answered, not balanced for
+/// new flows. The coarse clock costs a few ns where `bpf_ktime_get_ns` costs ~25
+/// (a third of a flow-table hit); it lags by up to a tick, which the agent covers
+/// by storing deadlines two ticks early.
+#[inline(always)]
+pub fn arp_held_entry(ifindex: u32, vip: [u8; 4]) -> Option<([u8; 6], bool)> {
+    let key = HeldKey { ifindex, vip };
+    let h = unsafe { arp_held.get(&key) }?;
+    let fresh = unsafe { bpf_ktime_get_coarse_ns() } <= h.deadline_ns;
+    Some((h.mac, fresh))
+}
+
+/// Our MAC if this node holds `vip` on `ifindex` now (fresh), else why not.
 #[inline(always)]
 pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<[u8; 6], Reason> {
-    let key = HeldKey { ifindex, vip };
-    let (deadline, mac) = match unsafe { arp_held.get(&key) } {
-        Some(h) => (h.deadline_ns, h.mac),
-        None => return Err(Reason::ArpNotHeld),
-    };
-    if unsafe { bpf_ktime_get_coarse_ns() } > deadline {
-        return Err(Reason::ArpStale);
+    match arp_held_entry(ifindex, vip) {
+        Some((mac, true)) => Ok(mac),
+        Some((_, false)) => Err(Reason::ArpStale),
+        None => Err(Reason::ArpNotHeld),
     }
-    Ok(mac)
 }
 
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and

@@ -4,7 +4,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vip_common::*;
 
 use crate::{
-    arp::arp_held_fresh,
+    arp::arp_held_entry,
     maps::{lb4_backends, lb4_flows, lb4_ring, lb4_services},
     parse::{ptr_at, Verdict},
     stats,
@@ -47,18 +47,20 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
         None if fragment => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     };
-    let mac = match arp_held_fresh(ifindex, dst) {
-        Ok(mac) => mac,
-        // Not ours to balance (another node owns it, or we were fenced): the frame
-        // was sent to this node as a backend, or is stray; the stack decides.
-        Err(_) => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
+    let (mac, fresh) = match arp_held_entry(ifindex, dst) {
+        Some(h) => h,
+        // Not ours to balance (another node owns it): the frame was sent to this
+        // node as a backend, or is stray; the stack decides.
+        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
     };
-    let bytes = ctx.data_end() - ctx.data();
-    stats::count_service(svc.id, bytes);
-
     let fkey = FlowKey { src, dst, sport, dport, proto, _pad: [0; 3] };
     let (backend_id, backend) = match lb4_flow_backend(&fkey) {
         Some(b) => b,
+        // A stale entry (fenced, or released when the VIP moved) takes no new flow,
+        // but keeps the flows it already pinned: a client still sending to our MAC
+        // until the new owner's gratuitous ARP reaches it keeps its connection
+        // instead of getting a RST from our stack.
+        None if !fresh => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
         None => match lb4_ring_backend(&svc, &fkey) {
             Some((id, b)) => {
                 let _ = lb4_flows.insert(&fkey, &Flow { backend: id, _pad: 0 }, 0);
@@ -67,6 +69,8 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
             None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
         },
     };
+    let bytes = ctx.data_end() - ctx.data();
+    stats::count_service(svc.id, bytes);
     stats::count_backend(backend_id, bytes);
     if backend.flags & BACKEND_LOCAL != 0 {
         return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));

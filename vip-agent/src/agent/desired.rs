@@ -46,7 +46,7 @@ pub fn desired(w: &World, o: &Observed) -> Desired {
     for pool in &w.pools {
         let eligible: Vec<String> =
             w.eligible(pool).into_iter().filter(|n| o.live.contains(&n.name)).map(|n| n.name.clone()).collect();
-        for (vip, owner) in assign(&pool.addresses, &eligible) {
+        for (vip, owner) in crate::ha::ownership::assign(&pool.addresses, &eligible) {
             if owner == o.me {
                 d.held.insert(vip);
             }
@@ -83,23 +83,6 @@ pub fn desired(w: &World, o: &Observed) -> Desired {
         }
     }
     d
-}
-
-// TEMPORARY until ha::ownership lands: plain highest-random-weight.
-fn assign(vips: &[Ipv4Addr], nodes: &[String]) -> BTreeMap<Ipv4Addr, String> {
-    use std::hash::{Hash, Hasher};
-    vips.iter()
-        .filter_map(|v| {
-            nodes
-                .iter()
-                .max_by_key(|n| {
-                    let mut h = siphasher::sip::SipHasher13::new_with_keys(1, 2);
-                    (v, n).hash(&mut h);
-                    h.finish()
-                })
-                .map(|n| (*v, n.clone()))
-        })
-        .collect()
 }
 
 /// Every (node, check) pair some service needs probed.

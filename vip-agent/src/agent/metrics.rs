@@ -63,6 +63,7 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     pub config_valid: Gauge,
     pub vips_held: Gauge,
+    pub arp_conflicts: Counter,
     pub ready: Arc<AtomicBool>,
     /// Monotonic ns of the main loop's last turn (for /healthz).
     pub last_turn_ns: Arc<AtomicU64>,
@@ -82,6 +83,7 @@ impl Metrics {
             config_reloads: Family::default(),
             config_valid: Gauge::default(),
             vips_held: Gauge::default(),
+            arp_conflicts: Counter::default(),
             ready: Arc::new(AtomicBool::new(false)),
             last_turn_ns: Arc::new(AtomicU64::new(monotonic_ns())),
             registry: Registry::default(),
@@ -99,6 +101,7 @@ impl Metrics {
         registry.register("vip_config_reloads", "Config file loads by result (ok, error)", m.config_reloads.clone());
         registry.register("vip_config_valid", "1 when the last config file read was valid, 0 when it was rejected", m.config_valid.clone());
         registry.register("vip_vips_held", "VIPs this node holds", m.vips_held.clone());
+        registry.register("vip_arp_conflicts", "ARP replies or gratuitous ARP from another MAC claiming a VIP this node holds", m.arp_conflicts.clone());
         Self { registry, ..m }
     }
 }

@@ -15,7 +15,10 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
-use tokio::{signal::unix, sync::mpsc};
+use tokio::{
+    signal::unix,
+    sync::{mpsc, watch},
+};
 use tracing::{error, info, warn};
 
 pub use desired::{desired, health_targets, Desired, DesiredService, Observed};
@@ -23,6 +26,7 @@ pub use desired::{desired, health_targets, Desired, DesiredService, Observed};
 use crate::{
     config,
     dataplane::{self, monotonic_ns, AttachMode, Dataplane, ServiceAddr},
+    ha::{self, heartbeat},
     health::{self, Target},
     inspect::mac_str,
     model::World,
@@ -96,13 +100,19 @@ struct Agent {
     opts: Options,
     dp: Dataplane,
     ifindex: u32,
+    /// Our interface MAC: the sender of gratuitous ARP.
+    mac: [u8; 6],
     world: World,
     /// Bytes of the config file last read (valid or not): reloads only on change.
     config_text: Option<String>,
     health: BTreeMap<Target, (bool, String)>,
     monitor: health::Monitor,
     macs: BTreeMap<String, [u8; 6]>,
+    /// Nodes alive in the heartbeat view (every node until heartbeats say otherwise).
     live: BTreeSet<String>,
+    heartbeat: Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>,
+    /// `arp_conflict` packets counted so far (to log new ones).
+    conflicts: u64,
     applied: Desired,
     metrics: metrics::Metrics,
     status: Status,
@@ -137,12 +147,15 @@ pub async fn run(opts: Options) -> Result<()> {
         opts,
         dp,
         ifindex,
+        mac,
         world: World::default(),
         config_text: Some(text),
         health: BTreeMap::new(),
         monitor: health::Monitor::new(health_tx),
         macs: BTreeMap::new(),
         live,
+        heartbeat: None,
+        conflicts: 0,
         applied: Desired::default(),
         metrics,
         status_json,
@@ -150,11 +163,15 @@ pub async fn run(opts: Options) -> Result<()> {
     agent.metrics.config_valid.set(1);
     agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
     agent.adopt(world);
+    agent.sync_heartbeat().await;
     agent.reconcile(None)?;
     agent.metrics.ready.store(true, Ordering::Relaxed);
 
-    let hold_refresh = agent.world.announce.hold_time / 3;
-    let mut refresh = tokio::time::interval(hold_refresh);
+    let mut refresh = tokio::time::interval(agent.world.announce.hold_time / 3);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut garp_refresh = tokio::time::interval(agent.world.announce.garp_refresh);
+    garp_refresh.tick().await; // the first tick is immediate; takeovers already announce
+    let mut watch_conflicts = tokio::time::interval(Duration::from_secs(1));
     let mut reload = tokio::time::interval(agent.opts.reload_interval);
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
     let mut term = unix::signal(unix::SignalKind::terminate())?;
@@ -172,13 +189,32 @@ pub async fn run(opts: Options) -> Result<()> {
                     error!("applying a health change: {e:#}");
                 }
             }
+            Some(live) = next_live(&mut agent.heartbeat) => {
+                info!(live = ?live, "live nodes changed");
+                agent.live = live;
+                if let Err(e) = agent.reconcile(None) {
+                    error!("applying a liveness change: {e:#}");
+                }
+            }
             _ = refresh.tick() => {
                 if let Err(e) = agent.refresh() {
                     error!("refreshing held VIPs: {e:#}");
                 }
             }
-            _ = reload.tick() => agent.reload(false),
-            _ = hup.recv() => agent.reload(true),
+            _ = garp_refresh.tick() => agent.announce(agent.applied.held.iter().copied().collect(), 1),
+            _ = watch_conflicts.tick() => agent.watch_conflicts(),
+            _ = reload.tick() => {
+                if agent.reload(false) {
+                    agent.sync_heartbeat().await;
+                    refresh = tokio::time::interval(agent.world.announce.hold_time / 3);
+                    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                }
+            }
+            _ = hup.recv() => {
+                if agent.reload(true) {
+                    agent.sync_heartbeat().await;
+                }
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
@@ -198,28 +234,29 @@ impl Agent {
         self.world = world;
     }
 
-    /// Re-reads the config file when it changed (or when `force`d by SIGHUP).
-    fn reload(&mut self, force: bool) {
+    /// Re-reads the config file when it changed (or when `force`d by SIGHUP);
+    /// true when a new valid config was adopted.
+    fn reload(&mut self, force: bool) -> bool {
         let text = match std::fs::read_to_string(&self.opts.config) {
             Ok(t) => t,
             Err(e) => {
                 self.reject(format!("cannot read {}: {e}", self.opts.config.display()));
-                return;
+                return false;
             }
         };
         if !force && self.config_text.as_deref() == Some(text.as_str()) {
-            return;
+            return false;
         }
         self.config_text = Some(text.clone());
         let world = match config::parse(&text) {
             Ok(w) if w.node(&self.opts.node_name).is_none() => {
                 self.reject(format!("nodes: this node ({:?}) is not listed", self.opts.node_name));
-                return;
+                return false;
             }
             Ok(w) => w,
             Err(e) => {
                 self.reject(e.to_string());
-                return;
+                return false;
             }
         };
         for w in config::warnings(&world) {
@@ -234,6 +271,95 @@ impl Agent {
         if let Err(e) = self.reconcile(None) {
             error!("applying the new config: {e:#}");
         }
+        true
+    }
+
+    /// (Re)starts the heartbeat task when its settings (our address, the peers
+    /// eligible to hold VIPs, timers) changed. With no peer there is none.
+    async fn sync_heartbeat(&mut self) {
+        let me = self.opts.node_name.clone();
+        let f = &self.world.failover;
+        let Some(my) = self.world.node(&me) else { return };
+        let peers: Vec<(String, SocketAddr)> = self
+            .world
+            .holders()
+            .into_iter()
+            .filter(|n| n.name != me)
+            .map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port))))
+            .collect();
+        let want = heartbeat::Options {
+            bind: SocketAddr::from((my.addr, f.heartbeat_port)),
+            peers,
+            me,
+            interval: f.heartbeat_interval,
+            dead_after: f.dead_after,
+            gate: Some((self.metrics.last_turn_ns.clone(), self.world.announce.hold_time / 2)),
+        };
+        let same = |a: &heartbeat::Options, b: &heartbeat::Options| {
+            (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after)
+        };
+        if self.heartbeat.as_ref().is_some_and(|(cur, _)| same(cur, &want)) {
+            return;
+        }
+        // Dropping the receiver stops the old task, which then releases the port.
+        self.heartbeat = None;
+        if want.peers.is_empty() {
+            self.live = self.world.nodes.iter().map(|n| n.name.clone()).collect();
+            return;
+        }
+        for attempt in 0..50 {
+            match heartbeat::run(want.clone()).await {
+                Ok(rx) => {
+                    self.live = rx.borrow().clone();
+                    info!(bind = %want.bind, peers = want.peers.len(), "heartbeats running");
+                    self.heartbeat = Some((want, rx));
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 49 => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(e) => {
+                    error!(bind = %want.bind, "cannot start heartbeats: {e}; peers will see this node as dead");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends `count` gratuitous ARP for each of `vips` (in the background): on
+    /// takeover so switches and neighbours learn the new owner at once, and
+    /// periodically so their entries do not age out.
+    fn announce(&self, vips: Vec<Ipv4Addr>, count: u32) {
+        if vips.is_empty() || count == 0 {
+            return;
+        }
+        let (ifindex, mac, gap) = (self.ifindex, self.mac, self.world.announce.garp_interval);
+        tokio::spawn(async move {
+            let sock = match ha::garp::GarpSocket::new() {
+                Ok(s) => s,
+                Err(e) => return warn!("gratuitous ARP socket: {e}"),
+            };
+            // Round by round, so the first announcement of every VIP goes out at once.
+            for round in 0..count {
+                if round > 0 {
+                    tokio::time::sleep(gap).await;
+                }
+                for vip in &vips {
+                    if let Err(e) = sock.send(ifindex, mac, *vip) {
+                        warn!(%vip, "gratuitous ARP: {e}");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Logs and counts ARP replies or gratuitous ARP from another MAC claiming a
+    /// VIP we hold (counted by the data path as `arp_conflict`).
+    fn watch_conflicts(&mut self) {
+        let Ok((n, _)) = self.dp.reason_count(vip_common::Reason::ArpConflict) else { return };
+        if n > self.conflicts {
+            warn!(new = n - self.conflicts, held = ?self.applied.held, "ARP conflict: another MAC claims a VIP this node holds");
+            self.metrics.arp_conflicts.inc_by(n - self.conflicts);
+        }
+        self.conflicts = n;
     }
 
     fn reject(&mut self, msg: String) {
@@ -308,13 +434,22 @@ impl Agent {
             info!(vip = %addr.vip, port = addr.port, "service removed");
         }
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
-        for vip in want.held.difference(&self.applied.held) {
+        let taken: Vec<Ipv4Addr> = want.held.difference(&self.applied.held).copied().collect();
+        for vip in &taken {
             self.dp.hold_vip(self.ifindex, *vip, deadline)?;
             info!(%vip, "holding VIP");
         }
+        self.announce(taken, self.world.announce.garp_count);
         for vip in self.applied.held.difference(&want.held) {
             self.dp.release_vip(self.ifindex, *vip)?;
-            info!(%vip, "released VIP");
+            info!(%vip, "released VIP (its pinned flows keep being forwarded)");
+        }
+        // Entries of VIPs that left every pool (also from before a restart) go entirely.
+        for (ifindex, vip, _) in self.dp.held_vips()? {
+            if ifindex == self.ifindex && self.world.pool_of(vip).is_none() {
+                self.dp.forget_vip(ifindex, vip)?;
+                info!(%vip, "forgot VIP (in no pool)");
+            }
         }
         for (vip, owner) in &self.applied.owners {
             if want.owners.get(vip) != Some(owner) {
@@ -384,6 +519,17 @@ impl Agent {
             }
         }
         *self.status_json.lock().unwrap_or_else(|e| e.into_inner()) = json;
+    }
+}
+
+/// The next live set from the heartbeat task (pending forever without one).
+async fn next_live(hb: &mut Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>) -> Option<BTreeSet<String>> {
+    match hb {
+        Some((_, rx)) => match rx.changed().await {
+            Ok(()) => Some(rx.borrow_and_update().clone()),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -16,7 +16,7 @@ use serde::{de, Deserialize, Deserializer};
 
 use crate::{
     maglev,
-    model::{Announce, HealthCheck, Node, Pool, Probe, Protocol, Selector, Service, World},
+    model::{Announce, Failover, HealthCheck, Node, Pool, Probe, Protocol, Selector, Service, World},
 };
 
 /// A rejected config: where (field path, line) and why.
@@ -58,7 +58,37 @@ struct File {
     #[serde(default)]
     announce: FileAnnounce,
     #[serde(default)]
+    failover: FileFailover,
+    #[serde(default)]
     maglev_seed: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileFailover {
+    #[serde(default = "default_heartbeat_port")]
+    heartbeat_port: u16,
+    #[serde(default = "default_heartbeat_interval", with = "humantime_serde")]
+    heartbeat_interval: Duration,
+    #[serde(default = "default_dead_after", with = "humantime_serde")]
+    dead_after: Duration,
+}
+
+impl Default for FileFailover {
+    fn default() -> Self {
+        let f = Failover::default();
+        Self { heartbeat_port: f.heartbeat_port, heartbeat_interval: f.heartbeat_interval, dead_after: f.dead_after }
+    }
+}
+
+fn default_heartbeat_port() -> u16 {
+    Failover::default().heartbeat_port
+}
+fn default_heartbeat_interval() -> Duration {
+    Failover::default().heartbeat_interval
+}
+fn default_dead_after() -> Duration {
+    Failover::default().dead_after
 }
 
 #[derive(Deserialize)]
@@ -378,7 +408,25 @@ fn validate(f: File) -> Result<World, Invalid> {
         return invalid("announce.garpRefresh", "must be more than zero");
     }
     let announce = Announce { hold_time: a.hold_time, garp_count: a.garp_count, garp_interval: a.garp_interval, garp_refresh: a.garp_refresh };
-    Ok(World { nodes, pools, services, announce, maglev_seed: f.maglev_seed })
+    let fo = f.failover;
+    if fo.heartbeat_port == 0 {
+        return invalid("failover.heartbeatPort", "port 0 cannot be bound by every agent alike");
+    }
+    if fo.heartbeat_interval < Duration::from_millis(5) {
+        return invalid("failover.heartbeatInterval", "must be at least 5ms");
+    }
+    if fo.dead_after < fo.heartbeat_interval * 3 {
+        return invalid("failover.deadAfter", format!("must be at least 3 heartbeat intervals ({:?}), or one lost datagram makes a node look dead", fo.heartbeat_interval * 3));
+    }
+    let fence = a.hold_time + a.hold_time / 3;
+    if fo.dead_after < fence {
+        return invalid(
+            "failover.deadAfter",
+            format!("must be at least announce.holdTime × 4/3 ({fence:?}): a wedged owner must have stopped answering ARP before a peer takes its VIPs"),
+        );
+    }
+    let failover = Failover { heartbeat_port: fo.heartbeat_port, heartbeat_interval: fo.heartbeat_interval, dead_after: fo.dead_after };
+    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed })
 }
 
 fn health_check(p: &str, h: FileHealthCheck, first_port: u16) -> Result<HealthCheck, Invalid> {

@@ -38,6 +38,9 @@ services:
     protocol: udp
 announce:
   holdTime: 900ms
+failover:
+  heartbeatInterval: 100ms
+  deadAfter: 1200ms
 "#;
 
 #[test]
@@ -163,6 +166,16 @@ fn health_check_errors() {
 fn announce_errors() {
     rejects("holdTime: 900ms", "holdTime: 50ms", "announce.holdTime", "holdTime: 50ms", "at least 100ms");
     rejects("holdTime: 900ms", "holdTime: 900ms\n  garpRefresh: 0s", "announce.garpRefresh", "garpRefresh: 0s", "more than zero");
+}
+
+#[test]
+fn failover_errors() {
+    rejects("deadAfter: 1200ms", "deadAfter: 1100ms", "failover.deadAfter", "deadAfter: 1100ms", "must be at least announce.holdTime × 4/3 (1.2s)");
+    rejects("deadAfter: 1200ms", "deadAfter: 250ms", "failover.deadAfter", "deadAfter: 250ms", "must be at least 3 heartbeat intervals (300ms)");
+    rejects("heartbeatInterval: 100ms", "heartbeatInterval: 1ms", "failover.heartbeatInterval", "heartbeatInterval: 1ms", "at least 5ms");
+    rejects("heartbeatInterval: 100ms", "heartbeatInterval: 100ms\n  heartbeatPort: 0", "failover.heartbeatPort", "heartbeatPort: 0", "port 0");
+    let w = parse(GOOD).unwrap();
+    assert_eq!((w.failover.heartbeat_port, w.failover.dead_after), (7473, Duration::from_millis(1200)));
 }
 
 #[test]

@@ -309,7 +309,21 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Stops holding `vip`: no more ARP answers and no new flows, but the entry
+    /// stays (stale, deadline 0) so the flows this node already pinned keep being
+    /// forwarded while clients still send to our MAC (until the new owner's
+    /// gratuitous ARP reaches them). `forget_vip` removes it altogether.
     pub fn release_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
+        let key = HeldKey { ifindex, vip: vip.octets() };
+        match self.held.get(&key, 0) {
+            Ok(h) => Ok(self.held.insert(key, HeldVip { deadline_ns: 0, ..h }, 0)?),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(e).context("reading arp_held"),
+        }
+    }
+
+    /// Removes `vip`'s entry (the VIP left every pool).
+    pub fn forget_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
         ignore_missing(self.held.remove(&HeldKey { ifindex, vip: vip.octets() }))
     }
 
@@ -508,6 +522,11 @@ impl Dataplane {
             c.backends.insert(id, sum(&self.backend_stats, id)?);
         }
         Ok(c)
+    }
+
+    /// One reason's counter (packets, bytes) summed over CPUs: cheap enough to poll.
+    pub fn reason_count(&self, r: Reason) -> Result<(u64, u64)> {
+        sum(&self.stats, r as u32)
     }
 
     /// Attaches the loaded program to `iface` (see [`attach::attach`]).

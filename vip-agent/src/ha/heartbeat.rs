@@ -13,6 +13,10 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
     io,
     net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -110,6 +114,14 @@ impl PeerTable {
         up
     }
 
+    /// Counts `node` alive as of `now` without having heard it: an agent that
+    /// starts presumes its configured peers alive for one `dead_after`, so it does
+    /// not grab their VIPs before their first heartbeats can arrive. Incarnation 0
+    /// is "unknown": the first real heartbeat replaces it.
+    pub fn presume(&mut self, node: &str, now: Instant) {
+        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, retired: Vec::new() });
+    }
+
     /// Marks peers silent for `dead_after` or longer as dead.
     pub fn expire(&mut self, now: Instant) -> Vec<Event> {
         let mut events = Vec::new();
@@ -141,40 +153,57 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// How one agent's heartbeat task is set up.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// This agent's address and port: peers accept datagrams only from it.
+    pub bind: SocketAddr,
+    /// Every other agent (name, address and port), presumed alive at start.
+    pub peers: Vec<(String, SocketAddr)>,
+    pub me: String,
+    pub interval: Duration,
+    pub dead_after: Duration,
+    /// Monotonic ns of the agent's main loop's last turn, and how old it may be:
+    /// a wedged main loop (which no longer refreshes its held VIPs) must not look
+    /// alive to peers just because this task still runs, so heartbeats stop.
+    pub gate: Option<(Arc<AtomicU64>, Duration)>,
+}
+
 /// Binds `bind` and spawns the heartbeat task on the current tokio runtime. The
-/// receiver holds the live set (always including `me`) and changes only when the
-/// set does. The task stops, releasing the socket, once every receiver is dropped.
-///
-/// Datagrams count only when their source address is one of `peers`: each agent
-/// sends from its bound socket, so every agent must bind the address (and port) the
-/// others list for it.
+/// receiver holds the live set (always including `me`; peers presumed alive until
+/// `dead_after` passes without a heartbeat) and changes only when the set does.
+/// The task stops, releasing the socket, once every receiver is dropped.
 ///
 /// A dead peer is noticed between `dead_after` and `dead_after + interval` after
 /// its last heartbeat (expiry is checked on every send tick and receive).
-pub async fn run(
-    bind: SocketAddr,
-    peers: Vec<SocketAddr>,
-    me: String,
-    interval: Duration,
-    dead_after: Duration,
-) -> io::Result<watch::Receiver<BTreeSet<String>>> {
-    let sock = UdpSocket::bind(bind).await?;
-    let (tx, rx) = watch::channel(BTreeSet::from([me.clone()]));
-    tokio::spawn(heartbeat_loop(sock, peers, me, interval, dead_after, tx));
+pub async fn run(o: Options) -> io::Result<watch::Receiver<BTreeSet<String>>> {
+    let sock = UdpSocket::bind(o.bind).await?;
+    let mut table = PeerTable::new(o.dead_after);
+    let now = Instant::now();
+    for (name, _) in &o.peers {
+        table.presume(name, now);
+    }
+    let mut live = table.live();
+    live.insert(o.me.clone());
+    let (tx, rx) = watch::channel(live);
+    tokio::spawn(heartbeat_loop(sock, o, table, tx));
     Ok(rx)
 }
 
-async fn heartbeat_loop(
-    sock: UdpSocket,
-    peers: Vec<SocketAddr>,
-    me: String,
-    interval: Duration,
-    dead_after: Duration,
-    tx: watch::Sender<BTreeSet<String>>,
-) {
+fn gate_open(gate: &Option<(Arc<AtomicU64>, Duration)>) -> bool {
+    match gate {
+        None => true,
+        Some((last_turn, max_age)) => {
+            let age = crate::dataplane::monotonic_ns().saturating_sub(last_turn.load(Ordering::Relaxed));
+            Duration::from_nanos(age) <= *max_age
+        }
+    }
+}
+
+async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<BTreeSet<String>>) {
+    let Options { peers, me, interval, gate, .. } = o;
     let incarnation = new_incarnation();
-    let known: HashSet<SocketAddr> = peers.iter().copied().collect();
-    let mut table = PeerTable::new(dead_after);
+    let known: HashSet<SocketAddr> = peers.iter().map(|(_, a)| *a).collect();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0u64;
@@ -184,19 +213,23 @@ async fn heartbeat_loop(
         let events = tokio::select! {
             _ = tx.closed() => break,
             _ = tick.tick() => {
-                seq += 1;
-                let hb = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms() }.encode();
-                for p in &peers {
-                    // A peer that is down may refuse (ICMP unreachable): that is what
-                    // the protocol detects, not an error of ours.
-                    if let Err(e) = sock.send_to(&hb, p).await {
-                        tracing::debug!(peer = %p, error = %e, "heartbeat send failed");
+                if gate_open(&gate) {
+                    seq += 1;
+                    let hb = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms() }.encode();
+                    for (_, p) in &peers {
+                        // A peer that is down may refuse (ICMP unreachable): that is what
+                        // the protocol detects, not an error of ours.
+                        if let Err(e) = sock.send_to(&hb, p).await {
+                            tracing::debug!(peer = %p, error = %e, "heartbeat send failed");
+                        }
                     }
+                } else {
+                    tracing::warn!("main loop stalled: not sending heartbeats");
                 }
-                table.expire(std::time::Instant::now())
+                table.expire(Instant::now())
             }
             r = sock.recv_from(&mut buf) => {
-                let now = std::time::Instant::now();
+                let now = Instant::now();
                 let mut ev = Vec::new();
                 match r {
                     Ok((n, from)) if known.contains(&from) => match Heartbeat::decode(&buf[..n]) {
@@ -316,9 +349,13 @@ mod tests {
     const INTERVAL: Duration = Duration::from_millis(50);
     const DEAD_AFTER: Duration = Duration::from_millis(200);
 
+    fn opts(addrs: &[SocketAddr], i: usize) -> Options {
+        let peers = addrs.iter().enumerate().filter(|(j, _)| *j != i).map(|(j, a)| (format!("n{j}"), *a)).collect();
+        Options { bind: addrs[i], peers, me: format!("n{i}"), interval: INTERVAL, dead_after: DEAD_AFTER, gate: None }
+    }
+
     async fn start(addrs: &[SocketAddr], i: usize) -> watch::Receiver<BTreeSet<String>> {
-        let peers = addrs.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, a)| *a).collect();
-        run(addrs[i], peers, format!("n{i}"), INTERVAL, DEAD_AFTER).await.unwrap()
+        run(opts(addrs, i)).await.unwrap()
     }
 
     /// Waits (bounded by `limit`) until `rx` holds exactly `want`; returns how long it took.
@@ -328,6 +365,38 @@ mod tests {
         let reached = tokio::time::timeout(limit, rx.wait_for(|s| *s == want)).await.is_ok();
         assert!(reached, "live set is {:?}, not {want:?}, after {limit:?}", *rx.borrow());
         t0.elapsed()
+    }
+
+    #[test]
+    fn presumed_peers_expire_unless_heard() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut t = PeerTable::new(ms(100));
+        t.presume("a", t0);
+        t.presume("b", t0);
+        assert_eq!(t.live(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+        assert_eq!(t.observe("a", 7, 1, t0 + ms(50)), Some(Event::Up { node: "a".into(), incarnation: 7 }));
+        assert_eq!(t.expire(t0 + ms(100)), vec![Event::Down { node: "b".into() }]);
+        assert_eq!(t.live(), BTreeSet::from(["a".to_owned()]));
+    }
+
+    #[tokio::test]
+    async fn a_stalled_main_loop_stops_the_heartbeats() {
+        let addrs = free_addrs(2);
+        let mut a = start(&addrs, 0).await;
+        let last_turn = Arc::new(AtomicU64::new(crate::dataplane::monotonic_ns()));
+        let mut o = opts(&addrs, 1);
+        o.gate = Some((last_turn.clone(), Duration::from_millis(100)));
+        let _b = run(o).await.unwrap();
+        // Keep the gate open for a while: n0 keeps n1 past the presumption.
+        let t0 = tokio::time::Instant::now();
+        while t0.elapsed() < DEAD_AFTER * 2 {
+            last_turn.store(crate::dataplane::monotonic_ns(), Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(*a.borrow(), BTreeSet::from(["n0".to_owned(), "n1".to_owned()]));
+        // The main loop stops turning: n1's task keeps running but goes silent.
+        wait_for(&mut a, &["n0"], Duration::from_secs(2)).await;
     }
 
     #[tokio::test]
@@ -354,7 +423,7 @@ mod tests {
 
         // Restart n2 on the same address (the old socket closes as its task ends).
         let mut c = loop {
-            match run(addrs[2], vec![addrs[0], addrs[1]], "n2".into(), INTERVAL, DEAD_AFTER).await {
+            match run(opts(&addrs, 2)).await {
                 Ok(rx) => break rx,
                 Err(e) if e.kind() == io::ErrorKind::AddrInUse && stopped.elapsed() < Duration::from_secs(2) => {
                     tokio::time::sleep(Duration::from_millis(10)).await
