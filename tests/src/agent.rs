@@ -44,7 +44,15 @@ pub struct AgentProc {
 impl AgentProc {
     /// Starts `vip-agent run` in `ns` with `args` after `run`; output goes to `log`.
     pub fn start(ns: &NetNs, args: &[&str], log: &Path) -> Result<Self> {
-        let out = std::fs::File::create(log)?;
+        Self::spawn(ns, args, log, std::fs::File::create(log)?)
+    }
+
+    /// Like `start`, appending to `log` (a restarted agent keeps its history).
+    pub fn start_appending(ns: &NetNs, args: &[&str], log: &Path) -> Result<Self> {
+        Self::spawn(ns, args, log, std::fs::OpenOptions::new().create(true).append(true).open(log)?)
+    }
+
+    fn spawn(ns: &NetNs, args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
         let child = ns
             .cmd(agent_bin()?.to_str().context("agent path")?)
             .arg("run")

@@ -12,33 +12,50 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use crate::netns::{veth, NetNs};
 
-/// The L2 segment: a namespace holding bridge `br0`.
+/// The L2 segment: a namespace holding bridge `br0`; host `i` hangs on port `p{i}`.
 pub struct Segment {
     pub ns: NetNs,
-    ports: std::cell::Cell<u32>,
+    /// Namespace name of the host on each bridge port, in port order.
+    hosts: std::cell::RefCell<Vec<String>>,
 }
 
 impl Segment {
     pub fn new() -> Result<Self> {
-        let ns = NetNs::new("vbr")?;
+        Self::in_ns(NetNs::new("vbr")?)
+    }
+
+    /// The segment in namespace `ns` (a fixed name for the persistent lab).
+    pub fn in_ns(ns: NetNs) -> Result<Self> {
         ns.ip(&["link", "add", "br0", "type", "bridge"])?;
         ns.ip(&["link", "set", "br0", "up"])?;
-        Ok(Self { ns, ports: 0.into() })
+        Ok(Self { ns, hosts: Default::default() })
     }
 
     /// A new namespace with `eth0` on the segment, addressed `addr` (CIDR).
     pub fn host(&self, prefix: &str, addr: &str) -> Result<NetNs> {
-        let host = NetNs::new(prefix)?;
-        let port = format!("p{}", self.ports.get());
-        self.ports.set(self.ports.get() + 1);
+        self.plug(NetNs::new(prefix)?, addr)
+    }
+
+    /// Plugs `host` into the segment: `eth0` on a new bridge port, addressed `addr` (CIDR).
+    pub fn plug(&self, host: NetNs, addr: &str) -> Result<NetNs> {
+        let port = format!("p{}", self.hosts.borrow().len());
+        self.hosts.borrow_mut().push(host.name.clone());
         veth(&host, "eth0", &self.ns, &port)?;
         self.ns.ip(&["link", "set", &port, "master", "br0"])?;
         host.ip(&["addr", "add", addr, "dev", "eth0"])?;
         Ok(host)
+    }
+
+    /// Pulls (or plugs back) the cable of `host`: its bridge port goes down (up),
+    /// and with it the carrier of the host's eth0.
+    pub fn cable(&self, host: &NetNs, up: bool) -> Result<()> {
+        let i = self.hosts.borrow().iter().position(|h| *h == host.name).context("host not on this segment")?;
+        self.ns.ip(&["link", "set", &format!("p{i}"), if up { "up" } else { "down" }])?;
+        Ok(())
     }
 }
 

@@ -1,4 +1,5 @@
 pub mod agent;
 pub mod frames;
+pub mod halab;
 pub mod lab;
 pub mod netns;

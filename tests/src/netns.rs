@@ -32,7 +32,11 @@ pub struct NetNs {
 
 impl NetNs {
     pub fn new(prefix: &str) -> Result<Self> {
-        let name = unique(prefix);
+        Self::create(unique(prefix))
+    }
+
+    /// A namespace with exactly this name (the persistent lab uses fixed names).
+    pub fn create(name: String) -> Result<Self> {
         sh(&["ip", "netns", "add", &name])?;
         let ns = Self { name };
         ns.ip(&["link", "set", "lo", "up"])?;
@@ -116,6 +120,14 @@ pub struct PinDir {
 impl PinDir {
     pub fn new() -> Result<Self> {
         let path = PathBuf::from("/sys/fs/bpf").join(unique("vip-test-"));
+        vip_agent::dataplane::ensure_bpffs_dir(&path)?;
+        Ok(Self { path })
+    }
+}
+
+impl PinDir {
+    /// A bpffs directory at `path` (created if missing), removed on Drop.
+    pub fn at(path: PathBuf) -> Result<Self> {
         vip_agent::dataplane::ensure_bpffs_dir(&path)?;
         Ok(Self { path })
     }

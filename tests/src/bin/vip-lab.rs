@@ -77,7 +77,13 @@ fn demo() -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    match std::env::args().nth(1).as_deref() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        // The lab's per-node server (run inside a node namespace): answers its name, echoes lines.
+        Some("serve") => {
+            let (name, port) = (args.get(2).context("serve NAME PORT")?, args.get(3).context("serve NAME PORT")?.parse()?);
+            vip_tests::halab::serve_name(port, name)
+        }
         Some("demo") | None => demo(),
         Some(other) => bail!("unknown lab command {other:?}: only `demo` exists so far (it builds, runs and removes the lab)"),
     }

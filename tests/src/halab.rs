@@ -1,0 +1,391 @@
+//! The high-availability lab: N nodes on one L2 segment, each running the real
+//! `vip-agent` (file mode, one shared config), each a backend with every VIP on
+//! its loopback and a server answering its node name; one client. Used by the
+//! failover tests, the failover benchmarks and `cargo xtask lab`.
+//!
+//! Tests build it with unique namespace names and remove it on Drop; `cargo xtask
+//! lab up` builds it with fixed names (`vlab-*`) and `persist`s it until `lab down`.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+
+use crate::{
+    agent::{wait_for, write_atomic, AgentProc},
+    lab::{accept_vip, Segment},
+    netns::{sh, unique, NetNs, PinDir},
+};
+
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+pub const SERVICE_PORT: u16 = 80;
+
+/// The lab's shape and timers.
+#[derive(Clone, Debug)]
+pub struct HaSpec {
+    pub nodes: usize,
+    pub vips: usize,
+    pub check_interval_ms: u64,
+    pub check_fall: u32,
+    pub hold_ms: u64,
+    pub heartbeat_ms: u64,
+    pub dead_after_ms: u64,
+}
+
+impl Default for HaSpec {
+    fn default() -> Self {
+        // Health checks slower than failover: a dead owner's VIPs move (and its
+        // flows get pinned by the new owner) before it leaves the rings as a backend.
+        Self { nodes: 3, vips: 3, check_interval_ms: 200, check_fall: 3, hold_ms: 200, heartbeat_ms: 50, dead_after_ms: 300 }
+    }
+}
+
+pub fn vip(k: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 1, 10 + k as u8)
+}
+
+pub fn node_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, 11 + i as u8)
+}
+
+/// The shared config: every node may hold every VIP and backs every service.
+pub fn ha_config(s: &HaSpec) -> String {
+    let mut y = String::from("# vip lab: every node holds VIPs and is a backend\nnodes:\n");
+    for i in 0..s.nodes {
+        y += &format!("  - {{name: node-{}, address: {}, labels: {{lab: \"yes\"}}}}\n", i + 1, node_addr(i));
+    }
+    y += &format!("pools:\n  - name: lab\n    addresses: [{}-{}]\n    nodeSelector: {{lab: \"yes\"}}\nservices:\n", vip(0), vip(s.vips - 1));
+    for k in 0..s.vips {
+        y += &format!(
+            "  - {{name: web-{k}, vip: {}, ports: [{SERVICE_PORT}], tableSize: 251, healthCheck: {{type: tcp, interval: {}ms, timeout: {}ms, rise: 2, fall: {}}}}}\n",
+            vip(k),
+            s.check_interval_ms,
+            s.check_interval_ms / 2,
+            s.check_fall
+        );
+    }
+    y += &format!("announce:\n  holdTime: {}ms\n  garpCount: 3\n  garpInterval: 50ms\n", s.hold_ms);
+    y += &format!("failover:\n  heartbeatInterval: {}ms\n  deadAfter: {}ms\n", s.heartbeat_ms, s.dead_after_ms);
+    y
+}
+
+/// Serves `name` on `port` forever: each connection gets "name\n", then every line
+/// it sends is echoed back (long-lived connections prove they still reach us).
+pub fn serve_name(port: u16, name: &str) -> Result<()> {
+    let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding port {port}"))?;
+    for conn in l.incoming() {
+        let Ok(mut s) = conn else { continue };
+        let name = name.to_owned();
+        std::thread::spawn(move || {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(600)));
+            if writeln!(s, "{name}").is_err() {
+                return;
+            }
+            let mut r = BufReader::new(s.try_clone().expect("clone stream"));
+            let mut line = String::new();
+            while matches!(r.read_line(&mut line), Ok(n) if n > 0) {
+                if s.write_all(line.as_bytes()).is_err() {
+                    break;
+                }
+                line.clear();
+            }
+        });
+    }
+    Ok(())
+}
+
+/// A client connection through a VIP that stays open.
+pub struct LongConn {
+    pub backend: String,
+    pub sport: u16,
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl LongConn {
+    /// Connects from the client namespace (the socket stays in it) from `sport`.
+    pub fn open(client: &NetNs, vip: Ipv4Addr, sport: u16, timeout: Duration) -> Result<Self> {
+        let s = client.run(move || connect_from(sport, vip, timeout))??;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let mut r = BufReader::new(s.try_clone()?);
+        let mut name = String::new();
+        r.read_line(&mut name)?;
+        if name.is_empty() {
+            bail!("closed before naming its backend");
+        }
+        Ok(Self { backend: name.trim().to_owned(), sport, r, w: s })
+    }
+
+    /// One round trip on the open connection.
+    pub fn ping(&mut self) -> Result<()> {
+        self.w.write_all(b"ping\n")?;
+        let mut line = String::new();
+        self.r.read_line(&mut line)?;
+        if line != "ping\n" {
+            bail!("connection from port {} to {}: got {line:?}", self.sport, self.backend);
+        }
+        Ok(())
+    }
+}
+
+fn connect_from(sport: u16, vip: Ipv4Addr, timeout: Duration) -> Result<TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::from((CLIENT, sport)).into())?;
+    s.connect_timeout(&SocketAddr::from((vip, SERVICE_PORT)).into(), timeout)?;
+    Ok(s.into())
+}
+
+/// One short connection: the name of the backend that answered.
+pub fn ask(client: &NetNs, vip: Ipv4Addr, sport: u16, timeout: Duration) -> Result<String> {
+    let s = client.run(move || connect_from(sport, vip, timeout))??;
+    s.set_read_timeout(Some(timeout.max(Duration::from_millis(500))))?;
+    let mut name = String::new();
+    BufReader::new(s).read_line(&mut name)?;
+    if name.is_empty() {
+        bail!("closed without an answer");
+    }
+    Ok(name.trim().to_owned())
+}
+
+pub struct HaNode {
+    pub name: String,
+    pub ns: NetNs,
+    pub addr: Ipv4Addr,
+    pub mac: [u8; 6],
+    pub agent: Option<AgentProc>,
+    pub server: Option<Child>,
+    pub pins: PinDir,
+    pub status_file: PathBuf,
+    pub log: PathBuf,
+}
+
+pub struct HaLab {
+    // Drop order: agents and servers (in nodes) first, the segment last.
+    pub nodes: Vec<HaNode>,
+    pub client: NetNs,
+    pub seg: Segment,
+    pub spec: HaSpec,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    /// Remove `dir` on Drop (tests); the persistent lab keeps it until `down`.
+    remove_dir: bool,
+}
+
+/// Namespace names: unique per process for tests, fixed for the persistent lab.
+pub enum Naming {
+    Unique,
+    Fixed,
+}
+
+pub const FIXED_PREFIX: &str = "vlab-";
+pub const FIXED_DIR: &str = "/run/vip-lab";
+pub const FIXED_PINS: &str = "/sys/fs/bpf/vip-lab";
+
+impl HaLab {
+    /// Builds the lab and starts every node's server and agent. `server_exe` is a
+    /// program that runs `serve_name` when called as `server_exe serve NAME PORT`.
+    pub fn start(spec: HaSpec, naming: Naming, server_exe: &Path) -> Result<Self> {
+        let (ns_name, dir, pins_root, remove_dir): (Box<dyn Fn(&str) -> String>, PathBuf, PathBuf, bool) = match naming {
+            Naming::Unique => {
+                let tag = unique("");
+                (
+                    Box::new(move |n: &str| format!("vh{n}{tag}")),
+                    std::env::temp_dir().join(unique("vip-ha-lab-")),
+                    PathBuf::from("/sys/fs/bpf").join(unique("vip-ha-")),
+                    true,
+                )
+            }
+            Naming::Fixed => (Box::new(|n: &str| format!("{FIXED_PREFIX}{n}")), FIXED_DIR.into(), FIXED_PINS.into(), false),
+        };
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("vip.yaml");
+        write_atomic(&config, &ha_config(&spec))?;
+        let seg = Segment::in_ns(NetNs::create(ns_name("br"))?)?;
+        let client = seg.plug(NetNs::create(ns_name("cl"))?, &format!("{CLIENT}/24"))?;
+        // VIPs are on-link for the client: it ARPs for them on the segment.
+        client.ip(&["route", "add", "198.18.1.0/24", "dev", "eth0"])?;
+        let mut nodes = Vec::new();
+        for i in 0..spec.nodes {
+            let name = format!("node-{}", i + 1);
+            let addr = node_addr(i);
+            let ns = seg.plug(NetNs::create(ns_name(&format!("n{}", i + 1)))?, &format!("{addr}/24"))?;
+            for k in 0..spec.vips {
+                accept_vip(&ns, vip(k))?;
+            }
+            let mac = ns.mac("eth0")?;
+            let pins = PinDir::at(pins_root.join(&name))?;
+            let (status_file, log) = (dir.join(format!("{name}.status.json")), dir.join(format!("{name}.log")));
+            let server = ns
+                .cmd(server_exe.to_str().context("server path")?)
+                .args(["serve", &name, &SERVICE_PORT.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting the name server")?;
+            nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), pins, status_file, log });
+        }
+        let mut lab = Self { nodes, client, seg, spec, dir, config, remove_dir };
+        for i in 0..lab.nodes.len() {
+            lab.start_agent(i)?;
+        }
+        Ok(lab)
+    }
+
+    /// Starts (or restarts) node `i`'s agent, appending to its log.
+    pub fn start_agent(&mut self, i: usize) -> Result<()> {
+        let n = &mut self.nodes[i];
+        let args = [
+            "--config", path_str(&self.config)?, "--node-name", &n.name, "--iface", "eth0", "--mode", "generic",
+            "--pin-dir", path_str(&n.pins.path)?, "--status-file", path_str(&n.status_file)?,
+            "--reload-interval", "200ms", "--metrics-addr", "127.0.0.1:9472",
+        ];
+        n.agent = Some(AgentProc::start_appending(&n.ns, &args, &n.log)?);
+        Ok(())
+    }
+
+    /// SIGKILLs node `i`'s agent and reaps it (the data path keeps running).
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(mut a) = self.nodes[i].agent.take() {
+            let _ = a.child.kill();
+            let _ = a.child.wait();
+        }
+    }
+
+    pub fn signal_agent(&self, i: usize, sig: i32) {
+        if let Some(a) = &self.nodes[i].agent {
+            a.signal(sig);
+        }
+    }
+
+    /// Node `i`'s agent status.
+    pub fn status(&self, i: usize) -> Option<Value> {
+        serde_json::from_str(&std::fs::read_to_string(&self.nodes[i].status_file).ok()?).ok()
+    }
+
+    /// VIP → owner as node `i` sees it.
+    pub fn owners_seen_by(&self, i: usize) -> Option<BTreeMap<Ipv4Addr, String>> {
+        let s = self.status(i)?;
+        s["owners"].as_object()?.iter().map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_owned()))).collect()
+    }
+
+    pub fn held_by(&self, i: usize) -> Vec<Ipv4Addr> {
+        self.status(i).and_then(|s| s["held"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()?.parse().ok()).collect())).unwrap_or_default()
+    }
+
+    /// Waits until the nodes in `up` agree on owners, each VIP is owned by one of
+    /// them and held by exactly its owner; returns the owners.
+    pub fn wait_converged(&self, up: &[usize], limit: Duration) -> Result<BTreeMap<Ipv4Addr, String>> {
+        let names: Vec<&str> = up.iter().map(|&i| self.nodes[i].name.as_str()).collect();
+        let r = wait_for(limit, || {
+            let views: Vec<_> = up.iter().map(|&i| self.owners_seen_by(i)).collect::<Option<Vec<_>>>()?;
+            let first = views[0].clone();
+            if first.len() != self.spec.vips || views.iter().any(|v| *v != first) || first.values().any(|o| !names.contains(&o.as_str())) {
+                return None;
+            }
+            for &i in up {
+                let mut want: Vec<Ipv4Addr> = first.iter().filter(|(_, o)| **o == self.nodes[i].name).map(|(v, _)| *v).collect();
+                want.sort();
+                if self.held_by(i) != want {
+                    return None;
+                }
+            }
+            Some(first)
+        });
+        r.with_context(|| {
+            let views: Vec<String> = up.iter().map(|&i| format!("{}: {:?} holds {:?}", self.nodes[i].name, self.owners_seen_by(i), self.held_by(i))).collect();
+            format!("no agreement among {names:?} within {limit:?}:\n{}", views.join("\n"))
+        })
+    }
+
+    pub fn index_of(&self, name: &str) -> usize {
+        self.nodes.iter().position(|n| n.name == name).expect("node name")
+    }
+
+    /// The client's neighbour entry for `ip`: its MAC, if it has one.
+    pub fn client_neigh(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        let o = self.client.ip(&["neigh", "show", &ip.to_string()]).ok()?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        let mac = text.split_whitespace().skip_while(|w| *w != "lladdr").nth(1)?;
+        let b: Vec<u8> = mac.split(':').filter_map(|x| u8::from_str_radix(x, 16).ok()).collect();
+        b.try_into().ok()
+    }
+
+    pub fn agent_logs(&self) -> String {
+        self.nodes.iter().map(|n| format!("--- {}:\n{}", n.name, std::fs::read_to_string(&n.log).unwrap_or_default())).collect()
+    }
+
+    /// Leaves the lab running after this process exits (`cargo xtask lab up`):
+    /// nothing is removed on Drop; `down` removes it by its fixed names.
+    pub fn persist(self) {
+        let pids: Vec<String> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.agent.iter().map(|a| a.child.id()).chain(n.server.iter().map(|s| s.id())))
+            .map(|p| p.to_string())
+            .collect();
+        let _ = std::fs::write(self.dir.join("pids"), pids.join("\n"));
+        std::mem::forget(self);
+    }
+}
+
+/// Removes a persistent lab: its processes, namespaces, pins and files.
+pub fn down_fixed() -> Result<usize> {
+    let dir = Path::new(FIXED_DIR);
+    if let Ok(p) = std::fs::read_to_string(dir.join("pids")) {
+        for pid in p.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            // SAFETY: plain kill(2); a pid that is gone just fails.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    let list = sh(&["ip", "netns", "list"])?;
+    let mut removed = 0;
+    for name in String::from_utf8_lossy(&list.stdout).lines().filter_map(|l| l.split_whitespace().next()) {
+        if name.starts_with(FIXED_PREFIX) {
+            sh(&["ip", "netns", "del", name])?;
+            removed += 1;
+        }
+    }
+    let _ = std::fs::remove_dir_all(FIXED_PINS);
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(removed)
+}
+
+impl Drop for HaLab {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut s) = n.server.take() {
+                let _ = s.kill();
+                let _ = s.wait();
+            }
+            if let Some(a) = &n.agent {
+                a.signal(libc::SIGCONT); // a stopped agent cannot die otherwise
+            }
+        }
+        if self.remove_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            if let Some(root) = self.nodes.first().and_then(|n| n.pins.path.parent().map(Path::to_owned)) {
+                // The PinDirs go with the nodes; their parent after them.
+                let nodes = std::mem::take(&mut self.nodes);
+                drop(nodes);
+                let _ = std::fs::remove_dir(root);
+            }
+        }
+    }
+}
+
+fn path_str(p: &Path) -> Result<&str> {
+    p.to_str().context("non-UTF-8 path")
+}
+
+/// Polls until `f` holds, at most `limit`; returns how long it took.
+pub fn time_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let t = Instant::now();
+    wait_for(limit, || f().then_some(())).map(|_| t.elapsed())
+}

@@ -1,0 +1,264 @@
+//! High availability end to end, in the lab: three nodes each running the real
+//! agent, every node a backend. Even spread of VIP ownership; failover on agent
+//! SIGKILL, SIGSTOP and link down with the client's neighbour entry moved by
+//! gratuitous ARP and established connections kept; partition heal leaving one
+//! answer per VIP; ARP conflicts counted; agent restart without loss.
+//! The scenarios are timing-sensitive, so they run one at a time.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    path::Path,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use vip_tests::{
+    agent::agent_bin,
+    halab::{ask, vip, HaLab, HaSpec, LongConn, Naming},
+    netns::privileged,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn lab(spec: HaSpec) -> HaLab {
+    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
+    HaLab::start(spec, Naming::Unique, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()
+}
+
+fn all(lab: &HaLab) -> Vec<usize> {
+    (0..lab.nodes.len()).collect()
+}
+
+fn hex(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+}
+
+/// MACs answering ARP for `ip` from the client (arping, 3 requests).
+fn arp_answerers(lab: &HaLab, ip: Ipv4Addr) -> BTreeSet<String> {
+    let o = lab.client.cmd("arping").args(["-c", "3", "-w", "2", "-I", "eth0", &ip.to_string()]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split(['[', ']'])
+        .filter(|w| w.len() == 17 && w.matches(':').count() == 5)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Long-lived connections to `v` from the client whose backend is not `avoid`.
+fn long_conns(lab: &HaLab, v: Ipv4Addr, first_port: u16, avoid: &str) -> Vec<LongConn> {
+    let conns: Vec<LongConn> =
+        (0..12).map(|i| LongConn::open(&lab.client, v, first_port + i, Duration::from_secs(2)).unwrap()).filter(|c| c.backend != avoid).collect();
+    assert!(conns.len() >= 3, "too few connections avoid {avoid}: {}", conns.len());
+    conns
+}
+
+fn owner_index(lab: &HaLab, owners: &BTreeMap<Ipv4Addr, String>, v: Ipv4Addr) -> usize {
+    lab.index_of(&owners[&v])
+}
+
+#[test]
+fn vips_spread_evenly_traffic_over_every_node_and_nothing_flaps() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = lab(HaSpec { vips: 6, ..Default::default() });
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    for n in &lab.nodes {
+        assert_eq!(owners.values().filter(|o| **o == n.name).count(), 2, "⌈6/3⌉ = 2 VIPs each: {owners:?}");
+    }
+    // Every VIP answers with exactly its owner's MAC.
+    for (v, o) in &owners {
+        let want = hex(lab.nodes[lab.index_of(o)].mac);
+        assert_eq!(arp_answerers(&lab, *v), BTreeSet::from([want]), "ARP for {v}");
+    }
+    // Connections to each VIP spread over all three nodes.
+    let mut seen = BTreeMap::<String, u32>::new();
+    for k in 0..6 {
+        for p in 0..15 {
+            *seen.entry(ask(&lab.client, vip(k), 40000 + (k as u16) * 100 + p, Duration::from_secs(2)).unwrap()).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.keys().map(String::as_str).collect::<Vec<_>>(), ["node-1", "node-2", "node-3"], "{seen:?}");
+    assert!(seen.values().all(|&n| n >= 15), "90 connections, each node at least 15: {seen:?}");
+    // Nothing changes, nothing moves.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(1)).unwrap(), owners, "owners moved while nothing changed");
+    let holds = lab.agent_logs().matches("holding VIP").count();
+    assert_eq!(holds, 6, "each VIP taken exactly once:\n{}", lab.agent_logs());
+}
+
+#[test]
+fn owner_sigkill_moves_vip_garp_updates_client_and_connections_survive() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut lab = lab(HaSpec::default());
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let v = vip(0);
+    let a = owner_index(&lab, &owners, v);
+    let mut conns = long_conns(&lab, v, 41000, &lab.nodes[a].name.clone());
+    assert_eq!(lab.client_neigh(v), Some(lab.nodes[a].mac));
+
+    lab.kill_agent(a);
+    let rest: Vec<usize> = all(&lab).into_iter().filter(|&i| i != a).collect();
+    let moved = lab.wait_converged(&rest, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let b = owner_index(&lab, &moved, v);
+    assert_ne!(a, b);
+    // The client sent nothing: only the new owner's gratuitous ARP can have moved its entry.
+    let new_mac = lab.nodes[b].mac;
+    let t = vip_tests::halab::time_until(Duration::from_secs(2), || lab.client_neigh(v) == Some(new_mac));
+    assert!(t.is_some(), "client's neighbour entry for {v} still {:?}, want {:?}", lab.client_neigh(v), new_mac);
+    for c in &mut conns {
+        c.ping().unwrap_or_else(|e| panic!("connection to {} broke: {e:#}", c.backend));
+    }
+    ask(&lab.client, v, 41100, Duration::from_secs(2)).unwrap();
+
+    // The agent comes back: ownership returns to the full assignment, once.
+    lab.start_agent(a).unwrap();
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners);
+    for c in &mut conns {
+        c.ping().unwrap_or_else(|e| panic!("connection to {} broke on the return: {e:#}", c.backend));
+    }
+}
+
+#[test]
+fn owner_sigstop_is_fenced_and_taken_over_then_rejoins() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = lab(HaSpec::default());
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let v = vip(1);
+    let a = owner_index(&lab, &owners, v);
+    let mut conns = long_conns(&lab, v, 42000, &lab.nodes[a].name.clone());
+    lab.signal_agent(a, libc::SIGSTOP);
+    let rest: Vec<usize> = all(&lab).into_iter().filter(|&i| i != a).collect();
+    let moved = lab.wait_converged(&rest, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let b = owner_index(&lab, &moved, v);
+    // The hung agent's entries went stale: only the new owner answers.
+    assert_eq!(arp_answerers(&lab, v), BTreeSet::from([hex(lab.nodes[b].mac)]));
+    for c in &mut conns {
+        c.ping().unwrap_or_else(|e| panic!("connection to {} broke: {e:#}", c.backend));
+    }
+    lab.signal_agent(a, libc::SIGCONT);
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners);
+    for (v, o) in &owners {
+        assert_eq!(arp_answerers(&lab, *v), BTreeSet::from([hex(lab.nodes[lab.index_of(o)].mac)]), "one answer for {v} after rejoin");
+    }
+}
+
+#[test]
+fn link_down_fails_over_and_partition_heal_leaves_one_answer() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = lab(HaSpec::default());
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let v = vip(2);
+    let a = owner_index(&lab, &owners, v);
+    let mut conns = long_conns(&lab, v, 43000, &lab.nodes[a].name.clone());
+    let t0 = Instant::now();
+    lab.seg.cable(&lab.nodes[a].ns, false).unwrap();
+    // Keep the connections busy through the failover: the new owner pins them.
+    let mut first_new = None;
+    let mut sport = 43100;
+    while t0.elapsed() < Duration::from_secs(3) && first_new.is_none() {
+        for c in &mut conns {
+            let _ = c.ping();
+        }
+        sport += 1;
+        if ask(&lab.client, v, sport, Duration::from_millis(100)).is_ok() {
+            first_new = Some(t0.elapsed());
+        }
+    }
+    let first_new = first_new.unwrap_or_else(|| panic!("no new connection within 3 s of the link going down\n{}", lab.agent_logs()));
+    eprintln!("link down: first new connection after {first_new:?}");
+    for c in &mut conns {
+        c.ping().unwrap_or_else(|e| panic!("connection to {} broke: {e:#}", c.backend));
+    }
+    // The cut-off node believes it is alone and holds every VIP (on a dead link).
+    let cut = lab.nodes[a].name.clone();
+    let alone = vip_tests::halab::time_until(Duration::from_secs(3), || lab.held_by(a).len() == 3);
+    assert!(alone.is_some(), "{cut} should hold all VIPs while partitioned: {:?}", lab.held_by(a));
+
+    // Heal: within a bound, one owner per VIP again, and one ARP answer each.
+    let healed = Instant::now();
+    lab.seg.cable(&lab.nodes[a].ns, true).unwrap();
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(3)).unwrap(), owners);
+    eprintln!("partition healed: converged after {:?}", healed.elapsed());
+    for (v, o) in &owners {
+        assert_eq!(arp_answerers(&lab, *v), BTreeSet::from([hex(lab.nodes[lab.index_of(o)].mac)]), "one answer for {v} after the heal");
+    }
+}
+
+#[test]
+fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = lab(HaSpec::default());
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let v = vip(0);
+    let a = owner_index(&lab, &owners, v);
+    let intruder = [0x02, 0xde, 0xad, 0, 0, 1];
+    lab.client
+        .run(move || {
+            let ifindex = vip_agent::dataplane::iface_info("eth0").unwrap().0;
+            vip_agent::ha::garp::send_garp(ifindex, intruder, v, 2, Duration::from_millis(10)).unwrap()
+        })
+        .unwrap();
+    let log = &lab.nodes[a].log;
+    let seen = vip_tests::halab::time_until(Duration::from_secs(3), || std::fs::read_to_string(log).unwrap_or_default().contains("ARP conflict"));
+    assert!(seen.is_some(), "no conflict logged by {}:\n{}", lab.nodes[a].name, lab.agent_logs());
+    let m = lab.nodes[a].ns.run(|| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect("127.0.0.1:9472").unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    });
+    let m = m.unwrap();
+    assert!(m.contains("vip_arp_conflicts_total 2"), "{m}");
+    // The other nodes do not hold the VIP: nothing to count there.
+    for (i, n) in lab.nodes.iter().enumerate().filter(|(i, _)| *i != a) {
+        assert!(!std::fs::read_to_string(&n.log).unwrap_or_default().contains("ARP conflict"), "node {i} logged a conflict");
+    }
+}
+
+#[test]
+fn agent_restart_keeps_answering_and_forwarding() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut lab = lab(HaSpec::default());
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let v = vip(0);
+    let a = owner_index(&lab, &owners, v);
+    let mut conns = long_conns(&lab, v, 44000, "");
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGKILL, "SIGKILL")] {
+        let t = Instant::now();
+        lab.signal_agent(a, sig);
+        if let Some(mut old) = lab.nodes[a].agent.take() {
+            let _ = old.child.wait();
+        }
+        lab.start_agent(a).unwrap();
+        // New connections and the open ones work right through the restart.
+        for p in 0..10 {
+            ask(&lab.client, v, 44100 + p, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{name}: new connection failed: {e:#}"));
+        }
+        for c in &mut conns {
+            c.ping().unwrap_or_else(|e| panic!("{name}: connection to {} broke: {e:#}", c.backend));
+        }
+        assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners, "{name}: owners changed");
+        // The restarted agent took over its own entries: no VIP was taken twice by peers.
+        let took = lab.nodes.iter().enumerate().filter(|(i, _)| *i != a).map(|(_, n)| std::fs::read_to_string(&n.log).unwrap_or_default().matches("holding VIP").count()).sum::<usize>();
+        assert_eq!(took, 2, "{name}: peers took a VIP during the restart ({:?} after the signal)\n{}", t.elapsed(), lab.agent_logs());
+        assert_eq!(arp_answerers(&lab, v), BTreeSet::from([hex(lab.nodes[a].mac)]), "{name}: ARP after restart");
+    }
+}
