@@ -42,7 +42,7 @@ impl Default for HaSpec {
     fn default() -> Self {
         // Health checks slower than failover: a dead owner's VIPs move (and its
         // flows get pinned by the new owner) before it leaves the rings as a backend.
-        Self { nodes: 3, vips: 3, check_interval_ms: 200, check_fall: 3, hold_ms: 200, heartbeat_ms: 50, dead_after_ms: 300 }
+        Self { nodes: 3, vips: 3, check_interval_ms: 200, check_fall: 3, hold_ms: 180, heartbeat_ms: 40, dead_after_ms: 250 }
     }
 }
 
@@ -119,6 +119,7 @@ impl LongConn {
         if name.is_empty() {
             bail!("closed before naming its backend");
         }
+        let sport = s.local_addr()?.port();
         Ok(Self { backend: name.trim().to_owned(), sport, r, w: s })
     }
 
@@ -304,6 +305,22 @@ impl HaLab {
         })
     }
 
+    /// Waits until every node in `up` has every backend healthy and in every ring:
+    /// all rings equal again (after a node came back, each agent re-admits it after
+    /// its own `rise` probes).
+    pub fn wait_rings_full(&self, up: &[usize], limit: Duration) -> Result<()> {
+        let r = wait_for(limit, || {
+            up.iter()
+                .all(|&i| {
+                    self.status(i).is_some_and(|s| {
+                        s["backends"].as_array().is_some_and(|b| b.len() == self.spec.vips * self.nodes.len() && b.iter().all(|x| x["in_ring"] == true))
+                    })
+                })
+                .then_some(())
+        });
+        r.with_context(|| format!("rings not full within {limit:?}"))
+    }
+
     pub fn index_of(&self, name: &str) -> usize {
         self.nodes.iter().position(|n| n.name == name).expect("node name")
     }
@@ -388,4 +405,80 @@ fn path_str(p: &Path) -> Result<&str> {
 pub fn time_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     let t = Instant::now();
     wait_for(limit, || f().then_some(())).map(|_| t.elapsed())
+}
+
+/// ARP frames seen on the client's eth0 (sender MAC and address, when), captured
+/// by a packet socket in the client namespace until `stop`.
+pub struct ArpWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<(Instant, [u8; 6], Ipv4Addr)>>>,
+}
+
+impl ArpWatch {
+    pub fn start(client: &NetNs) -> Result<Self> {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = client.spawn(move || {
+            let mut seen = Vec::new();
+            const ETH_P_ARP: u16 = 0x0806;
+            // SAFETY: plain socket(2); the fd is closed below.
+            let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P_ARP.to_be())) };
+            let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
+            // SAFETY: valid fd and option of the stated size.
+            unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32) };
+            let _ = ready_tx.send(fd >= 0);
+            let mut buf = [0u8; 128];
+            while fd >= 0 && !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: valid fd and buffer.
+                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n >= 42 {
+                    let sha: [u8; 6] = buf[22..28].try_into().unwrap();
+                    let spa = Ipv4Addr::new(buf[28], buf[29], buf[30], buf[31]);
+                    seen.push((Instant::now(), sha, spa));
+                }
+            }
+            if fd >= 0 {
+                // SAFETY: our fd.
+                unsafe { libc::close(fd) };
+            }
+            seen
+        })?;
+        if !ready_rx.recv().unwrap_or(false) {
+            bail!("packet socket: {}", std::io::Error::last_os_error());
+        }
+        Ok(Self { stop, thread: Some(thread) })
+    }
+
+    /// Stops capturing; returns what was seen.
+    pub fn finish(mut self) -> Vec<(Instant, [u8; 6], Ipv4Addr)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
+    }
+}
+
+/// New connections to `vip` started every `every` for `span` from the client,
+/// each with `timeout`, in the background: join for (start, when it succeeded)
+/// per attempt, in start order.
+pub type Probes = std::thread::JoinHandle<Vec<(Instant, Option<Instant>)>>;
+
+pub fn spawn_probes(client: &NetNs, vip: Ipv4Addr, every: Duration, span: Duration, timeout: Duration) -> Result<Probes> {
+    client.spawn(move || {
+        let end = Instant::now() + span;
+        let mut attempts = Vec::new();
+        while Instant::now() < end {
+            let start = Instant::now();
+            attempts.push((
+                start,
+                std::thread::spawn(move || -> Option<Instant> {
+                    let s = TcpStream::connect_timeout(&SocketAddr::from((vip, SERVICE_PORT)), timeout).ok()?;
+                    let _ = s.set_read_timeout(Some(timeout));
+                    let mut name = String::new();
+                    matches!(BufReader::new(s).read_line(&mut name), Ok(n) if n > 0).then(Instant::now)
+                }),
+            ));
+            std::thread::sleep(every.saturating_sub(start.elapsed()));
+        }
+        attempts.into_iter().map(|(t, h)| (t, h.join().unwrap_or(None))).collect()
+    })
 }

@@ -14,8 +14,14 @@ use vip_agent::{
     maglev::{self, Member},
 };
 use vip_common::PROTO_TCP;
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
+
 use vip_tests::{
     agent::{lb_config, wait_for, Check, LbLab},
+    halab::{self, spawn_probes, ArpWatch, HaLab, HaSpec, LongConn, Naming},
     frames,
     netns::{NetNs, PinDir},
 };
@@ -203,7 +209,151 @@ fn health_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json:
     Ok(())
 }
 
+/// Failover in the HA lab (three nodes, real agents): FAILOVER_TRIALS faults of
+/// each kind on the owner of a VIP, with new connections attempted every 10 ms
+/// from the client and established connections (to other backends) kept busy.
+const FAILOVER_TRIALS: usize = 20;
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    AgentKill,
+    AgentStop,
+    LinkDown,
+}
+
+struct Trial {
+    first_ok_ms: f64,
+    failed_attempts: usize,
+    takeover_ms: Option<f64>,
+    conns: usize,
+    broken: usize,
+}
+
+fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
+    let all: Vec<usize> = (0..lab.nodes.len()).collect();
+    let owners = lab.wait_converged(&all, Duration::from_secs(10))?;
+    // Every node's rings whole again (the previous trial's node re-admitted): the
+    // trial measures the owner's failure, not a backend change still in flight.
+    lab.wait_rings_full(&all, Duration::from_secs(10))?;
+    let v = halab::vip(k % lab.spec.vips);
+    let a = lab.index_of(&owners[&v]);
+    let a_mac = lab.nodes[a].mac;
+    let avoid = lab.nodes[a].name.clone();
+    let mut conns = Vec::new();
+    for _ in 0..8 {
+        let c = LongConn::open(&lab.client, v, 0, Duration::from_secs(2))?;
+        if c.backend != avoid {
+            conns.push(c);
+        }
+    }
+    let n_conns = conns.len();
+    // The client must be talking to the owner, or the trial measures something else.
+    if wait_for(Duration::from_secs(2), || (lab.client_neigh(v) == Some(a_mac)).then_some(())).is_none() {
+        anyhow::bail!("client's neighbour entry for {v} is {:?}, not the owner {}'s {:?}", lab.client_neigh(v), avoid, a_mac);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let pinger = std::thread::spawn(move || {
+        let mut broken = vec![false; conns.len()];
+        while !flag.load(Ordering::Relaxed) {
+            for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
+                if !*b {
+                    let t = Instant::now();
+                    if let Err(e) = c.ping() {
+                        if std::env::var_os("VIP_BENCH_DEBUG").is_some() {
+                            eprintln!("conn {} -> {} broke after {:?}: {e:#}", c.sport, c.backend, t.elapsed());
+                        }
+                        *b = true;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
+            if !*b && c.ping().is_err() {
+                *b = true;
+            }
+        }
+        broken.iter().filter(|b| **b).count()
+    });
+    let watch = ArpWatch::start(&lab.client)?;
+    let prober = spawn_probes(&lab.client, v, Duration::from_millis(10), Duration::from_millis(1800), Duration::from_millis(150))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    match fault {
+        Fault::AgentKill => lab.kill_agent(a),
+        Fault::AgentStop => lab.signal_agent(a, libc::SIGSTOP),
+        Fault::LinkDown => lab.seg.cable(&lab.nodes[a].ns, false)?,
+    }
+    let attempts = prober.join().map_err(|_| anyhow::anyhow!("prober panicked"))?;
+    stop.store(true, Ordering::Relaxed);
+    let broken = pinger.join().map_err(|_| anyhow::anyhow!("pinger panicked"))?;
+    let frames = watch.finish();
+    match fault {
+        Fault::AgentKill => lab.start_agent(a)?,
+        Fault::AgentStop => lab.signal_agent(a, libc::SIGCONT),
+        Fault::LinkDown => lab.seg.cable(&lab.nodes[a].ns, true)?,
+    }
+    let after: Vec<&(Instant, Option<Instant>)> = attempts.iter().filter(|(s, _)| *s >= t0).collect();
+    let first_ok = after.iter().find_map(|(_, done)| *done).context("no successful connection after the fault")?;
+    let takeover = frames.iter().find(|(t, sha, spa)| *t >= t0 && *spa == v && *sha != a_mac).map(|(t, _, _)| ms(t.duration_since(t0)));
+    Ok(Trial {
+        first_ok_ms: ms(first_ok.duration_since(t0)),
+        failed_attempts: after.iter().filter(|(_, d)| d.is_none()).count(),
+        takeover_ms: takeover,
+        conns: n_conns,
+        broken,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn failover_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    let spec = HaSpec::default();
+    let mut lab = HaLab::start(spec.clone(), Naming::Unique, &std::env::current_exe()?)?;
+    writeln!(
+        out,
+        "\n## Failover (HA lab: 3 nodes, real agents; heartbeat {} ms, deadAfter {} ms, holdTime {} ms; {FAILOVER_TRIALS} trials each)\n",
+        spec.heartbeat_ms, spec.dead_after_ms, spec.hold_ms
+    )?;
+    writeln!(out, "| fault on the VIP's owner | fault → first new connection: median / p95 / max | new connections failed (all trials) | fault → new owner's gratuitous ARP at the client: median / p95 / max | established connections broken (owner not their backend) |")?;
+    writeln!(out, "|---|---|---:|---|---:|")?;
+    let faults = std::env::var("VIP_BENCH_FAULTS").unwrap_or_default();
+    for fault in [Fault::AgentKill, Fault::AgentStop, Fault::LinkDown] {
+        if !faults.is_empty() && !faults.split(',').any(|f| format!("{fault:?}").eq_ignore_ascii_case(f)) {
+            continue;
+        }
+        let mut trials = Vec::new();
+        for k in 0..FAILOVER_TRIALS {
+            trials.push(failover_trial(&mut lab, fault, k).with_context(|| format!("{fault:?} trial {k}"))?);
+        }
+        let first: Vec<f64> = trials.iter().map(|t| t.first_ok_ms).collect();
+        let take: Vec<f64> = trials.iter().filter_map(|t| t.takeover_ms).collect();
+        let failed: usize = trials.iter().map(|t| t.failed_attempts).sum();
+        let (conns, broken): (usize, usize) = (trials.iter().map(|t| t.conns).sum(), trials.iter().map(|t| t.broken).sum());
+        let dist = |v: &[f64]| if v.is_empty() { "—".to_owned() } else { format!("{:.0} / {:.0} / {:.0} ms", percentile(v, 0.5), percentile(v, 0.95), percentile(v, 1.0)) };
+        let name = match fault {
+            Fault::AgentKill => "agent SIGKILL",
+            Fault::AgentStop => "agent SIGSTOP (hung)",
+            Fault::LinkDown => "link down (bridge port)",
+        };
+        writeln!(out, "| {name} | {} | {failed} | {} ({} of {FAILOVER_TRIALS} seen) | {broken} of {conns} |", dist(&first), dist(&take), take.len())?;
+        json.insert(
+            format!("failover_{fault:?}"),
+            serde_json::json!({"first_new_connection_ms": first, "takeover_garp_ms": take, "failed_attempts": failed, "connections": conns, "broken": broken}),
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        // The HA lab runs this binary as each node's name server.
+        return halab::serve_name(args[3].parse()?, &args[2]);
+    }
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bench-results".into()));
     std::fs::create_dir_all(&dir)?;
     let mut out = String::new();
@@ -227,6 +377,9 @@ fn main() -> Result<()> {
     }
     if wanted("health") {
         health_bench(&mut out, &mut json)?;
+    }
+    if wanted("failover") {
+        failover_bench(&mut out, &mut json)?;
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let header = format!("Run on {} cores, kernel {}\n\n", std::thread::available_parallelism()?.get(), kernel.trim());

@@ -113,6 +113,8 @@ struct Agent {
     heartbeat: Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>,
     /// `arp_conflict` packets counted so far (to log new ones).
     conflicts: u64,
+    /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
+    deadline: u64,
     applied: Desired,
     metrics: metrics::Metrics,
     status: Status,
@@ -156,12 +158,15 @@ pub async fn run(opts: Options) -> Result<()> {
         live,
         heartbeat: None,
         conflicts: 0,
+        deadline: 0,
         applied: Desired::default(),
         metrics,
         status_json,
     };
     agent.metrics.config_valid.set(1);
     agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
+    // Conflicts counted before this start are not news.
+    agent.conflicts = agent.dp.reason_count(vip_common::Reason::ArpConflict).map_or(0, |c| c.0);
     agent.adopt(world);
     agent.sync_heartbeat().await;
     agent.reconcile(None)?;
@@ -171,7 +176,7 @@ pub async fn run(opts: Options) -> Result<()> {
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut garp_refresh = tokio::time::interval(agent.world.announce.garp_refresh);
     garp_refresh.tick().await; // the first tick is immediate; takeovers already announce
-    let mut watch_conflicts = tokio::time::interval(Duration::from_secs(1));
+    let mut watch_conflicts = tokio::time::interval(Duration::from_millis(100));
     let mut reload = tokio::time::interval(agent.opts.reload_interval);
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
     let mut term = unix::signal(unix::SignalKind::terminate())?;
@@ -195,6 +200,9 @@ pub async fn run(opts: Options) -> Result<()> {
                 if let Err(e) = agent.reconcile(None) {
                     error!("applying a liveness change: {e:#}");
                 }
+                // Membership changed: while it was split, others may have taken our
+                // VIPs and moved clients (a healed partition). Every holder re-asserts.
+                agent.announce(agent.applied.held.iter().copied().collect(), agent.world.announce.garp_count);
             }
             _ = refresh.tick() => {
                 if let Err(e) = agent.refresh() {
@@ -356,8 +364,11 @@ impl Agent {
     fn watch_conflicts(&mut self) {
         let Ok((n, _)) = self.dp.reason_count(vip_common::Reason::ArpConflict) else { return };
         if n > self.conflicts {
-            warn!(new = n - self.conflicts, held = ?self.applied.held, "ARP conflict: another MAC claims a VIP this node holds");
+            warn!(new = n - self.conflicts, held = ?self.applied.held, "ARP conflict: another MAC claims a VIP this node holds; re-announcing ours");
             self.metrics.arp_conflicts.inc_by(n - self.conflicts);
+            // Whoever claimed it (a partitioned node, a node that woke up) may have
+            // pulled clients away; the holder's announcement brings them back.
+            self.announce(self.applied.held.iter().copied().collect(), 1);
         }
         self.conflicts = n;
     }
@@ -372,9 +383,20 @@ impl Agent {
 
     /// Re-writes the deadline of every held VIP (fencing: if this stops, they go stale).
     fn refresh(&mut self) -> Result<()> {
-        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
+        let now = monotonic_ns();
+        let last = self.deadline;
+        let lapsed = last != 0 && now > last;
+        let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
         for vip in &self.applied.held {
             self.dp.hold_vip(self.ifindex, *vip, deadline)?;
+        }
+        self.deadline = deadline;
+        if lapsed && !self.applied.held.is_empty() {
+            // We were not running (stopped, starved) and our VIPs went stale; peers
+            // may have taken them and moved clients away. Taking them back is a
+            // takeover like any other: announce it.
+            warn!(stale_ms = (now - last) / 1_000_000, "held VIPs had gone stale; re-announcing them");
+            self.announce(self.applied.held.iter().copied().collect(), self.world.announce.garp_count);
         }
         // Backends waiting for a MAC: look again (and ask the kernel to resolve them).
         if !self.applied.unresolved.is_empty() {

@@ -122,6 +122,15 @@ impl PeerTable {
         self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, retired: Vec::new() });
     }
 
+    /// After this agent itself was not running (stopped, starved), silence from
+    /// peers means nothing: every peer alive before gets a fresh `dead_after`
+    /// from `now` instead of being declared dead for our own gap.
+    pub fn forgive(&mut self, now: Instant) {
+        for p in self.peers.values_mut().filter(|p| p.alive) {
+            p.last_seen = p.last_seen.max(now);
+        }
+    }
+
     /// Marks peers silent for `dead_after` or longer as dead.
     pub fn expire(&mut self, now: Instant) -> Vec<Event> {
         let mut events = Vec::new();
@@ -201,18 +210,28 @@ fn gate_open(gate: &Option<(Arc<AtomicU64>, Duration)>) -> bool {
 }
 
 async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<BTreeSet<String>>) {
-    let Options { peers, me, interval, gate, .. } = o;
+    let Options { ref peers, ref me, interval, ref gate, .. } = o;
+    let (peers, me, gate) = (peers.clone(), me.clone(), gate.clone());
     let incarnation = new_incarnation();
     let known: HashSet<SocketAddr> = peers.iter().map(|(_, a)| *a).collect();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0u64;
     let mut buf = [0u8; 1500];
+    // A gap this long between our own turns means we were not running.
+    let stall = (o.dead_after / 2).max(interval * 2);
+    let mut last_turn = Instant::now();
     tracing::info!(%me, incarnation, peers = peers.len(), "heartbeat started");
     loop {
         let events = tokio::select! {
             _ = tx.closed() => break,
             _ = tick.tick() => {
+                let now = Instant::now();
+                if now.duration_since(last_turn) > stall {
+                    tracing::warn!(gap = ?now.duration_since(last_turn), "heartbeat task was not running; not blaming peers for our gap");
+                    table.forgive(now);
+                }
+                last_turn = now;
                 if gate_open(&gate) {
                     seq += 1;
                     let hb = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms() }.encode();
@@ -230,6 +249,10 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
             }
             r = sock.recv_from(&mut buf) => {
                 let now = Instant::now();
+                if now.duration_since(last_turn) > stall {
+                    table.forgive(now);
+                }
+                last_turn = now;
                 let mut ev = Vec::new();
                 match r {
                     Ok((n, from)) if known.contains(&from) => match Heartbeat::decode(&buf[..n]) {
@@ -378,6 +401,26 @@ mod tests {
         assert_eq!(t.observe("a", 7, 1, t0 + ms(50)), Some(Event::Up { node: "a".into(), incarnation: 7 }));
         assert_eq!(t.expire(t0 + ms(100)), vec![Event::Down { node: "b".into() }]);
         assert_eq!(t.live(), BTreeSet::from(["a".to_owned()]));
+    }
+
+    #[test]
+    fn our_own_gap_is_forgiven() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let table = || {
+            let mut t = PeerTable::new(ms(100));
+            t.observe("a", 1, 1, t0);
+            t.observe("b", 1, 1, t0);
+            t
+        };
+        // Without forgiveness, waking up after 500 ms blames the peers.
+        assert_eq!(table().expire(t0 + ms(500)).len(), 2);
+        // Forgiven: they get a fresh dead_after from the wake-up, then die if still silent.
+        let mut t = table();
+        t.forgive(t0 + ms(500));
+        assert!(t.expire(t0 + ms(550)).is_empty());
+        assert_eq!(t.observe("a", 1, 2, t0 + ms(560)), None, "still alive: no event");
+        assert_eq!(t.expire(t0 + ms(600)), vec![Event::Down { node: "b".into() }]);
     }
 
     #[tokio::test]
