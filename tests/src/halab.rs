@@ -63,7 +63,7 @@ pub fn ha_config(s: &HaSpec) -> String {
     y += &format!("pools:\n  - name: lab\n    addresses: [{}-{}]\n    nodeSelector: {{lab: \"yes\"}}\nservices:\n", vip(0), vip(s.vips - 1));
     for k in 0..s.vips {
         y += &format!(
-            "  - {{name: web-{k}, vip: {}, ports: [{SERVICE_PORT}], tableSize: 251, healthCheck: {{type: tcp, interval: {}ms, timeout: {}ms, rise: 2, fall: {}}}}}\n",
+            "  - {{name: web-{k}, vip: {}, ports: [{SERVICE_PORT}], tableSize: 251, healthCheck: {{type: http, path: /healthz, interval: {}ms, timeout: {}ms, rise: 2, fall: {}}}}}\n",
             vip(k),
             s.check_interval_ms,
             s.check_interval_ms / 2,
@@ -75,8 +75,10 @@ pub fn ha_config(s: &HaSpec) -> String {
     y
 }
 
-/// Serves `name` on `port` forever: each connection gets "name\n", then every line
-/// it sends is echoed back (long-lived connections prove they still reach us).
+/// Serves `name` on `port` forever. An HTTP request (`GET ...`) gets the name as
+/// the body (curl, the agents' HTTP health checks); any other first line gets
+/// "name\n" and then every further line echoed back (long-lived connections prove
+/// they still reach the same backend).
 pub fn serve_name(port: u16, name: &str) -> Result<()> {
     let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding port {port}"))?;
     for conn in l.incoming() {
@@ -84,11 +86,19 @@ pub fn serve_name(port: u16, name: &str) -> Result<()> {
         let name = name.to_owned();
         std::thread::spawn(move || {
             let _ = s.set_read_timeout(Some(Duration::from_secs(600)));
+            let mut r = BufReader::new(s.try_clone().expect("clone stream"));
+            let mut line = String::new();
+            if !matches!(r.read_line(&mut line), Ok(n) if n > 0) {
+                return;
+            }
+            if line.starts_with("GET ") {
+                let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}\n", name.len() + 1);
+                return;
+            }
             if writeln!(s, "{name}").is_err() {
                 return;
             }
-            let mut r = BufReader::new(s.try_clone().expect("clone stream"));
-            let mut line = String::new();
+            line.clear();
             while matches!(r.read_line(&mut line), Ok(n) if n > 0) {
                 if s.write_all(line.as_bytes()).is_err() {
                     break;
@@ -98,6 +108,17 @@ pub fn serve_name(port: u16, name: &str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Sends the greeting line and reads the backend's name.
+fn hello(s: &TcpStream, r: &mut BufReader<TcpStream>) -> Result<String> {
+    (&*s).write_all(b"hello\n")?;
+    let mut name = String::new();
+    r.read_line(&mut name)?;
+    if name.is_empty() {
+        bail!("closed without naming its backend");
+    }
+    Ok(name.trim().to_owned())
 }
 
 /// A client connection through a VIP that stays open.
@@ -114,13 +135,9 @@ impl LongConn {
         let s = client.run(move || connect_from(sport, vip, timeout))??;
         s.set_read_timeout(Some(Duration::from_secs(3)))?;
         let mut r = BufReader::new(s.try_clone()?);
-        let mut name = String::new();
-        r.read_line(&mut name)?;
-        if name.is_empty() {
-            bail!("closed before naming its backend");
-        }
+        let backend = hello(&s, &mut r)?;
         let sport = s.local_addr()?.port();
-        Ok(Self { backend: name.trim().to_owned(), sport, r, w: s })
+        Ok(Self { backend, sport, r, w: s })
     }
 
     /// One round trip on the open connection.
@@ -147,12 +164,8 @@ fn connect_from(sport: u16, vip: Ipv4Addr, timeout: Duration) -> Result<TcpStrea
 pub fn ask(client: &NetNs, vip: Ipv4Addr, sport: u16, timeout: Duration) -> Result<String> {
     let s = client.run(move || connect_from(sport, vip, timeout))??;
     s.set_read_timeout(Some(timeout.max(Duration::from_millis(500))))?;
-    let mut name = String::new();
-    BufReader::new(s).read_line(&mut name)?;
-    if name.is_empty() {
-        bail!("closed without an answer");
-    }
-    Ok(name.trim().to_owned())
+    let mut r = BufReader::new(s.try_clone()?);
+    hello(&s, &mut r)
 }
 
 pub struct HaNode {
@@ -341,11 +354,14 @@ impl HaLab {
     /// Leaves the lab running after this process exits (`cargo xtask lab up`):
     /// nothing is removed on Drop; `down` removes it by its fixed names.
     pub fn persist(self) {
+        // "NODE agent|server PID" lines, for `status` and `down`.
         let pids: Vec<String> = self
             .nodes
             .iter()
-            .flat_map(|n| n.agent.iter().map(|a| a.child.id()).chain(n.server.iter().map(|s| s.id())))
-            .map(|p| p.to_string())
+            .flat_map(|n| {
+                let a = n.agent.iter().map(|a| format!("{} agent {}", n.name, a.child.id()));
+                a.chain(n.server.iter().map(|s| format!("{} server {}", n.name, s.id())))
+            })
             .collect();
         let _ = std::fs::write(self.dir.join("pids"), pids.join("\n"));
         std::mem::forget(self);
@@ -356,7 +372,7 @@ impl HaLab {
 pub fn down_fixed() -> Result<usize> {
     let dir = Path::new(FIXED_DIR);
     if let Ok(p) = std::fs::read_to_string(dir.join("pids")) {
-        for pid in p.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        for pid in p.lines().filter_map(|l| l.split_whitespace().nth(2)?.parse::<i32>().ok()) {
             // SAFETY: plain kill(2); a pid that is gone just fails.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
@@ -473,8 +489,8 @@ pub fn spawn_probes(client: &NetNs, vip: Ipv4Addr, every: Duration, span: Durati
                 std::thread::spawn(move || -> Option<Instant> {
                     let s = TcpStream::connect_timeout(&SocketAddr::from((vip, SERVICE_PORT)), timeout).ok()?;
                     let _ = s.set_read_timeout(Some(timeout));
-                    let mut name = String::new();
-                    matches!(BufReader::new(s).read_line(&mut name), Ok(n) if n > 0).then(Instant::now)
+                    let mut r = BufReader::new(s.try_clone().ok()?);
+                    hello(&s, &mut r).ok().map(|_| Instant::now())
                 }),
             ));
             std::thread::sleep(every.saturating_sub(start.elapsed()));

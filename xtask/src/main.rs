@@ -29,8 +29,9 @@ enum Cmd {
     /// setup + build-ebpf + benchmarks; results go to bench-results/ and are
     /// summarised for BENCHMARKS.md.
     Bench,
-    /// setup + build-ebpf + the lab in network namespaces: `demo` builds it, shows
-    /// ARP answers and connections spread over the nodes, and removes it.
+    /// setup + build-ebpf + the lab in network namespaces (three nodes running the
+    /// agent, a client): `up`, `status`, `down`, or `demo` (up, spread, an owner
+    /// killed with the measured failover, down).
     Lab {
         #[arg(default_value = "demo")]
         action: String,
@@ -140,6 +141,7 @@ fn main() -> Result<()> {
         Cmd::Lab { action } => {
             setup::setup()?;
             build_ebpf()?;
+            build_agent()?;
             let mut c = cargo(None);
             c.args(["run", "--quiet", "--release", "-p", "vip-tests", "--bin", "vip-lab", "--"]).arg(action);
             run(&mut c, "running the lab")

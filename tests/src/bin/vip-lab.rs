@@ -1,90 +1,227 @@
-//! `cargo xtask lab demo`: a local stand-in for a cluster in network namespaces
-//! (198.18.0.0/15 only). One L2 segment, three nodes and a client; node-1 holds
-//! the VIP and its XDP program answers ARP and spreads connections over all three
-//! nodes with L2 direct server return. Everything is removed at the end.
+//! `cargo xtask lab up | demo | status | down`: a local stand-in for a cluster in
+//! network namespaces (198.18.0.0/15 only): one L2 segment (a bridge), three
+//! nodes each running the real `vip-agent` from one YAML file and an HTTP server
+//! answering its node name, and a client. `demo` brings it up when it is not,
+//! shows how connections to each VIP spread over the nodes, kills the owner of a
+//! VIP (agent SIGKILL and cable pulled) while connections are open, prints the
+//! measured failover, restores the node, and removes the lab if it brought it up.
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr},
-    sync::{atomic::AtomicBool, Arc},
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
-use vip_agent::{
-    dataplane::{monotonic_ns, BackendSpec, ServiceAddr},
-    inspect,
-};
-use vip_common::PROTO_TCP;
+use vip_agent::{dataplane::Dataplane, inspect::mac_str};
 use vip_tests::{
-    lab::{accept_vip, attach_node, fetch, name_server, Segment},
-    netns::PinDir,
+    agent::agent_bin,
+    halab::{self, ask, spawn_probes, vip, ArpWatch, HaLab, HaSpec, LongConn, Naming, FIXED_DIR, FIXED_PINS, FIXED_PREFIX},
 };
 
-const NODES: u8 = 3;
-const CONNECTIONS: u16 = 60;
-const VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
-const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const CONNECTIONS_PER_VIP: u16 = 30;
+
+fn is_up() -> bool {
+    Path::new("/run/netns").join(format!("{FIXED_PREFIX}br")).exists()
+}
+
+fn up() -> Result<HaLab> {
+    if is_up() {
+        bail!("the lab is already up (`cargo xtask lab status`, or `cargo xtask lab down` first)");
+    }
+    agent_bin()?;
+    let spec = HaSpec::default();
+    println!("== lab up: bridge {FIXED_PREFIX}br, {} nodes, client {FIXED_PREFIX}cl; VIPs {}..{} (one service each, port 80)", spec.nodes, vip(0), vip(spec.vips - 1));
+    let lab = HaLab::start(spec, Naming::Fixed, &std::env::current_exe()?)?;
+    for n in &lab.nodes {
+        println!("   {}: {}  mac {}  (namespace {}, agent log {})", n.name, n.addr, mac_str(&n.mac), n.ns.name, n.log.display());
+    }
+    let all: Vec<usize> = (0..lab.nodes.len()).collect();
+    let owners = lab.wait_converged(&all, Duration::from_secs(15)).with_context(|| lab.agent_logs())?;
+    lab.wait_rings_full(&all, Duration::from_secs(15))?;
+    println!("== agents agree on the owners (heartbeats, bounded-load rendezvous hashing):");
+    for (v, o) in &owners {
+        println!("   {v} -> {o}");
+    }
+    println!("   config {}; try: nsenter --net=/run/netns/{FIXED_PREFIX}cl curl -s http://{}/", lab.config.display(), vip(0));
+    Ok(lab)
+}
+
+fn status() -> Result<()> {
+    if !is_up() {
+        println!("the lab is not up (`cargo xtask lab up`)");
+        return Ok(());
+    }
+    println!("{:<8} {:<6} {:<32} {:>10} {:>10} {:>12}", "NODE", "AGENT", "HOLDS", "ARP ANSW.", "FORWARDED", "LOCAL PASS");
+    let mut owners = BTreeMap::new();
+    for i in 1.. {
+        let name = format!("node-{i}");
+        let status_file = Path::new(FIXED_DIR).join(format!("{name}.status.json"));
+        if !status_file.exists() {
+            break;
+        }
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&status_file)?)?;
+        let held: Vec<String> = s["held"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+        let c = Dataplane::open(&Path::new(FIXED_PINS).join(&name)).and_then(|dp| dp.counters());
+        let get = |r: &str| c.as_ref().ok().and_then(|c| c.reasons.get(r)).map_or(0, |v| v.0);
+        let pids = std::fs::read_to_string(Path::new(FIXED_DIR).join("pids")).unwrap_or_default();
+        let pid = pids.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[0] == name && f[1] == "agent").then(|| f[2].to_owned())
+        });
+        let alive = if pid.is_some_and(|p| Path::new("/proc").join(p).exists()) { "up" } else { "down" };
+        println!("{:<8} {:<6} {:<32} {:>10} {:>10} {:>12}", name, alive, held.join(" "), get("arp_answered"), get("forwarded"), get("passed_local_backend"));
+        if let Some(o) = s["owners"].as_object() {
+            for (v, n) in o {
+                owners.entry(v.clone()).or_insert_with(Vec::new).push(format!("{name} says {}", n.as_str().unwrap_or("?")));
+            }
+        }
+    }
+    println!("\nOWNERS as each agent sees them:");
+    for (v, views) in owners {
+        println!("  {v:<14} {}", views.join(", "));
+    }
+    Ok(())
+}
+
+fn down() -> Result<()> {
+    let n = halab::down_fixed()?;
+    println!("== lab down: removed {n} namespaces, the agents and servers, {FIXED_PINS} and {FIXED_DIR}");
+    Ok(())
+}
+
+fn bar(n: u32) -> String {
+    "#".repeat(n as usize)
+}
 
 fn demo() -> Result<()> {
-    println!("== building the lab: one L2 segment (bridge), {NODES} nodes, one client, VIP {VIP}:80");
-    let seg = Segment::new()?;
-    let client = seg.host("vlabcl", &format!("{CLIENT}/24"))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut nodes = Vec::new();
-    let mut servers = Vec::new();
-    for i in 1..=NODES {
-        let addr = Ipv4Addr::new(198, 18, 0, 10 + i);
-        let ns = seg.host(&format!("vlabn{i}"), &format!("{addr}/24"))?;
-        accept_vip(&ns, VIP)?;
-        servers.push(name_server(&ns, 80, format!("node-{i}"), stop.clone())?);
-        let mac = ns.mac("eth0")?;
-        println!("   node-{i}: {addr}  mac {}", inspect::mac_str(&mac));
-        nodes.push((ns, addr, mac));
+    let brought_up = !is_up();
+    if !brought_up {
+        bail!("the lab is already up from `lab up`; the demo needs its own: `cargo xtask lab down` first");
     }
-    let pins = PinDir::new()?;
-    let (mut dp, ifindex) = attach_node(&nodes[0].0, &pins.path)?;
-    dp.hold_vip(ifindex, VIP, monotonic_ns() + 300_000_000_000)?;
-    let backends: Vec<BackendSpec> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (_, addr, mac))| BackendSpec { name: format!("node-{}", i + 1), addr: *addr, mac: *mac, weight: 1, local: i == 0 })
-        .collect();
-    let update = dp.set_service(ServiceAddr { vip: VIP, port: 80, proto: PROTO_TCP }, &backends, 16381, 0)?;
-    println!("== node-1 holds {VIP}; Maglev ring of {} slots written in {:?}", update.table_size, update.elapsed);
+    let mut lab = up()?;
+    let result = demo_on(&mut lab);
+    drop(lab);
+    halab::down_fixed()?;
+    println!("== lab removed");
+    result
+}
 
-    println!("== {CONNECTIONS} TCP connections from the client to {VIP}:80");
-    let mut spread = BTreeMap::<String, u32>::new();
-    for sport in 42000..42000 + CONNECTIONS {
-        let answer = client.run(move || fetch(CLIENT, sport, SocketAddr::from((VIP, 80))))?;
-        let name = answer.with_context(|| format!("connection from port {sport} failed"))?;
-        *spread.entry(name).or_default() += 1;
+fn demo_on(lab: &mut HaLab) -> Result<()> {
+    let all: Vec<usize> = (0..lab.nodes.len()).collect();
+    println!("\n== traffic: {CONNECTIONS_PER_VIP} new TCP connections to each VIP; which node's server answered");
+    let mut sport = 40000;
+    for k in 0..lab.spec.vips {
+        let mut seen = BTreeMap::<String, u32>::new();
+        for _ in 0..CONNECTIONS_PER_VIP {
+            sport += 1;
+            *seen.entry(ask(&lab.client, vip(k), sport, Duration::from_secs(2))?).or_default() += 1;
+        }
+        println!("   {}:", vip(k));
+        for (n, c) in &seen {
+            println!("      {n}: {c:>3} {}", bar(*c));
+        }
+        if seen.len() != lab.nodes.len() {
+            bail!("connections to {} reached only {} of {} nodes", vip(k), seen.len(), lab.nodes.len());
+        }
     }
-    for (node, n) in &spread {
-        println!("   {node}: {n:>3} connections {}", "#".repeat(*n as usize));
+
+    let v = vip(0);
+    let owners = lab.wait_converged(&all, Duration::from_secs(5))?;
+    let a = lab.index_of(&owners[&v]);
+    let victim = lab.nodes[a].name.clone();
+    let mut conns = Vec::new();
+    for _ in 0..12 {
+        let c = LongConn::open(&lab.client, v, 0, Duration::from_secs(2))?;
+        if c.backend != victim {
+            conns.push(c);
+        }
     }
-    let neigh = client.ip(&["neigh", "show", &VIP.to_string()])?;
-    println!("== client's ARP entry for the VIP (answered by node-1's XDP program):\n   {}", String::from_utf8_lossy(&neigh.stdout).trim());
-    println!("== node-1's maps (vip-agent inspect):");
-    print!("{}", inspect::render(&inspect::report(&dp, None)?));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for s in servers {
-        let _ = s.join();
+    println!(
+        "\n== failover: {victim} owns {v}; {} long-lived connections through it to the other nodes are open",
+        conns.len()
+    );
+    println!("   killing {victim}: its agent gets SIGKILL and its cable is pulled, while the client tries a new connection every 10 ms");
+    let n_conns = conns.len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let pinger = std::thread::spawn(move || {
+        let mut broken = vec![false; conns.len()];
+        while !flag.load(Ordering::Relaxed) {
+            for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
+                if !*b && c.ping().is_err() {
+                    *b = true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (conns, broken)
+    });
+    let watch = ArpWatch::start(&lab.client)?;
+    let probes = spawn_probes(&lab.client, v, Duration::from_millis(10), Duration::from_millis(2000), Duration::from_millis(150))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    lab.seg.cable(&lab.nodes[a].ns, false)?;
+    lab.kill_agent(a);
+    let attempts = probes.join().map_err(|_| anyhow::anyhow!("probe thread panicked"))?;
+    stop.store(true, Ordering::Relaxed);
+    let (mut conns, broken) = pinger.join().map_err(|_| anyhow::anyhow!("ping thread panicked"))?;
+    let frames = watch.finish();
+    let rest: Vec<usize> = all.iter().copied().filter(|&i| i != a).collect();
+    let moved = lab.wait_converged(&rest, Duration::from_secs(5))?;
+    let new_owner = moved[&v].clone();
+    let new_mac = lab.nodes[lab.index_of(&new_owner)].mac;
+    let after: Vec<_> = attempts.iter().filter(|(s, _)| *s >= t0).collect();
+    let failed = after.iter().filter(|(_, d)| d.is_none()).count();
+    let first_ok = after.iter().find_map(|(_, d)| *d).map(|d| d.duration_since(t0));
+    let garp = frames.iter().find(|(t, sha, spa)| *t >= t0 && *spa == v && *sha == new_mac).map(|(t, _, _)| t.duration_since(t0));
+    println!("   {new_owner} took {v} over; gratuitous ARP from it reached the client after {}", fmt_ms(garp));
+    println!("   first new connection succeeded {} after the fault ({failed} attempts failed before)", fmt_ms(first_ok));
+    let survived = broken.iter().filter(|b| !**b).count();
+    println!("   established connections (owner was not their backend): {survived} of {n_conns} survived");
+    println!("   client's ARP entry for {v}: {}", lab.client_neigh(v).map(|m| mac_str(&m)).unwrap_or_else(|| "none".into()));
+
+    println!("\n== restoring {victim}: cable back in, agent restarted");
+    lab.seg.cable(&lab.nodes[a].ns, true)?;
+    lab.start_agent(a)?;
+    let t = Instant::now();
+    let back = lab.wait_converged(&all, Duration::from_secs(10))?;
+    println!("   owners agreed again after {:?}; {v} -> {}", t.elapsed(), back[&v]);
+    let mut kept = 0;
+    for (c, b) in conns.iter_mut().zip(broken.iter()) {
+        if !*b && c.ping().is_ok() {
+            kept += 1;
+        }
     }
-    if spread.len() != usize::from(NODES) {
-        bail!("connections reached only {} of {NODES} nodes", spread.len());
+    println!("   the {survived} surviving connections after the owner's return: {kept} still answer");
+    println!("\n== lab status");
+    status()?;
+    if survived != n_conns || first_ok.is_none() {
+        bail!("failover lost connections ({survived} of {n_conns} survived) or never recovered");
     }
-    println!("== done: traffic spread over all {NODES} nodes; removing the lab");
+    println!("\n== done; removing the lab");
     Ok(())
+}
+
+fn fmt_ms(d: Option<Duration>) -> String {
+    d.map_or_else(|| "never (within 2 s)".into(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
 }
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        // The lab's per-node server (run inside a node namespace): answers its name, echoes lines.
+        // The lab's per-node server (run inside a node namespace): answers its name.
         Some("serve") => {
             let (name, port) = (args.get(2).context("serve NAME PORT")?, args.get(3).context("serve NAME PORT")?.parse()?);
-            vip_tests::halab::serve_name(port, name)
+            halab::serve_name(port, name)
         }
+        Some("up") => up().map(HaLab::persist),
+        Some("status") => status(),
+        Some("down") => down(),
         Some("demo") | None => demo(),
-        Some(other) => bail!("unknown lab command {other:?}: only `demo` exists so far (it builds, runs and removes the lab)"),
+        Some(other) => bail!("unknown lab command {other:?}: up | demo | status | down"),
     }
 }
