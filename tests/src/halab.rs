@@ -498,3 +498,73 @@ pub fn spawn_probes(client: &NetNs, vip: Ipv4Addr, every: Duration, span: Durati
         attempts.into_iter().map(|(t, h)| (t, h.join().unwrap_or(None))).collect()
     })
 }
+
+/// What a client saw of one failover.
+pub struct Outage {
+    /// Fault → completion of the first new connection attempted after it.
+    pub first_ok: Option<Duration>,
+    /// New connections attempted after the fault that failed.
+    pub failed: usize,
+    /// Fault → first gratuitous ARP (or reply) for the VIP from a MAC other than the old owner's.
+    pub takeover: Option<Duration>,
+    pub conns: usize,
+    /// Established connections that broke (a ping failed) during the window.
+    pub broken: usize,
+}
+
+/// Watches a failover of `vip` from the client: long-lived connections kept busy
+/// (a ping each every 50 ms), new connections tried every 10 ms for `span`, and
+/// ARP frames captured. Start it, cause the fault, call `finish` with its instant.
+pub struct FailoverWatch {
+    vip: Ipv4Addr,
+    old_mac: [u8; 6],
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pinger: std::thread::JoinHandle<(Vec<LongConn>, Vec<bool>)>,
+    arp: ArpWatch,
+    probes: Probes,
+}
+
+impl FailoverWatch {
+    pub fn start(lab: &HaLab, vip: Ipv4Addr, old_mac: [u8; 6], mut conns: Vec<LongConn>, span: Duration) -> Result<Self> {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let pinger = std::thread::spawn(move || {
+            let mut broken = vec![false; conns.len()];
+            let round = |conns: &mut Vec<LongConn>, broken: &mut Vec<bool>| {
+                for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
+                    if !*b && c.ping().is_err() {
+                        *b = true;
+                    }
+                }
+            };
+            while !flag.load(Ordering::Relaxed) {
+                round(&mut conns, &mut broken);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            round(&mut conns, &mut broken);
+            (conns, broken)
+        });
+        let arp = ArpWatch::start(&lab.client)?;
+        let probes = spawn_probes(&lab.client, vip, Duration::from_millis(10), span, Duration::from_millis(150))?;
+        Ok(Self { vip, old_mac, stop, pinger, arp, probes })
+    }
+
+    /// Waits for the probes to end; returns the outage and the connections (with
+    /// whether each broke).
+    pub fn finish(self, t0: Instant) -> Result<(Outage, Vec<LongConn>, Vec<bool>)> {
+        let attempts = self.probes.join().map_err(|_| anyhow::anyhow!("probe thread panicked"))?;
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (conns, broken) = self.pinger.join().map_err(|_| anyhow::anyhow!("ping thread panicked"))?;
+        let frames = self.arp.finish();
+        let after: Vec<_> = attempts.iter().filter(|(s, _)| *s >= t0).collect();
+        let outage = Outage {
+            first_ok: after.iter().find_map(|(_, d)| *d).map(|d| d.duration_since(t0)),
+            failed: after.iter().filter(|(_, d)| d.is_none()).count(),
+            takeover: frames.iter().find(|(t, sha, spa)| *t >= t0 && *spa == self.vip && *sha != self.old_mac).map(|(t, _, _)| t.duration_since(t0)),
+            conns: conns.len(),
+            broken: broken.iter().filter(|b| **b).count(),
+        };
+        Ok((outage, conns, broken))
+    }
+}

@@ -14,7 +14,7 @@ use std::{
 
 use vip_tests::{
     agent::agent_bin,
-    halab::{ask, vip, HaLab, HaSpec, LongConn, Naming},
+    halab::{ask, vip, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
     netns::privileged,
 };
 
@@ -55,22 +55,37 @@ fn owner_index(lab: &HaLab, owners: &BTreeMap<Ipv4Addr, String>, v: Ipv4Addr) ->
     lab.index_of(&owners[&v])
 }
 
+/// One scenario at a time: the lab started and converged (None without root).
+fn setup(spec: HaSpec) -> Option<(std::sync::MutexGuard<'static, ()>, HaLab, BTreeMap<Ipv4Addr, String>)> {
+    if !privileged() {
+        return None;
+    }
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = lab(spec);
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    Some((g, lab, owners))
+}
+
+/// Every VIP answered by exactly its owner's MAC.
+fn one_answer_each(lab: &HaLab, owners: &BTreeMap<Ipv4Addr, String>, when: &str) {
+    for (v, o) in owners {
+        assert_eq!(arp_answerers(lab, *v), BTreeSet::from([hex(lab.nodes[lab.index_of(o)].mac)]), "ARP for {v} {when}");
+    }
+}
+
+fn ping_all(conns: &mut [LongConn], when: &str) {
+    for c in conns {
+        c.ping().unwrap_or_else(|e| panic!("connection to {} broke {when}: {e:#}", c.backend));
+    }
+}
+
 #[test]
 fn vips_spread_evenly_traffic_over_every_node_and_nothing_flaps() {
-    if !privileged() {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = lab(HaSpec { vips: 6, ..Default::default() });
-    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let Some((_g, lab, owners)) = setup(HaSpec { vips: 6, ..Default::default() }) else { return };
     for n in &lab.nodes {
         assert_eq!(owners.values().filter(|o| **o == n.name).count(), 2, "⌈6/3⌉ = 2 VIPs each: {owners:?}");
     }
-    // Every VIP answers with exactly its owner's MAC.
-    for (v, o) in &owners {
-        let want = hex(lab.nodes[lab.index_of(o)].mac);
-        assert_eq!(arp_answerers(&lab, *v), BTreeSet::from([want]), "ARP for {v}");
-    }
+    one_answer_each(&lab, &owners, "at start");
     // Connections to each VIP spread over all three nodes.
     let mut seen = BTreeMap::<String, u32>::new();
     for k in 0..6 {
@@ -89,12 +104,7 @@ fn vips_spread_evenly_traffic_over_every_node_and_nothing_flaps() {
 
 #[test]
 fn owner_sigkill_moves_vip_garp_updates_client_and_connections_survive() {
-    if !privileged() {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut lab = lab(HaSpec::default());
-    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let Some((_g, mut lab, owners)) = setup(HaSpec::default()) else { return };
     let v = vip(0);
     let a = owner_index(&lab, &owners, v);
     let mut conns = long_conns(&lab, v, 41000, &lab.nodes[a].name.clone());
@@ -109,27 +119,18 @@ fn owner_sigkill_moves_vip_garp_updates_client_and_connections_survive() {
     let new_mac = lab.nodes[b].mac;
     let t = vip_tests::halab::time_until(Duration::from_secs(2), || lab.client_neigh(v) == Some(new_mac));
     assert!(t.is_some(), "client's neighbour entry for {v} still {:?}, want {:?}", lab.client_neigh(v), new_mac);
-    for c in &mut conns {
-        c.ping().unwrap_or_else(|e| panic!("connection to {} broke: {e:#}", c.backend));
-    }
+    ping_all(&mut conns, "after the failover");
     ask(&lab.client, v, 41100, Duration::from_secs(2)).unwrap();
 
     // The agent comes back: ownership returns to the full assignment, once.
     lab.start_agent(a).unwrap();
     assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners);
-    for c in &mut conns {
-        c.ping().unwrap_or_else(|e| panic!("connection to {} broke on the return: {e:#}", c.backend));
-    }
+    ping_all(&mut conns, "on the return");
 }
 
 #[test]
 fn owner_sigstop_is_fenced_and_taken_over_then_rejoins() {
-    if !privileged() {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = lab(HaSpec::default());
-    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let Some((_g, lab, owners)) = setup(HaSpec::default()) else { return };
     let v = vip(1);
     let a = owner_index(&lab, &owners, v);
     let mut conns = long_conns(&lab, v, 42000, &lab.nodes[a].name.clone());
@@ -139,46 +140,28 @@ fn owner_sigstop_is_fenced_and_taken_over_then_rejoins() {
     let b = owner_index(&lab, &moved, v);
     // The hung agent's entries went stale: only the new owner answers.
     assert_eq!(arp_answerers(&lab, v), BTreeSet::from([hex(lab.nodes[b].mac)]));
-    for c in &mut conns {
-        c.ping().unwrap_or_else(|e| panic!("connection to {} broke: {e:#}", c.backend));
-    }
+    ping_all(&mut conns, "after the failover");
     lab.signal_agent(a, libc::SIGCONT);
     assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners);
-    for (v, o) in &owners {
-        assert_eq!(arp_answerers(&lab, *v), BTreeSet::from([hex(lab.nodes[lab.index_of(o)].mac)]), "one answer for {v} after rejoin");
-    }
+    one_answer_each(&lab, &owners, "after the rejoin");
 }
 
 #[test]
 fn link_down_fails_over_and_partition_heal_leaves_one_answer() {
-    if !privileged() {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = lab(HaSpec::default());
-    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let Some((_g, lab, owners)) = setup(HaSpec::default()) else { return };
     let v = vip(2);
     let a = owner_index(&lab, &owners, v);
-    let mut conns = long_conns(&lab, v, 43000, &lab.nodes[a].name.clone());
+    let conns = long_conns(&lab, v, 43000, &lab.nodes[a].name.clone());
+    let watch = FailoverWatch::start(&lab, v, lab.nodes[a].mac, conns, Duration::from_secs(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     lab.seg.cable(&lab.nodes[a].ns, false).unwrap();
-    // Keep the connections busy through the failover: the new owner pins them.
-    let mut first_new = None;
-    let mut sport = 43100;
-    while t0.elapsed() < Duration::from_secs(3) && first_new.is_none() {
-        for c in &mut conns {
-            let _ = c.ping();
-        }
-        sport += 1;
-        if ask(&lab.client, v, sport, Duration::from_millis(100)).is_ok() {
-            first_new = Some(t0.elapsed());
-        }
-    }
-    let first_new = first_new.unwrap_or_else(|| panic!("no new connection within 3 s of the link going down\n{}", lab.agent_logs()));
-    eprintln!("link down: first new connection after {first_new:?}");
-    for c in &mut conns {
-        c.ping().unwrap_or_else(|e| panic!("connection to {} broke: {e:#}", c.backend));
-    }
+    let (o, mut conns, _) = watch.finish(t0).unwrap();
+    eprintln!("link down: takeover seen after {:?}, first new connection after {:?}", o.takeover, o.first_ok);
+    assert!(o.takeover.is_some(), "no gratuitous ARP from a new owner within 2 s\n{}", lab.agent_logs());
+    assert!(o.first_ok.is_some(), "no new connection within 2 s of the link going down\n{}", lab.agent_logs());
+    assert_eq!(o.broken, 0, "{} of {} established connections broke", o.broken, o.conns);
+    ping_all(&mut conns, "after the link went down");
     // The cut-off node believes it is alone and holds every VIP (on a dead link).
     let cut = lab.nodes[a].name.clone();
     let alone = vip_tests::halab::time_until(Duration::from_secs(3), || lab.held_by(a).len() == 3);
@@ -189,19 +172,12 @@ fn link_down_fails_over_and_partition_heal_leaves_one_answer() {
     lab.seg.cable(&lab.nodes[a].ns, true).unwrap();
     assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(3)).unwrap(), owners);
     eprintln!("partition healed: converged after {:?}", healed.elapsed());
-    for (v, o) in &owners {
-        assert_eq!(arp_answerers(&lab, *v), BTreeSet::from([hex(lab.nodes[lab.index_of(o)].mac)]), "one answer for {v} after the heal");
-    }
+    one_answer_each(&lab, &owners, "after the heal");
 }
 
 #[test]
 fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
-    if !privileged() {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = lab(HaSpec::default());
-    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let Some((_g, lab, owners)) = setup(HaSpec::default()) else { return };
     let v = vip(0);
     let a = owner_index(&lab, &owners, v);
     let intruder = [0x02, 0xde, 0xad, 0, 0, 1];
@@ -232,12 +208,7 @@ fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
 
 #[test]
 fn agent_restart_keeps_answering_and_forwarding() {
-    if !privileged() {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut lab = lab(HaSpec::default());
-    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let Some((_g, mut lab, owners)) = setup(HaSpec::default()) else { return };
     let v = vip(0);
     let a = owner_index(&lab, &owners, v);
     let mut conns = long_conns(&lab, v, 44000, "");

@@ -14,14 +14,9 @@ use vip_agent::{
     maglev::{self, Member},
 };
 use vip_common::PROTO_TCP;
-use std::sync::{
-    atomic::{AtomicBool, Ordering},
-    Arc,
-};
-
 use vip_tests::{
     agent::{lb_config, wait_for, Check, LbLab},
-    halab::{self, spawn_probes, ArpWatch, HaLab, HaSpec, LongConn, Naming},
+    halab::{self, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
     frames,
     netns::{NetNs, PinDir},
 };
@@ -246,38 +241,11 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
             conns.push(c);
         }
     }
-    let n_conns = conns.len();
     // The client must be talking to the owner, or the trial measures something else.
     if wait_for(Duration::from_secs(2), || (lab.client_neigh(v) == Some(a_mac)).then_some(())).is_none() {
         anyhow::bail!("client's neighbour entry for {v} is {:?}, not the owner {}'s {:?}", lab.client_neigh(v), avoid, a_mac);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let pinger = std::thread::spawn(move || {
-        let mut broken = vec![false; conns.len()];
-        while !flag.load(Ordering::Relaxed) {
-            for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
-                if !*b {
-                    let t = Instant::now();
-                    if let Err(e) = c.ping() {
-                        if std::env::var_os("VIP_BENCH_DEBUG").is_some() {
-                            eprintln!("conn {} -> {} broke after {:?}: {e:#}", c.sport, c.backend, t.elapsed());
-                        }
-                        *b = true;
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
-            if !*b && c.ping().is_err() {
-                *b = true;
-            }
-        }
-        broken.iter().filter(|b| **b).count()
-    });
-    let watch = ArpWatch::start(&lab.client)?;
-    let prober = spawn_probes(&lab.client, v, Duration::from_millis(10), Duration::from_millis(1800), Duration::from_millis(150))?;
+    let watch = FailoverWatch::start(lab, v, a_mac, conns, Duration::from_millis(1800))?;
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
     match fault {
@@ -285,24 +253,18 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
         Fault::AgentStop => lab.signal_agent(a, libc::SIGSTOP),
         Fault::LinkDown => lab.seg.cable(&lab.nodes[a].ns, false)?,
     }
-    let attempts = prober.join().map_err(|_| anyhow::anyhow!("prober panicked"))?;
-    stop.store(true, Ordering::Relaxed);
-    let broken = pinger.join().map_err(|_| anyhow::anyhow!("pinger panicked"))?;
-    let frames = watch.finish();
+    let (o, _, _) = watch.finish(t0)?;
     match fault {
         Fault::AgentKill => lab.start_agent(a)?,
         Fault::AgentStop => lab.signal_agent(a, libc::SIGCONT),
         Fault::LinkDown => lab.seg.cable(&lab.nodes[a].ns, true)?,
     }
-    let after: Vec<&(Instant, Option<Instant>)> = attempts.iter().filter(|(s, _)| *s >= t0).collect();
-    let first_ok = after.iter().find_map(|(_, done)| *done).context("no successful connection after the fault")?;
-    let takeover = frames.iter().find(|(t, sha, spa)| *t >= t0 && *spa == v && *sha != a_mac).map(|(t, _, _)| ms(t.duration_since(t0)));
     Ok(Trial {
-        first_ok_ms: ms(first_ok.duration_since(t0)),
-        failed_attempts: after.iter().filter(|(_, d)| d.is_none()).count(),
-        takeover_ms: takeover,
-        conns: n_conns,
-        broken,
+        first_ok_ms: ms(o.first_ok.context("no successful connection after the fault")?),
+        failed_attempts: o.failed,
+        takeover_ms: o.takeover.map(ms),
+        conns: o.conns,
+        broken: o.broken,
     })
 }
 

@@ -8,10 +8,6 @@
 use std::{
     collections::BTreeMap,
     path::Path,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
     time::{Duration, Instant},
 };
 
@@ -19,7 +15,7 @@ use anyhow::{bail, Context as _, Result};
 use vip_agent::{dataplane::Dataplane, inspect::mac_str};
 use vip_tests::{
     agent::agent_bin,
-    halab::{self, ask, spawn_probes, vip, ArpWatch, HaLab, HaSpec, LongConn, Naming, FIXED_DIR, FIXED_PINS, FIXED_PREFIX},
+    halab::{self, ask, vip, FailoverWatch, HaLab, HaSpec, LongConn, Naming, FIXED_DIR, FIXED_PINS, FIXED_PREFIX},
 };
 
 const CONNECTIONS_PER_VIP: u16 = 30;
@@ -145,42 +141,18 @@ fn demo_on(lab: &mut HaLab) -> Result<()> {
         conns.len()
     );
     println!("   killing {victim}: its agent gets SIGKILL and its cable is pulled, while the client tries a new connection every 10 ms");
-    let n_conns = conns.len();
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let pinger = std::thread::spawn(move || {
-        let mut broken = vec![false; conns.len()];
-        while !flag.load(Ordering::Relaxed) {
-            for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
-                if !*b && c.ping().is_err() {
-                    *b = true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (conns, broken)
-    });
-    let watch = ArpWatch::start(&lab.client)?;
-    let probes = spawn_probes(&lab.client, v, Duration::from_millis(10), Duration::from_millis(2000), Duration::from_millis(150))?;
+    let watch = FailoverWatch::start(lab, v, lab.nodes[a].mac, conns, Duration::from_millis(2000))?;
     std::thread::sleep(Duration::from_millis(300));
     let t0 = Instant::now();
     lab.seg.cable(&lab.nodes[a].ns, false)?;
     lab.kill_agent(a);
-    let attempts = probes.join().map_err(|_| anyhow::anyhow!("probe thread panicked"))?;
-    stop.store(true, Ordering::Relaxed);
-    let (mut conns, broken) = pinger.join().map_err(|_| anyhow::anyhow!("ping thread panicked"))?;
-    let frames = watch.finish();
+    let (o, mut conns, broken) = watch.finish(t0)?;
     let rest: Vec<usize> = all.iter().copied().filter(|&i| i != a).collect();
     let moved = lab.wait_converged(&rest, Duration::from_secs(5))?;
     let new_owner = moved[&v].clone();
-    let new_mac = lab.nodes[lab.index_of(&new_owner)].mac;
-    let after: Vec<_> = attempts.iter().filter(|(s, _)| *s >= t0).collect();
-    let failed = after.iter().filter(|(_, d)| d.is_none()).count();
-    let first_ok = after.iter().find_map(|(_, d)| *d).map(|d| d.duration_since(t0));
-    let garp = frames.iter().find(|(t, sha, spa)| *t >= t0 && *spa == v && *sha == new_mac).map(|(t, _, _)| t.duration_since(t0));
-    println!("   {new_owner} took {v} over; gratuitous ARP from it reached the client after {}", fmt_ms(garp));
-    println!("   first new connection succeeded {} after the fault ({failed} attempts failed before)", fmt_ms(first_ok));
-    let survived = broken.iter().filter(|b| !**b).count();
+    println!("   {new_owner} took {v} over; its gratuitous ARP reached the client after {}", fmt_ms(o.takeover));
+    println!("   first new connection succeeded {} after the fault ({} attempts failed before)", fmt_ms(o.first_ok), o.failed);
+    let (n_conns, survived) = (o.conns, o.conns - o.broken);
     println!("   established connections (owner was not their backend): {survived} of {n_conns} survived");
     println!("   client's ARP entry for {v}: {}", lab.client_neigh(v).map(|m| mac_str(&m)).unwrap_or_else(|| "none".into()));
 
@@ -199,7 +171,7 @@ fn demo_on(lab: &mut HaLab) -> Result<()> {
     println!("   the {survived} surviving connections after the owner's return: {kept} still answer");
     println!("\n== lab status");
     status()?;
-    if survived != n_conns || first_ok.is_none() {
+    if survived != n_conns || o.first_ok.is_none() {
         bail!("failover lost connections ({survived} of {n_conns} survived) or never recovered");
     }
     println!("\n== done; removing the lab");
