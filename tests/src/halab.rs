@@ -551,13 +551,15 @@ impl FailoverWatch {
     }
 
     /// Waits for the probes to end; returns the outage and the connections (with
-    /// whether each broke).
-    pub fn finish(self, t0: Instant) -> Result<(Outage, Vec<LongConn>, Vec<bool>)> {
+    /// whether each broke). `t0`: when the fault command started; `done`: when it
+    /// returned. Only connections started after `done` count as new, and times are
+    /// taken from `t0` (conservative by the command's own duration).
+    pub fn finish(self, t0: Instant, done: Instant) -> Result<(Outage, Vec<LongConn>, Vec<bool>)> {
         let attempts = self.probes.join().map_err(|_| anyhow::anyhow!("probe thread panicked"))?;
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let (conns, broken) = self.pinger.join().map_err(|_| anyhow::anyhow!("ping thread panicked"))?;
         let frames = self.arp.finish();
-        let after: Vec<_> = attempts.iter().filter(|(s, _)| *s >= t0).collect();
+        let after: Vec<_> = attempts.iter().filter(|(s, _)| *s >= done).collect();
         let outage = Outage {
             first_ok: after.iter().find_map(|(_, d)| *d).map(|d| d.duration_since(t0)),
             failed: after.iter().filter(|(_, d)| d.is_none()).count(),

@@ -156,7 +156,8 @@ fn link_down_fails_over_and_partition_heal_leaves_one_answer() {
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     lab.seg.cable(&lab.nodes[a].ns, false).unwrap();
-    let (o, mut conns, _) = watch.finish(t0).unwrap();
+    let done = Instant::now();
+    let (o, mut conns, _) = watch.finish(t0, done).unwrap();
     eprintln!("link down: takeover seen after {:?}, first new connection after {:?}", o.takeover, o.first_ok);
     assert!(o.takeover.is_some(), "no gratuitous ARP from a new owner within 2 s\n{}", lab.agent_logs());
     assert!(o.first_ok.is_some(), "no new connection within 2 s of the link going down\n{}", lab.agent_logs());
@@ -190,16 +191,22 @@ fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
     let log = &lab.nodes[a].log;
     let seen = vip_tests::halab::time_until(Duration::from_secs(3), || std::fs::read_to_string(log).unwrap_or_default().contains("ARP conflict"));
     assert!(seen.is_some(), "no conflict logged by {}:\n{}", lab.nodes[a].name, lab.agent_logs());
-    let m = lab.nodes[a].ns.run(|| {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect("127.0.0.1:9472").unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    });
-    let m = m.unwrap();
-    assert!(m.contains("vip_arp_conflicts_total 2"), "{m}");
+    let metrics = || {
+        lab.nodes[a]
+            .ns
+            .run(|| {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect("127.0.0.1:9472").unwrap();
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).unwrap();
+                out
+            })
+            .unwrap()
+    };
+    // Both frames counted (the agent polls the data path's counter every 100 ms).
+    let counted = vip_tests::halab::time_until(Duration::from_secs(3), || metrics().contains("vip_arp_conflicts_total 2"));
+    assert!(counted.is_some(), "{}", metrics());
     // The other nodes do not hold the VIP: nothing to count there.
     for (i, n) in lab.nodes.iter().enumerate().filter(|(i, _)| *i != a) {
         assert!(!std::fs::read_to_string(&n.log).unwrap_or_default().contains("ARP conflict"), "node {i} logged a conflict");

@@ -16,7 +16,7 @@ use vip_agent::{
 use vip_common::PROTO_TCP;
 use vip_tests::{
     agent::{lb_config, wait_for, Check, LbLab},
-    halab::{self, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
+    halab::{self, ArpWatch, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
     frames,
     netns::{NetNs, PinDir},
 };
@@ -253,7 +253,8 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
         Fault::AgentStop => lab.signal_agent(a, libc::SIGSTOP),
         Fault::LinkDown => lab.seg.cable(&lab.nodes[a].ns, false)?,
     }
-    let (o, _, _) = watch.finish(t0)?;
+    let done = Instant::now();
+    let (o, _, _) = watch.finish(t0, done)?;
     match fault {
         Fault::AgentKill => lab.start_agent(a)?,
         Fault::AgentStop => lab.signal_agent(a, libc::SIGCONT),
@@ -266,6 +267,50 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
         conns: o.conns,
         broken: o.broken,
     })
+}
+
+/// A healed partition: the owner's cable is pulled until the others took its VIP
+/// over (it then holds every VIP alone), then plugged back. From the heal on, the
+/// client asks ARP for every VIP every 10 ms for 1 s and captures all ARP for them;
+/// any answer or announcement from a MAC other than the VIP's final owner is a
+/// wrong answer. Returns when the last wrong one came (None: none at all) and how
+/// many came after `bound`.
+fn heal_trial(lab: &mut HaLab, k: usize, bound: Duration) -> Result<(Option<f64>, usize)> {
+    let all: Vec<usize> = (0..lab.nodes.len()).collect();
+    let owners = lab.wait_converged(&all, Duration::from_secs(10))?;
+    lab.wait_rings_full(&all, Duration::from_secs(10))?;
+    let v = halab::vip(k % lab.spec.vips);
+    let a = lab.index_of(&owners[&v]);
+    lab.seg.cable(&lab.nodes[a].ns, false)?;
+    let rest: Vec<usize> = all.iter().copied().filter(|&i| i != a).collect();
+    lab.wait_converged(&rest, Duration::from_secs(5))?;
+    wait_for(Duration::from_secs(5), || (lab.held_by(a).len() == lab.spec.vips).then_some(())).context("the cut-off node never held every VIP")?;
+    let watch = ArpWatch::start(&lab.client)?;
+    let vips: Vec<std::net::Ipv4Addr> = (0..lab.spec.vips).map(halab::vip).collect();
+    let asker = lab.client.spawn(move || -> Result<()> {
+        let (ifindex, mac) = vip_agent::dataplane::iface_info("eth0")?;
+        let sock = vip_agent::ha::garp::GarpSocket::new()?;
+        for _ in 0..100 {
+            for v in &vips {
+                sock.send_frame(ifindex, &frames::arp_request(mac, halab::CLIENT, *v, None))?;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    })?;
+    let healed = Instant::now();
+    lab.seg.cable(&lab.nodes[a].ns, true)?;
+    asker.join().map_err(|_| anyhow::anyhow!("ARP asker panicked"))??;
+    let frames = watch.finish();
+    let final_owners = lab.wait_converged(&all, Duration::from_secs(5))?;
+    anyhow::ensure!(final_owners == owners, "owners after the heal differ from before");
+    let mac_of = |v: &std::net::Ipv4Addr| lab.nodes[lab.index_of(&final_owners[v])].mac;
+    let wrong: Vec<Duration> = frames
+        .iter()
+        .filter(|(t, sha, spa)| *t >= healed && final_owners.contains_key(spa) && *sha != mac_of(spa))
+        .map(|(t, _, _)| t.duration_since(healed))
+        .collect();
+    Ok((wrong.iter().max().map(|d| ms(*d)), wrong.iter().filter(|d| **d > bound).count()))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -306,6 +351,27 @@ fn failover_bench(out: &mut String, json: &mut serde_json::Map<String, serde_jso
             format!("failover_{fault:?}"),
             serde_json::json!({"first_new_connection_ms": first, "takeover_garp_ms": take, "failed_attempts": failed, "connections": conns, "broken": broken}),
         );
+    }
+    if faults.is_empty() || faults.split(',').any(|f| f.eq_ignore_ascii_case("heal")) {
+        // Stated bound: the cut-off node hears a peer within one heartbeat interval of
+        // the heal (and resolves its neighbours at once), the peers hear it within one
+        // more; 100 ms covers reconciles, the 100 ms conflict poll and delivery.
+        let bound = Duration::from_millis(2 * spec.heartbeat_ms + 100);
+        let mut last = Vec::new();
+        let mut late = 0;
+        for k in 0..FAILOVER_TRIALS {
+            let (l, n) = heal_trial(&mut lab, k, bound).with_context(|| format!("heal trial {k}"))?;
+            last.push(l.unwrap_or(0.0));
+            late += n;
+        }
+        writeln!(
+            out,
+            "\nPartition heal ({FAILOVER_TRIALS} trials: the owner's cable pulled until it held every VIP alone, then plugged back; the client asks ARP for every VIP every 10 ms for 1 s): last answer or announcement from a MAC other than the final owner's, after the heal: median {:.0} ms, max {:.0} ms; after the stated bound ({} ms = 2 × heartbeat interval + 100 ms): {late}.",
+            percentile(&last, 0.5),
+            percentile(&last, 1.0),
+            bound.as_millis()
+        )?;
+        json.insert("heal".into(), serde_json::json!({"last_wrong_ms": last, "bound_ms": bound.as_millis() as u64, "wrong_after_bound": late}));
     }
     Ok(())
 }

@@ -146,7 +146,8 @@ fn demo_on(lab: &mut HaLab) -> Result<()> {
     let t0 = Instant::now();
     lab.seg.cable(&lab.nodes[a].ns, false)?;
     lab.kill_agent(a);
-    let (o, mut conns, broken) = watch.finish(t0)?;
+    let done = Instant::now();
+    let (o, mut conns, broken) = watch.finish(t0, done)?;
     let rest: Vec<usize> = all.iter().copied().filter(|&i| i != a).collect();
     let moved = lab.wait_converged(&rest, Duration::from_secs(5))?;
     let new_owner = moved[&v].clone();

@@ -196,6 +196,8 @@ pub async fn run(opts: Options) -> Result<()> {
             }
             Some(live) = next_live(&mut agent.heartbeat) => {
                 info!(live = ?live, "live nodes changed");
+                let back: Vec<Ipv4Addr> = live.difference(&agent.live).filter_map(|n| agent.world.node(n)).map(|n| n.addr).collect();
+                agent.resolve(back);
                 agent.live = live;
                 if let Err(e) = agent.reconcile(None) {
                     error!("applying a liveness change: {e:#}");
@@ -354,6 +356,29 @@ impl Agent {
                     if let Err(e) = sock.send(ifindex, mac, *vip) {
                         warn!(%vip, "gratuitous ARP: {e}");
                     }
+                }
+            }
+        });
+    }
+
+    /// Asks ARP for the addresses of nodes that just came back. After our link was
+    /// down the kernel's neighbour entries for them sit INCOMPLETE until its next
+    /// retry (up to a second): their heartbeats reach us, ours would not reach them.
+    /// The reply to this request completes the entries at once.
+    fn resolve(&self, addrs: Vec<Ipv4Addr>) {
+        let Some(me) = self.world.node(&self.opts.node_name).map(|n| n.addr) else { return };
+        if addrs.is_empty() {
+            return;
+        }
+        let (ifindex, mac) = (self.ifindex, self.mac);
+        tokio::spawn(async move {
+            let sock = match ha::garp::GarpSocket::new() {
+                Ok(s) => s,
+                Err(e) => return warn!("ARP socket: {e}"),
+            };
+            for a in addrs {
+                if let Err(e) = sock.send_frame(ifindex, &ha::garp::arp_request_frame(mac, me, a)) {
+                    warn!(addr = %a, "ARP request: {e}");
                 }
             }
         });

@@ -27,6 +27,11 @@ const ETH_P_ARP: u16 = 0x0806;
 
 /// The gratuitous ARP frame for `vip` from `mac` (Ethernet broadcast, zero-padded).
 pub fn garp_frame(mac: [u8; 6], vip: Ipv4Addr) -> [u8; GARP_FRAME_LEN] {
+    arp_request_frame(mac, vip, vip)
+}
+
+/// A broadcast ARP request from (`mac`, `spa`) for `tpa`, zero-padded.
+pub fn arp_request_frame(mac: [u8; 6], spa: Ipv4Addr, tpa: Ipv4Addr) -> [u8; GARP_FRAME_LEN] {
     let mut f = [0u8; GARP_FRAME_LEN];
     f[0..6].copy_from_slice(&[0xff; 6]); // destination: broadcast
     f[6..12].copy_from_slice(&mac);
@@ -37,9 +42,9 @@ pub fn garp_frame(mac: [u8; 6], vip: Ipv4Addr) -> [u8; GARP_FRAME_LEN] {
     f[19] = 4; // plen
     f[20..22].copy_from_slice(&1u16.to_be_bytes()); // op: request
     f[22..28].copy_from_slice(&mac); // sha
-    f[28..32].copy_from_slice(&vip.octets()); // spa
+    f[28..32].copy_from_slice(&spa.octets());
     // tha (32..38) stays zero: unknown, as in any request.
-    f[38..42].copy_from_slice(&vip.octets()); // tpa = spa: gratuitous
+    f[38..42].copy_from_slice(&tpa.octets()); // = spa: gratuitous
     f
 }
 
@@ -63,7 +68,11 @@ impl GarpSocket {
 
     /// Sends one gratuitous ARP for `vip` out of `ifindex` with source `mac`.
     pub fn send(&self, ifindex: u32, mac: [u8; 6], vip: Ipv4Addr) -> io::Result<()> {
-        let frame = garp_frame(mac, vip);
+        self.send_frame(ifindex, &garp_frame(mac, vip))
+    }
+
+    /// Sends one broadcast ARP frame (Ethernet header included) out of `ifindex`.
+    pub fn send_frame(&self, ifindex: u32, frame: &[u8]) -> io::Result<()> {
         // SAFETY: sockaddr_ll is plain data; all-zero is a valid starting value.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
