@@ -1,7 +1,7 @@
 //! vip node agent. `dataplane` is the facade over the XDP program's maps;
 //! `maglev` builds the consistent-hashing rings; `model` is the one model of the
 //! world, filled by `config` (the YAML file source); `health` probes backends;
-//! `ha` holds VIP ownership, agent heartbeats and gratuitous ARP; `agent` is the
+//! `k8s` is the Kubernetes source (VipPool resource); `ha` holds VIP ownership, agent heartbeats and gratuitous ARP; `agent` is the
 //! run loop that keeps the maps equal to the model; `inspect` decodes the maps for humans.
 pub mod agent;
 pub mod config;
@@ -9,6 +9,7 @@ pub mod dataplane;
 pub mod ha;
 pub mod health;
 pub mod inspect;
+pub mod k8s;
 pub mod maglev;
 pub mod model;
 pub mod neighbour;

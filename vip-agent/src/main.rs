@@ -48,6 +48,8 @@ enum Cmd {
         #[arg(long)]
         log_json: bool,
     },
+    /// Print the VipPool CustomResourceDefinition (YAML), as committed in deploy/crd.yaml.
+    Crd,
     /// Load the XDP program (re-using pinned maps) and attach it to an interface.
     Attach {
         #[arg(long)]
@@ -101,6 +103,7 @@ fn main() -> Result<()> {
             let opts = agent::Options { config, node_name, iface, attach_mode: mode, pin_dir: cli.pin_dir, ring_capacity, metrics_addr, status_file: Some(status_file), reload_interval };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }
+        Cmd::Crd => print!("{}", vip_agent::k8s::crd::crd_yaml()),
         Cmd::Attach { iface, mode, ring_capacity } => {
             let mut dp = Dataplane::load(&cli.pin_dir, ring_capacity)?;
             let a = dp.attach(&iface, mode)?;

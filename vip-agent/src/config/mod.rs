@@ -12,7 +12,8 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use serde::{de, Deserialize, Deserializer};
+use schemars::JsonSchema;
+use serde::{de, Deserialize, Deserializer, Serialize};
 
 use crate::{
     maglev,
@@ -126,34 +127,42 @@ struct FileService {
     #[serde(default)]
     backend_selector: Option<Selector>,
     #[serde(default)]
-    health_check: Option<FileHealthCheck>,
+    health_check: Option<HealthCheckSpec>,
 }
 
-#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-enum ProbeKind {
+pub enum ProbeKind {
     Tcp,
     Http,
 }
 
-#[derive(Deserialize)]
+/// A health check as written by users: in the file and in a VipPool's spec.
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct FileHealthCheck {
+pub struct HealthCheckSpec {
+    /// tcp (connect) or http (GET, 2xx/3xx is healthy).
     #[serde(rename = "type")]
-    kind: ProbeKind,
+    pub kind: ProbeKind,
     /// Defaults to the service's first port.
     #[serde(default)]
-    port: Option<u16>,
+    pub port: Option<u16>,
+    /// URL path for http (default /).
     #[serde(default)]
-    path: Option<String>,
+    pub path: Option<String>,
+    /// Between probes, e.g. 1s or 500ms.
     #[serde(default = "default_interval", with = "humantime_serde")]
-    interval: Duration,
+    #[schemars(with = "String")]
+    pub interval: Duration,
     #[serde(default = "default_timeout", with = "humantime_serde")]
-    timeout: Duration,
+    #[schemars(with = "String")]
+    pub timeout: Duration,
+    /// Consecutive successes that bring a backend back.
     #[serde(default = "default_rise")]
-    rise: u32,
+    pub rise: u32,
+    /// Consecutive failures that take it out of every ring.
     #[serde(default = "default_fall")]
-    fall: u32,
+    pub fall: u32,
 }
 
 #[derive(Deserialize)]
@@ -222,8 +231,8 @@ impl<'de> Deserialize<'de> for Mac {
 }
 
 /// One `addresses` entry: an address, a CIDR, or an inclusive `first-last` range.
-#[derive(Clone, Copy)]
-enum AddrEntry {
+#[derive(Clone, Copy, Debug)]
+pub enum AddrEntry {
     One(Ipv4Addr),
     Net(Ipv4Net),
     Range(Ipv4Addr, Ipv4Addr),
@@ -304,7 +313,8 @@ fn strip_location(msg: &str) -> String {
     }
 }
 
-type Invalid = (String, String);
+/// (field path, message) of a rejected value.
+pub type Invalid = (String, String);
 
 fn invalid<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, Invalid> {
     Err((path.into(), message.into()))
@@ -340,22 +350,7 @@ fn validate(f: File) -> Result<World, Invalid> {
         if let Some(j) = pool_names.insert(fp.name.clone(), i) {
             return invalid(format!("{p}.name"), format!("pool {:?} is already defined at pools[{j}]", fp.name));
         }
-        let mut set = BTreeSet::new();
-        for (k, e) in fp.addresses.iter().enumerate() {
-            let (lo, hi) = e.bounds();
-            if (hi - lo) as usize + set.len() >= MAX_POOL_ADDRESSES {
-                return invalid(format!("{p}.addresses[{k}]"), format!("the pool would exceed {MAX_POOL_ADDRESSES} addresses"));
-            }
-            set.extend((lo..=hi).map(Ipv4Addr::from));
-        }
-        for (k, x) in fp.excluded_ips.iter().enumerate() {
-            if !set.remove(x) {
-                return invalid(format!("{p}.excludedIPs[{k}]"), format!("{x} is not in this pool's addresses"));
-            }
-        }
-        if set.is_empty() {
-            return invalid(format!("{p}.addresses"), "the pool has no address left after exclusions");
-        }
+        let set = pool_addresses(&p, &fp.addresses, &fp.excluded_ips)?;
         for a in &set {
             if let Some(j) = owner_of.insert(*a, i) {
                 return invalid(format!("{p}.addresses"), format!("{a} is also in pools[{j}] ({:?}); pools must not overlap", pools[j].name));
@@ -429,7 +424,8 @@ fn validate(f: File) -> Result<World, Invalid> {
     Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed })
 }
 
-fn health_check(p: &str, h: FileHealthCheck, first_port: u16) -> Result<HealthCheck, Invalid> {
+/// Validates a health check spec (`p` is its field path) into the model.
+pub fn health_check(p: &str, h: HealthCheckSpec, first_port: u16) -> Result<HealthCheck, Invalid> {
     let port = h.port.unwrap_or(first_port);
     if port == 0 {
         return invalid(format!("{p}.port"), "port 0 cannot be probed");
@@ -458,6 +454,45 @@ fn health_check(p: &str, h: FileHealthCheck, first_port: u16) -> Result<HealthCh
         return invalid(format!("{p}.fall"), "must be at least 1");
     }
     Ok(HealthCheck { probe, interval: h.interval, timeout: h.timeout, rise: h.rise, fall: h.fall })
+}
+
+/// A pool's addresses: every entry expanded, the exclusions removed (each must be
+/// in the pool), at most MAX_POOL_ADDRESSES. Errors name `{p}.addresses[k]` or
+/// `{p}.excludedIPs[k]`. Shared by the file source and the VipPool resource.
+pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[Ipv4Addr]) -> Result<BTreeSet<Ipv4Addr>, Invalid> {
+    let mut set = BTreeSet::new();
+    for (k, e) in addresses.iter().enumerate() {
+        let (lo, hi) = e.bounds();
+        if (hi - lo) as usize + set.len() >= MAX_POOL_ADDRESSES {
+            return invalid(format!("{p}.addresses[{k}]"), format!("the pool would exceed {MAX_POOL_ADDRESSES} addresses"));
+        }
+        set.extend((lo..=hi).map(Ipv4Addr::from));
+    }
+    for (k, x) in excluded.iter().enumerate() {
+        if !set.remove(x) {
+            return invalid(format!("{p}.excludedIPs[{k}]"), format!("{x} is not in this pool's addresses"));
+        }
+    }
+    if set.is_empty() {
+        return invalid(format!("{p}.addresses"), "the pool has no address left after exclusions");
+    }
+    Ok(set)
+}
+
+/// Parses a pool's address and exclusion strings (as a VipPool carries them) and
+/// expands them; errors name `{p}.addresses[k]` / `{p}.excludedIPs[k]`.
+pub fn pool_addresses_from_strings(p: &str, addresses: &[String], excluded: &[String]) -> Result<BTreeSet<Ipv4Addr>, Invalid> {
+    let entries = addresses
+        .iter()
+        .enumerate()
+        .map(|(k, a)| a.parse::<AddrEntry>().map_err(|m| (format!("{p}.addresses[{k}]"), m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let excluded = excluded
+        .iter()
+        .enumerate()
+        .map(|(k, a)| a.parse::<Ipv4Addr>().map_err(|_| (format!("{p}.excludedIPs[{k}]"), format!("{a:?} is not an IPv4 address"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    pool_addresses(p, &entries, &excluded)
 }
 
 /// Pools whose selector matches no node: nobody will answer for their VIPs.

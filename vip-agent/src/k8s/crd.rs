@@ -1,0 +1,208 @@
+//! The `VipPool` custom resource (cluster-scoped, `vip.dev/v1alpha1`): a pool of
+//! VIPs, which Services may take them and which nodes may hold them. Its CRD is
+//! generated from these types (`vip-agent crd`, committed as deploy/crd.yaml).
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+
+use k8s_openapi::{
+    api::core::v1::Toleration,
+    apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector},
+};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::{self, HealthCheckSpec, Invalid},
+    maglev,
+    model::HealthCheck,
+};
+
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "vip.dev",
+    version = "v1alpha1",
+    kind = "VipPool",
+    plural = "vippools",
+    shortname = "vpool",
+    status = "VipPoolStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.total"}"#,
+    printcolumn = r#"{"name":"Allocated","type":"integer","jsonPath":".status.allocated"}"#,
+    printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.free"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VipPoolSpec {
+    /// IPv4 addresses, CIDRs (every address of the block) and inclusive ranges
+    /// (`198.18.1.10-198.18.1.20`).
+    pub addresses: Vec<String>,
+    /// Addresses of the pool never handed out (each must be in `addresses`).
+    #[serde(default, rename = "excludedIPs")]
+    pub excluded_ips: Vec<String>,
+    /// Allocate from this pool to Services that do not ask for an address. Off: only
+    /// Services that name an address of the pool (`loadBalancerIP`, annotation) get one.
+    #[serde(default = "default_true")]
+    pub auto_assign: bool,
+    /// Services that may be allocated from this pool (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_selector: Option<LabelSelector>,
+    /// Namespaces whose Services may be allocated from this pool (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Labels a node needs to hold this pool's VIPs (and to be a backend).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints of eligible nodes this pool tolerates (NoSchedule/NoExecute taints
+    /// not tolerated make a node ineligible).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// `arp`: the owner answers ARP for the VIP (XDP). `lo`: the VIP is only added to
+    /// the owner's loopback, for a routing daemon (BGP/ECMP) to announce.
+    #[serde(default)]
+    pub announce: AnnounceMode,
+    /// Maglev table size of this pool's services: a prime from 251 to 131071
+    /// (default 16381).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_size: Option<u32>,
+    /// Health check of backend nodes (default: none; a node is a backend while Ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckSpec>,
+    /// Gratuitous ARP on takeover and while holding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gratuitous_arp: Option<GratuitousArp>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AnnounceMode {
+    #[default]
+    Arp,
+    Lo,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GratuitousArp {
+    /// Frames sent on takeover.
+    pub count: u32,
+    /// Between those frames, e.g. 100ms.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub interval: Duration,
+    /// One more round this often while holding (switch entries age out), e.g. 30s.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub refresh: Duration,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VipPoolStatus {
+    /// `Ready` (the spec is valid and in use) and `Conflicting` (it overlaps another
+    /// pool or has bad entries), each with the field path in its message.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Addresses in the pool (after exclusions), allocated to Services, and free.
+    #[serde(default)]
+    pub total: u32,
+    #[serde(default)]
+    pub allocated: u32,
+    #[serde(default)]
+    pub free: u32,
+    /// VIP → the node that holds it now.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub owners: BTreeMap<String, String>,
+}
+
+/// A VipPool's spec, checked: its addresses and settings as the model needs them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidPool {
+    pub addresses: Vec<Ipv4Addr>,
+    pub table_size: u32,
+    pub health: Option<HealthCheck>,
+}
+
+/// Checks a spec; errors carry the field path (`spec.addresses[2]`) and a message,
+/// the way the pool's `Ready=False` condition shows them. `first_port` is the port a
+/// health check defaults to when it names none.
+pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, Invalid> {
+    let addresses = config::pool_addresses_from_strings("spec", &spec.addresses, &spec.excluded_ips)?;
+    let table_size = spec.table_size.unwrap_or(maglev::DEFAULT_TABLE_SIZE);
+    maglev::check_table_size(table_size).map_err(|e| ("spec.tableSize".to_owned(), e.to_string()))?;
+    let health = match &spec.health_check {
+        Some(h) => Some(config::health_check("spec.healthCheck", h.clone(), first_port)?),
+        None => None,
+    };
+    if let Some(g) = &spec.gratuitous_arp {
+        if g.refresh.is_zero() {
+            return Err(("spec.gratuitousArp.refresh".into(), "must be more than zero".into()));
+        }
+    }
+    Ok(ValidPool { addresses: addresses.into_iter().collect(), table_size, health })
+}
+
+/// The CRD as YAML (what `vip-agent crd` prints and deploy/crd.yaml holds).
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let header = "# Generated by `vip-agent crd` from vip-agent/src/k8s/crd.rs; do not edit.\n";
+    format!("{header}{}", serde_yaml_ng::to_string(&VipPool::crd()).expect("a CRD serializes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> VipPoolSpec {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn valid_spec_fills_the_pool() {
+        let s = spec("addresses: [198.18.1.10, 198.18.1.16/30]\nexcludedIPs: [198.18.1.17]\ntableSize: 251\nhealthCheck: {type: tcp}\n");
+        assert!(s.auto_assign, "autoAssign defaults to true");
+        assert_eq!(s.announce, AnnounceMode::Arp);
+        let v = validate(&s, 443).unwrap();
+        assert_eq!(v.addresses.len(), 4);
+        assert_eq!(v.table_size, 251);
+        assert_eq!(v.health.unwrap().probe, crate::model::Probe::Tcp { port: 443 });
+    }
+
+    #[test]
+    fn bad_specs_name_the_field() {
+        let cases = [
+            ("addresses: [198.18.1.10, nonsense]\n", "spec.addresses[1]", "is not an IPv4 address, CIDR"),
+            ("addresses: [198.18.1.10]\nexcludedIPs: [198.18.1.11]\n", "spec.excludedIPs[0]", "198.18.1.11 is not in this pool's addresses"),
+            ("addresses: [198.18.1.10]\nexcludedIPs: [x]\n", "spec.excludedIPs[0]", "\"x\" is not an IPv4 address"),
+            ("addresses: [198.18.1.10]\nexcludedIPs: [198.18.1.10]\n", "spec.addresses", "no address left"),
+            ("addresses: [198.18.1.10]\ntableSize: 1000\n", "spec.tableSize", "table size 1000 is not a prime"),
+            ("addresses: [198.18.1.10]\nhealthCheck: {type: tcp, rise: 0}\n", "spec.healthCheck.rise", "must be at least 1"),
+            ("addresses: [198.18.1.10]\ngratuitousArp: {count: 3, interval: 100ms, refresh: 0s}\n", "spec.gratuitousArp.refresh", "more than zero"),
+        ];
+        for (y, path, msg) in cases {
+            let (p, m) = validate(&spec(y), 80).unwrap_err();
+            assert_eq!(p, path, "{y}");
+            assert!(m.contains(msg), "{y}: {m}");
+        }
+    }
+
+    /// deploy/crd.yaml is what `vip-agent crd` prints: regenerate it with
+    /// `cargo run -p vip-agent -- crd > deploy/crd.yaml` when the types change.
+    #[test]
+    fn committed_crd_matches_the_types() {
+        let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crd.yaml")).unwrap();
+        assert!(committed == crd_yaml(), "deploy/crd.yaml drifted from the VipPool types; regenerate it with `cargo run -p vip-agent -- crd > deploy/crd.yaml`");
+    }
+
+    #[test]
+    fn crd_has_status_subresource_and_conditions() {
+        let y = crd_yaml();
+        for want in ["name: vippools.vip.dev", "scope: Cluster", "status: {}", "conditions:", "excludedIPs:", "autoAssign:", "nodeSelector:", "tolerations:"] {
+            assert!(y.contains(want), "CRD lacks {want:?}:\n{y}");
+        }
+    }
+}

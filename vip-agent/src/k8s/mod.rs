@@ -1,0 +1,3 @@
+//! The Kubernetes source: the VipPool resource and (next) the watchers, the
+//! elected allocator and the status writers that fill the same model as the file.
+pub mod crd;
