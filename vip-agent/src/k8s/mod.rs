@@ -2,3 +2,4 @@
 //! elected allocator and the status writers that fill the same model as the file.
 pub mod allocate;
 pub mod crd;
+pub mod pools;

@@ -1,0 +1,120 @@
+//! VipPools checked together: each pool's spec on its own (field paths), then
+//! overlaps between pools (the older pool keeps its addresses; the newer one is
+//! `Conflicting`), and the status conditions that say so.
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::crd::{validate, ValidPool, VipPool};
+
+/// One pool's verdict.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolCheck {
+    pub name: String,
+    /// The pool in use (None when its spec is invalid or it overlaps an older pool).
+    pub valid: Option<ValidPool>,
+    /// Why it is not in use: (reason, message with the field path).
+    pub problem: Option<(String, String)>,
+}
+
+/// Checks every pool. Pools are taken oldest first
+/// (then by name), so an overlap always blames the pool that came later.
+pub fn check_pools(pools: &[VipPool]) -> Vec<PoolCheck> {
+    let mut order: Vec<&VipPool> = pools.iter().collect();
+    order.sort_by_key(|p| (p.metadata.creation_timestamp.as_ref().map(|t| t.0), p.metadata.name.clone()));
+    let mut owner: BTreeMap<Ipv4Addr, String> = BTreeMap::new();
+    let mut out = Vec::new();
+    for p in order {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        match validate(&p.spec, 80) {
+            Err((path, msg)) => out.push(PoolCheck { name, valid: None, problem: Some(("InvalidSpec".into(), format!("{path}: {msg}"))) }),
+            Ok(v) => {
+                if let Some((a, other)) = v.addresses.iter().find_map(|a| owner.get(a).map(|o| (*a, o.clone()))) {
+                    let msg = format!("spec.addresses: {a} is also in VipPool {other:?}; pools must not overlap");
+                    out.push(PoolCheck { name, valid: None, problem: Some(("Overlap".into(), msg)) });
+                    continue;
+                }
+                for a in &v.addresses {
+                    owner.insert(*a, name.clone());
+                }
+                out.push(PoolCheck { name, valid: Some(v), problem: None });
+            }
+        }
+    }
+    out
+}
+
+/// The `Ready` and `Conflicting` conditions for a pool's status. A condition's
+/// `lastTransitionTime` is kept from `previous` when its status did not change.
+pub fn conditions(check: &PoolCheck, generation: Option<i64>, previous: &[Condition], now: Time) -> Vec<Condition> {
+    let (ready, conflicting) = match &check.problem {
+        None => (("True", "Valid", "the pool is valid and in use".to_owned()), ("False", "NoConflict", "no overlap and no bad entry".to_owned())),
+        Some((reason, msg)) => (("False", reason.as_str(), msg.clone()), ("True", reason.as_str(), msg.clone())),
+    };
+    [("Ready", ready), ("Conflicting", conflicting)]
+        .into_iter()
+        .map(|(type_, (status, reason, message))| {
+            let since = previous.iter().find(|c| c.type_ == type_ && c.status == status).map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+            Condition {
+                type_: type_.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message,
+                observed_generation: generation,
+                last_transition_time: since,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn pool(name: &str, t: i64, yaml: &str) -> VipPool {
+        let mut p = VipPool::new(name, serde_yaml_ng::from_str(yaml).unwrap());
+        p.metadata = ObjectMeta {
+            name: Some(name.into()),
+            creation_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + t).unwrap())),
+            generation: Some(3),
+            ..Default::default()
+        };
+        p
+    }
+
+    #[test]
+    fn overlap_blames_the_newer_pool_and_bad_specs_name_the_field() {
+        let pools = [
+            pool("newer", 5, "addresses: [198.18.1.10-198.18.1.20]\n"),
+            pool("older", 1, "addresses: [198.18.1.8/30]\n"),
+            pool("broken", 2, "addresses: [198.18.2.1, 198.18.2.300]\n"),
+        ];
+        let c = check_pools(&pools);
+        assert_eq!(c.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(), ["older", "broken", "newer"]);
+        assert!(c[0].valid.is_some() && c[0].problem.is_none());
+        assert_eq!(c[1].problem.as_ref().unwrap().0, "InvalidSpec");
+        assert!(c[1].problem.as_ref().unwrap().1.starts_with("spec.addresses[1]: "), "{:?}", c[1].problem);
+        let (reason, msg) = c[2].problem.clone().unwrap();
+        assert_eq!(reason, "Overlap");
+        assert_eq!(msg, "spec.addresses: 198.18.1.10 is also in VipPool \"older\"; pools must not overlap");
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time() {
+        let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
+        let t1 = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_100).unwrap());
+        let ok = PoolCheck { name: "p".into(), valid: None, problem: None };
+        let first = conditions(&ok, Some(3), &[], t0.clone());
+        assert_eq!((first[0].type_.as_str(), first[0].status.as_str()), ("Ready", "True"));
+        assert_eq!((first[1].type_.as_str(), first[1].status.as_str()), ("Conflicting", "False"));
+        let again = conditions(&ok, Some(4), &first, t1.clone());
+        assert_eq!(again[0].last_transition_time, t0, "unchanged status keeps its time");
+        assert_eq!(again[0].observed_generation, Some(4));
+        let bad = PoolCheck { problem: Some(("Overlap".into(), "spec.addresses: ...".into())), ..ok };
+        let flipped = conditions(&bad, Some(5), &again, t1.clone());
+        assert_eq!((flipped[0].status.as_str(), flipped[0].last_transition_time.clone()), ("False", t1));
+        assert_eq!(flipped[1].message, "spec.addresses: ...");
+    }
+}
