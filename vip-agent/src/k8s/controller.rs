@@ -1,0 +1,249 @@
+//! The elected controller: while this agent leads, it keeps VipPool statuses
+//! (conditions, counts) and Services' load-balancer addresses equal to what
+//! `pools::check_pools` and `allocate::allocate` compute from the watched
+//! objects, and records Events. Every write carries the resourceVersion it was
+//! computed from: a stale view gets a 409 and is recomputed, never applied.
+use std::{collections::BTreeMap, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::core::v1::{Namespace, Service},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    api::{Api, Patch, PatchParams},
+    runtime::{
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::{self, Store},
+        watcher, WatchStreamExt,
+    },
+    Client, Resource, ResourceExt,
+};
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use super::{
+    allocate::{self, Decision, PoolView},
+    crd::{VipPool, VipPoolStatus},
+    pools,
+};
+
+/// Watches `api` into a store; every change pings `changed`.
+fn reflect<K>(api: Api<K>, changed: mpsc::UnboundedSender<()>) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => {
+                    if changed.send(()).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => warn!("watch: {e}"),
+            }
+        }
+    });
+    reader
+}
+
+/// What one pass did (for logs and tests).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    pub allocated: usize,
+    pub released: usize,
+    pub pending: usize,
+    pub conflicts: usize,
+    pub pool_statuses: usize,
+}
+
+pub struct Controller {
+    client: Client,
+    pools: Store<VipPool>,
+    services: Store<Service>,
+    namespaces: Store<Namespace>,
+    recorder: Recorder,
+    /// Last Pending message per Service: an Event only when it changes.
+    pending: BTreeMap<String, String>,
+}
+
+impl Controller {
+    /// Starts the watches; `changed` fires on every watched change.
+    pub fn new(client: Client, identity: &str) -> (Self, mpsc::UnboundedReceiver<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pools = reflect(Api::<VipPool>::all(client.clone()), tx.clone());
+        let services = reflect(Api::<Service>::all(client.clone()), tx.clone());
+        let namespaces = reflect(Api::<Namespace>::all(client.clone()), tx);
+        let recorder = Recorder::new(client.clone(), Reporter { controller: "vip-controller".into(), instance: Some(identity.into()) });
+        (Self { client, pools, services, namespaces, recorder, pending: BTreeMap::new() }, rx)
+    }
+
+    pub async fn wait_ready(&self) {
+        let _ = self.pools.wait_until_ready().await;
+        let _ = self.services.wait_until_ready().await;
+        let _ = self.namespaces.wait_until_ready().await;
+    }
+
+    /// One pass over the current view. Call only while leading.
+    pub async fn pass(&mut self) -> Pass {
+        let mut out = Pass::default();
+        let pools: Vec<VipPool> = self.pools.state().iter().map(|p| (**p).clone()).collect();
+        let services: Vec<Service> = self.services.state().iter().map(|s| (**s).clone()).collect();
+        let ns_labels: BTreeMap<String, BTreeMap<String, String>> =
+            self.namespaces.state().iter().map(|n| (n.name_any(), n.labels().clone())).collect();
+        let checks = pools::check_pools(&pools);
+        let views: Vec<PoolView> = checks
+            .iter()
+            .filter_map(|c| {
+                let p = pools.iter().find(|p| p.name_any() == c.name)?;
+                let v = c.valid.as_ref()?;
+                Some(PoolView {
+                    name: c.name.clone(),
+                    addresses: v.addresses.iter().copied().collect(),
+                    auto_assign: p.spec.auto_assign,
+                    service_selector: p.spec.service_selector.clone(),
+                    namespace_selector: p.spec.namespace_selector.clone(),
+                })
+            })
+            .collect();
+        for d in allocate::allocate(&views, &services, &ns_labels) {
+            match self.apply(&d, &services).await {
+                Ok(true) => match d {
+                    Decision::Allocate { .. } => out.allocated += 1,
+                    Decision::Release { .. } => out.released += 1,
+                    Decision::Pending { .. } => out.pending += 1,
+                },
+                Ok(false) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
+                Err(e) => warn!("applying {d:?}: {e}"),
+            }
+        }
+        // Counts from the watched statuses: they may lag this pass's own writes by a
+        // moment; the watch event of those writes triggers the pass that settles them.
+        let services_now: Vec<Service> = self.services.state().iter().map(|s| (**s).clone()).collect();
+        let usage = allocate::pool_usage(&views, &services_now);
+        for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
+            match self.write_pool_status(p, c, usage.get(&c.name).copied()).await {
+                Ok(true) => out.pool_statuses += 1,
+                Ok(false) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
+                Err(e) => warn!(pool = %c.name, "status: {e}"),
+            }
+        }
+        out
+    }
+
+    /// Applies one decision; Ok(false) when there was nothing to write.
+    async fn apply(&mut self, d: &Decision, services: &[Service]) -> Result<bool, kube::Error> {
+        let key = match d {
+            Decision::Allocate { service, .. } | Decision::Release { service, .. } | Decision::Pending { service, .. } => service,
+        };
+        let Some(svc) = services.iter().find(|s| allocate::key(s) == *key) else { return Ok(false) };
+        let (ns, name) = (svc.namespace().unwrap_or_else(|| "default".into()), svc.name_any());
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &ns);
+        let rv = svc.resource_version();
+        let (ingress, event) = match d {
+            Decision::Allocate { addr, pool, .. } => {
+                (json!([{ "ip": addr.to_string() }]), Event {
+                    type_: EventType::Normal,
+                    reason: "Allocated".into(),
+                    note: Some(format!("{addr} from VipPool {pool}")),
+                    action: "Allocate".into(),
+                    secondary: None,
+                })
+            }
+            Decision::Release { addr, why, .. } => (json!([]), Event {
+                type_: EventType::Normal,
+                reason: "Released".into(),
+                note: Some(format!("{addr}: {why}")),
+                action: "Release".into(),
+                secondary: None,
+            }),
+            Decision::Pending { why, .. } => {
+                if self.pending.get(key) == Some(why) {
+                    return Ok(false);
+                }
+                self.pending.insert(key.clone(), why.clone());
+                let ev = Event { type_: EventType::Warning, reason: "AllocationFailed".into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
+                self.publish(&ev, svc).await;
+                return Ok(true);
+            }
+        };
+        self.pending.remove(key);
+        // The resourceVersion makes this a compare-and-swap: a Service changed since
+        // we computed the decision (or another leader wrote it) gives a 409.
+        let patch = json!({ "metadata": { "resourceVersion": rv }, "status": { "loadBalancer": { "ingress": ingress } } });
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        info!(service = %key, decision = ?d, "service status written");
+        self.publish(&event, svc).await;
+        Ok(true)
+    }
+
+    async fn publish(&self, ev: &Event, svc: &Service) {
+        if let Err(e) = self.recorder.publish(ev, &svc.object_ref(&())).await {
+            warn!("event: {e}");
+        }
+    }
+
+    /// Writes a pool's status when it differs; Ok(false) when it was already right.
+    async fn write_pool_status(&self, p: &VipPool, c: &pools::PoolCheck, usage: Option<(u32, u32)>) -> Result<bool, kube::Error> {
+        let old = p.status.clone().unwrap_or_default();
+        let now = Time(Timestamp::now());
+        let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as u32);
+        let (allocated, free) = usage.unwrap_or((0, total));
+        let new = VipPoolStatus {
+            conditions: pools::conditions(c, p.metadata.generation, &old.conditions, now),
+            observed_generation: p.metadata.generation,
+            total,
+            allocated,
+            free,
+            owners: old.owners.clone(),
+        };
+        let same_conditions = old.conditions.len() == new.conditions.len()
+            && old.conditions.iter().zip(&new.conditions).all(|(a, b)| (&a.type_, &a.status, &a.reason, &a.message, a.observed_generation) == (&b.type_, &b.status, &b.reason, &b.message, b.observed_generation));
+        if same_conditions && (old.total, old.allocated, old.free, old.observed_generation) == (new.total, new.allocated, new.free, new.observed_generation) {
+            return Ok(false);
+        }
+        let api: Api<VipPool> = Api::all(self.client.clone());
+        let patch = json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": new });
+        api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        if c.problem.is_some() {
+            let ev = Event { type_: EventType::Warning, reason: "Invalid".into(), note: c.problem.as_ref().map(|(_, m)| m.clone()), action: "Validate".into(), secondary: None };
+            if let Err(e) = self.recorder.publish(&ev, &p.object_ref(&())).await {
+                warn!("event: {e}");
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Runs the controller: a pass after every watched change (coalesced) and every
+/// `resync`, while `leader` is true.
+pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<bool>, resync: Duration) {
+    let (mut c, mut changed) = Controller::new(client, &identity);
+    c.wait_ready().await;
+    loop {
+        if *leader.borrow() {
+            let p = c.pass().await;
+            if p != Pass::default() {
+                info!(?p, "controller pass");
+            }
+        }
+        tokio::select! {
+            Some(()) = changed.recv() => {
+                // Coalesce a burst of changes into one pass.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                while changed.try_recv().is_ok() {}
+            }
+            r = leader.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}
