@@ -25,6 +25,32 @@ pub struct Node {
     /// Known MAC; `None` = resolved from the neighbour table at run time.
     pub mac: Option<[u8; 6]>,
     pub labels: BTreeMap<String, String>,
+    /// NoSchedule/NoExecute taints (Kubernetes); a pool must tolerate them.
+    pub taints: Vec<Taint>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Taint {
+    pub key: String,
+    pub value: String,
+    pub effect: String,
+}
+
+/// A pool's toleration, with Kubernetes semantics (operator Equal or Exists; an
+/// empty key with Exists tolerates everything; an empty effect matches all effects).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Toleration {
+    pub key: String,
+    pub exists: bool,
+    pub value: String,
+    pub effect: String,
+}
+
+impl Toleration {
+    pub fn tolerates(&self, t: &Taint) -> bool {
+        (self.effect.is_empty() || self.effect == t.effect)
+            && (self.key.is_empty() && self.exists || self.key == t.key && (self.exists || self.value == t.value))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -34,6 +60,14 @@ pub struct Pool {
     pub addresses: Vec<Ipv4Addr>,
     /// Nodes that may hold (answer ARP for) this pool's VIPs.
     pub node_selector: Selector,
+    /// Taints of such nodes that do not make them ineligible.
+    pub tolerations: Vec<Toleration>,
+}
+
+impl Pool {
+    pub fn admits(&self, n: &Node) -> bool {
+        selects(&self.node_selector, &n.labels) && n.taints.iter().all(|t| self.tolerations.iter().any(|tol| tol.tolerates(t)))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
@@ -79,6 +113,9 @@ pub struct Service {
     pub table_size: u32,
     /// Which nodes are its backends (before health): defaults to the pool's selector.
     pub backend_selector: Selector,
+    /// When set, only these nodes are candidates (Kubernetes `externalTrafficPolicy:
+    /// Local`: the nodes with ready endpoints of the Service).
+    pub backend_nodes: Option<std::collections::BTreeSet<String>>,
     pub health: Option<HealthCheck>,
 }
 
@@ -152,16 +189,19 @@ impl World {
 
     /// Nodes eligible to hold the VIPs of `pool`, in name order.
     pub fn eligible(&self, pool: &Pool) -> Vec<&Node> {
-        self.nodes.iter().filter(|n| selects(&pool.node_selector, &n.labels)).collect()
+        self.nodes.iter().filter(|n| pool.admits(n)).collect()
     }
 
     /// Nodes eligible to hold some pool's VIPs: the ones that exchange heartbeats.
     pub fn holders(&self) -> Vec<&Node> {
-        self.nodes.iter().filter(|n| self.pools.iter().any(|p| selects(&p.node_selector, &n.labels))).collect()
+        self.nodes.iter().filter(|n| self.pools.iter().any(|p| p.admits(n))).collect()
     }
 
     /// Candidate backends of `svc` (before health), in name order.
     pub fn backend_candidates(&self, svc: &Service) -> Vec<&Node> {
-        self.nodes.iter().filter(|n| selects(&svc.backend_selector, &n.labels)).collect()
+        self.nodes
+            .iter()
+            .filter(|n| selects(&svc.backend_selector, &n.labels) && svc.backend_nodes.as_ref().is_none_or(|b| b.contains(&n.name)))
+            .collect()
     }
 }

@@ -338,7 +338,7 @@ fn validate(f: File) -> Result<World, Invalid> {
         if let Some(j) = addrs.insert(n.address, i) {
             return invalid(format!("{p}.address"), format!("{} is already the address of nodes[{j}]", n.address));
         }
-        nodes.push(Node { name: n.name, addr: n.address, mac: n.mac.map(|m| m.0), labels: n.labels });
+        nodes.push(Node { name: n.name, addr: n.address, mac: n.mac.map(|m| m.0), labels: n.labels, taints: Vec::new() });
     }
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
 
@@ -359,7 +359,7 @@ fn validate(f: File) -> Result<World, Invalid> {
         if owner_of.len() > MAX_POOL_ADDRESSES {
             return invalid(format!("{p}.addresses"), format!("all pools together exceed {MAX_POOL_ADDRESSES} addresses"));
         }
-        pools.push(Pool { name: fp.name, addresses: set.into_iter().collect(), node_selector: fp.node_selector });
+        pools.push(Pool { name: fp.name, addresses: set.into_iter().collect(), node_selector: fp.node_selector, tolerations: Vec::new() });
     }
 
     let mut services = Vec::new();
@@ -392,7 +392,7 @@ fn validate(f: File) -> Result<World, Invalid> {
             None => None,
         };
         let backend_selector = fs.backend_selector.unwrap_or_else(|| pools[pool].node_selector.clone());
-        services.push(Service { name: fs.name, vip: fs.vip, ports: fs.ports, protocol: fs.protocol, table_size: fs.table_size, backend_selector, health });
+        services.push(Service { name: fs.name, vip: fs.vip, ports: fs.ports, protocol: fs.protocol, table_size: fs.table_size, backend_selector, backend_nodes: None, health });
     }
 
     let a = f.announce;
