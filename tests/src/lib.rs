@@ -1,3 +1,4 @@
+pub mod apiserver;
 pub mod agent;
 pub mod frames;
 pub mod halab;

@@ -1,0 +1,522 @@
+//! An in-process stand-in for the Kubernetes API server (DESIGN.md, "Kubernetes in
+//! tests"): the agent's real kube-rs client code runs against it in CI.
+//!
+//! Objects are `serde_json::Value`s of any registered resource (group, version,
+//! plural; namespaced or cluster-scoped), kept in memory with one global
+//! resourceVersion counter, as etcd has.
+//!
+//! Covered, as the real server does it:
+//! - list (`labelSelector`, `fieldSelector`; one page, no `continue` token), get,
+//!   create (uid, resourceVersion, creationTimestamp, generation 1; `generateName`;
+//!   409 AlreadyExists), replace (PUT), delete (with `preconditions`), JSON merge patch;
+//! - 409 Conflict when a PUT body, a merge patch or delete preconditions carry a stale
+//!   `metadata.resourceVersion` (or another `uid`); a write that changes nothing
+//!   keeps the RV and emits no event; `generation` moves on changes outside
+//!   metadata and status only;
+//! - status subresources: `/status` writes change only `.status`; main-resource
+//!   create/PUT/PATCH leave `.status` alone for resources registered with `status`;
+//! - watch: newline-delimited events, replay after `resourceVersion` from a bounded
+//!   history, 410 Expired as an ERROR event for RVs older than it, bookmarks
+//!   (`allowWatchBookmarks`, configurable interval), `timeoutSeconds`, selector
+//!   watches turning MODIFIED into ADDED/DELETED as objects enter or leave the
+//!   selection, `sendInitialEvents` (streaming lists);
+//! - errors as `Status` bodies; minimal discovery (`/api`, `/apis`, `/version`,
+//!   resource lists).
+//!
+//! Not covered: authentication and authorization, admission and validation of
+//! object schemas, defaulting, finalizers and graceful deletion (a delete removes at
+//! once), owner references and garbage collection, strategic merge, JSON and
+//! server-side apply patches (415), delete-collection, `resourceVersion` on lists
+//! (always the current state), pagination, field selectors are any dotted path
+//! (the real server allows only a per-kind set), protobuf, aggregated discovery,
+//! namespaces as objects (any namespace exists).
+
+mod select;
+mod store;
+mod watch;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use store::{merge_patch, Part, Store};
+
+/// One resource the server serves, as `kubectl api-resources` would list it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResourceSpec {
+    /// "" for the core group.
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    /// Has a `/status` subresource.
+    pub status: bool,
+}
+
+const fn res(group: &'static str, version: &'static str, plural: &'static str, kind: &'static str, namespaced: bool, status: bool) -> ResourceSpec {
+    ResourceSpec { group, version, plural, kind, namespaced, status }
+}
+
+impl ResourceSpec {
+    pub const SERVICES: Self = res("", "v1", "services", "Service", true, true);
+    pub const NODES: Self = res("", "v1", "nodes", "Node", false, true);
+    pub const EVENTS: Self = res("", "v1", "events", "Event", true, false);
+    pub const EVENTS_V1: Self = res("events.k8s.io", "v1", "events", "Event", true, false);
+    pub const ENDPOINT_SLICES: Self = res("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", true, false);
+    pub const LEASES: Self = res("coordination.k8s.io", "v1", "leases", "Lease", true, false);
+    pub const VIP_POOLS: Self = res("vip.dev", "v1alpha1", "vippools", "VipPool", false, true);
+    pub const CONFIG_MAPS: Self = res("", "v1", "configmaps", "ConfigMap", true, false);
+    /// What vip's agent reads and writes.
+    pub const VIP: [Self; 7] =
+        [Self::SERVICES, Self::NODES, Self::EVENTS, Self::EVENTS_V1, Self::ENDPOINT_SLICES, Self::LEASES, Self::VIP_POOLS];
+
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `leases.coordination.k8s.io`, `services`: how the real server names it in messages,
+    /// and how the in-process accessors take it.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_owned()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+/// A failed request, sent as a `Status` body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    details: Option<Value>,
+}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: String) -> Self {
+        ApiError { code, reason, message, details: None }
+    }
+    fn details(mut self, spec: &ResourceSpec, name: &str) -> Self {
+        self.details = Some(json!({ "name": name, "group": spec.group, "kind": spec.plural }));
+        self
+    }
+    fn not_found(spec: &ResourceSpec, name: &str) -> Self {
+        Self::new(404, "NotFound", format!("{} \"{name}\" not found", spec.qualified())).details(spec, name)
+    }
+    fn conflict(spec: &ResourceSpec, name: &str) -> Self {
+        let msg = format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            spec.qualified()
+        );
+        Self::new(409, "Conflict", msg).details(spec, name)
+    }
+    fn expired(message: String) -> Self {
+        Self::new(410, "Expired", message)
+    }
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": self.message, "reason": self.reason, "code": self.code,
+        });
+        if let Some(d) = &self.details {
+            v["details"] = d.clone();
+        }
+        v
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.code, self.reason, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Request kinds, as the real server's audit log names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+}
+
+pub(crate) struct Shared {
+    store: Mutex<Store>,
+    bookmark_interval: Duration,
+    requests: [AtomicU64; 7],
+}
+
+pub struct ApiServerBuilder {
+    resources: Vec<ResourceSpec>,
+    bookmark_interval: Duration,
+    history_limit: usize,
+}
+
+impl ApiServerBuilder {
+    pub fn resource(mut self, spec: ResourceSpec) -> Self {
+        self.resources.push(spec);
+        self
+    }
+    pub fn resources(self, specs: impl IntoIterator<Item = ResourceSpec>) -> Self {
+        specs.into_iter().fold(self, Self::resource)
+    }
+    /// How often an open watch that asked for bookmarks gets one (default 5 s).
+    pub fn bookmark_interval(mut self, every: Duration) -> Self {
+        self.bookmark_interval = every;
+        self
+    }
+    /// How many events (of all resources) watches can be resumed over (default 1000).
+    pub fn history_limit(mut self, events: usize) -> Self {
+        self.history_limit = events.max(1);
+        self
+    }
+    /// Serves on 127.0.0.1 on a free port, on the current tokio runtime.
+    pub async fn start(self) -> anyhow::Result<ApiServer> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new(self.resources, self.history_limit)),
+            bookmark_interval: self.bookmark_interval,
+            requests: Default::default(),
+        });
+        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(ApiServer { addr, shared, task })
+    }
+}
+
+/// A running stand-in; stops (ending every watch) when dropped.
+pub struct ApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.close_watches();
+        self.task.abort();
+    }
+}
+
+impl ApiServer {
+    pub fn builder() -> ApiServerBuilder {
+        ApiServerBuilder { resources: Vec::new(), bookmark_interval: Duration::from_secs(5), history_limit: 1000 }
+    }
+
+    /// `http://127.0.0.1:PORT`, for `kube::Config::new`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.shared.store.lock().expect("store lock")
+    }
+
+    /// The index of a resource named as `ResourceSpec::qualified` (`services`, `leases.coordination.k8s.io`).
+    fn index(store: &Store, resource: &str) -> usize {
+        store.resources.iter().position(|r| r.qualified() == resource).unwrap_or_else(|| {
+            let known: Vec<_> = store.resources.iter().map(ResourceSpec::qualified).collect();
+            panic!("resource {resource:?} is not registered (registered: {known:?})")
+        })
+    }
+
+    /// Creates or replaces an object as given, status included (a fixture, not a
+    /// client write: no precondition unless the object carries a resourceVersion).
+    /// Watches see it like any write. Panics if the resource is not registered.
+    pub fn insert(&self, resource: &str, obj: Value) -> Result<Value, ApiError> {
+        let mut store = self.store();
+        let i = Self::index(&store, resource);
+        let ns = obj["metadata"]["namespace"].as_str().map(str::to_owned);
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        if store.get(i, ns.as_deref(), &name).is_ok() {
+            store.update(i, ns.as_deref(), &name, obj, Part::Whole)
+        } else {
+            store.create(i, ns.as_deref(), obj, Part::Whole)
+        }
+    }
+
+    pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let store = self.store();
+        store.get(Self::index(&store, resource), namespace, name).ok()
+    }
+
+    /// Every object of the resource (of one namespace, if given), by namespace and name.
+    pub fn list(&self, resource: &str, namespace: Option<&str>) -> Vec<Value> {
+        let store = self.store();
+        let i = Self::index(&store, resource);
+        store.list(i, |o| namespace.is_none_or(|ns| o["metadata"]["namespace"].as_str() == Some(ns)))
+    }
+
+    pub fn remove(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let mut store = self.store();
+        let i = Self::index(&store, resource);
+        store.delete(i, namespace, name, &Value::Null).ok()
+    }
+
+    /// The global resourceVersion: the RV of the last write.
+    pub fn resource_version(&self) -> u64 {
+        self.store().rv
+    }
+
+    /// Forgets the event history and ends every open watch (as an etcd compaction
+    /// followed by a watch-cache re-initialisation would): a client resuming from
+    /// any RV it holds gets 410 Expired and has to re-list.
+    pub fn compact(&self) {
+        self.store().compact();
+    }
+
+    /// Ends every open watch cleanly (as an API server restart would); clients resume from their RV.
+    pub fn close_watches(&self) {
+        let _ = self.store().tx.send(store::Msg::Close);
+    }
+
+    /// Watches open now.
+    pub fn open_watches(&self) -> usize {
+        self.store().tx.receiver_count()
+    }
+
+    /// Requests served of one kind (failed ones included).
+    pub fn requests(&self, verb: Verb) -> u64 {
+        self.shared.requests[verb as usize].load(Ordering::Relaxed)
+    }
+}
+
+fn json_response(code: u16, v: &Value) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(v).expect("serializable")).into_response()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        json_response(self.code, &self.to_json())
+    }
+}
+
+/// `a=b&c=d%3De` into a map (form encoding: `+` is a space).
+fn parse_query(q: Option<&str>) -> HashMap<String, String> {
+    fn decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'+' => out.push(b' '),
+                b'%' => match b.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                },
+                c => out.push(c),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    q.unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// A request path resolved against the registered resources.
+struct Target {
+    res: usize,
+    namespace: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+/// `/api/v1/...` or `/apis/{group}/{version}/...`: `[namespaces/{ns}/]{plural}[/{name}[/status]]`.
+fn resolve(resources: &[ResourceSpec], path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return None,
+    };
+    let find = |plural: &str, namespaced: bool| {
+        resources
+            .iter()
+            .position(|r| r.group == group && r.version == version && r.plural == plural && r.namespaced == namespaced)
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, plural, ..] if find(plural, true).is_some() => (Some(ns.to_string()), &rest[2..]),
+        _ => (None, rest),
+    };
+    let (plural, name, status) = match rest {
+        [plural] => (*plural, None, false),
+        [plural, name] => (*plural, Some(name.to_string()), false),
+        [plural, name, "status"] => (*plural, Some(name.to_string()), true),
+        _ => return None,
+    };
+    // A namespaced resource without a namespace: only its all-namespaces list/watch.
+    let res = match namespace {
+        Some(_) => find(plural, true)?,
+        None if name.is_none() => find(plural, false).or_else(|| find(plural, true))?,
+        None => find(plural, false)?,
+    };
+    Some(Target { res, namespace, name, status })
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    match serve(&shared, &method, &uri, &headers, &body) {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn count(shared: &Shared, verb: Verb) {
+    shared.requests[verb as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
+}
+
+fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+    let resources = shared.store.lock().expect("store lock").resources.clone();
+    if let Some(doc) = discovery(&resources, uri.path()) {
+        return Ok(json_response(200, &doc));
+    }
+    let not_found = || ApiError::new(404, "NotFound", "the server could not find the requested resource".into());
+    let t = resolve(&resources, uri.path()).ok_or_else(not_found)?;
+    let spec = resources[t.res];
+    let q = parse_query(uri.query());
+    let ns = t.namespace.as_deref();
+    let part = if t.status { Part::Status } else { Part::Main };
+    if t.status && !spec.status {
+        return Err(not_found());
+    }
+    let lock = || shared.store.lock().expect("store lock");
+    let method_not_allowed = || ApiError::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource".into());
+    let obj = match (method.clone(), t.name.as_deref()) {
+        (Method::GET, None) => {
+            let filter = select::Filter::new(ns, q.get("labelSelector").map(String::as_str), q.get("fieldSelector").map(String::as_str))?;
+            if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) {
+                count(shared, Verb::Watch);
+                let wq = watch::WatchQuery {
+                    resource_version: q.get("resourceVersion").cloned(),
+                    // The real server picks 30-60 minutes when the client gives none.
+                    timeout: Duration::from_secs(q.get("timeoutSeconds").and_then(|s| s.parse().ok()).unwrap_or(1800)),
+                    bookmarks: q.get("allowWatchBookmarks").is_some_and(|b| b == "true"),
+                    send_initial_events: q.get("sendInitialEvents").is_some_and(|b| b == "true"),
+                };
+                let body: Body = watch::start(shared, t.res, filter, wq)?;
+                return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
+            }
+            count(shared, Verb::List);
+            let store = lock();
+            let items = store.list(t.res, |o| filter.matches(o));
+            let list = json!({
+                "apiVersion": spec.api_version(), "kind": format!("{}List", spec.kind),
+                "metadata": { "resourceVersion": store.rv.to_string() }, "items": items,
+            });
+            return Ok(json_response(200, &list));
+        }
+        (Method::POST, None) if !t.status => {
+            count(shared, Verb::Create);
+            let obj = lock().create(t.res, ns, parse_body(body)?, part)?;
+            return Ok(json_response(201, &obj));
+        }
+        (Method::GET, Some(name)) => {
+            count(shared, Verb::Get);
+            lock().get(t.res, ns, name)?
+        }
+        (Method::PUT, Some(name)) => {
+            count(shared, Verb::Update);
+            lock().update(t.res, ns, name, parse_body(body)?, part)?
+        }
+        (Method::PATCH, Some(name)) => {
+            count(shared, Verb::Patch);
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            if !ct.starts_with("application/merge-patch+json") {
+                return Err(ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format ({ct}); only application/merge-patch+json is served here")));
+            }
+            let patch = parse_body(body)?;
+            let mut store = lock();
+            let mut obj = store.get(t.res, ns, name)?;
+            merge_patch(&mut obj, &patch);
+            // The patch's own resourceVersion, if any, is the precondition (as for PUT).
+            store.update(t.res, ns, name, obj, part)?
+        }
+        (Method::DELETE, Some(name)) if !t.status => {
+            count(shared, Verb::Delete);
+            let opts = if body.is_empty() { Value::Null } else { parse_body(body)? };
+            lock().delete(t.res, ns, name, &opts["preconditions"])?
+        }
+        _ => return Err(method_not_allowed()),
+    };
+    Ok(json_response(200, &obj))
+}
+
+/// `/api`, `/apis`, `/apis/{group}`, `/api/v1`, `/apis/{group}/{version}`, `/version`.
+fn discovery(resources: &[ResourceSpec], path: &str) -> Option<Value> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let group_versions = |g: &str| {
+        let mut vs: Vec<&str> = resources.iter().filter(|r| r.group == g).map(|r| r.version).collect();
+        vs.dedup();
+        vs
+    };
+    let api_group = |g: &str| -> Value {
+        let versions: Vec<Value> =
+            group_versions(g).iter().map(|v| json!({ "groupVersion": format!("{g}/{v}"), "version": v })).collect();
+        json!({ "kind": "APIGroup", "apiVersion": "v1", "name": g, "preferredVersion": versions[0], "versions": versions })
+    };
+    let resource_list = |g: &str, v: &str| -> Option<Value> {
+        let mut list = Vec::new();
+        for r in resources.iter().filter(|r| r.group == g && r.version == v) {
+            let verbs = ["create", "delete", "get", "list", "patch", "update", "watch"];
+            list.push(json!({ "name": r.plural, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs }));
+            if r.status {
+                list.push(json!({ "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"] }));
+            }
+        }
+        let gv = if g.is_empty() { v.to_owned() } else { format!("{g}/{v}") };
+        (!list.is_empty()).then(|| json!({ "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list }))
+    };
+    match segs.as_slice() {
+        ["version"] => Some(json!({
+            "major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "", "gitTreeState": "clean",
+            "buildDate": "2025-04-23T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64",
+        })),
+        ["api"] => Some(json!({ "kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [] })),
+        ["apis"] => {
+            let mut groups: Vec<&str> = resources.iter().map(|r| r.group).filter(|g| !g.is_empty()).collect();
+            groups.sort();
+            groups.dedup();
+            let groups: Vec<Value> = groups.into_iter().map(api_group).collect();
+            Some(json!({ "kind": "APIGroupList", "apiVersion": "v1", "groups": groups }))
+        }
+        ["apis", g] if !group_versions(g).is_empty() => Some(api_group(g)),
+        ["api", v] => resource_list("", v),
+        ["apis", g, v] => resource_list(g, v),
+        _ => None,
+    }
+}

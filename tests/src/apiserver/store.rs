@@ -1,0 +1,332 @@
+//! Objects, the global resourceVersion and the bounded event history.
+
+use super::{ApiError, ResourceSpec};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use tokio::sync::broadcast;
+
+/// What a watch stream receives: every committed change of every resource, in
+/// resourceVersion order, or the order to end.
+#[derive(Clone, Debug)]
+pub(crate) enum Msg {
+    Event(Arc<Event>),
+    Close,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+#[derive(Debug)]
+pub(crate) struct Event {
+    pub rv: u64,
+    pub res: usize,
+    pub ty: EventType,
+    /// The object after the change (for DELETED: its last state, at the deletion's RV).
+    pub object: Value,
+    /// The object before a MODIFIED, so that selector watches can turn it into ADDED/DELETED.
+    pub old: Option<Value>,
+}
+
+/// Which part of an object a write may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The main resource: `.status` is kept from the stored object when the
+    /// resource has a status subresource.
+    Main,
+    /// The `/status` subresource: only `.status` is taken from the body.
+    Status,
+    /// The in-process test hook: the whole body.
+    Whole,
+}
+
+type Key = (usize, String, String);
+
+pub(crate) struct Store {
+    pub resources: Vec<ResourceSpec>,
+    pub rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Arc<Event>>,
+    history_limit: usize,
+    /// Events with `rv <= compacted` are gone: a watch from such an RV gets 410.
+    pub compacted: u64,
+    pub tx: broadcast::Sender<Msg>,
+    uids: u64,
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj["metadata"][field].as_str().unwrap_or("")
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj["metadata"].is_object() {
+        obj["metadata"] = json!({});
+    }
+    obj["metadata"].as_object_mut().expect("metadata is an object")
+}
+
+/// What generation counts: everything but metadata and status.
+fn spec_of(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+    }
+    o
+}
+
+impl Store {
+    pub fn new(resources: Vec<ResourceSpec>, history_limit: usize) -> Self {
+        // A watcher that falls this far behind gets 410 (as with the real watch cache).
+        let (tx, _) = broadcast::channel(history_limit.max(16));
+        Store {
+            resources,
+            rv: 1,
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_limit,
+            compacted: 0,
+            tx,
+            uids: 0,
+        }
+    }
+
+    fn key(res: usize, ns: Option<&str>, name: &str) -> Key {
+        (res, ns.unwrap_or("").to_owned(), name.to_owned())
+    }
+
+    pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.objects
+            .get(&Self::key(res, ns, name))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&self.resources[res], name))
+    }
+
+    /// Objects of `res` (all namespaces when `ns` is None) that `keep` accepts, by namespace and name.
+    pub fn list(&self, res: usize, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let lo = (res, String::new(), String::new());
+        self.objects
+            .range(lo..)
+            .take_while(|((r, _, _), _)| *r == res)
+            .map(|(_, v)| v)
+            .filter(|v| keep(v))
+            .cloned()
+            .collect()
+    }
+
+    /// Events of `res` after `rv` still in the history; None when some were compacted away.
+    pub fn since(&self, rv: u64) -> Option<impl Iterator<Item = &Arc<Event>>> {
+        (rv >= self.compacted).then(|| self.history.iter().filter(move |e| e.rv > rv))
+    }
+
+    /// Forgets the history and ends every watch. The RV moves on by one (a no-op
+    /// write) so that every RV a client holds is now older than the history.
+    pub fn compact(&mut self) {
+        self.rv += 1;
+        self.compacted = self.rv;
+        self.history.clear();
+        let _ = self.tx.send(Msg::Close);
+    }
+
+    fn commit(&mut self, res: usize, ty: EventType, mut object: Value, old: Option<Value>) -> Value {
+        self.rv += 1;
+        meta_mut(&mut object).insert("resourceVersion".into(), self.rv.to_string().into());
+        let key = Self::key(res, Some(meta_str(&object, "namespace")), meta_str(&object, "name"));
+        if ty == EventType::Deleted {
+            self.objects.remove(&key);
+        } else {
+            self.objects.insert(key, object.clone());
+        }
+        let ev = Arc::new(Event { rv: self.rv, res, ty, object: object.clone(), old });
+        if self.history.len() == self.history_limit {
+            if let Some(gone) = self.history.pop_front() {
+                self.compacted = gone.rv;
+            }
+        }
+        self.history.push_back(ev.clone());
+        let _ = self.tx.send(Msg::Event(ev));
+        object
+    }
+
+    /// Checks the body's identity against the request path and sets what the
+    /// server owns (apiVersion, kind, namespace).
+    fn normalize(&self, res: usize, ns: Option<&str>, name: Option<&str>, body: &mut Value) -> Result<(), ApiError> {
+        let spec = &self.resources[res];
+        if !body.is_object() {
+            return Err(ApiError::new(400, "BadRequest", "the body is not a JSON object".into()));
+        }
+        body["apiVersion"] = spec.api_version().into();
+        body["kind"] = spec.kind.into();
+        let meta = meta_mut(body);
+        match (meta.get("namespace").and_then(Value::as_str), ns) {
+            (Some(b), Some(p)) if !b.is_empty() && b != p => {
+                return Err(ApiError::new(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request".into(),
+                ))
+            }
+            (_, Some(p)) => {
+                meta.insert("namespace".into(), p.into());
+            }
+            (_, None) => {
+                meta.remove("namespace");
+            }
+        }
+        if let Some(name) = name {
+            match meta.get("name").and_then(Value::as_str) {
+                Some(b) if b != name => {
+                    return Err(ApiError::new(
+                        400,
+                        "BadRequest",
+                        format!("the name of the object ({b}) does not match the name on the URL ({name})"),
+                    ))
+                }
+                _ => {
+                    meta.insert("name".into(), name.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn create(&mut self, res: usize, ns: Option<&str>, mut body: Value, part: Part) -> Result<Value, ApiError> {
+        self.normalize(res, ns, None, &mut body)?;
+        let spec = self.resources[res];
+        if part != Part::Whole && spec.status {
+            // Like the real registry strategies: status is not set through the main resource.
+            body.as_object_mut().expect("object").remove("status");
+        }
+        self.uids += 1;
+        let uid = format!("7669702d-0000-4000-8000-{:012x}", self.uids);
+        let meta = meta_mut(&mut body);
+        let mut name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_owned();
+        if name.is_empty() {
+            let prefix = meta.get("generateName").and_then(Value::as_str).unwrap_or("");
+            if prefix.is_empty() {
+                return Err(ApiError::new(422, "Invalid", "metadata.name: Required value: name or generateName is required".into()));
+            }
+            name = format!("{prefix}{:05x}", self.uids & 0xfffff);
+        }
+        meta.insert("name".into(), name.clone().into());
+        meta.insert("uid".into(), uid.into());
+        meta.insert("creationTimestamp".into(), rfc3339_now().into());
+        meta.insert("generation".into(), 1.into());
+        meta.remove("deletionTimestamp");
+        meta.remove("managedFields");
+        if self.objects.contains_key(&Self::key(res, ns, &name)) {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", spec.qualified()),
+            )
+            .details(&spec, &name));
+        }
+        Ok(self.commit(res, EventType::Added, body, None))
+    }
+
+    pub fn update(&mut self, res: usize, ns: Option<&str>, name: &str, mut body: Value, part: Part) -> Result<Value, ApiError> {
+        self.normalize(res, ns, Some(name), &mut body)?;
+        let spec = self.resources[res];
+        let old = self.get(res, ns, name)?;
+        let precondition = |field: &str| {
+            let want = meta_str(&body, field);
+            if want.is_empty() || want == meta_str(&old, field) {
+                Ok(())
+            } else {
+                Err(ApiError::conflict(&spec, name))
+            }
+        };
+        precondition("resourceVersion")?;
+        precondition("uid")?;
+        let mut new = match part {
+            Part::Status => {
+                let mut n = old.clone();
+                match body.get("status") {
+                    Some(s) => n["status"] = s.clone(),
+                    None => {
+                        n.as_object_mut().expect("object").remove("status");
+                    }
+                }
+                n
+            }
+            Part::Main if spec.status => {
+                let b = body.as_object_mut().expect("object");
+                match old.get("status") {
+                    Some(s) => b.insert("status".into(), s.clone()),
+                    None => b.remove("status"),
+                };
+                body
+            }
+            Part::Main | Part::Whole => body,
+        };
+        let om = &old["metadata"];
+        let meta = meta_mut(&mut new);
+        for f in ["uid", "creationTimestamp", "generation", "resourceVersion"] {
+            meta.insert(f.into(), om[f].clone());
+        }
+        meta.remove("managedFields");
+        if new == old {
+            // A write that changes nothing is not a write: no new RV, no event.
+            return Ok(old);
+        }
+        if spec_of(&new) != spec_of(&old) {
+            let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
+            meta_mut(&mut new).insert("generation".into(), g.into());
+        }
+        Ok(self.commit(res, EventType::Modified, new, Some(old)))
+    }
+
+    pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str, pre: &Value) -> Result<Value, ApiError> {
+        let spec = self.resources[res];
+        let old = self.get(res, ns, name)?;
+        for f in ["resourceVersion", "uid"] {
+            if let Some(want) = pre[f].as_str() {
+                if want != meta_str(&old, f) {
+                    return Err(ApiError::conflict(&spec, name));
+                }
+            }
+        }
+        Ok(self.commit(res, EventType::Deleted, old, None))
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("object");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+/// `2024-05-01T12:00:00Z`, the format of metav1.Time.
+fn rfc3339_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
