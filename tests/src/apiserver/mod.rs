@@ -29,7 +29,8 @@
 //! server-side apply patches (415), delete-collection, `resourceVersion` on lists
 //! (always the current state), pagination, field selectors are any dotted path
 //! (the real server allows only a per-kind set), protobuf, aggregated discovery,
-//! namespaces as objects (any namespace exists).
+//! namespace lifecycle (Namespace objects can be stored and watched for their
+//! labels, but a namespaced object may name any namespace).
 
 mod select;
 mod store;
@@ -73,9 +74,11 @@ impl ResourceSpec {
     pub const LEASES: Self = res("coordination.k8s.io", "v1", "leases", "Lease", true, false);
     pub const VIP_POOLS: Self = res("vip.dev", "v1alpha1", "vippools", "VipPool", false, true);
     pub const CONFIG_MAPS: Self = res("", "v1", "configmaps", "ConfigMap", true, false);
+    /// Namespaces as objects (their labels feed VipPools' namespaceSelector).
+    pub const NAMESPACES: Self = res("", "v1", "namespaces", "Namespace", false, true);
     /// What vip's agent reads and writes.
-    pub const VIP: [Self; 7] =
-        [Self::SERVICES, Self::NODES, Self::EVENTS, Self::EVENTS_V1, Self::ENDPOINT_SLICES, Self::LEASES, Self::VIP_POOLS];
+    pub const VIP: [Self; 8] =
+        [Self::SERVICES, Self::NODES, Self::NAMESPACES, Self::EVENTS, Self::EVENTS_V1, Self::ENDPOINT_SLICES, Self::LEASES, Self::VIP_POOLS];
 
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {

@@ -131,6 +131,11 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
             }
             continue;
         }
+        // Our Services' statuses are ours: an address in no pool (its pool was
+        // deleted or narrowed) is served by nobody and goes.
+        for a in ingress_ips(s).into_iter().filter(|a| pool_of(*a).is_none()) {
+            out.push(Decision::Release { service: me.clone(), addr: a, why: "the address is in no VipPool".into() });
+        }
         let want = requested(s);
         // Keep a held address that still fits (requested one, admitted by its pool, not taken).
         let keep = held.iter().copied().find(|a| {
@@ -302,8 +307,8 @@ mod tests {
         let foreign = with_ip(svc("foreign", 2, &[80]), "203.0.113.5");
         let d = allocate(&pools, &[cluster_ip, other_class, foreign], &BTreeMap::new());
         let released: Vec<String> = d.iter().filter_map(|x| if let Decision::Release { addr, .. } = x { Some(addr.to_string()) } else { None }).collect();
-        assert_eq!(released, ["198.18.1.10", "198.18.1.11"]);
-        // The service with an address outside every pool gets one of ours (its old one is not ours to clear).
+        assert_eq!(released, ["198.18.1.10", "198.18.1.11", "203.0.113.5"]);
+        // Ours with an address in no pool: that one goes, one of ours comes.
         assert_eq!(alloc(&d), [("default/foreign".into(), "198.18.1.10".into())]);
     }
 

@@ -1,0 +1,183 @@
+//! The agent's Kubernetes controller (real kube client code) against the API
+//! stand-in: allocation with exclusions, pinned and requested addresses, pools
+//! that are invalid or overlap (conditions), pools edited live, release on type
+//! change, Events, and a leader change in the middle of allocations without any
+//! address handed out twice.
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::{
+    api::{Api, Patch, PatchParams, PostParams},
+    Client, ResourceExt,
+};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use vip_agent::k8s::{
+    controller,
+    crd::VipPool,
+    leader::{self, LeaderConfig},
+};
+use vip_tests::apiserver::{ApiServer, ResourceSpec};
+
+async fn server() -> (ApiServer, Client) {
+    let api = ApiServer::builder().resources(ResourceSpec::VIP).bookmark_interval(Duration::from_millis(500)).start().await.unwrap();
+    let client = Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+    (api, client)
+}
+
+fn pool(name: &str, spec: Value) -> VipPool {
+    serde_json::from_value(json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": name }, "spec": spec })).unwrap()
+}
+
+fn lb(name: &str, port: i32, annotations: Value) -> Service {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": name, "namespace": "shop", "annotations": annotations },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": port, "protocol": "TCP" }] }
+    }))
+    .unwrap()
+}
+
+/// namespace/name → ingress IP, from the server's own store.
+fn ips(api: &ApiServer) -> BTreeMap<String, String> {
+    api.list("services", None)
+        .into_iter()
+        .filter_map(|s| {
+            let ip = s["status"]["loadBalancer"]["ingress"][0]["ip"].as_str()?.to_owned();
+            Some((format!("{}/{}", s["metadata"]["namespace"].as_str()?, s["metadata"]["name"].as_str()?), ip))
+        })
+        .collect()
+}
+
+/// Polls `f` every 20 ms for up to 10 s.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not reached within 10 s: {what}");
+}
+
+fn condition(api: &ApiServer, pool: &str, type_: &str) -> Option<(String, String)> {
+    let p = api.get("vippools.vip.dev", None, pool)?;
+    let c = p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?.clone();
+    Some((c["status"].as_str()?.to_owned(), c["message"].as_str()?.to_owned()))
+}
+
+fn events(api: &ApiServer, reason: &str) -> Vec<String> {
+    api.list("events.events.k8s.io", None)
+        .into_iter()
+        .filter(|e| e["reason"] == reason)
+        .map(|e| format!("{}: {}", e["regarding"]["name"].as_str().unwrap_or(""), e["note"].as_str().unwrap_or("")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocates_reports_pools_and_follows_live_edits() {
+    let (api, client) = server().await;
+    api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"env": "prod"}}})).unwrap();
+    let pools: Api<VipPool> = Api::all(client.clone());
+    let pp = PostParams::default();
+    pools.create(&pp, &pool("auto", json!({"addresses": ["198.18.1.10-198.18.1.12"], "excludedIPs": ["198.18.1.11"]}))).await.unwrap();
+    pools.create(&pp, &pool("manual", json!({"addresses": ["198.18.1.20/31"], "autoAssign": false}))).await.unwrap();
+    pools.create(&pp, &pool("broken", json!({"addresses": ["198.18.2.1", "198.18.2.300"]}))).await.unwrap();
+    pools.create(&pp, &pool("overlapping", json!({"addresses": ["198.18.1.12-198.18.1.13"]}))).await.unwrap();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
+    // Created within one second: creationTimestamp ties (it has second resolution,
+    // as on a real server), so the allocator orders them by name: api, asks, third, web.
+    for s in [lb("web", 80, json!({})), lb("api", 443, json!({})), lb("asks", 80, json!({"vip.dev/address": "198.18.1.21"})), lb("third", 8080, json!({}))] {
+        svcs.create(&pp, &s).await.unwrap();
+    }
+    let mut clusterip = lb("internal", 80, json!({}));
+    clusterip.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+    svcs.create(&pp, &clusterip).await.unwrap();
+
+    let (_lead, leading) = watch::channel(true);
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1)));
+
+    let want: BTreeMap<String, String> =
+        [("shop/api", "198.18.1.10"), ("shop/third", "198.18.1.12"), ("shop/asks", "198.18.1.21")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    eventually(&format!("api, third and asks allocated: {want:?}"), || ips(&api) == want).await;
+    eventually("auto pool status counts", || {
+        api.get("vippools.vip.dev", None, "auto").is_some_and(|p| (p["status"]["total"].clone(), p["status"]["allocated"].clone(), p["status"]["free"].clone()) == (json!(2), json!(2), json!(0)))
+    })
+    .await;
+    assert_eq!(condition(&api, "auto", "Ready").unwrap().0, "True");
+    eventually("broken pool not ready", || condition(&api, "broken", "Ready").is_some()).await;
+    let (status, msg) = condition(&api, "broken", "Ready").unwrap();
+    assert_eq!(status, "False");
+    assert!(msg.starts_with("spec.addresses[1]: "), "{msg}");
+    eventually("overlapping pool conflicting", || condition(&api, "overlapping", "Conflicting").is_some()).await;
+    let (status, msg) = condition(&api, "overlapping", "Conflicting").unwrap();
+    assert_eq!(status, "True");
+    assert!(msg.contains("198.18.1.12 is also in VipPool \"auto\""), "{msg}");
+    eventually("events", || !events(&api, "AllocationFailed").is_empty() && events(&api, "Allocated").len() == 3).await;
+    assert!(events(&api, "AllocationFailed").iter().any(|e| e.starts_with("web: no VipPool with autoAssign")), "{:?}", events(&api, "AllocationFailed"));
+
+    // The pool grows: the waiting Service gets the new address.
+    pools.patch("auto", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["198.18.1.10-198.18.1.12", "198.18.1.30"]}}))).await.unwrap();
+    eventually("web allocated after the pool grew", || ips(&api).get("shop/web").map(String::as_str) == Some("198.18.1.30")).await;
+    // The pool narrows: .12 leaves it, so the overlapping pool stops conflicting and
+    // now holds .12; third keeps its address (no needless move).
+    pools.patch("auto", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["198.18.1.10", "198.18.1.30"], "excludedIPs": []}}))).await.unwrap();
+    eventually("overlapping pool ready", || condition(&api, "overlapping", "Ready").is_some_and(|c| c.0 == "True")).await;
+    assert_eq!(ips(&api).get("shop/third").map(String::as_str), Some("198.18.1.12"));
+    // That pool goes: .12 is in no pool now, third is released and waits.
+    pools.delete("overlapping", &Default::default()).await.unwrap();
+    eventually("third released", || !ips(&api).contains_key("shop/third")).await;
+    assert!(events(&api, "Released").iter().any(|e| e.starts_with("third: 198.18.1.12")), "{:?}", events(&api, "Released"));
+    // A Service that stops being a LoadBalancer gives its address back; third takes it.
+    svcs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"type": "ClusterIP"}}))).await.unwrap();
+    eventually("web released, third gets .30", || {
+        let now = ips(&api);
+        !now.contains_key("shop/web") && now.get("shop/third").map(String::as_str) == Some("198.18.1.30")
+    })
+    .await;
+    let all = ips(&api);
+    let distinct: std::collections::BTreeSet<&String> = all.values().collect();
+    assert_eq!(distinct.len(), all.len(), "an address handed out twice: {all:?}");
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_change_mid_allocation_hands_out_no_address_twice() {
+    let (api, client) = server().await;
+    let pools: Api<VipPool> = Api::all(client.clone());
+    pools.create(&PostParams::default(), &pool("big", json!({"addresses": ["198.18.4.0/26"]}))).await.unwrap();
+    let cfg = |id: &str| LeaderConfig { lease_duration: Duration::from_millis(1500), retry_period: Duration::from_millis(100), ..LeaderConfig::new("vip-system", id) };
+    // Two agents, each with its own client, election and controller.
+    let mut agents = Vec::new();
+    for id in ["node-1", "node-2"] {
+        let c = Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+        let leading = leader::spawn(c.clone(), cfg(id));
+        let watch_lead = leading.clone();
+        agents.push((id, watch_lead, tokio::spawn(controller::run(c, id.into(), leading, Duration::from_millis(500)))));
+    }
+    eventually("exactly one leader", || agents.iter().filter(|(_, l, _)| *l.borrow()).count() == 1).await;
+    let first = agents.iter().position(|(_, l, _)| *l.borrow()).unwrap();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
+    for i in 0..20 {
+        svcs.create(&PostParams::default(), &lb(&format!("s{i:02}"), 80, json!({}))).await.unwrap();
+    }
+    eventually("some allocated", || ips(&api).len() >= 5).await;
+    // The leader dies (its controller and, with it, its lease renewals stop).
+    let (dead, dead_lead, task) = agents.remove(first);
+    task.abort();
+    drop(dead_lead);
+    for i in 20..40 {
+        svcs.create(&PostParams::default(), &lb(&format!("s{i:02}"), 80, json!({}))).await.unwrap();
+    }
+    eventually("the other agent leads", || *agents[0].1.borrow()).await;
+    eventually("all 40 allocated", || ips(&api).len() == 40).await;
+    let all = ips(&api);
+    let distinct: std::collections::BTreeSet<&String> = all.values().collect();
+    assert_eq!(distinct.len(), 40, "an address handed out twice: {all:?}");
+    let lease = api.get("leases.coordination.k8s.io", Some("vip-system"), "vip-controller").unwrap();
+    assert_ne!(lease["spec"]["holderIdentity"], json!(dead), "the lease moved away from {dead}");
+    assert!(lease["spec"]["leaseTransitions"].as_i64().unwrap() >= 1);
+    let names: Vec<String> = svcs.list(&Default::default()).await.unwrap().items.iter().map(|s| s.name_any()).collect();
+    assert_eq!(names.len(), 40);
+    agents[0].2.abort();
+}
