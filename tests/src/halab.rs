@@ -29,6 +29,9 @@ pub const SERVICE_PORT: u16 = 80;
 /// The lab's shape and timers.
 #[derive(Clone, Debug)]
 pub struct HaSpec {
+    /// The agents' model: the shared YAML file (None) or the Kubernetes API through
+    /// this kubeconfig (`run --kubernetes`).
+    pub kubeconfig: Option<PathBuf>,
     pub nodes: usize,
     pub vips: usize,
     pub check_interval_ms: u64,
@@ -42,7 +45,7 @@ impl Default for HaSpec {
     fn default() -> Self {
         // Health checks slower than failover: a dead owner's VIPs move (and its
         // flows get pinned by the new owner) before it leaves the rings as a backend.
-        Self { nodes: 3, vips: 3, check_interval_ms: 200, check_fall: 3, hold_ms: 180, heartbeat_ms: 40, dead_after_ms: 250 }
+        Self { kubeconfig: None, nodes: 3, vips: 3, check_interval_ms: 200, check_fall: 3, hold_ms: 180, heartbeat_ms: 40, dead_after_ms: 250 }
     }
 }
 
@@ -255,11 +258,16 @@ impl HaLab {
     /// Starts (or restarts) node `i`'s agent, appending to its log.
     pub fn start_agent(&mut self, i: usize) -> Result<()> {
         let n = &mut self.nodes[i];
-        let args = [
-            "--config", path_str(&self.config)?, "--node-name", &n.name, "--iface", "eth0", "--mode", "generic",
+        let mut args = vec![
+            "--node-name", &n.name, "--iface", "eth0", "--mode", "generic",
             "--pin-dir", path_str(&n.pins.path)?, "--status-file", path_str(&n.status_file)?,
             "--reload-interval", "200ms", "--metrics-addr", "127.0.0.1:9472",
         ];
+        let kubeconfig = self.spec.kubeconfig.as_deref().map(path_str).transpose()?;
+        match kubeconfig {
+            Some(k) => args.extend(["--kubernetes", "--kubeconfig", k]),
+            None => args.extend(["--config", path_str(&self.config)?]),
+        }
         n.agent = Some(AgentProc::start_appending(&n.ns, &args, &n.log)?);
         Ok(())
     }

@@ -22,8 +22,18 @@ struct Cli {
 enum Cmd {
     /// Run the node agent from a YAML config file (re-read on change and on SIGHUP).
     Run {
-        #[arg(long, env = "VIP_CONFIG")]
-        config: PathBuf,
+        /// The YAML model of the world (nodes, pools, services).
+        #[arg(long, env = "VIP_CONFIG", required_unless_present = "kubernetes", conflicts_with = "kubernetes")]
+        config: Option<PathBuf>,
+        /// Take the model from the Kubernetes API instead (in-cluster config or KUBECONFIG).
+        #[arg(long)]
+        kubernetes: bool,
+        /// With --kubernetes: a kubeconfig file (default: in-cluster config, else $KUBECONFIG).
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// Namespace of the leader-election Lease (the agent's own, from the downward API).
+        #[arg(long, env = "POD_NAMESPACE", default_value = "vip-system")]
+        lease_namespace: String,
         /// This node's name in the config's `nodes` (default: the host name).
         #[arg(long, env = "VIP_NODE_NAME")]
         node_name: Option<String>,
@@ -91,7 +101,11 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logs(matches!(cli.cmd, Cmd::Run { log_json: true, .. }));
     match cli.cmd {
-        Cmd::Run { config, node_name, iface, mode, ring_capacity, metrics_addr, status_file, reload_interval, log_json: _ } => {
+        Cmd::Run { config, kubernetes: _, kubeconfig, lease_namespace, node_name, iface, mode, ring_capacity, metrics_addr, status_file, reload_interval, log_json: _ } => {
+            let source = match config {
+                Some(path) => agent::Source::File(path),
+                None => agent::Source::Kubernetes { lease_namespace, kubeconfig },
+            };
             let node_name = match node_name {
                 Some(n) => n,
                 None => hostname()?,
@@ -100,7 +114,7 @@ fn main() -> Result<()> {
                 "off" => None,
                 a => Some(a.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics-addr {a:?}: {e}"))?),
             };
-            let opts = agent::Options { config, node_name, iface, attach_mode: mode, pin_dir: cli.pin_dir, ring_capacity, metrics_addr, status_file: Some(status_file), reload_interval };
+            let opts = agent::Options { source, node_name, iface, attach_mode: mode, pin_dir: cli.pin_dir, ring_capacity, metrics_addr, status_file: Some(status_file), reload_interval };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }
         Cmd::Crd => print!("{}", vip_agent::k8s::crd::crd_yaml()),

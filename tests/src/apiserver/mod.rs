@@ -168,6 +168,7 @@ pub(crate) struct Shared {
 }
 
 pub struct ApiServerBuilder {
+    bind: std::net::SocketAddr,
     resources: Vec<ResourceSpec>,
     bookmark_interval: Duration,
     history_limit: usize,
@@ -182,6 +183,13 @@ impl ApiServerBuilder {
         specs.into_iter().fold(self, Self::resource)
     }
     /// How often an open watch that asked for bookmarks gets one (default 5 s).
+    /// Where to listen (default 127.0.0.1:0); a lab namespace's address lets agents
+    /// in other namespaces of the lab reach it.
+    pub fn bind(mut self, addr: std::net::SocketAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
     pub fn bookmark_interval(mut self, every: Duration) -> Self {
         self.bookmark_interval = every;
         self
@@ -193,7 +201,7 @@ impl ApiServerBuilder {
     }
     /// Serves on 127.0.0.1 on a free port, on the current tokio runtime.
     pub async fn start(self) -> anyhow::Result<ApiServer> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = tokio::net::TcpListener::bind(self.bind).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(self.resources, self.history_limit)),
@@ -224,10 +232,10 @@ impl Drop for ApiServer {
 
 impl ApiServer {
     pub fn builder() -> ApiServerBuilder {
-        ApiServerBuilder { resources: Vec::new(), bookmark_interval: Duration::from_secs(5), history_limit: 1000 }
+        ApiServerBuilder { bind: ([127, 0, 0, 1], 0).into(), resources: Vec::new(), bookmark_interval: Duration::from_secs(5), history_limit: 1000 }
     }
 
-    /// `http://127.0.0.1:PORT`, for `kube::Config::new`.
+    /// `http://ADDR:PORT` (127.0.0.1 unless bound elsewhere), for `kube::Config::new`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }

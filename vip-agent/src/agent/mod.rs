@@ -33,10 +33,21 @@ use crate::{
     neighbour,
 };
 
+/// Where the model comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A YAML file, re-read on change and on SIGHUP.
+    File(PathBuf),
+    /// The Kubernetes API (in-cluster config or KUBECONFIG): Nodes, VipPools,
+    /// Services, EndpointSlices. The agent also takes part in the Lease election in
+    /// `lease_namespace`; the leader allocates addresses and writes statuses.
+    Kubernetes { lease_namespace: String, kubeconfig: Option<PathBuf> },
+}
+
 /// How `run` is set up (the CLI fills it).
 #[derive(Clone, Debug)]
 pub struct Options {
-    pub config: PathBuf,
+    pub source: Source,
     /// This node's name in the config's `nodes`.
     pub node_name: String,
     /// The uplink the XDP program is attached to and VIPs are answered on.
@@ -121,12 +132,44 @@ struct Agent {
     status_json: Arc<Mutex<String>>,
 }
 
+/// A client from `kubeconfig`, else in-cluster config or $KUBECONFIG.
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context("no Kubernetes config: not in a cluster, and no KUBECONFIG")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// What feeds the loop new models: the file (polled) or the Kubernetes watches.
+enum Feed {
+    File,
+    Kubernetes(watch::Receiver<World>),
+}
+
 pub async fn run(opts: Options) -> Result<()> {
-    let text = std::fs::read_to_string(&opts.config).with_context(|| format!("reading {}", opts.config.display()))?;
-    let world = config::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", opts.config.display()))?;
-    if world.node(&opts.node_name).is_none() {
-        bail!("{}: nodes: this node ({:?}) is not listed; set --node-name to one of the listed names", opts.config.display(), opts.node_name);
-    }
+    let (world, text, mut feed, source_name) = match &opts.source {
+        Source::File(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let world = config::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            if world.node(&opts.node_name).is_none() {
+                bail!("{}: nodes: this node ({:?}) is not listed; set --node-name to one of the listed names", path.display(), opts.node_name);
+            }
+            (world, Some(text), Feed::File, path.clone())
+        }
+        Source::Kubernetes { lease_namespace, kubeconfig } => {
+            let client = kube_client(kubeconfig.as_deref()).await?;
+            info!("watching Nodes, VipPools, Services and EndpointSlices");
+            let rx = crate::k8s::source::watch_world(client.clone(), World::default()).await;
+            let world = rx.borrow().clone();
+            let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
+            tokio::spawn(crate::k8s::controller::run(client, opts.node_name.clone(), leading, Duration::from_secs(30)));
+            (world, None, Feed::Kubernetes(rx), PathBuf::from("kubernetes"))
+        }
+    };
     for w in config::warnings(&world) {
         warn!("{w}");
     }
@@ -145,13 +188,13 @@ pub async fn run(opts: Options) -> Result<()> {
     }
     let live = world.nodes.iter().map(|n| n.name.clone()).collect();
     let mut agent = Agent {
-        status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: opts.config.clone(), generation: 1, error: None }, ..Default::default() },
+        status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: source_name, generation: 1, error: None }, ..Default::default() },
         opts,
         dp,
         ifindex,
         mac,
         world: World::default(),
-        config_text: Some(text),
+        config_text: text,
         health: BTreeMap::new(),
         monitor: health::Monitor::new(health_tx),
         macs: BTreeMap::new(),
@@ -213,14 +256,23 @@ pub async fn run(opts: Options) -> Result<()> {
             }
             _ = garp_refresh.tick() => agent.announce(agent.applied.held.iter().copied().collect(), 1),
             _ = watch_conflicts.tick() => agent.watch_conflicts(),
-            _ = reload.tick() => {
+            Some(world) = next_world(&mut feed) => {
+                info!("the cluster's model changed; applying");
+                agent.status.config.generation += 1;
+                agent.adopt(world);
+                agent.sync_heartbeat().await;
+                if let Err(e) = agent.reconcile(None) {
+                    error!("applying the cluster's model: {e:#}");
+                }
+            }
+            _ = reload.tick(), if matches!(feed, Feed::File) => {
                 if agent.reload(false) {
                     agent.sync_heartbeat().await;
                     refresh = tokio::time::interval(agent.world.announce.hold_time / 3);
                     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 }
             }
-            _ = hup.recv() => {
+            _ = hup.recv(), if matches!(feed, Feed::File) => {
                 if agent.reload(true) {
                     agent.sync_heartbeat().await;
                 }
@@ -247,10 +299,11 @@ impl Agent {
     /// Re-reads the config file when it changed (or when `force`d by SIGHUP);
     /// true when a new valid config was adopted.
     fn reload(&mut self, force: bool) -> bool {
-        let text = match std::fs::read_to_string(&self.opts.config) {
+        let Source::File(path) = &self.opts.source else { return false };
+        let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {
-                self.reject(format!("cannot read {}: {e}", self.opts.config.display()));
+                self.reject(format!("cannot read {}: {e}", path.display()));
                 return false;
             }
         };
@@ -272,7 +325,7 @@ impl Agent {
         for w in config::warnings(&world) {
             warn!("{w}");
         }
-        info!(path = %self.opts.config.display(), "config changed; applying");
+        info!(path = %self.status.config.path.display(), "config changed; applying");
         self.status.config.generation += 1;
         self.status.config.error = None;
         self.metrics.config_valid.set(1);
@@ -399,7 +452,7 @@ impl Agent {
     }
 
     fn reject(&mut self, msg: String) {
-        error!(path = %self.opts.config.display(), error = %msg, "config rejected; the last good config keeps running");
+        error!(path = %self.status.config.path.display(), error = %msg, "config rejected; the last good config keeps running");
         self.status.config.error = Some(msg);
         self.metrics.config_valid.set(0);
         self.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "error".into() }).inc();
@@ -566,6 +619,17 @@ impl Agent {
             }
         }
         *self.status_json.lock().unwrap_or_else(|e| e.into_inner()) = json;
+    }
+}
+
+/// The next model from the Kubernetes watches (pending forever with the file source).
+async fn next_world(feed: &mut Feed) -> Option<World> {
+    match feed {
+        Feed::Kubernetes(rx) => match rx.changed().await {
+            Ok(()) => Some(rx.borrow_and_update().clone()),
+            Err(_) => std::future::pending().await,
+        },
+        Feed::File => std::future::pending().await,
     }
 }
 

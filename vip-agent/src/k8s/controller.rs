@@ -5,7 +5,6 @@
 //! computed from: a stale view gets a 409 and is recomputed, never applied.
 use std::{collections::BTreeMap, time::Duration};
 
-use futures::StreamExt;
 use k8s_openapi::{
     api::core::v1::{Namespace, Service},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -15,8 +14,7 @@ use kube::{
     api::{Api, Patch, PatchParams},
     runtime::{
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{self, Store},
-        watcher, WatchStreamExt,
+        reflector::Store,
     },
     Client, Resource, ResourceExt,
 };
@@ -26,33 +24,10 @@ use tracing::{info, warn};
 
 use super::{
     allocate::{self, Decision, PoolView},
+    reflect,
     crd::{VipPool, VipPoolStatus},
     pools,
 };
-
-/// Watches `api` into a store; every change pings `changed`.
-fn reflect<K>(api: Api<K>, changed: mpsc::UnboundedSender<()>) -> Store<K>
-where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => {
-                    if changed.send(()).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => warn!("watch: {e}"),
-            }
-        }
-    });
-    reader
-}
 
 /// What one pass did (for logs and tests).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,8 +1,46 @@
-//! The Kubernetes source: the VipPool resource and (next) the watchers, the
-//! elected allocator and the status writers that fill the same model as the file.
+//! The Kubernetes source: the VipPool resource, the Kubernetes objects turned into
+//! the same model as the file (`source`), and the elected controller that allocates
+//! addresses and writes statuses (`leader`, `controller`, `allocate`, `pools`).
 pub mod allocate;
 pub mod controller;
 pub mod crd;
 pub mod leader;
 pub mod pools;
 pub mod source;
+
+use futures::StreamExt;
+use kube::{
+    api::Api,
+    runtime::{
+        reflector::{self, Store},
+        watcher, WatchStreamExt,
+    },
+    Resource,
+};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+/// Watches `api` into a store; every change pings `changed`.
+pub(crate) fn reflect<K>(api: Api<K>, changed: mpsc::UnboundedSender<()>) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => {
+                    if changed.send(()).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => warn!("watch: {e}"),
+            }
+        }
+    });
+    reader
+}
+

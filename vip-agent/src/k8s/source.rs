@@ -54,6 +54,40 @@ fn local_endpoint_nodes(svc: &KService, slices: &[EndpointSlice]) -> BTreeSet<St
         .collect()
 }
 
+/// Watches Nodes, VipPools, Services and EndpointSlices and publishes the model
+/// built from them (after the first complete view, then on every change, bursts
+/// coalesced). `base` as for `world_from`.
+pub async fn watch_world(client: kube::Client, base: World) -> tokio::sync::watch::Receiver<World> {
+    use kube::Api;
+    let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
+    let nodes = super::reflect(Api::<KNode>::all(client.clone()), tx.clone());
+    let pools = super::reflect(Api::<VipPool>::all(client.clone()), tx.clone());
+    let services = super::reflect(Api::<KService>::all(client.clone()), tx.clone());
+    let slices = super::reflect(Api::<EndpointSlice>::all(client), tx);
+    let _ = nodes.wait_until_ready().await;
+    let _ = pools.wait_until_ready().await;
+    let _ = services.wait_until_ready().await;
+    let _ = slices.wait_until_ready().await;
+    let build = move || world_from(&owned(nodes.state()), &owned(pools.state()), &owned(services.state()), &owned(slices.state()), &base);
+    let (out, rx) = tokio::sync::watch::channel(build());
+    tokio::spawn(async move {
+        while changed.recv().await.is_some() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            while changed.try_recv().is_ok() {}
+            let w = build();
+            out.send_if_modified(|cur| std::mem::replace(cur, w.clone()) != w);
+            if out.is_closed() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn owned<K: Clone>(v: Vec<std::sync::Arc<K>>) -> Vec<K> {
+    v.into_iter().map(|x| (*x).clone()).collect()
+}
+
 /// Builds the model. `base` carries the settings the cluster objects do not
 /// (announce and failover timers, Maglev seed); its nodes, pools and services are replaced.
 pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], slices: &[EndpointSlice], base: &World) -> World {
