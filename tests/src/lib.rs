@@ -2,5 +2,6 @@ pub mod apiserver;
 pub mod agent;
 pub mod frames;
 pub mod halab;
+pub mod kubelab;
 pub mod lab;
 pub mod netns;

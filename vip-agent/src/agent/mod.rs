@@ -126,22 +126,12 @@ struct Agent {
     conflicts: u64,
     /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
     deadline: u64,
+    /// When backends without a known MAC were last looked up.
+    last_resolve: Instant,
     applied: Desired,
     metrics: metrics::Metrics,
     status: Status,
     status_json: Arc<Mutex<String>>,
-}
-
-/// A client from `kubeconfig`, else in-cluster config or $KUBECONFIG.
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.with_context(|| format!("kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context("no Kubernetes config: not in a cluster, and no KUBECONFIG")?,
-    };
-    Ok(kube::Client::try_from(config)?)
 }
 
 /// What feeds the loop new models: the file (polled) or the Kubernetes watches.
@@ -161,7 +151,7 @@ pub async fn run(opts: Options) -> Result<()> {
             (world, Some(text), Feed::File, path.clone())
         }
         Source::Kubernetes { lease_namespace, kubeconfig } => {
-            let client = kube_client(kubeconfig.as_deref()).await?;
+            let client = crate::k8s::kube_client(kubeconfig.as_deref()).await?;
             info!("watching Nodes, VipPools, Services and EndpointSlices");
             let rx = crate::k8s::source::watch_world(client.clone(), World::default()).await;
             let world = rx.borrow().clone();
@@ -202,6 +192,7 @@ pub async fn run(opts: Options) -> Result<()> {
         heartbeat: None,
         conflicts: 0,
         deadline: 0,
+        last_resolve: Instant::now(),
         applied: Desired::default(),
         metrics,
         status_json,
@@ -476,8 +467,10 @@ impl Agent {
             warn!(stale_ms = (now - last) / 1_000_000, "held VIPs had gone stale; re-announcing them");
             self.announce(self.applied.held.iter().copied().collect(), self.world.announce.garp_count);
         }
-        // Backends waiting for a MAC: look again (and ask the kernel to resolve them).
-        if !self.applied.unresolved.is_empty() {
+        // Backends waiting for a MAC: look again (and ask the kernel to resolve
+        // them), at most once a second.
+        if !self.applied.unresolved.is_empty() && self.last_resolve.elapsed() >= Duration::from_secs(1) {
+            self.last_resolve = Instant::now();
             self.reconcile(None)?;
         }
         Ok(())

@@ -17,8 +17,22 @@ use kube::{
     },
     Resource,
 };
+use anyhow::{Context as _, Result};
 use tokio::sync::mpsc;
 use tracing::warn;
+
+/// A client from `kubeconfig`, else in-cluster config or $KUBECONFIG.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context("no Kubernetes config: not in a cluster, and no KUBECONFIG")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
 
 /// Watches `api` into a store; every change pings `changed`.
 pub(crate) fn reflect<K>(api: Api<K>, changed: mpsc::UnboundedSender<()>) -> Store<K>
