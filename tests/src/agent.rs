@@ -242,11 +242,13 @@ impl LbLab {
         serde_json::from_str(&std::fs::read_to_string(&self.status_file).ok()?).ok()
     }
 
-    /// (healthy, in_ring) of backend `node` in the agent's status.
+    /// (healthy, in the ring of service `web`) of backend `node` in the agent's status.
     pub fn backend_state(&self, node: &str) -> Option<(bool, bool)> {
         let s = self.status()?;
-        let b = s["backends"].as_array()?.iter().find(|b| b["node"] == node)?.clone();
-        Some((b["healthy"].as_bool()?, b["in_ring"].as_bool()?))
+        let healthy = s["health"].as_array()?.iter().find(|h| h["node"] == node)?["healthy"].as_bool()?;
+        let web = s["services"].as_array()?.iter().find(|v| v["name"] == "web")?.clone();
+        let in_ring = web["backends"].as_array()?.iter().any(|b| b == node);
+        Some((healthy, in_ring))
     }
 
     /// Waits until the VIP is held and all backends are in the ring.

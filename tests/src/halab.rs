@@ -334,7 +334,10 @@ impl HaLab {
             up.iter()
                 .all(|&i| {
                     self.status(i).is_some_and(|s| {
-                        s["backends"].as_array().is_some_and(|b| b.len() == self.spec.vips * self.nodes.len() && b.iter().all(|x| x["in_ring"] == true))
+                        let full = s["services"].as_array().is_some_and(|v| {
+                            v.len() == self.spec.vips && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == self.nodes.len()))
+                        });
+                        full && s["health"].as_array().is_some_and(|h| h.iter().all(|x| x["healthy"] == true))
                     })
                 })
                 .then_some(())

@@ -81,8 +81,8 @@ fn agent_spreads_tracks_health_and_reloads_live() {
 
     // Metrics and probes.
     let m = http_get(&lab.lb, 9472, "/metrics");
-    assert!(m.contains(r#"vip_backend_healthy{service="web",node="b2"} 0"#), "{m}");
-    assert!(m.contains(r#"vip_backend_healthy{service="web",node="b1"} 1"#), "{m}");
+    assert!(m.contains(r#"vip_backend_healthy{node="b2",check="tcp:80"} 0"#), "{m}");
+    assert!(m.contains(r#"vip_backend_healthy{node="b1",check="tcp:80"} 1"#), "{m}");
     assert!(m.contains(r#"vip_owner{vip="198.18.1.10",node="lb"} 1"#), "{m}");
     assert!(m.lines().any(|l| l.starts_with(r#"vip_xdp_packets_total{reason="forwarded"}"#)), "{m}");
     assert!(m.contains("vip_health_to_maps_seconds_count 1"), "one health change so far: {m}");

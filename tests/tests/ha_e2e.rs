@@ -63,6 +63,8 @@ fn setup(spec: HaSpec) -> Option<(std::sync::MutexGuard<'static, ()>, HaLab, BTr
     let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = lab(spec);
     let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    // Every ring whole (backend MACs resolved): connections can reach every node.
+    lab.wait_rings_full(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
     Some((g, lab, owners))
 }
 

@@ -142,24 +142,30 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
     Ok(r)
 }
 
+/// Rows per service (first port of each) and backend: the nodes in its ring with
+/// their share (from the maps), and the nodes its health check has down.
 fn agent_view(r: &Report, st: Status) -> AgentView {
-    let backends = st
-        .backends
-        .into_iter()
-        .map(|b| {
-            let svc = st.services.iter().find(|s| s.name == b.service);
-            let row = svc.and_then(|s| r.services.iter().find(|v| v.vip == s.vip && v.port == s.port && v.proto == s.protocol));
-            let id = r.backends.iter().find(|x| x.addr == b.addr).map(|x| x.id);
-            let share = match (row, id) {
-                (Some(v), Some(id)) => {
-                    let n = v.ring_share.iter().find(|(b, _)| *b == id).map_or(0, |(_, n)| *n);
-                    100.0 * n as f64 / v.table_size.max(1) as f64
-                }
-                _ => 0.0,
-            };
-            HealthRow { service: b.service, node: b.node, addr: b.addr, healthy: b.healthy, ring_share_pct: share, detail: b.detail }
-        })
-        .collect();
+    let addr_of: std::collections::BTreeMap<&str, Ipv4Addr> = st.nodes.iter().map(|n| (n.node.as_str(), n.addr)).collect();
+    let mut backends = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for s in st.services.iter().filter(|s| seen.insert(s.name.clone())) {
+        let row = r.services.iter().find(|v| v.vip == s.vip && v.port == s.port && v.proto == s.protocol);
+        let share = |addr: Ipv4Addr| -> f64 {
+            let Some(v) = row else { return 0.0 };
+            let Some(id) = r.backends.iter().find(|b| b.addr == addr).map(|b| b.id) else { return 0.0 };
+            100.0 * v.ring_share.iter().find(|(b, _)| *b == id).map_or(0, |(_, n)| *n) as f64 / v.table_size.max(1) as f64
+        };
+        let health = |node: &str| st.health.iter().find(|h| Some(&h.check) == s.check.as_ref() && h.node == node);
+        for node in &s.backends {
+            let Some(&addr) = addr_of.get(node.as_str()) else { continue };
+            let detail = health(node).map_or_else(|| "not checked".to_owned(), |h| h.detail.clone());
+            backends.push(HealthRow { service: s.name.clone(), node: node.clone(), addr, healthy: true, ring_share_pct: share(addr), detail });
+        }
+        for h in st.health.iter().filter(|h| Some(&h.check) == s.check.as_ref() && !h.healthy) {
+            let Some(&addr) = addr_of.get(h.node.as_str()) else { continue };
+            backends.push(HealthRow { service: s.name.clone(), node: h.node.clone(), addr, healthy: false, ring_share_pct: share(addr), detail: h.detail.clone() });
+        }
+    }
     AgentView { node: st.node, config_generation: st.config.generation, config_error: st.config.error, owners: st.owners, backends }
 }
 

@@ -376,6 +376,145 @@ fn failover_bench(out: &mut String, json: &mut serde_json::Map<String, serde_jso
     Ok(())
 }
 
+/// Kubernetes: allocation rate of the elected controller for 1,000 Services (stand-in
+/// in this process), EndpointSlice change → rings updated on every agent (KubeLab,
+/// three real agents), and agent memory with 1,000 Services and 100 Nodes.
+fn k8s_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    use serde_json::json;
+    use vip_tests::{
+        agent::TempDir,
+        apiserver::{ApiServer, ResourceSpec},
+        kubelab::{node_object, KubeLab},
+    };
+    let lb = |name: &str, ip: Option<String>, local: bool| {
+        let mut s = json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "bench" },
+            "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }],
+                      "externalTrafficPolicy": if local { "Local" } else { "Cluster" } }
+        });
+        if local {
+            s["spec"]["healthCheckNodePort"] = json!(80);
+        }
+        if let Some(ip) = ip {
+            s["status"] = json!({ "loadBalancer": { "ingress": [{ "ip": ip }] } });
+        }
+        s
+    };
+    let pool = |addresses: &str| json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "bench" },
+        "spec": { "addresses": [addresses], "nodeSelector": { "lab": "yes" }, "tableSize": 251 } });
+    writeln!(out, "\n## Kubernetes\n")?;
+
+    // Allocation rate.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (n, took) = rt.block_on(async {
+        let api = ApiServer::builder().resources(ResourceSpec::VIP).start().await?;
+        let tmp = TempDir::new("vip-bench-kube-")?;
+        let kc = tmp.0.join("kubeconfig");
+        std::fs::write(&kc, format!("apiVersion: v1\nkind: Config\nclusters:\n- name: b\n  cluster:\n    server: {}\ncontexts:\n- name: b\n  context:\n    cluster: b\n    user: b\ncurrent-context: b\nusers:\n- name: b\n  user: {{}}\n", api.url()))?;
+        let client = vip_agent::k8s::kube_client(Some(&kc)).await?;
+        api.insert("vippools.vip.dev", pool("198.18.8.0/22"))?;
+        for i in 0..1000 {
+            api.insert("services", lb(&format!("s{i:04}"), None, false))?;
+        }
+        let (_lead, leading) = tokio::sync::watch::channel(true);
+        let t = Instant::now();
+        let task = tokio::spawn(vip_agent::k8s::controller::run(client, "bench".into(), leading, Duration::from_secs(30)));
+        let mut done = 0;
+        while t.elapsed() < Duration::from_secs(300) {
+            let ips: std::collections::BTreeSet<String> =
+                api.list("services", None).iter().filter_map(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)).collect();
+            done = ips.len();
+            if done == 1000 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let took = t.elapsed();
+        task.abort();
+        anyhow::Ok((done, took))
+    })?;
+    anyhow::ensure!(n == 1000, "only {n} of 1000 Services got distinct addresses");
+    let rate = 1000.0 / took.as_secs_f64();
+    writeln!(out, "Allocation: 1,000 LoadBalancer Services, one pool, one elected controller (from its start, including the initial lists): all allocated, distinct, in {:.2} s ({rate:.0} Services/s; each is one status patch with a resourceVersion precondition and one Event).\n", took.as_secs_f64())?;
+    json.insert("k8s_allocation".into(), json!({"services": 1000, "seconds": took.as_secs_f64(), "per_second": rate}));
+
+    // EndpointSlice change → rings on every agent.
+    let kl = KubeLab::start(HaSpec::default(), &std::env::current_exe()?)?;
+    let (lab, api) = (&kl.lab, &kl.api);
+    api.insert("vippools.vip.dev", pool(&format!("{}-{}", halab::vip(0), halab::vip(2))))?;
+    let slice = |nodes: &[&str]| json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": { "name": "web-1", "namespace": "bench", "labels": { "kubernetes.io/service-name": "web" } },
+        "addressType": "IPv4",
+        "endpoints": nodes.iter().map(|n| json!({ "addresses": ["10.0.0.1"], "nodeName": n, "conditions": { "ready": true } })).collect::<Vec<_>>()
+    });
+    api.insert("endpointslices.discovery.k8s.io", slice(&["node-1", "node-2"]))?;
+    api.insert("services", lb("web", None, true))?;
+    let backends_seen = |i: usize| -> Option<Vec<String>> {
+        let s = lab.status(i)?;
+        let svc = s["services"].as_array()?.iter().find(|x| x["name"] == "bench/web")?.clone();
+        Some(svc["backends"].as_array()?.iter().filter_map(|b| b.as_str().map(str::to_owned)).collect())
+    };
+    let all: Vec<usize> = (0..lab.nodes.len()).collect();
+    let want0 = vec!["node-1".to_owned(), "node-2".to_owned()];
+    wait_for(Duration::from_secs(20), || all.iter().all(|&i| backends_seen(i).as_ref() == Some(&want0)).then_some(()))
+        .with_context(|| format!("agents never saw the Local service\n{}", lab.agent_logs()))?;
+    let mut lat = Vec::new();
+    for k in 0..20 {
+        let nodes: &[&str] = if k % 2 == 0 { &["node-2", "node-3"] } else { &["node-1", "node-2"] };
+        let want: Vec<String> = nodes.iter().map(|s| s.to_string()).collect();
+        let t = Instant::now();
+        api.insert("endpointslices.discovery.k8s.io", slice(nodes))?;
+        let mut pending: Vec<usize> = all.clone();
+        while !pending.is_empty() && t.elapsed() < Duration::from_secs(10) {
+            pending.retain(|&i| {
+                let seen = backends_seen(i).as_ref() == Some(&want);
+                if seen {
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                !seen
+            });
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        anyhow::ensure!(pending.is_empty(), "agents {pending:?} did not apply EndpointSlice change {k}");
+    }
+    writeln!(
+        out,
+        "EndpointSlice change (Local policy: the Service's backend nodes change) → the agent's status shows the new ring written, on each of 3 agents, 20 changes: median {:.0} ms, p95 {:.0} ms, max {:.0} ms (2 ms polling of the status files; target ≤ 100 ms median).\n",
+        percentile(&lat, 0.5), percentile(&lat, 0.95), percentile(&lat, 1.0)
+    )?;
+    json.insert("k8s_endpointslice_to_maps_ms".into(), json!({"median": percentile(&lat, 0.5), "p95": percentile(&lat, 0.95), "max": percentile(&lat, 1.0), "samples": lat}));
+
+    // Memory with 1,000 Services and 100 Nodes.
+    api.insert("vippools.vip.dev", pool("198.18.8.0/22"))?;
+    for i in 0..97 {
+        api.insert("nodes", node_object(&format!("node-x{i:02}"), &format!("198.18.2.{}", i + 1)))?;
+    }
+    for i in 0..1000 {
+        api.insert("services", lb(&format!("m{i:04}"), Some(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 8, 0)) + i).to_string()), false))?;
+    }
+    wait_for(Duration::from_secs(60), || {
+        all.iter().all(|&i| lab.status(i).and_then(|s| s["services"].as_array().map(|a| a.len() >= 1000)).unwrap_or(false)).then_some(())
+    })
+    .with_context(|| "agents never reached 1,000 services".to_string())?;
+    std::thread::sleep(Duration::from_secs(3)); // settle (heartbeats, MAC retries, GARP rounds)
+    let rss: Vec<f64> = lab
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let pid = n.agent.as_ref()?.child.id();
+            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let kb: f64 = st.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb / 1024.0)
+        })
+        .collect();
+    anyhow::ensure!(rss.len() == 3, "could not read the agents' RSS");
+    let max = rss.iter().cloned().fold(0.0, f64::max);
+    writeln!(out, "Agent memory (VmRSS) with 1,000 Services and 100 Nodes (1,024-address pool, rings of 251 slots): {:.1} / {:.1} / {:.1} MiB on the three agents, max {max:.1} MiB (target ≤ 64 MiB).", rss[0], rss[1], rss[2])?;
+    json.insert("k8s_rss_mib".into(), json!({"agents": rss, "max": max}));
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("serve") {
@@ -408,6 +547,9 @@ fn main() -> Result<()> {
     }
     if wanted("failover") {
         failover_bench(&mut out, &mut json)?;
+    }
+    if wanted("k8s") {
+        k8s_bench(&mut out, &mut json)?;
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let header = format!("Run on {} cores, kernel {}\n\n", std::thread::available_parallelism()?.get(), kernel.trim());

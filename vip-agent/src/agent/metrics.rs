@@ -35,8 +35,8 @@ pub struct VipLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabels {
-    pub service: String,
     pub node: String,
+    pub check: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -54,7 +54,7 @@ pub struct Metrics {
     pub registry: Registry,
     /// 1 for the current owner of each VIP.
     pub vip_owner: Family<VipLabels, Gauge>,
-    /// 1 healthy, 0 not, per service and backend node.
+    /// 1 healthy, 0 not, per backend node and health check.
     pub backend_healthy: Family<BackendLabels, Gauge>,
     pub ring_updates: Family<ServiceLabels, Counter>,
     pub ring_slots_written: Family<ServiceLabels, Counter>,
@@ -89,7 +89,7 @@ impl Metrics {
             registry: Registry::default(),
         };
         registry.register("vip_owner", "Owner node of each VIP (1 = owns it)", m.vip_owner.clone());
-        registry.register("vip_backend_healthy", "Health of each backend node per service (1 healthy, 0 down)", m.backend_healthy.clone());
+        registry.register("vip_backend_healthy", "Health of each backend node under each health check (1 healthy, 0 down)", m.backend_healthy.clone());
         registry.register("vip_ring_updates", "Maglev ring writes per service", m.ring_updates.clone());
         registry.register("vip_ring_slots_written", "Ring slots written per service", m.ring_slots_written.clone());
         registry.register("vip_ring_update_seconds", "Time to write one service's ring change to the maps", m.ring_update_seconds.clone());

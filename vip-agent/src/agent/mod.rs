@@ -72,7 +72,8 @@ pub struct Status {
     pub owners: BTreeMap<Ipv4Addr, String>,
     pub held: Vec<Ipv4Addr>,
     pub services: Vec<ServiceStatus>,
-    pub backends: Vec<BackendStatus>,
+    pub nodes: Vec<NodeStatus>,
+    pub health: Vec<HealthStatus>,
     /// Recent health change → maps updated latencies, microseconds (newest last, at most 256).
     pub health_to_maps_us: Vec<u64>,
 }
@@ -92,19 +93,37 @@ pub struct ServiceStatus {
     pub vip: Ipv4Addr,
     pub port: u16,
     pub protocol: String,
+    /// Backend nodes in the ring now (candidates that are healthy, with a known MAC).
     pub backends: Vec<String>,
+    /// Its health check (`HealthStatus::check`), if any.
+    pub check: Option<String>,
 }
 
+/// A node as a backend: its address and the MAC we forward to.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct BackendStatus {
-    pub service: String,
+pub struct NodeStatus {
     pub node: String,
     pub addr: Ipv4Addr,
+    /// None: not resolved yet (the node is in no ring until it is).
     pub mac: Option<String>,
+}
+
+/// One probe target: a node under one health check. Services sharing a check share
+/// the row, so the status grows with nodes × checks, not nodes × services.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HealthStatus {
+    pub node: String,
+    pub check: String,
     pub healthy: bool,
-    /// In the service's ring now (healthy and MAC known).
-    pub in_ring: bool,
     pub detail: String,
+}
+
+/// A short name of a check: `tcp:80`, `http:80/healthz`.
+pub fn check_label(h: &crate::model::HealthCheck) -> String {
+    match &h.probe {
+        crate::model::Probe::Tcp { port } => format!("tcp:{port}"),
+        crate::model::Probe::Http { port, path } => format!("http:{port}{path}"),
+    }
 }
 
 struct Agent {
@@ -468,8 +487,8 @@ impl Agent {
             self.announce(self.applied.held.iter().copied().collect(), self.world.announce.garp_count);
         }
         // Backends waiting for a MAC: look again (and ask the kernel to resolve
-        // them), at most once a second.
-        if !self.applied.unresolved.is_empty() && self.last_resolve.elapsed() >= Duration::from_secs(1) {
+        // them), at most four times a second.
+        if !self.applied.unresolved.is_empty() && self.last_resolve.elapsed() >= Duration::from_millis(250) {
             self.last_resolve = Instant::now();
             self.reconcile(None)?;
         }
@@ -561,6 +580,8 @@ impl Agent {
         let s = &mut self.status;
         s.owners = self.applied.owners.clone();
         s.held = self.applied.held.iter().copied().collect();
+        let checks: BTreeMap<&str, String> =
+            self.world.services.iter().filter_map(|v| Some((v.name.as_str(), check_label(v.health.as_ref()?)))).collect();
         s.services = self
             .applied
             .services
@@ -571,41 +592,27 @@ impl Agent {
                 port: a.port,
                 protocol: if a.proto == vip_common::PROTO_UDP { "udp" } else { "tcp" }.to_owned(),
                 backends: d.backends.iter().map(|b| b.name.clone()).collect(),
+                check: checks.get(d.name.as_str()).cloned(),
             })
             .collect();
-        s.backends.clear();
+        s.nodes = self
+            .world
+            .nodes
+            .iter()
+            .map(|n| NodeStatus { node: n.name.clone(), addr: n.addr, mac: n.mac.or_else(|| self.macs.get(&n.name).copied()).map(|m| mac_str(&m)) })
+            .collect();
+        s.health.clear();
         self.metrics.backend_healthy.clear();
-        for svc in &self.world.services {
-            let in_ring: BTreeSet<&str> = svc
-                .addrs()
-                .next()
-                .and_then(|a| self.applied.services.get(&a))
-                .map(|d| d.backends.iter().map(|b| b.name.as_str()).collect())
-                .unwrap_or_default();
-            for node in self.world.backend_candidates(svc) {
-                let probed = svc.health.as_ref().and_then(|c| {
-                    self.health.get(&Target { node: node.name.clone(), addr: node.addr, check: c.clone() })
-                });
-                let (healthy, detail) = match probed {
-                    Some((up, d)) => (*up, d.clone()),
-                    None if svc.health.is_some() => (true, "no state change yet".into()),
-                    None => (true, "not checked".into()),
-                };
-                let mac = node.mac.or_else(|| self.macs.get(&node.name).copied());
-                let l = metrics::BackendLabels { service: svc.name.clone(), node: node.name.clone() };
-                self.metrics.backend_healthy.get_or_create(&l).set(healthy as i64);
-                s.backends.push(BackendStatus {
-                    service: svc.name.clone(),
-                    node: node.name.clone(),
-                    addr: node.addr,
-                    mac: mac.map(|m| mac_str(&m)),
-                    healthy,
-                    in_ring: in_ring.contains(node.name.as_str()),
-                    detail,
-                });
-            }
+        for t in health_targets(&self.world) {
+            let (healthy, detail) = match self.health.get(&t) {
+                Some((up, d)) => (*up, d.clone()),
+                None => (true, "no state change yet".into()),
+            };
+            let check = check_label(&t.check);
+            self.metrics.backend_healthy.get_or_create(&metrics::BackendLabels { node: t.node.clone(), check: check.clone() }).set(healthy as i64);
+            s.health.push(HealthStatus { node: t.node, check, healthy, detail });
         }
-        let json = serde_json::to_string_pretty(&self.status).unwrap_or_default();
+        let json = serde_json::to_string(&self.status).unwrap_or_default();
         if let Some(path) = &self.opts.status_file {
             if let Err(e) = write_atomic(path, &json) {
                 warn!("writing status file {}: {e:#}", path.display());
