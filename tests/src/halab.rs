@@ -191,7 +191,9 @@ pub struct HaLab {
     pub spec: HaSpec,
     pub dir: PathBuf,
     pub config: PathBuf,
-    /// Remove `dir` on Drop (tests); the persistent lab keeps it until `down`.
+    /// Where the nodes' pin directories are.
+    pins_root: PathBuf,
+    /// Remove `dir` and `pins_root` on Drop (tests); the persistent lab keeps them until `down`.
     remove_dir: bool,
 }
 
@@ -248,7 +250,7 @@ impl HaLab {
                 .context("starting the name server")?;
             nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), pins, status_file, log });
         }
-        let mut lab = Self { nodes, client, seg, spec, dir, config, remove_dir };
+        let mut lab = Self { nodes, client, seg, spec, dir, config, pins_root, remove_dir };
         for i in 0..lab.nodes.len() {
             lab.start_agent(i)?;
         }
@@ -412,14 +414,11 @@ impl Drop for HaLab {
                 a.signal(libc::SIGCONT); // a stopped agent cannot die otherwise
             }
         }
+        // Agents killed and their PinDirs removed now, so the directories can go.
+        drop(std::mem::take(&mut self.nodes));
         if self.remove_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
-            if let Some(root) = self.nodes.first().and_then(|n| n.pins.path.parent().map(Path::to_owned)) {
-                // The PinDirs go with the nodes; their parent after them.
-                let nodes = std::mem::take(&mut self.nodes);
-                drop(nodes);
-                let _ = std::fs::remove_dir(root);
-            }
+            let _ = std::fs::remove_dir(&self.pins_root);
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, SocketAddr},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use tokio::{
@@ -187,14 +187,10 @@ async fn run_target(target: Target, tx: mpsc::UnboundedSender<Event>) {
     }
 }
 
-/// Upper bound on the time a dead backend stays in rings: `fall` probes, each
-/// started at most one interval apart and failing within the timeout.
-pub fn detection_bound(check: &HealthCheck) -> Duration {
-    check.interval * check.fall + check.timeout
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

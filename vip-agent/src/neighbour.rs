@@ -21,9 +21,10 @@ pub fn parse_proc_arp(text: &str, addr: Ipv4Addr) -> Option<[u8; 6]> {
     })
 }
 
-/// The resolved MAC of `addr` in this network namespace, if the kernel has one.
-pub fn lookup(addr: Ipv4Addr) -> Option<[u8; 6]> {
-    parse_proc_arp(&std::fs::read_to_string("/proc/net/arp").ok()?, addr)
+/// This network namespace's IPv4 neighbour table as /proc/net/arp shows it (empty
+/// when unreadable); look addresses up in it with `parse_proc_arp`.
+pub fn table() -> String {
+    std::fs::read_to_string("/proc/net/arp").unwrap_or_default()
 }
 
 /// Makes the kernel resolve `addr`: one UDP datagram to the discard port. The

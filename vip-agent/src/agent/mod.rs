@@ -225,8 +225,7 @@ pub async fn run(opts: Options) -> Result<()> {
     agent.reconcile(None)?;
     agent.metrics.ready.store(true, Ordering::Relaxed);
 
-    let mut refresh = tokio::time::interval(agent.world.announce.hold_time / 3);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut refresh = hold_refresh(&agent.world);
     let mut garp_refresh = tokio::time::interval(agent.world.announce.garp_refresh);
     garp_refresh.tick().await; // the first tick is immediate; takeovers already announce
     let mut watch_conflicts = tokio::time::interval(Duration::from_millis(100));
@@ -278,8 +277,7 @@ pub async fn run(opts: Options) -> Result<()> {
             _ = reload.tick(), if matches!(feed, Feed::File) => {
                 if agent.reload(false) {
                     agent.sync_heartbeat().await;
-                    refresh = tokio::time::interval(agent.world.announce.hold_time / 3);
-                    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    refresh = hold_refresh(&agent.world);
                 }
             }
             _ = hup.recv(), if matches!(feed, Feed::File) => {
@@ -401,23 +399,30 @@ impl Agent {
     /// takeover so switches and neighbours learn the new owner at once, and
     /// periodically so their entries do not age out.
     fn announce(&self, vips: Vec<Ipv4Addr>, count: u32) {
-        if vips.is_empty() || count == 0 {
+        let frames = vips.into_iter().map(|v| (v, ha::garp::garp_frame(self.mac, v))).collect();
+        self.send_arp(frames, count, "gratuitous ARP");
+    }
+
+    /// Sends `frames` (address, ARP frame) out of our interface in the background,
+    /// `rounds` times `garp_interval` apart: round by round, so every address's first
+    /// frame goes out at once.
+    fn send_arp(&self, frames: Vec<(Ipv4Addr, [u8; ha::garp::GARP_FRAME_LEN])>, rounds: u32, what: &'static str) {
+        if frames.is_empty() || rounds == 0 {
             return;
         }
-        let (ifindex, mac, gap) = (self.ifindex, self.mac, self.world.announce.garp_interval);
+        let (ifindex, gap) = (self.ifindex, self.world.announce.garp_interval);
         tokio::spawn(async move {
             let sock = match ha::garp::GarpSocket::new() {
                 Ok(s) => s,
-                Err(e) => return warn!("gratuitous ARP socket: {e}"),
+                Err(e) => return warn!("{what}: packet socket: {e}"),
             };
-            // Round by round, so the first announcement of every VIP goes out at once.
-            for round in 0..count {
+            for round in 0..rounds {
                 if round > 0 {
                     tokio::time::sleep(gap).await;
                 }
-                for vip in &vips {
-                    if let Err(e) = sock.send(ifindex, mac, *vip) {
-                        warn!(%vip, "gratuitous ARP: {e}");
+                for (addr, frame) in &frames {
+                    if let Err(e) = sock.send_frame(ifindex, frame) {
+                        warn!(%addr, "{what}: {e}");
                     }
                 }
             }
@@ -430,21 +435,8 @@ impl Agent {
     /// The reply to this request completes the entries at once.
     fn resolve(&self, addrs: Vec<Ipv4Addr>) {
         let Some(me) = self.world.node(&self.opts.node_name).map(|n| n.addr) else { return };
-        if addrs.is_empty() {
-            return;
-        }
-        let (ifindex, mac) = (self.ifindex, self.mac);
-        tokio::spawn(async move {
-            let sock = match ha::garp::GarpSocket::new() {
-                Ok(s) => s,
-                Err(e) => return warn!("ARP socket: {e}"),
-            };
-            for a in addrs {
-                if let Err(e) = sock.send_frame(ifindex, &ha::garp::arp_request_frame(mac, me, a)) {
-                    warn!(addr = %a, "ARP request: {e}");
-                }
-            }
-        });
+        let frames = addrs.into_iter().map(|a| (a, ha::garp::arp_request_frame(self.mac, me, a))).collect();
+        self.send_arp(frames, 1, "ARP request");
     }
 
     /// Logs and counts ARP replies or gratuitous ARP from another MAC claiming a
@@ -498,15 +490,16 @@ impl Agent {
     /// Computes what the maps should hold and writes the difference. `since`: the
     /// health change that caused this, for the latency metric.
     fn reconcile(&mut self, since: Option<Instant>) -> Result<()> {
-        for n in &self.world.nodes {
-            if n.mac.is_none() && n.name != self.opts.node_name {
-                match neighbour::lookup(n.addr) {
-                    Some(m) => {
-                        self.macs.insert(n.name.clone(), m);
-                    }
-                    None if !self.macs.contains_key(&n.name) => neighbour::solicit(n.addr),
-                    None => {}
+        // One read of the neighbour table for every node whose MAC the model lacks.
+        let unknown: Vec<&crate::model::Node> = self.world.nodes.iter().filter(|n| n.mac.is_none() && n.name != self.opts.node_name).collect();
+        let table = if unknown.is_empty() { String::new() } else { neighbour::table() };
+        for n in unknown {
+            match neighbour::parse_proc_arp(&table, n.addr) {
+                Some(m) => {
+                    self.macs.insert(n.name.clone(), m);
                 }
+                None if !self.macs.contains_key(&n.name) => neighbour::solicit(n.addr),
+                None => {}
             }
         }
         let health: BTreeMap<Target, bool> = self.health.iter().map(|(t, (up, _))| (t.clone(), *up)).collect();
@@ -620,6 +613,13 @@ impl Agent {
         }
         *self.status_json.lock().unwrap_or_else(|e| e.into_inner()) = json;
     }
+}
+
+/// The ticker that re-writes held deadlines: three times per hold time.
+fn hold_refresh(w: &World) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(w.announce.hold_time / 3);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
 }
 
 /// The next model from the Kubernetes watches (pending forever with the file source).

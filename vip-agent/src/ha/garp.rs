@@ -100,24 +100,12 @@ impl GarpSocket {
 }
 
 /// Sends `count` gratuitous ARPs for `vip`, `interval` apart (no wait after the
-/// last). Blocks; from async code use [`send_garp_async`].
+/// last). Blocks (the agent sends from its own task, round by round over its VIPs).
 pub fn send_garp(ifindex: u32, mac: [u8; 6], vip: Ipv4Addr, count: u32, interval: Duration) -> io::Result<()> {
     let s = GarpSocket::new()?;
     for i in 0..count {
         if i > 0 {
             std::thread::sleep(interval);
-        }
-        s.send(ifindex, mac, vip)?;
-    }
-    Ok(())
-}
-
-/// [`send_garp`] for tokio: waits with the timer instead of blocking a thread.
-pub async fn send_garp_async(ifindex: u32, mac: [u8; 6], vip: Ipv4Addr, count: u32, interval: Duration) -> io::Result<()> {
-    let s = GarpSocket::new()?;
-    for i in 0..count {
-        if i > 0 {
-            tokio::time::sleep(interval).await;
         }
         s.send(ifindex, mac, vip)?;
     }

@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use super::{
     allocate::{self, Decision, PoolView},
-    reflect,
+    owned, reflect,
     crd::{VipPool, VipPoolStatus},
     pools,
 };
@@ -69,8 +69,8 @@ impl Controller {
     /// One pass over the current view. Call only while leading.
     pub async fn pass(&mut self) -> Pass {
         let mut out = Pass::default();
-        let pools: Vec<VipPool> = self.pools.state().iter().map(|p| (**p).clone()).collect();
-        let services: Vec<Service> = self.services.state().iter().map(|s| (**s).clone()).collect();
+        let pools: Vec<VipPool> = owned(self.pools.state());
+        let services: Vec<Service> = owned(self.services.state());
         let ns_labels: BTreeMap<String, BTreeMap<String, String>> =
             self.namespaces.state().iter().map(|n| (n.name_any(), n.labels().clone())).collect();
         let checks = pools::check_pools(&pools);
@@ -102,7 +102,7 @@ impl Controller {
         }
         // Counts from the watched statuses: they may lag this pass's own writes by a
         // moment; the watch event of those writes triggers the pass that settles them.
-        let services_now: Vec<Service> = self.services.state().iter().map(|s| (**s).clone()).collect();
+        let services_now: Vec<Service> = owned(self.services.state());
         let usage = allocate::pool_usage(&views, &services_now);
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             match self.write_pool_status(p, c, usage.get(&c.name).copied()).await {

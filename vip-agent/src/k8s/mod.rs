@@ -21,6 +21,11 @@ use anyhow::{Context as _, Result};
 use tokio::sync::mpsc;
 use tracing::warn;
 
+/// A reflector store's objects, owned (the pure functions take slices).
+pub(crate) fn owned<K: Clone>(v: Vec<std::sync::Arc<K>>) -> Vec<K> {
+    v.into_iter().map(|x| (*x).clone()).collect()
+}
+
 /// A client from `kubeconfig`, else in-cluster config or $KUBECONFIG.
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
     let config = match kubeconfig {

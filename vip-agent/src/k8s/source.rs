@@ -68,7 +68,7 @@ pub async fn watch_world(client: kube::Client, base: World) -> tokio::sync::watc
     let _ = pools.wait_until_ready().await;
     let _ = services.wait_until_ready().await;
     let _ = slices.wait_until_ready().await;
-    let build = move || world_from(&owned(nodes.state()), &owned(pools.state()), &owned(services.state()), &owned(slices.state()), &base);
+    let build = move || world_from(&super::owned(nodes.state()), &super::owned(pools.state()), &super::owned(services.state()), &super::owned(slices.state()), &base);
     let (out, rx) = tokio::sync::watch::channel(build());
     tokio::spawn(async move {
         while changed.recv().await.is_some() {
@@ -82,10 +82,6 @@ pub async fn watch_world(client: kube::Client, base: World) -> tokio::sync::watc
         }
     });
     rx
-}
-
-fn owned<K: Clone>(v: Vec<std::sync::Arc<K>>) -> Vec<K> {
-    v.into_iter().map(|x| (*x).clone()).collect()
 }
 
 /// Builds the model. `base` carries the settings the cluster objects do not
