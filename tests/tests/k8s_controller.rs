@@ -95,7 +95,7 @@ async fn allocates_reports_pools_and_follows_live_edits() {
     svcs.create(&pp, &clusterip).await.unwrap();
 
     let (_lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1)));
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
 
     let want: BTreeMap<String, String> =
         [("shop/api", "198.18.1.10"), ("shop/third", "198.18.1.12"), ("shop/asks", "198.18.1.21")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -153,7 +153,7 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice() {
         let c = Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
         let leading = leader::spawn(c.clone(), cfg(id));
         let watch_lead = leading.clone();
-        agents.push((id, watch_lead, tokio::spawn(controller::run(c, id.into(), leading, Duration::from_millis(500)))));
+        agents.push((id, watch_lead, tokio::spawn(controller::run(c, id.into(), leading, Duration::from_millis(500), controller::AgentView::fixed(BTreeMap::new()).1))));
     }
     eventually("exactly one leader", || agents.iter().filter(|(_, l, _)| *l.borrow()).count() == 1).await;
     let first = agents.iter().position(|(_, l, _)| *l.borrow()).unwrap();

@@ -54,6 +54,11 @@ enum Cmd {
         /// How often the config file is checked for changes, e.g. 1s, 250ms.
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         reload_interval: Duration,
+        /// How gratuitous ARP and ARP requests leave: `xdp` (through the XDP
+        /// program; needs no CAP_NET_RAW, needs a native attachment), `packet` (a
+        /// packet socket; CAP_NET_RAW), `auto` (xdp where attached natively).
+        #[arg(long, value_enum, env = "VIP_ARP_SENDER", default_value = "auto")]
+        arp_sender: vip_agent::ha::garp::ArpSender,
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
@@ -101,7 +106,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logs(matches!(cli.cmd, Cmd::Run { log_json: true, .. }));
     match cli.cmd {
-        Cmd::Run { config, kubernetes: _, kubeconfig, lease_namespace, node_name, iface, mode, ring_capacity, metrics_addr, status_file, reload_interval, log_json: _ } => {
+        Cmd::Run { config, kubernetes: _, kubeconfig, lease_namespace, node_name, iface, mode, ring_capacity, metrics_addr, status_file, reload_interval, arp_sender, log_json: _ } => {
             let source = match config {
                 Some(path) => agent::Source::File(path),
                 None => agent::Source::Kubernetes { lease_namespace, kubeconfig },
@@ -114,7 +119,7 @@ fn main() -> Result<()> {
                 "off" => None,
                 a => Some(a.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics-addr {a:?}: {e}"))?),
             };
-            let opts = agent::Options { source, node_name, iface, attach_mode: mode, pin_dir: cli.pin_dir, ring_capacity, metrics_addr, status_file: Some(status_file), reload_interval };
+            let opts = agent::Options { source, node_name, iface, attach_mode: mode, pin_dir: cli.pin_dir, ring_capacity, metrics_addr, status_file: Some(status_file), reload_interval, arp_sender };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }
         Cmd::Crd => print!("{}", vip_agent::k8s::crd::crd_yaml()),

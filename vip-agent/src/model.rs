@@ -6,7 +6,8 @@ use std::{
     time::Duration,
 };
 
-use serde::Serialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::dataplane::ServiceAddr;
 
@@ -62,6 +63,10 @@ pub struct Pool {
     pub node_selector: Selector,
     /// Taints of such nodes that do not make them ineligible.
     pub tolerations: Vec<Toleration>,
+    /// How the holder of one of its VIPs draws the VIP's traffic.
+    pub announce: AnnounceMode,
+    /// Its own gratuitous ARP settings; `None`: the world's (`Announce::garp`).
+    pub garp: Option<Garp>,
 }
 
 impl Pool {
@@ -126,27 +131,47 @@ impl Service {
     }
 }
 
+/// How the holder of a pool's VIP makes the network send it the VIP's traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AnnounceMode {
+    /// The holder answers ARP for the VIP (XDP) and sends gratuitous ARP on takeover.
+    #[default]
+    Arp,
+    /// The VIP is only added to the holder's loopback (`lo`) for a routing daemon on
+    /// the node (BGP/ECMP) to announce: no ARP answers, no gratuitous ARP. The
+    /// holder still balances the VIP's traffic over the ring.
+    Lo,
+}
+
+/// Gratuitous ARP of a holder: `count` frames `interval` apart on takeover, then
+/// one every `refresh` while holding (switch FDB and neighbour entries age out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Garp {
+    pub count: u32,
+    pub interval: Duration,
+    pub refresh: Duration,
+}
+
+impl Default for Garp {
+    fn default() -> Self {
+        Self { count: 3, interval: Duration::from_millis(100), refresh: Duration::from_secs(30) }
+    }
+}
+
 /// How the holder of a VIP announces it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Announce {
     /// The deadline written with each held VIP: a holder that stops refreshing
     /// (hung agent) stops answering ARP this long after its last refresh.
     pub hold_time: Duration,
-    /// Gratuitous ARP frames sent on takeover, and the gap between them.
-    pub garp_count: u32,
-    pub garp_interval: Duration,
-    /// Gratuitous ARP repeated this often while holding (switch FDB/neighbour entries age out).
-    pub garp_refresh: Duration,
+    /// Gratuitous ARP of pools that set none of their own.
+    pub garp: Garp,
 }
 
 impl Default for Announce {
     fn default() -> Self {
-        Self {
-            hold_time: Duration::from_millis(200),
-            garp_count: 3,
-            garp_interval: Duration::from_millis(100),
-            garp_refresh: Duration::from_secs(30),
-        }
+        Self { hold_time: Duration::from_millis(200), garp: Garp::default() }
     }
 }
 
@@ -185,6 +210,16 @@ impl World {
 
     pub fn pool_of(&self, vip: Ipv4Addr) -> Option<&Pool> {
         self.pools.iter().find(|p| p.addresses.binary_search(&vip).is_ok())
+    }
+
+    /// How `vip` is announced (its pool's mode; ARP outside every pool).
+    pub fn announce_mode(&self, vip: Ipv4Addr) -> AnnounceMode {
+        self.pool_of(vip).map_or(AnnounceMode::Arp, |p| p.announce)
+    }
+
+    /// The gratuitous ARP settings of `vip`: its pool's, else the world's.
+    pub fn garp(&self, vip: Ipv4Addr) -> Garp {
+        self.pool_of(vip).and_then(|p| p.garp).unwrap_or(self.announce.garp)
     }
 
     /// Nodes eligible to hold the VIPs of `pool`, in name order.

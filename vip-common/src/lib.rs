@@ -30,6 +30,9 @@ pub mod map_names {
 
 /// Name of the XDP program inside the object, and of its pin.
 pub const PROGRAM_NAME: &str = "vip_xdp";
+/// The program that transmits the frame it is run on (BPF_PROG_RUN, live frames):
+/// how the agent sends gratuitous ARP without a packet socket. Pinned, never attached.
+pub const XMIT_PROGRAM_NAME: &str = "vip_xmit";
 
 /// Capacity of the maps (the ring's is set by the agent at load time).
 pub const MAX_IFACES: u32 = 64;
@@ -54,8 +57,13 @@ pub const PROTO_UDP: u8 = 17;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct IfaceConfig {
     pub mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// `IFACE_NATIVE` when the program is attached in native (driver) mode.
+    pub flags: u8,
+    pub _pad: u8,
 }
+
+/// `lb_ifaces` flag: attached in native mode (the driver can transmit XDP frames).
+pub const IFACE_NATIVE: u8 = 1;
 
 /// `arp_held` key: a VIP held on one interface.
 #[repr(C)]
@@ -79,8 +87,14 @@ pub struct HeldVip {
     pub deadline_ns: u64,
     /// Our MAC on this interface: source of ARP replies and forwards.
     pub mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// `HELD_NO_ARP`: balanced but not answered (the pool announces on `lo`).
+    pub flags: u8,
+    pub _pad: u8,
 }
+
+/// `arp_held` flag: the VIP is announced by a routing daemon from `lo`, so the data
+/// path balances it but answers no ARP for it (counted `arp_not_announced`).
+pub const HELD_NO_ARP: u8 = 1;
 
 /// `lb4_services` key: (VIP, port, protocol). Fragments look up port 0.
 #[repr(C)]
@@ -171,10 +185,11 @@ pub enum Reason {
     FlowRehashed = 12,
     PassedOther = 13,
     ArpConflict = 14,
+    ArpNotAnnounced = 15,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 16;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -191,6 +206,7 @@ impl Reason {
         Reason::FlowRehashed,
         Reason::PassedOther,
         Reason::ArpConflict,
+        Reason::ArpNotAnnounced,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -210,6 +226,7 @@ impl Reason {
             Reason::FlowRehashed => "flow_rehashed",
             Reason::PassedOther => "passed_other",
             Reason::ArpConflict => "arp_conflict",
+            Reason::ArpNotAnnounced => "arp_not_announced",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! ARP: answer requests for VIPs this node holds on the receiving interface.
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use network_types::{arp::ArpHdr, eth::EthHdr};
-use vip_common::{HeldKey, Reason};
+use vip_common::{HeldKey, HeldVip, Reason, HELD_NO_ARP};
 
 use crate::{
     maps::arp_held,
@@ -21,20 +21,32 @@ const ARPOP_REPLY: u16 = 2;
 /// by storing deadlines two ticks early.
 #[inline(always)]
 pub fn arp_held_entry(ifindex: u32, vip: [u8; 4]) -> Option<([u8; 6], bool)> {
-    let key = HeldKey { ifindex, vip };
-    let h = unsafe { arp_held.get(&key) }?;
-    let fresh = unsafe { bpf_ktime_get_coarse_ns() } <= h.deadline_ns;
-    Some((h.mac, fresh))
+    let h = arp_held_get(ifindex, vip)?;
+    Some((h.mac, held_fresh(h)))
 }
 
-/// Our MAC if this node holds `vip` on `ifindex` now (fresh), else why not.
+#[inline(always)]
+fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<&'static HeldVip> {
+    unsafe { arp_held.get(&HeldKey { ifindex, vip }) }
+}
+
+#[inline(always)]
+fn held_fresh(h: &HeldVip) -> bool {
+    (unsafe { bpf_ktime_get_coarse_ns() }) <= h.deadline_ns
+}
+
+/// Our MAC if this node holds `vip` on `ifindex` now (fresh) and announces it by
+/// ARP, else why not.
 #[inline(always)]
 pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<[u8; 6], Reason> {
-    match arp_held_entry(ifindex, vip) {
-        Some((mac, true)) => Ok(mac),
-        Some((_, false)) => Err(Reason::ArpStale),
-        None => Err(Reason::ArpNotHeld),
+    let h = arp_held_get(ifindex, vip).ok_or(Reason::ArpNotHeld)?;
+    if h.flags & HELD_NO_ARP != 0 {
+        return Err(Reason::ArpNotAnnounced);
     }
+    if !held_fresh(h) {
+        return Err(Reason::ArpStale);
+    }
+    Ok(h.mac)
 }
 
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and

@@ -30,6 +30,14 @@ pub fn xdp_baseline_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// Transmits the frame it is run on out of the interface the run names (XDP_TX).
+/// The agent sends gratuitous ARP through it with BPF_PROG_RUN in live-frames
+/// mode, so it needs no packet socket (no CAP_NET_RAW). Never attached.
+#[xdp]
+pub fn vip_xmit(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_TX
+}
+
 #[inline(always)]
 fn try_vip_xdp(ctx: &XdpContext) -> Result<Verdict, ()> {
     let ifindex = ctx.ingress_ifindex() as u32;

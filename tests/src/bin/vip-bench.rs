@@ -418,7 +418,7 @@ fn k8s_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
         }
         let (_lead, leading) = tokio::sync::watch::channel(true);
         let t = Instant::now();
-        let task = tokio::spawn(vip_agent::k8s::controller::run(client, "bench".into(), leading, Duration::from_secs(30)));
+        let task = tokio::spawn(vip_agent::k8s::controller::run(client, "bench".into(), leading, Duration::from_secs(30), vip_agent::k8s::controller::AgentView::fixed(Default::default()).1));
         let mut done = 0;
         while t.elapsed() < Duration::from_secs(300) {
             let ips: std::collections::BTreeSet<String> =

@@ -25,6 +25,8 @@ pub struct Desired {
     pub owners: BTreeMap<Ipv4Addr, String>,
     /// The VIPs this node holds (answers ARP for and balances).
     pub held: BTreeSet<Ipv4Addr>,
+    /// Those of `held` announced from `lo` (no ARP answers, no gratuitous ARP).
+    pub on_lo: BTreeSet<Ipv4Addr>,
     pub services: BTreeMap<ServiceAddr, DesiredService>,
     /// Backend candidates left out because their MAC is not known yet.
     pub unresolved: BTreeSet<String>,
@@ -49,6 +51,9 @@ pub fn desired(w: &World, o: &Observed) -> Desired {
         for (vip, owner) in crate::ha::ownership::assign(&pool.addresses, &eligible) {
             if owner == o.me {
                 d.held.insert(vip);
+                if pool.announce == crate::model::AnnounceMode::Lo {
+                    d.on_lo.insert(vip);
+                }
             }
             d.owners.insert(vip, owner);
         }

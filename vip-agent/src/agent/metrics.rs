@@ -45,6 +45,18 @@ pub struct ServiceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStateLabels {
+    pub pool: String,
+    /// total, allocated or free.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: String,
 }
@@ -63,6 +75,12 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     pub config_valid: Gauge,
     pub vips_held: Gauge,
+    /// VIPs of each pool this node holds.
+    pub pool_held: Family<PoolLabels, Gauge>,
+    /// Owner changes of each pool's VIPs seen by this node (failovers, rebalancing).
+    pub pool_owner_changes: Family<PoolLabels, Counter>,
+    /// Addresses of each pool by state; written by the elected controller only.
+    pub pool_addresses: Family<PoolStateLabels, Gauge>,
     pub arp_conflicts: Counter,
     pub ready: Arc<AtomicBool>,
     /// Monotonic ns of the main loop's last turn (for /healthz).
@@ -83,6 +101,9 @@ impl Metrics {
             config_reloads: Family::default(),
             config_valid: Gauge::default(),
             vips_held: Gauge::default(),
+            pool_held: Family::default(),
+            pool_owner_changes: Family::default(),
+            pool_addresses: Family::default(),
             arp_conflicts: Counter::default(),
             ready: Arc::new(AtomicBool::new(false)),
             last_turn_ns: Arc::new(AtomicU64::new(monotonic_ns())),
@@ -101,6 +122,13 @@ impl Metrics {
         registry.register("vip_config_reloads", "Config file loads by result (ok, error)", m.config_reloads.clone());
         registry.register("vip_config_valid", "1 when the last config file read was valid, 0 when it was rejected", m.config_valid.clone());
         registry.register("vip_vips_held", "VIPs this node holds", m.vips_held.clone());
+        registry.register("vip_pool_vips_held", "VIPs of each pool this node holds", m.pool_held.clone());
+        registry.register("vip_pool_owner_changes", "Owner changes of each pool's VIPs seen by this node (failovers, rebalancing)", m.pool_owner_changes.clone());
+        registry.register(
+            "vip_pool_addresses",
+            "Addresses of each pool by state (total, allocated, free); exported by the elected leader",
+            m.pool_addresses.clone(),
+        );
         registry.register("vip_arp_conflicts", "ARP replies or gratuitous ARP from another MAC claiming a VIP this node holds", m.arp_conflicts.clone());
         Self { registry, ..m }
     }

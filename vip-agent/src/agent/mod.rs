@@ -26,10 +26,14 @@ pub use desired::{desired, health_targets, Desired, DesiredService, Observed};
 use crate::{
     config,
     dataplane::{self, monotonic_ns, AttachMode, Dataplane, ServiceAddr},
-    ha::{self, heartbeat},
+    ha::{
+        self,
+        garp::{ArpSender, Job},
+        heartbeat,
+    },
     health::{self, Target},
     inspect::mac_str,
-    model::World,
+    model::{AnnounceMode, World},
     neighbour,
 };
 
@@ -61,6 +65,8 @@ pub struct Options {
     pub status_file: Option<PathBuf>,
     /// How often the config file is checked for changes.
     pub reload_interval: Duration,
+    /// How gratuitous ARP and ARP requests leave the node.
+    pub arp_sender: ArpSender,
 }
 
 /// The agent's view, published as JSON (status file, /status) for `inspect` and humans.
@@ -147,6 +153,14 @@ struct Agent {
     deadline: u64,
     /// When backends without a known MAC were last looked up.
     last_resolve: Instant,
+    /// The queue of the one task that sends our ARP frames.
+    arp_tx: mpsc::UnboundedSender<Job>,
+    /// When each held VIP was last announced (its pool's refresh counts from it).
+    last_garp: BTreeMap<Ipv4Addr, Instant>,
+    /// The VIPs of `announce: lo` pools we hold, for the loopback task.
+    on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
+    /// VIP → owner as this node sees it, for the controller (pool status, Events).
+    owners_tx: watch::Sender<BTreeMap<Ipv4Addr, String>>,
     applied: Desired,
     metrics: metrics::Metrics,
     status: Status,
@@ -160,6 +174,8 @@ enum Feed {
 }
 
 pub async fn run(opts: Options) -> Result<()> {
+    let mut metrics = metrics::Metrics::new();
+    let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
     let (world, text, mut feed, source_name) = match &opts.source {
         Source::File(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -175,7 +191,8 @@ pub async fn run(opts: Options) -> Result<()> {
             let rx = crate::k8s::source::watch_world(client.clone(), World::default()).await;
             let world = rx.borrow().clone();
             let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
-            tokio::spawn(crate::k8s::controller::run(client, opts.node_name.clone(), leading, Duration::from_secs(30)));
+            let view = crate::k8s::controller::AgentView { owners: owners_rx, pool_addresses: Some(metrics.pool_addresses.clone()) };
+            tokio::spawn(crate::k8s::controller::run(client, opts.node_name.clone(), leading, Duration::from_secs(30), view));
             (world, None, Feed::Kubernetes(rx), PathBuf::from("kubernetes"))
         }
     };
@@ -187,9 +204,19 @@ pub async fn run(opts: Options) -> Result<()> {
     let (ifindex, mac) = dataplane::iface_info(&opts.iface)?;
     dp.set_iface(ifindex, mac)?;
     info!(iface = %opts.iface, ifindex, mac = %mac_str(&mac), mode = ?attached.mode, "XDP attached (None: kept the existing attachment)");
+    let sender = match opts.arp_sender {
+        ArpSender::Auto if dp.iface_native(ifindex) => ArpSender::Xdp,
+        ArpSender::Auto => ArpSender::Packet,
+        s => s,
+    };
+    let frame_tx = ha::garp::FrameTx::open(sender, &opts.pin_dir)
+        .with_context(|| format!("opening the ARP sender ({sender:?}; --arp-sender xdp needs a native attachment, packet needs CAP_NET_RAW)"))?;
+    info!(?sender, "gratuitous ARP and ARP requests go out through this sender");
+    let arp_tx = ha::garp::spawn_sender(frame_tx, ifindex);
+    let (on_lo, on_lo_rx) = watch::channel(BTreeSet::new());
+    ha::loopback::spawn(on_lo_rx)?;
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
-    let mut metrics = metrics::Metrics::new();
     let status_json = Arc::new(Mutex::new("{}".to_owned()));
     if let Some(addr) = opts.metrics_addr {
         let bound = metrics::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
@@ -212,6 +239,10 @@ pub async fn run(opts: Options) -> Result<()> {
         conflicts: 0,
         deadline: 0,
         last_resolve: Instant::now(),
+        arp_tx,
+        last_garp: BTreeMap::new(),
+        on_lo,
+        owners_tx,
         applied: Desired::default(),
         metrics,
         status_json,
@@ -226,8 +257,8 @@ pub async fn run(opts: Options) -> Result<()> {
     agent.metrics.ready.store(true, Ordering::Relaxed);
 
     let mut refresh = hold_refresh(&agent.world);
-    let mut garp_refresh = tokio::time::interval(agent.world.announce.garp_refresh);
-    garp_refresh.tick().await; // the first tick is immediate; takeovers already announce
+    // Each pool's refresh (at least 1 s) is checked against this finer tick.
+    let mut garp_refresh = tokio::time::interval(Duration::from_millis(250));
     let mut watch_conflicts = tokio::time::interval(Duration::from_millis(100));
     let mut reload = tokio::time::interval(agent.opts.reload_interval);
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
@@ -256,14 +287,14 @@ pub async fn run(opts: Options) -> Result<()> {
                 }
                 // Membership changed: while it was split, others may have taken our
                 // VIPs and moved clients (a healed partition). Every holder re-asserts.
-                agent.announce(agent.applied.held.iter().copied().collect(), agent.world.announce.garp_count);
+                agent.announce(agent.applied.held.clone(), true);
             }
             _ = refresh.tick() => {
                 if let Err(e) = agent.refresh() {
                     error!("refreshing held VIPs: {e:#}");
                 }
             }
-            _ = garp_refresh.tick() => agent.announce(agent.applied.held.iter().copied().collect(), 1),
+            _ = garp_refresh.tick() => agent.refresh_garp(),
             _ = watch_conflicts.tick() => agent.watch_conflicts(),
             Some(world) = next_world(&mut feed) => {
                 info!("the cluster's model changed; applying");
@@ -395,38 +426,39 @@ impl Agent {
         }
     }
 
-    /// Sends `count` gratuitous ARP for each of `vips` (in the background): on
-    /// takeover so switches and neighbours learn the new owner at once, and
-    /// periodically so their entries do not age out.
-    fn announce(&self, vips: Vec<Ipv4Addr>, count: u32) {
-        let frames = vips.into_iter().map(|v| (v, ha::garp::garp_frame(self.mac, v))).collect();
-        self.send_arp(frames, count, "gratuitous ARP");
+    /// Gratuitous ARP for those of `vips` announced by ARP (in the background): on
+    /// a `takeover` each pool's count of frames, its interval apart, so switches and
+    /// neighbours learn the new owner at once; else one frame (refresh, conflict).
+    fn announce(&mut self, vips: BTreeSet<Ipv4Addr>, takeover: bool) {
+        let now = Instant::now();
+        let mut by_settings: BTreeMap<crate::model::Garp, Vec<_>> = BTreeMap::new();
+        for v in vips {
+            if self.world.announce_mode(v) == AnnounceMode::Lo {
+                continue;
+            }
+            self.last_garp.insert(v, now);
+            by_settings.entry(self.world.garp(v)).or_default().push((v, ha::garp::garp_frame(self.mac, v)));
+        }
+        for (g, frames) in by_settings {
+            let rounds = if takeover { g.count } else { 1 };
+            let _ = self.arp_tx.send(Job { frames, rounds, gap: g.interval, what: "gratuitous ARP" });
+        }
     }
 
-    /// Sends `frames` (address, ARP frame) out of our interface in the background,
-    /// `rounds` times `garp_interval` apart: round by round, so every address's first
-    /// frame goes out at once.
-    fn send_arp(&self, frames: Vec<(Ipv4Addr, [u8; ha::garp::GARP_FRAME_LEN])>, rounds: u32, what: &'static str) {
-        if frames.is_empty() || rounds == 0 {
-            return;
+    /// One gratuitous ARP for each held VIP whose pool's refresh has passed since
+    /// it was last announced (switch FDB and neighbour entries age out).
+    fn refresh_garp(&mut self) {
+        let now = Instant::now();
+        let due: BTreeSet<Ipv4Addr> = self
+            .applied
+            .held
+            .iter()
+            .filter(|v| self.last_garp.get(v).is_none_or(|t| now.duration_since(*t) >= self.world.garp(**v).refresh))
+            .copied()
+            .collect();
+        if !due.is_empty() {
+            self.announce(due, false);
         }
-        let (ifindex, gap) = (self.ifindex, self.world.announce.garp_interval);
-        tokio::spawn(async move {
-            let sock = match ha::garp::GarpSocket::new() {
-                Ok(s) => s,
-                Err(e) => return warn!("{what}: packet socket: {e}"),
-            };
-            for round in 0..rounds {
-                if round > 0 {
-                    tokio::time::sleep(gap).await;
-                }
-                for (addr, frame) in &frames {
-                    if let Err(e) = sock.send_frame(ifindex, frame) {
-                        warn!(%addr, "{what}: {e}");
-                    }
-                }
-            }
-        });
     }
 
     /// Asks ARP for the addresses of nodes that just came back. After our link was
@@ -435,8 +467,10 @@ impl Agent {
     /// The reply to this request completes the entries at once.
     fn resolve(&self, addrs: Vec<Ipv4Addr>) {
         let Some(me) = self.world.node(&self.opts.node_name).map(|n| n.addr) else { return };
-        let frames = addrs.into_iter().map(|a| (a, ha::garp::arp_request_frame(self.mac, me, a))).collect();
-        self.send_arp(frames, 1, "ARP request");
+        let frames: Vec<_> = addrs.into_iter().map(|a| (a, ha::garp::arp_request_frame(self.mac, me, a))).collect();
+        if !frames.is_empty() {
+            let _ = self.arp_tx.send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" });
+        }
     }
 
     /// Logs and counts ARP replies or gratuitous ARP from another MAC claiming a
@@ -448,7 +482,7 @@ impl Agent {
             self.metrics.arp_conflicts.inc_by(n - self.conflicts);
             // Whoever claimed it (a partitioned node, a node that woke up) may have
             // pulled clients away; the holder's announcement brings them back.
-            self.announce(self.applied.held.iter().copied().collect(), 1);
+            self.announce(self.applied.held.clone(), false);
         }
         self.conflicts = n;
     }
@@ -468,7 +502,7 @@ impl Agent {
         let lapsed = last != 0 && now > last;
         let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
         for vip in &self.applied.held {
-            self.dp.hold_vip(self.ifindex, *vip, deadline)?;
+            self.dp.hold_vip_flags(self.ifindex, *vip, deadline, held_flags(&self.applied, *vip))?;
         }
         self.deadline = deadline;
         if lapsed && !self.applied.held.is_empty() {
@@ -476,7 +510,7 @@ impl Agent {
             // may have taken them and moved clients away. Taking them back is a
             // takeover like any other: announce it.
             warn!(stale_ms = (now - last) / 1_000_000, "held VIPs had gone stale; re-announcing them");
-            self.announce(self.applied.held.iter().copied().collect(), self.world.announce.garp_count);
+            self.announce(self.applied.held.clone(), true);
         }
         // Backends waiting for a MAC: look again (and ask the kernel to resolve
         // them), at most four times a second.
@@ -539,12 +573,16 @@ impl Agent {
             info!(vip = %addr.vip, port = addr.port, "service removed");
         }
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
-        let taken: Vec<Ipv4Addr> = want.held.difference(&self.applied.held).copied().collect();
+        // Taken, or held under another announce mode (its pool changed).
+        let taken: BTreeSet<Ipv4Addr> =
+            want.held.iter().filter(|v| !self.applied.held.contains(v) || held_flags(&self.applied, **v) != held_flags(want, **v)).copied().collect();
         for vip in &taken {
-            self.dp.hold_vip(self.ifindex, *vip, deadline)?;
-            info!(%vip, "holding VIP");
+            self.dp.hold_vip_flags(self.ifindex, *vip, deadline, held_flags(want, *vip))?;
+            info!(%vip, on_lo = want.on_lo.contains(vip), "holding VIP");
         }
-        self.announce(taken, self.world.announce.garp_count);
+        self.announce(taken, true);
+        self.last_garp.retain(|v, _| want.held.contains(v));
+        self.on_lo.send_if_modified(|cur| std::mem::replace(cur, want.on_lo.clone()) != want.on_lo);
         for vip in self.applied.held.difference(&want.held) {
             self.dp.release_vip(self.ifindex, *vip)?;
             info!(%vip, "released VIP (its pinned flows keep being forwarded)");
@@ -565,6 +603,17 @@ impl Agent {
             self.metrics.vip_owner.get_or_create(&metrics::VipLabels { vip: vip.to_string(), node: owner.clone() }).set(1);
         }
         self.metrics.vips_held.set(want.held.len() as i64);
+        self.metrics.pool_held.clear();
+        for pool in &self.world.pools {
+            let l = metrics::PoolLabels { pool: pool.name.clone() };
+            let held = pool.addresses.iter().filter(|a| want.held.contains(a)).count();
+            self.metrics.pool_held.get_or_create(&l).set(held as i64);
+            let moved = pool.addresses.iter().filter(|a| matches!((self.applied.owners.get(a), want.owners.get(a)), (Some(o), Some(n)) if o != n)).count();
+            if moved > 0 {
+                self.metrics.pool_owner_changes.get_or_create(&l).inc_by(moved as u64);
+            }
+        }
+        self.owners_tx.send_if_modified(|cur| std::mem::replace(cur, want.owners.clone()) != want.owners);
         Ok(())
     }
 
@@ -612,6 +661,15 @@ impl Agent {
             }
         }
         *self.status_json.lock().unwrap_or_else(|e| e.into_inner()) = json;
+    }
+}
+
+/// The `arp_held` flags of a held VIP.
+fn held_flags(d: &Desired, vip: Ipv4Addr) -> u8 {
+    if d.on_lo.contains(&vip) {
+        vip_common::HELD_NO_ARP
+    } else {
+        0
     }
 }
 

@@ -17,7 +17,7 @@ use serde::{de, Deserialize, Deserializer, Serialize};
 
 use crate::{
     maglev,
-    model::{Announce, Failover, HealthCheck, Node, Pool, Probe, Protocol, Selector, Service, World},
+    model::{Announce, AnnounceMode, Failover, Garp, HealthCheck, Node, Pool, Probe, Protocol, Selector, Service, World},
 };
 
 /// A rejected config: where (field path, line) and why.
@@ -112,6 +112,10 @@ struct FilePool {
     excluded_ips: Vec<Ipv4Addr>,
     #[serde(default)]
     node_selector: Selector,
+    #[serde(default)]
+    announce: AnnounceMode,
+    #[serde(default)]
+    gratuitous_arp: Option<GratuitousArpSpec>,
 }
 
 #[derive(Deserialize)]
@@ -165,6 +169,45 @@ pub struct HealthCheckSpec {
     pub fall: u32,
 }
 
+/// A pool's gratuitous ARP as written by users: in the file and in a VipPool's spec.
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GratuitousArpSpec {
+    /// Frames sent on takeover (1 to 100).
+    #[serde(default = "default_garp_count")]
+    pub count: u32,
+    /// Between those frames, e.g. 100ms (at least 1ms).
+    #[serde(default = "default_garp_interval", with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub interval: Duration,
+    /// One more frame this often while holding (switch entries age out), e.g. 30s
+    /// (at least 1s).
+    #[serde(default = "default_garp_refresh", with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub refresh: Duration,
+}
+
+/// Validates gratuitous ARP settings; `p` is the field path of the section and
+/// `names` the keys of count, interval and refresh in it.
+pub fn gratuitous_arp(p: &str, names: [&str; 3], g: Garp) -> Result<Garp, Invalid> {
+    if !(1..=100).contains(&g.count) {
+        return invalid(format!("{p}.{}", names[0]), "must be from 1 to 100 (a takeover nobody hears about moves no traffic)");
+    }
+    if g.interval < Duration::from_millis(1) || g.interval > Duration::from_secs(10) {
+        return invalid(format!("{p}.{}", names[1]), "must be from 1ms to 10s");
+    }
+    if g.refresh < Duration::from_secs(1) {
+        return invalid(format!("{p}.{}", names[2]), "must be at least 1s");
+    }
+    Ok(g)
+}
+
+impl GratuitousArpSpec {
+    pub fn check(&self, p: &str) -> Result<Garp, Invalid> {
+        gratuitous_arp(p, ["count", "interval", "refresh"], Garp { count: self.count, interval: self.interval, refresh: self.refresh })
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileAnnounce {
@@ -181,7 +224,7 @@ struct FileAnnounce {
 impl Default for FileAnnounce {
     fn default() -> Self {
         let a = Announce::default();
-        Self { hold_time: a.hold_time, garp_count: a.garp_count, garp_interval: a.garp_interval, garp_refresh: a.garp_refresh }
+        Self { hold_time: a.hold_time, garp_count: a.garp.count, garp_interval: a.garp.interval, garp_refresh: a.garp.refresh }
     }
 }
 
@@ -207,13 +250,13 @@ fn default_hold_time() -> Duration {
     Announce::default().hold_time
 }
 fn default_garp_count() -> u32 {
-    Announce::default().garp_count
+    Garp::default().count
 }
 fn default_garp_interval() -> Duration {
-    Announce::default().garp_interval
+    Garp::default().interval
 }
 fn default_garp_refresh() -> Duration {
-    Announce::default().garp_refresh
+    Garp::default().refresh
 }
 
 /// `aa:bb:cc:dd:ee:ff`.
@@ -359,7 +402,15 @@ fn validate(f: File) -> Result<World, Invalid> {
         if owner_of.len() > MAX_POOL_ADDRESSES {
             return invalid(format!("{p}.addresses"), format!("all pools together exceed {MAX_POOL_ADDRESSES} addresses"));
         }
-        pools.push(Pool { name: fp.name, addresses: set.into_iter().collect(), node_selector: fp.node_selector, tolerations: Vec::new() });
+        let garp = fp.gratuitous_arp.map(|g| g.check(&format!("{p}.gratuitousArp"))).transpose()?;
+        pools.push(Pool {
+            name: fp.name,
+            addresses: set.into_iter().collect(),
+            node_selector: fp.node_selector,
+            tolerations: Vec::new(),
+            announce: fp.announce,
+            garp,
+        });
     }
 
     let mut services = Vec::new();
@@ -399,10 +450,8 @@ fn validate(f: File) -> Result<World, Invalid> {
     if a.hold_time < Duration::from_millis(100) {
         return invalid("announce.holdTime", "must be at least 100ms (the agent refreshes held VIPs three times per hold time)");
     }
-    if a.garp_refresh.is_zero() {
-        return invalid("announce.garpRefresh", "must be more than zero");
-    }
-    let announce = Announce { hold_time: a.hold_time, garp_count: a.garp_count, garp_interval: a.garp_interval, garp_refresh: a.garp_refresh };
+    let garp = gratuitous_arp("announce", ["garpCount", "garpInterval", "garpRefresh"], Garp { count: a.garp_count, interval: a.garp_interval, refresh: a.garp_refresh })?;
+    let announce = Announce { hold_time: a.hold_time, garp };
     let fo = f.failover;
     if fo.heartbeat_port == 0 {
         return invalid("failover.heartbeatPort", "port 0 cannot be bound by every agent alike");

@@ -165,7 +165,7 @@ fn health_check_errors() {
 #[test]
 fn announce_errors() {
     rejects("holdTime: 900ms", "holdTime: 50ms", "announce.holdTime", "holdTime: 50ms", "at least 100ms");
-    rejects("holdTime: 900ms", "holdTime: 900ms\n  garpRefresh: 0s", "announce.garpRefresh", "garpRefresh: 0s", "more than zero");
+    rejects("holdTime: 900ms", "holdTime: 900ms\n  garpRefresh: 0s", "announce.garpRefresh", "garpRefresh: 0s", "at least 1s");
 }
 
 #[test]
@@ -184,4 +184,28 @@ fn not_yaml_at_all() {
     assert!(err.line.is_some(), "{err}");
     let err = parse("- just\n- a list\n").unwrap_err();
     assert!(err.message.contains("expected struct File"), "{err}");
+}
+
+#[test]
+fn pool_announce_mode_and_gratuitous_arp() {
+    let w = parse(GOOD).unwrap();
+    assert_eq!((w.pools[0].announce, w.pools[0].garp), (crate::model::AnnounceMode::Arp, None), "defaults");
+    let vip: Ipv4Addr = "198.18.1.10".parse().unwrap();
+    assert_eq!(w.garp(vip), crate::model::Garp::default(), "a pool without settings uses announce's");
+    let text = GOOD.replacen("    nodeSelector: {role: lb}", "    nodeSelector: {role: lb}\n    announce: lo\n    gratuitousArp: {count: 5, interval: 20ms}", 1);
+    let w = parse(&text).unwrap();
+    assert_eq!(w.announce_mode(vip), crate::model::AnnounceMode::Lo);
+    let g = w.garp(vip);
+    assert_eq!((g.count, g.interval, g.refresh), (5, Duration::from_millis(20), Duration::from_secs(30)), "unset keys default");
+    assert_eq!(w.announce_mode("198.18.9.9".parse().unwrap()), crate::model::AnnounceMode::Arp, "outside every pool");
+}
+
+#[test]
+fn pool_announce_errors() {
+    let at = "    nodeSelector: {role: lb}";
+    rejects(at, &format!("{at}\n    announce: bgp"), "pools[0].announce", "announce: bgp", "unknown variant `bgp`");
+    rejects(at, &format!("{at}\n    gratuitousArp: {{count: 0}}"), "pools[0].gratuitousArp.count", "gratuitousArp: {count: 0}", "from 1 to 100");
+    rejects(at, &format!("{at}\n    gratuitousArp:\n      refresh: 10ms"), "pools[0].gratuitousArp.refresh", "refresh: 10ms", "at least 1s");
+    rejects(at, &format!("{at}\n    gratuitousArp:\n      interval: 0s"), "pools[0].gratuitousArp.interval", "interval: 0s", "from 1ms to 10s");
+    rejects(at, &format!("{at}\n    gratuitousArp:\n      every: 1s"), "pools[0].gratuitousArp.every", "every: 1s", "unknown field `every`");
 }

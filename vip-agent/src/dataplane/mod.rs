@@ -5,6 +5,7 @@
 //! re-opens them (and the still-attached program) without interrupting traffic.
 mod attach;
 mod ring_alloc;
+mod xmit;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,6 +21,7 @@ use aya::{
     Ebpf,
 };
 pub use attach::{detach, iface_info, AttachMode};
+pub use xmit::XdpXmit;
 use vip_common::{map_names as names, *};
 
 use crate::maglev::{self, Member};
@@ -172,6 +174,7 @@ impl Dataplane {
             .ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing from the object"))?
             .try_into()?;
         prog.load().context("the kernel verifier rejected the XDP program")?;
+        xmit::load_and_pin(&mut ebpf, dir)?;
         let m = maps_from!(&mut ebpf, take);
         Self::from_maps(dir, Some(ebpf), m)
     }
@@ -277,13 +280,20 @@ impl Dataplane {
     /// Records the MAC of an interface the program runs on (attach does this).
     /// VIPs already held on it get the new MAC too.
     pub fn set_iface(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
-        self.ifaces.insert(ifindex, IfaceConfig { mac, _pad: [0; 2] }, 0)?;
+        let flags = self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags);
+        self.ifaces.insert(ifindex, IfaceConfig { mac, flags, _pad: 0 }, 0)?;
         let stale: Vec<(HeldKey, HeldVip)> =
             self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
         for (k, h) in stale {
             self.held.insert(k, HeldVip { mac, ..h }, 0)?;
         }
         Ok(())
+    }
+
+    /// Whether the program runs on `ifindex` in native mode, as recorded when this
+    /// or an earlier agent attached it (the driver can then transmit XDP frames).
+    pub fn iface_native(&self, ifindex: u32) -> bool {
+        self.ifaces.get(&ifindex, 0).is_ok_and(|c| c.flags & IFACE_NATIVE != 0)
     }
 
     pub fn remove_iface(&mut self, ifindex: u32) -> Result<()> {
@@ -296,6 +306,11 @@ impl Dataplane {
     /// The entry carries the interface's MAC, so [`Self::set_iface`] (or
     /// [`Self::attach`]) must have recorded it first.
     pub fn hold_vip(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64) -> Result<()> {
+        self.hold_vip_flags(ifindex, vip, deadline_ns, 0)
+    }
+
+    /// [`Self::hold_vip`] with `arp_held` flags (`HELD_NO_ARP`: balance, answer no ARP).
+    pub fn hold_vip_flags(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64, flags: u8) -> Result<()> {
         let mac = match self.ifaces.get(&ifindex, 0) {
             Ok(cfg) => cfg.mac,
             Err(aya::maps::MapError::KeyNotFound) => bail!(
@@ -305,7 +320,7 @@ impl Dataplane {
         };
         let key = HeldKey { ifindex, vip: vip.octets() };
         let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
-        self.held.insert(key, HeldVip { deadline_ns, mac, _pad: [0; 2] }, 0)?;
+        self.held.insert(key, HeldVip { deadline_ns, mac, flags, _pad: 0 }, 0)?;
         Ok(())
     }
 
@@ -535,6 +550,10 @@ impl Dataplane {
         let ebpf = self.ebpf.as_mut().ok_or_else(|| anyhow!("program not loaded by this process"))?;
         let a = attach::attach(ebpf, &dir, iface, mode)?;
         self.set_iface(a.ifindex, a.mac)?;
+        if let Some(m) = a.mode {
+            let flags = if m == AttachMode::Native { IFACE_NATIVE } else { 0 };
+            self.ifaces.insert(a.ifindex, IfaceConfig { mac: a.mac, flags, _pad: 0 }, 0)?;
+        }
         Ok(a)
     }
 }

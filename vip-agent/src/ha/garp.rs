@@ -112,6 +112,95 @@ pub fn send_garp(ifindex: u32, mac: [u8; 6], vip: Ipv4Addr, count: u32, interval
     Ok(())
 }
 
+/// How the agent's ARP frames leave the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum ArpSender {
+    /// `xdp` where the program is attached in native mode, else `packet`.
+    Auto,
+    /// Through the pinned `vip_xmit` program (BPF_PROG_RUN live frames): needs only
+    /// CAP_BPF and CAP_NET_ADMIN; the driver must transmit XDP frames.
+    Xdp,
+    /// A packet socket: any interface, needs CAP_NET_RAW.
+    Packet,
+}
+
+/// The open transmit path.
+pub enum FrameTx {
+    Xdp(crate::dataplane::XdpXmit),
+    Packet(GarpSocket),
+}
+
+impl FrameTx {
+    /// Opens `kind` (Auto resolved by the caller); `pin_dir` holds `vip_xmit`.
+    pub fn open(kind: ArpSender, pin_dir: &std::path::Path) -> anyhow::Result<Self> {
+        Ok(match kind {
+            ArpSender::Packet => FrameTx::Packet(
+                GarpSocket::new()
+                    .map_err(|e| anyhow::anyhow!("packet socket (needs CAP_NET_RAW): {e}"))?,
+            ),
+            ArpSender::Xdp | ArpSender::Auto => {
+                FrameTx::Xdp(crate::dataplane::XdpXmit::open(pin_dir)?)
+            }
+        })
+    }
+
+    pub fn send(&self, ifindex: u32, frame: &[u8]) -> anyhow::Result<()> {
+        match self {
+            FrameTx::Xdp(x) => x
+                .send(ifindex, frame)
+                .map_err(|e| anyhow::anyhow!("BPF_PROG_RUN: {e}")),
+            FrameTx::Packet(s) => s.send_frame(ifindex, frame).map_err(Into::into),
+        }
+    }
+}
+
+/// Frames to send `rounds` times, `gap` apart: round by round, so every address's
+/// first frame goes out at once.
+pub struct Job {
+    pub frames: Vec<(Ipv4Addr, [u8; GARP_FRAME_LEN])>,
+    pub rounds: u32,
+    pub gap: Duration,
+    pub what: &'static str,
+}
+
+/// Starts the one task that sends the agent's ARP frames out of `ifindex`; jobs
+/// interleave (a takeover's first round never waits behind another job's gaps).
+/// Returns the queue; the task ends when it is dropped.
+pub fn spawn_sender(tx: FrameTx, ifindex: u32) -> tokio::sync::mpsc::UnboundedSender<Job> {
+    let (q, mut rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+    tokio::spawn(async move {
+        // (when the next round is due, the job, rounds left)
+        let mut pending: Vec<(tokio::time::Instant, Job, u32)> = Vec::new();
+        loop {
+            let next = pending.iter().map(|p| p.0).min();
+            let job = tokio::select! {
+                j = rx.recv() => match j {
+                    Some(j) => Some(j),
+                    None => return,
+                },
+                _ = async { tokio::time::sleep_until(next.unwrap()).await }, if next.is_some() => None,
+            };
+            let now = tokio::time::Instant::now();
+            if let Some(j) = job {
+                if !j.frames.is_empty() && j.rounds > 0 {
+                    pending.push((now, j, 0));
+                }
+            }
+            for p in pending.iter_mut().filter(|p| p.0 <= now) {
+                for (addr, frame) in &p.1.frames {
+                    if let Err(e) = tx.send(ifindex, frame) {
+                        tracing::warn!(%addr, "{}: {e:#}", p.1.what);
+                    }
+                }
+                p.2 += 1;
+                p.0 = now + p.1.gap;
+            }
+            pending.retain(|p| p.2 < p.1.rounds);
+        }
+    });
+    q
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

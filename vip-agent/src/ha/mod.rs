@@ -1,6 +1,8 @@
 //! High-availability building blocks, each usable on its own:
 //! `ownership` (which live node holds each VIP), `heartbeat` (which agents are
-//! alive, over UDP, without the API server) and `garp` (gratuitous ARP on takeover).
+//! alive, over UDP, without the API server), `garp` (gratuitous ARP on takeover)
+//! and `loopback` (the VIPs of `announce: lo` pools on the holder's `lo`).
 pub mod garp;
 pub mod heartbeat;
+pub mod loopback;
 pub mod ownership;

@@ -1,9 +1,15 @@
 //! The elected controller: while this agent leads, it keeps VipPool statuses
 //! (conditions, counts) and Services' load-balancer addresses equal to what
 //! `pools::check_pools` and `allocate::allocate` compute from the watched
-//! objects, and records Events. Every write carries the resourceVersion it was
+//! objects, and records Events. The owners of the VIPs in use (as this node's
+//! agent computes them) go into the pools' status, and an owner change is an Event
+//! on each Service of the VIP. Every write carries the resourceVersion it was
 //! computed from: a stale view gets a 409 and is recomputed, never applied.
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    time::Duration,
+};
 
 use k8s_openapi::{
     api::core::v1::{Namespace, Service},
@@ -20,7 +26,10 @@ use kube::{
 };
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
+use prometheus_client::metrics::{family::Family, gauge::Gauge};
 use tracing::{info, warn};
+
+use crate::agent::metrics::PoolStateLabels;
 
 use super::{
     allocate::{self, Decision, PoolView},
@@ -28,6 +37,36 @@ use super::{
     crd::{VipPool, VipPoolStatus},
     pools,
 };
+
+/// What the node agent running this controller shares with it.
+pub struct AgentView {
+    /// VIP → owner node, as the agent computes it from its live view.
+    pub owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
+    /// `vip_pool_addresses`, set while leading.
+    pub pool_addresses: Option<Family<PoolStateLabels, Gauge>>,
+}
+
+impl AgentView {
+    /// A view whose owners the caller sets (tests, a controller without an agent).
+    pub fn fixed(owners: BTreeMap<Ipv4Addr, String>) -> (watch::Sender<BTreeMap<Ipv4Addr, String>>, Self) {
+        let (tx, rx) = watch::channel(owners);
+        (tx, Self { owners: rx, pool_addresses: None })
+    }
+}
+
+/// VIP → the Services using it (load-balancer ingress or external IP).
+fn services_by_vip(services: &[Service]) -> BTreeMap<Ipv4Addr, Vec<&Service>> {
+    let mut m: BTreeMap<Ipv4Addr, Vec<&Service>> = BTreeMap::new();
+    for s in services {
+        let ingress = s.status.iter().flat_map(|st| st.load_balancer.iter()).flat_map(|lb| lb.ingress.iter().flatten()).filter_map(|i| i.ip.as_deref());
+        let external = s.spec.iter().flat_map(|sp| sp.external_ips.iter().flatten()).map(String::as_str);
+        let vips: BTreeSet<Ipv4Addr> = ingress.chain(external).filter_map(|a| a.parse().ok()).collect();
+        for v in vips {
+            m.entry(v).or_default().push(s);
+        }
+    }
+    m
+}
 
 /// What one pass did (for logs and tests).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,6 +76,7 @@ pub struct Pass {
     pub pending: usize,
     pub conflicts: usize,
     pub pool_statuses: usize,
+    pub owner_events: usize,
 }
 
 pub struct Controller {
@@ -47,17 +87,21 @@ pub struct Controller {
     recorder: Recorder,
     /// Last Pending message per Service: an Event only when it changes.
     pending: BTreeMap<String, String>,
+    view: AgentView,
+    /// Owners already reported (Events); started from the pools' statuses, so a
+    /// new leader does not repeat its predecessor's Events.
+    reported: Option<BTreeMap<Ipv4Addr, String>>,
 }
 
 impl Controller {
     /// Starts the watches; `changed` fires on every watched change.
-    pub fn new(client: Client, identity: &str) -> (Self, mpsc::UnboundedReceiver<()>) {
+    pub fn new(client: Client, identity: &str, view: AgentView) -> (Self, mpsc::UnboundedReceiver<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let pools = reflect(Api::<VipPool>::all(client.clone()), tx.clone());
         let services = reflect(Api::<Service>::all(client.clone()), tx.clone());
         let namespaces = reflect(Api::<Namespace>::all(client.clone()), tx);
         let recorder = Recorder::new(client.clone(), Reporter { controller: "vip-controller".into(), instance: Some(identity.into()) });
-        (Self { client, pools, services, namespaces, recorder, pending: BTreeMap::new() }, rx)
+        (Self { client, pools, services, namespaces, recorder, pending: BTreeMap::new(), view, reported: None }, rx)
     }
 
     pub async fn wait_ready(&self) {
@@ -104,8 +148,22 @@ impl Controller {
         // moment; the watch event of those writes triggers the pass that settles them.
         let services_now: Vec<Service> = owned(self.services.state());
         let usage = allocate::pool_usage(&views, &services_now);
+        let by_vip = services_by_vip(&services_now);
+        let owners: BTreeMap<Ipv4Addr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
+        out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
-            match self.write_pool_status(p, c, usage.get(&c.name).copied()).await {
+            let in_pool: BTreeMap<String, String> = match &c.valid {
+                Some(v) => owners.iter().filter(|(a, _)| v.addresses.binary_search(a).is_ok()).map(|(a, o)| (a.to_string(), o.clone())).collect(),
+                None => BTreeMap::new(),
+            };
+            if let Some(g) = &self.view.pool_addresses {
+                let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as i64);
+                let (allocated, free) = usage.get(&c.name).map_or((0, total), |(a, f)| (*a as i64, *f as i64));
+                for (state, n) in [("total", total), ("allocated", allocated), ("free", free)] {
+                    g.get_or_create(&PoolStateLabels { pool: c.name.clone(), state: state.into() }).set(n);
+                }
+            }
+            match self.write_pool_status(p, c, usage.get(&c.name).copied(), in_pool).await {
                 Ok(true) => out.pool_statuses += 1,
                 Ok(false) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
@@ -113,6 +171,33 @@ impl Controller {
             }
         }
         out
+    }
+
+    /// Records an `OwnerChanged` Event on each Service of every VIP in use whose
+    /// owner differs from the one last reported; returns how many were recorded.
+    async fn report_owner_changes(&mut self, pools: &[VipPool], owners: &BTreeMap<Ipv4Addr, String>, by_vip: &BTreeMap<Ipv4Addr, Vec<&Service>>) -> usize {
+        let reported = self.reported.get_or_insert_with(|| {
+            pools.iter().flat_map(|p| p.status.iter().flat_map(|s| s.owners.iter())).filter_map(|(a, o)| Some((a.parse().ok()?, o.clone()))).collect()
+        });
+        let mut events = Vec::new();
+        for (vip, owner) in owners {
+            let before = reported.insert(*vip, owner.clone());
+            if before.as_ref() == Some(owner) {
+                continue;
+            }
+            let note = match before {
+                Some(b) => format!("{vip} is now held by node {owner} (was {b})"),
+                None => format!("{vip} is held by node {owner}"),
+            };
+            for svc in by_vip.get(vip).into_iter().flatten() {
+                events.push((Event { type_: EventType::Normal, reason: "OwnerChanged".into(), note: Some(note.clone()), action: "Announce".into(), secondary: None }, (*svc).clone()));
+            }
+        }
+        reported.retain(|v, _| owners.contains_key(v));
+        for (ev, svc) in &events {
+            self.publish(ev, svc).await;
+        }
+        events.len()
     }
 
     /// Applies one decision; Ok(false) when there was nothing to write.
@@ -168,7 +253,7 @@ impl Controller {
     }
 
     /// Writes a pool's status when it differs; Ok(false) when it was already right.
-    async fn write_pool_status(&self, p: &VipPool, c: &pools::PoolCheck, usage: Option<(u32, u32)>) -> Result<bool, kube::Error> {
+    async fn write_pool_status(&self, p: &VipPool, c: &pools::PoolCheck, usage: Option<(u32, u32)>, owners: BTreeMap<String, String>) -> Result<bool, kube::Error> {
         let old = p.status.clone().unwrap_or_default();
         let now = Time(Timestamp::now());
         let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as u32);
@@ -179,15 +264,20 @@ impl Controller {
             total,
             allocated,
             free,
-            owners: old.owners.clone(),
+            owners,
         };
         let same_conditions = old.conditions.len() == new.conditions.len()
             && old.conditions.iter().zip(&new.conditions).all(|(a, b)| (&a.type_, &a.status, &a.reason, &a.message, a.observed_generation) == (&b.type_, &b.status, &b.reason, &b.message, b.observed_generation));
-        if same_conditions && (old.total, old.allocated, old.free, old.observed_generation) == (new.total, new.allocated, new.free, new.observed_generation) {
+        if same_conditions && (old.total, old.allocated, old.free, old.observed_generation, &old.owners) == (new.total, new.allocated, new.free, new.observed_generation, &new.owners) {
             return Ok(false);
         }
         let api: Api<VipPool> = Api::all(self.client.clone());
-        let patch = json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": new });
+        // A merge patch keeps keys it does not name: owners that left are nulled.
+        let mut status = serde_json::to_value(&new).unwrap_or_default();
+        for gone in old.owners.keys().filter(|k| !new.owners.contains_key(*k)) {
+            status["owners"][gone] = serde_json::Value::Null;
+        }
+        let patch = json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": status });
         api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
         if c.problem.is_some() {
             let ev = Event { type_: EventType::Warning, reason: "Invalid".into(), note: c.problem.as_ref().map(|(_, m)| m.clone()), action: "Validate".into(), secondary: None };
@@ -201,8 +291,10 @@ impl Controller {
 
 /// Runs the controller: a pass after every watched change (coalesced) and every
 /// `resync`, while `leader` is true.
-pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<bool>, resync: Duration) {
-    let (mut c, mut changed) = Controller::new(client, &identity);
+pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<bool>, resync: Duration, view: AgentView) {
+    let mut owners = view.owners.clone();
+    let mut owners_open = true;
+    let (mut c, mut changed) = Controller::new(client, &identity, view);
     c.wait_ready().await;
     loop {
         if *leader.borrow() {
@@ -210,6 +302,9 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             if p != Pass::default() {
                 info!(?p, "controller pass");
             }
+        } else {
+            // A later term starts again from what the pools' statuses report.
+            c.reported = None;
         }
         tokio::select! {
             Some(()) = changed.recv() => {
@@ -218,6 +313,7 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
                 while changed.try_recv().is_ok() {}
             }
             r = leader.changed() => if r.is_err() { return },
+            r = owners.changed(), if owners_open => owners_open = r.is_ok(),
             _ = tokio::time::sleep(resync) => {}
         }
     }

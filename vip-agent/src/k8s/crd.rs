@@ -1,7 +1,7 @@
 //! The `VipPool` custom resource (cluster-scoped, `vip.dev/v1alpha1`): a pool of
 //! VIPs, which Services may take them and which nodes may hold them. Its CRD is
 //! generated from these types (`vip-agent crd`, committed as deploy/crd.yaml).
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use k8s_openapi::{
     api::core::v1::Toleration,
@@ -12,9 +12,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::{self, HealthCheckSpec, Invalid},
+    config::{self, GratuitousArpSpec, HealthCheckSpec, Invalid},
     maglev,
-    model::HealthCheck,
+    model::{AnnounceMode, Garp, HealthCheck},
 };
 
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -66,36 +66,13 @@ pub struct VipPoolSpec {
     /// Health check of backend nodes (default: none; a node is a backend while Ready).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheckSpec>,
-    /// Gratuitous ARP on takeover and while holding.
+    /// Gratuitous ARP on takeover and while holding (default: the agent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gratuitous_arp: Option<GratuitousArp>,
+    pub gratuitous_arp: Option<GratuitousArpSpec>,
 }
 
 fn default_true() -> bool {
     true
-}
-
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum AnnounceMode {
-    #[default]
-    Arp,
-    Lo,
-}
-
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct GratuitousArp {
-    /// Frames sent on takeover.
-    pub count: u32,
-    /// Between those frames, e.g. 100ms.
-    #[serde(with = "humantime_serde")]
-    #[schemars(with = "String")]
-    pub interval: Duration,
-    /// One more round this often while holding (switch entries age out), e.g. 30s.
-    #[serde(with = "humantime_serde")]
-    #[schemars(with = "String")]
-    pub refresh: Duration,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -125,6 +102,8 @@ pub struct ValidPool {
     pub addresses: Vec<Ipv4Addr>,
     pub table_size: u32,
     pub health: Option<HealthCheck>,
+    pub announce: AnnounceMode,
+    pub garp: Option<Garp>,
 }
 
 /// Checks a spec; errors carry the field path (`spec.addresses[2]`) and a message,
@@ -138,12 +117,8 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, Invali
         Some(h) => Some(config::health_check("spec.healthCheck", h.clone(), first_port)?),
         None => None,
     };
-    if let Some(g) = &spec.gratuitous_arp {
-        if g.refresh.is_zero() {
-            return Err(("spec.gratuitousArp.refresh".into(), "must be more than zero".into()));
-        }
-    }
-    Ok(ValidPool { addresses: addresses.into_iter().collect(), table_size, health })
+    let garp = spec.gratuitous_arp.as_ref().map(|g| g.check("spec.gratuitousArp")).transpose()?;
+    Ok(ValidPool { addresses: addresses.into_iter().collect(), table_size, health, announce: spec.announce, garp })
 }
 
 /// The CRD as YAML (what `vip-agent crd` prints and deploy/crd.yaml holds).
@@ -181,7 +156,8 @@ mod tests {
             ("addresses: [198.18.1.10]\nexcludedIPs: [198.18.1.10]\n", "spec.addresses", "no address left"),
             ("addresses: [198.18.1.10]\ntableSize: 1000\n", "spec.tableSize", "table size 1000 is not a prime"),
             ("addresses: [198.18.1.10]\nhealthCheck: {type: tcp, rise: 0}\n", "spec.healthCheck.rise", "must be at least 1"),
-            ("addresses: [198.18.1.10]\ngratuitousArp: {count: 3, interval: 100ms, refresh: 0s}\n", "spec.gratuitousArp.refresh", "more than zero"),
+            ("addresses: [198.18.1.10]\ngratuitousArp: {count: 3, interval: 100ms, refresh: 0s}\n", "spec.gratuitousArp.refresh", "at least 1s"),
+            ("addresses: [198.18.1.10]\ngratuitousArp: {count: 0}\n", "spec.gratuitousArp.count", "from 1 to 100"),
         ];
         for (y, path, msg) in cases {
             let (p, m) = validate(&spec(y), 80).unwrap_err();

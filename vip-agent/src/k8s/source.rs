@@ -105,7 +105,14 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                 effect: t.effect.clone().unwrap_or_default(),
             })
             .collect();
-        w.pools.push(model::Pool { name: c.name.clone(), addresses: v.addresses.clone(), node_selector: p.spec.node_selector.clone(), tolerations });
+        w.pools.push(model::Pool {
+            name: c.name.clone(),
+            addresses: v.addresses.clone(),
+            node_selector: p.spec.node_selector.clone(),
+            tolerations,
+            announce: v.announce,
+            garp: v.garp,
+        });
         valid.push((p, v));
     }
     for svc in services {
