@@ -25,6 +25,8 @@ const VIP_STALE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 const VIP_NOT_HELD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 102);
 const VIP_LOCAL: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 103);
 const VIP_EMPTY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 104);
+/// Held with HELD_NO_ARP: a pool that announces from lo (routing daemon).
+const VIP_LO: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 105);
 const OTHER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 200);
 const TABLE: u32 = 251;
 
@@ -56,8 +58,9 @@ fn world() -> World {
         dp.hold_vip(IFINDEX, v, hour).unwrap();
     }
     dp.hold_vip(IFINDEX, VIP_STALE, 1).unwrap();
+    dp.hold_vip_flags(IFINDEX, VIP_LO, hour, vip_common::HELD_NO_ARP).unwrap();
     let three = [backend(1), backend(2), backend(3)];
-    for s in [svc(VIP, 80, PROTO_TCP), svc(VIP, 53, PROTO_UDP), svc(VIP_STALE, 80, PROTO_TCP), svc(VIP_NOT_HELD, 80, PROTO_TCP)] {
+    for s in [svc(VIP, 80, PROTO_TCP), svc(VIP, 53, PROTO_UDP), svc(VIP_STALE, 80, PROTO_TCP), svc(VIP_NOT_HELD, 80, PROTO_TCP), svc(VIP_LO, 80, PROTO_TCP)] {
         dp.set_service(s, &three, TABLE, 0).unwrap();
     }
     let me = BackendSpec { local: true, ..backend(9) };
@@ -94,6 +97,7 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     let tcp = |dst, sport, dport, vlan| frames::tcp(OUR_MAC, CLIENT_MAC, vlan, (CLIENT, sport), (dst, dport));
     let fwd_tcp = tcp(VIP, 40000, 80, None);
     let fwd_tcp_vlan = tcp(VIP, 40001, 80, Some(42));
+    let fwd_tcp_lo = tcp(VIP_LO, 40002, 80, None);
     let fwd_udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 5353), (VIP, 53), b"query");
     let mut frag1 = Ip4::new(CLIENT, VIP, PROTO_UDP);
     frag1.more_fragments = true;
@@ -108,6 +112,8 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
         Case { name: "arp request in VLAN 42 is answered in VLAN 42", input: req(VIP, Some(42)), verdict: XDP_TX, output: Some(frames::arp_reply_for(&req(VIP, Some(42)), OUR_MAC)) },
         Case { name: "arp request for an unheld address passes", input: req(OTHER, None), verdict: XDP_PASS, output: None },
         Case { name: "arp request for a stale VIP passes (fenced)", input: req(VIP_STALE, None), verdict: XDP_PASS, output: None },
+        Case { name: "arp request for a VIP announced from lo: dropped, nobody answers", input: req(VIP_LO, None), verdict: XDP_DROP, output: None },
+        Case { name: "tcp to a VIP announced from lo: balanced all the same", output: Some(forwarded(&fwd_tcp_lo, ring_choice(dp, svc(VIP_LO, 80, PROTO_TCP), CLIENT, 40002, 80))), input: fwd_tcp_lo, verdict: XDP_TX },
         Case { name: "arp reply passes", input: frames::arp(OUR_MAC, None, 2, CLIENT_MAC, CLIENT, OUR_MAC, VIP), verdict: XDP_PASS, output: None },
         Case { name: "gratuitous arp for a held VIP passes", input: frames::arp(frames::BROADCAST, None, 1, CLIENT_MAC, VIP, [0; 6], VIP), verdict: XDP_PASS, output: None },
         Case { name: "tcp to VIP forwarded to the ring's backend", output: Some(forwarded(&fwd_tcp, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40000, 80))), input: fwd_tcp, verdict: XDP_TX },
@@ -140,14 +146,15 @@ fn fixtures_byte_for_byte() {
     }
     let counters = w.dp.counters().unwrap();
     assert!(counters.reasons["arp_answered"].0 >= 2);
-    assert!(counters.reasons["forwarded"].0 >= 5);
+    assert!(counters.reasons["forwarded"].0 >= 6);
     assert!(counters.reasons["drop_no_backend"].0 >= 1);
     assert!(counters.reasons["arp_stale"].0 >= 1);
+    assert!(counters.reasons["arp_not_announced"].0 >= 1);
     assert!(counters.reasons["passed_local_backend"].0 >= 1);
     assert!(counters.reasons["passed_icmp"].0 >= 1);
     // Per-service and per-backend counters saw the forwarded packets.
-    assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 6);
-    assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 5);
+    assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
+    assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
 }
 
 #[test]
@@ -269,7 +276,7 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
             } else if ethertype == [0x08, 0x00] {
                 let ip = input.get(off..off + 20).ok_or("TX of a truncated IPv4 frame")?;
                 let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-                if ip[0] >> 4 != 4 || dst != VIP || !(ip[9] == 6 || ip[9] == 17) {
+                if ip[0] >> 4 != 4 || ![VIP, VIP_LO].contains(&dst) || !(ip[9] == 6 || ip[9] == 17) {
                     return Err(format!("TX of IPv4 that is not TCP/UDP to the balanced VIP: {dst} proto {}", ip[9]));
                 }
                 let to: Mac = out[0..6].try_into().unwrap();

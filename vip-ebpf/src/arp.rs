@@ -76,6 +76,9 @@ pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     let vip = a.tpa;
     let mac = match arp_held_fresh(ifindex, vip) {
         Ok(mac) => mac,
+        // Announced from lo by a routing daemon: our kernel would answer for an
+        // address on lo (arp_ignore=0), drawing the VIP's traffic over L2; nobody must.
+        Err(Reason::ArpNotAnnounced) => return Ok((xdp_action::XDP_DROP, Reason::ArpNotAnnounced)),
         Err(reason) => return Ok((xdp_action::XDP_PASS, reason)),
     };
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;

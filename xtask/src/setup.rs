@@ -13,6 +13,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("arping", "iputils-arping"),
     ("ping", "iputils-ping"),
     ("tcpdump", "tcpdump"),
+    // GRO on a veth peer: native XDP_TX (and the agent's XDP frame sender) on veth.
+    ("ethtool", "ethtool"),
 ];
 
 fn have(bin: &str) -> bool {
