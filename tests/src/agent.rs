@@ -52,9 +52,28 @@ impl AgentProc {
         Self::spawn(ns, args, log, std::fs::OpenOptions::new().create(true).append(true).open(log)?)
     }
 
+    /// Like `start`, with `wrapper` (a program and its arguments, e.g. `setpriv` to
+    /// drop capabilities) in front of the agent; it must exec the agent in place.
+    pub fn start_wrapped(ns: &NetNs, wrapper: &[&str], args: &[&str], log: &Path) -> Result<Self> {
+        Self::spawn_wrapped(ns, wrapper, args, log, std::fs::File::create(log)?)
+    }
+
     fn spawn(ns: &NetNs, args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
-        let child = ns
-            .cmd(agent_bin()?.to_str().context("agent path")?)
+        Self::spawn_wrapped(ns, &[], args, log, out)
+    }
+
+    fn spawn_wrapped(ns: &NetNs, wrapper: &[&str], args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
+        let bin = agent_bin()?;
+        let bin = bin.to_str().context("agent path")?;
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = ns.cmd(program);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => ns.cmd(bin),
+        };
+        let child = cmd
             .arg("run")
             .args(args)
             .env("RUST_LOG", "info")

@@ -152,3 +152,15 @@ pub fn privileged() -> bool {
     }
     root
 }
+
+/// A MAC as arping prints it (upper-case hex pairs).
+pub fn hex_mac(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+}
+
+/// Two ARP requests for `target` from `ns` out of `iface` (2 s at most): whether
+/// one was answered, and arping's output.
+pub fn arping(ns: &NetNs, iface: &str, target: std::net::Ipv4Addr) -> (bool, String) {
+    let o = ns.cmd("arping").args(["-c", "2", "-w", "2", "-I", iface, &target.to_string()]).output().unwrap();
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned())
+}

@@ -13,17 +13,9 @@ use vip_agent::dataplane::{self, monotonic_ns, AttachMode, BackendSpec, Dataplan
 use vip_common::{flow_hash, PROTO_TCP};
 use vip_tests::{
     lab::{accept_vip, attach_node, fetch, name_server, Segment},
-    netns::{privileged, sh, veth, NetNs, PinDir},
+    netns::{arping, hex_mac, privileged, sh, veth, NetNs, PinDir},
 };
 
-fn hex_mac(m: [u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
-}
-
-fn arping(ns: &NetNs, iface: &str, target: Ipv4Addr) -> (bool, String) {
-    let o = ns.cmd("arping").args(["-c", "2", "-w", "2", "-I", iface, &target.to_string()]).output().unwrap();
-    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned())
-}
 
 fn in_ten_s() -> u64 {
     monotonic_ns() + 10_000_000_000

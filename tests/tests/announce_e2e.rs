@@ -1,0 +1,140 @@
+//! How a holder draws a VIP's traffic, with the real agent in namespaces this test
+//! makes (198.18.0.0/15 only, removed on Drop):
+//! - the agent runs with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN only (as the
+//!   DaemonSet: no CAP_NET_RAW) and its gratuitous ARP goes out through the XDP
+//!   program, not a packet socket;
+//! - `announce: lo` puts held VIPs on the loopback for a routing daemon, answers no
+//!   ARP for them, and follows live edits of the pool's mode.
+use std::{net::Ipv4Addr, path::Path, time::Duration};
+
+use vip_tests::{
+    agent::{wait_for, write_atomic, AgentProc, TempDir},
+    netns::{arping, hex_mac, privileged, veth, NetNs, PinDir},
+};
+
+/// A node and a client namespace joined by a veth, `net`.1 and `net`.2 on it.
+fn pair(net: u8) -> (NetNs, NetNs) {
+    let node = NetNs::new("van").unwrap();
+    let client = NetNs::new("vac").unwrap();
+    veth(&node, "eth0", &client, "eth0").unwrap();
+    node.ip(&["addr", "add", &format!("198.18.{net}.1/24"), "dev", "eth0"]).unwrap();
+    client.ip(&["addr", "add", &format!("198.18.{net}.2/24"), "dev", "eth0"]).unwrap();
+    (node, client)
+}
+
+fn neighbour(ns: &NetNs, addr: Ipv4Addr) -> String {
+    let o = ns.ip(&["neigh", "show", &addr.to_string(), "dev", "eth0"]).unwrap();
+    String::from_utf8_lossy(&o.stdout).to_lowercase()
+}
+
+fn lo_addresses(ns: &NetNs) -> String {
+    String::from_utf8_lossy(&ns.ip(&["-4", "addr", "show", "dev", "lo"]).unwrap().stdout).into_owned()
+}
+
+fn agent_args<'a>(dir: &'a Path, pins: &'a PinDir, mode: &'a str) -> Vec<String> {
+    [
+        "--config",
+        dir.join("vip.yaml").to_str().unwrap(),
+        "--node-name",
+        "n1",
+        "--iface",
+        "eth0",
+        "--mode",
+        mode,
+        "--pin-dir",
+        pins.path.to_str().unwrap(),
+        "--metrics-addr",
+        "off",
+        "--status-file",
+        dir.join("status.json").to_str().unwrap(),
+        "--reload-interval",
+        "100ms",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn agent_without_cap_net_raw_announces_through_xdp() {
+    if !privileged() {
+        return;
+    }
+    let (node, client) = pair(4);
+    // GRO gives the client's end NAPI, so the node's native XDP_TX (its ARP replies
+    // and the agent's frames) is delivered across the veth.
+    let o = client.cmd("ethtool").args(["-K", "eth0", "gro", "on"]).output().unwrap();
+    assert!(o.status.success(), "ethtool: {}", String::from_utf8_lossy(&o.stderr));
+    let vip = Ipv4Addr::new(198, 18, 4, 100);
+    // What the client learned from a previous owner; only our GARP corrects it.
+    client.ip(&["neigh", "replace", &vip.to_string(), "lladdr", "02:00:00:00:00:01", "dev", "eth0", "nud", "stale"]).unwrap();
+    let dir = TempDir::new("vip-caps").unwrap();
+    let pins = PinDir::new().unwrap();
+    let cfg = "nodes:\n  - {name: n1, address: 198.18.4.1}\npools:\n  - name: p\n    addresses: [198.18.4.100]\n    gratuitousArp: {count: 3, interval: 50ms}\n";
+    write_atomic(&dir.0.join("vip.yaml"), cfg).unwrap();
+    let args = agent_args(&dir.0, &pins, "native");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // As root with the bounding set cut to these three, exec leaves exactly them.
+    // CAP_PERFMON: the verifier allows variable packet offsets (VLAN tag, IP
+    // header length) only to programs loaded with it (Spectre v1 rules).
+    let mut agent = AgentProc::start_wrapped(&node, &["setpriv", "--bounding-set", "-all,+bpf,+perfmon,+net_admin", "--"], &args, &dir.0.join("agent.log")).unwrap();
+
+    let node_mac = node.mac("eth0").unwrap();
+    let want = hex_mac(node_mac).to_lowercase();
+    let seen = wait_for(Duration::from_secs(10), || neighbour(&client, vip).contains(&want).then_some(()));
+    agent.check_alive().unwrap();
+    assert!(seen.is_some(), "the client's entry for {vip} is still {:?}; agent log:\n{}", neighbour(&client, vip), agent.log_text());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
+    let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_owned();
+    // CAP_BPF is bit 39, CAP_PERFMON 38, CAP_NET_ADMIN 12 (CAP_NET_RAW, 13, is not there).
+    assert_eq!(u64::from_str_radix(&cap_eff, 16).unwrap(), 1 << 39 | 1 << 38 | 1 << 12, "agent capabilities");
+    let log = agent.log_text();
+    assert!(log.lines().any(|l| l.contains("go out through this sender") && l.contains("Xdp")), "auto did not choose the XDP sender on a native attachment:\n{log}");
+    let (_, out) = arping(&client, "eth0", vip);
+    assert!(out.contains(&format!("reply from {vip} [{}]", hex_mac(node_mac))), "no ARP answer from {} for {vip}: {out}", hex_mac(node_mac));
+}
+
+#[test]
+fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
+    if !privileged() {
+        return;
+    }
+    let (node, client) = pair(5);
+    let (arp_vip, lo_vip) = (Ipv4Addr::new(198, 18, 5, 100), Ipv4Addr::new(198, 18, 5, 110));
+    let dir = TempDir::new("vip-lo").unwrap();
+    let pins = PinDir::new().unwrap();
+    let cfg = |mode: &str| {
+        format!("nodes:\n  - {{name: n1, address: 198.18.5.1}}\npools:\n  - {{name: l2, addresses: [198.18.5.100]}}\n  - {{name: routed, addresses: [198.18.5.110], announce: {mode}}}\n")
+    };
+    write_atomic(&dir.0.join("vip.yaml"), &cfg("lo")).unwrap();
+    let args = agent_args(&dir.0, &pins, "generic");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = AgentProc::start(&node, &args, &dir.0.join("agent.log")).unwrap();
+    let node_mac = hex_mac(node.mac("eth0").unwrap());
+    let ours = format!("{lo_vip}/32 scope global lo:vip");
+
+    let on_lo = wait_for(Duration::from_secs(10), || lo_addresses(&node).contains(&ours).then_some(()));
+    agent.check_alive().unwrap();
+    assert!(on_lo.is_some(), "{lo_vip} not on lo with our label:\n{}\nlog:\n{}", lo_addresses(&node), agent.log_text());
+    let (ok, out) = arping(&client, "eth0", arp_vip);
+    assert!(ok && out.contains(&node_mac), "the ARP pool's VIP is not answered: {out}");
+    // The node's kernel would answer for an address on lo; the data path drops the request.
+    let (ok, out) = arping(&client, "eth0", lo_vip);
+    assert!(!ok && !out.contains(&node_mac), "a VIP announced from lo was answered over ARP: {out}");
+
+    // Live edit: the pool now announces by ARP; the address leaves lo, ARP answers.
+    write_atomic(&dir.0.join("vip.yaml"), &cfg("arp")).unwrap();
+    let gone = wait_for(Duration::from_secs(10), || (!lo_addresses(&node).contains(&lo_vip.to_string())).then_some(()));
+    assert!(gone.is_some(), "{lo_vip} still on lo after the pool moved to ARP:\n{}", lo_addresses(&node));
+    let (ok, out) = arping(&client, "eth0", lo_vip);
+    assert!(ok && out.contains(&node_mac), "not answered once announced by ARP: {out}");
+
+    // And back; an address someone else put on lo is left alone when the pool goes.
+    write_atomic(&dir.0.join("vip.yaml"), &cfg("lo")).unwrap();
+    assert!(wait_for(Duration::from_secs(10), || lo_addresses(&node).contains(&ours).then_some(())).is_some(), "not back on lo");
+    node.ip(&["addr", "add", "198.18.5.111/32", "dev", "lo"]).unwrap();
+    write_atomic(&dir.0.join("vip.yaml"), "nodes:\n  - {name: n1, address: 198.18.5.1}\npools:\n  - {name: l2, addresses: [198.18.5.100]}\n").unwrap();
+    let gone = wait_for(Duration::from_secs(10), || (!lo_addresses(&node).contains(&lo_vip.to_string())).then_some(()));
+    assert!(gone.is_some(), "{lo_vip} still on lo after its pool was removed:\n{}", lo_addresses(&node));
+    assert!(lo_addresses(&node).contains("198.18.5.111/32"), "an address the agent did not add was removed");
+    agent.check_alive().unwrap();
+}
