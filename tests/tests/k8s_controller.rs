@@ -181,3 +181,37 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice() {
     assert_eq!(names.len(), 40);
     agents[0].2.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events() {
+    let (api, client) = server().await;
+    let pp = PostParams::default();
+    Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    Api::<Service>::namespaced(client.clone(), "shop").create(&pp, &lb("web", 80, json!({}))).await.unwrap();
+    // The agent's view: every address of the pool has an owner; only .10 is in use.
+    let owners = |a: &str| [("198.18.1.10".parse().unwrap(), a.to_owned()), ("198.18.1.11".parse().unwrap(), "node-b".to_owned())].into();
+    let (owners_tx, view) = controller::AgentView::fixed(owners("node-a"));
+    let (_lead, leading) = watch::channel(true);
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
+    let status_owners = |api: &ApiServer| api.get("vippools.vip.dev", None, "p").map(|p| p["status"]["owners"].clone()).unwrap_or(Value::Null);
+
+    eventually("the VIP in use and its owner in the pool status", || status_owners(&api) == json!({"198.18.1.10": "node-a"})).await;
+    eventually("an OwnerChanged Event", || events(&api, "OwnerChanged") == ["web: 198.18.1.10 is held by node node-a"]).await;
+
+    owners_tx.send(owners("node-c")).unwrap();
+    eventually("the new owner in the pool status", || status_owners(&api) == json!({"198.18.1.10": "node-c"})).await;
+    eventually("an Event for the move", || events(&api, "OwnerChanged").contains(&"web: 198.18.1.10 is now held by node node-c (was node-a)".to_owned())).await;
+
+    // A new leader starts from the status: it repeats no Event.
+    task.abort();
+    let (_owners_tx2, view) = controller::AgentView::fixed(owners("node-c"));
+    let (_lead2, leading) = watch::channel(true);
+    let task = tokio::spawn(controller::run(client.clone(), "node-2".into(), leading, Duration::from_millis(200), view));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(events(&api, "OwnerChanged").len(), 2, "{:?}", events(&api, "OwnerChanged"));
+
+    // The Service goes away: its VIP leaves the owners.
+    Api::<Service>::namespaced(client.clone(), "shop").delete("web", &Default::default()).await.unwrap();
+    eventually("owners emptied", || status_owners(&api).as_object().is_none_or(|o| o.is_empty())).await;
+    task.abort();
+}

@@ -190,7 +190,14 @@ impl Controller {
                 None => format!("{vip} is held by node {owner}"),
             };
             for svc in by_vip.get(vip).into_iter().flatten() {
-                events.push((Event { type_: EventType::Normal, reason: "OwnerChanged".into(), note: Some(note.clone()), action: "Announce".into(), secondary: None }, (*svc).clone()));
+                // Related to the new owner's Node: the recorder folds Events with the
+                // same (reason, regarding, related) into one series keeping the first
+                // note, so each destination keeps its own Event.
+                let node = k8s_openapi::api::core::v1::ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(owner.clone()), ..Default::default() };
+                events.push((
+                    Event { type_: EventType::Normal, reason: "OwnerChanged".into(), note: Some(note.clone()), action: "Announce".into(), secondary: Some(node) },
+                    (*svc).clone(),
+                ));
             }
         }
         reported.retain(|v, _| owners.contains_key(v));
