@@ -86,3 +86,21 @@ pub fn node_object(name: &str, ip: &str) -> serde_json::Value {
         }
     })
 }
+
+/// An EndpointSlice of Service `svc` in `ns` with one ready endpoint on each of `nodes`.
+pub fn endpoint_slice(ns: &str, svc: &str, nodes: &[&str]) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": { "name": format!("{svc}-1"), "namespace": ns, "labels": { "kubernetes.io/service-name": svc } },
+        "addressType": "IPv4",
+        "endpoints": nodes.iter().map(|n| serde_json::json!({ "addresses": ["10.0.0.1"], "nodeName": n, "conditions": { "ready": true } })).collect::<Vec<_>>()
+    })
+}
+
+/// The backends in the ring of service `name` (`namespace/name`) as agent `i`'s
+/// status reports them (written after its maps).
+pub fn ring_backends(lab: &crate::halab::HaLab, i: usize, name: &str) -> Option<Vec<String>> {
+    let s = lab.status(i)?;
+    let svc = s["services"].as_array()?.iter().find(|x| x["name"] == name)?.clone();
+    Some(svc["backends"].as_array()?.iter().filter_map(|b| b.as_str().map(str::to_owned)).collect())
+}

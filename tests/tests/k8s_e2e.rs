@@ -3,14 +3,16 @@
 //! with a kubeconfig pointing at it. A VipPool and a LoadBalancer Service are
 //! created through the API: the elected agent allocates the Service an address,
 //! the pool reports Ready with its counts, the address answers ARP from exactly
-//! one node and connections to it spread over all three nodes.
+//! one node and connections to it spread over all three nodes; the pool's status
+//! names that node; then the Service turns `externalTrafficPolicy: Local` and its
+//! EndpointSlice changes move every agent's ring to the nodes with endpoints.
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use serde_json::json;
 use vip_tests::{
     agent::{agent_bin, wait_for},
     halab::{ask, vip, HaSpec},
-    kubelab::KubeLab,
+    kubelab::{endpoint_slice, ring_backends, KubeLab},
     netns::privileged,
 };
 
@@ -60,4 +62,27 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
     assert_eq!(lab.client_neigh(v), Some(owner_mac), "answered by its owner {}", owners[&v]);
     let events = api.list("events.events.k8s.io", None);
     assert!(events.iter().any(|e| e["reason"] == "Allocated" && e["regarding"]["name"] == "web"), "{events:?}");
+    let in_status = wait_for(Duration::from_secs(10), || (api.get("vippools.vip.dev", None, "lab")?["status"]["owners"] == json!({ v.to_string(): owners[&v] })).then_some(()));
+    assert!(in_status.is_some(), "pool owners: {:?}, agents: {owners:?}", api.get("vippools.vip.dev", None, "lab"));
+    assert!(api.list("events.events.k8s.io", None).iter().any(|e| e["reason"] == "OwnerChanged" && e["regarding"]["name"] == "web"));
+
+    // Local policy: only nodes with ready endpoints (checked on healthCheckNodePort).
+    api.insert("endpointslices.discovery.k8s.io", endpoint_slice("shop", "web", &["node-2", "node-3"])).unwrap();
+    api.insert("services", json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": { "name": "web", "namespace": "shop" },
+        "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 80, "ports": [{ "port": 80, "protocol": "TCP" }] },
+        "status": { "loadBalancer": { "ingress": [{ "ip": ip }] } }
+    }))
+    .unwrap();
+    for nodes in [&["node-2", "node-3"][..], &["node-1"][..]] {
+        api.insert("endpointslices.discovery.k8s.io", endpoint_slice("shop", "web", nodes)).unwrap();
+        let want: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        let applied = wait_for(Duration::from_secs(10), || all.iter().all(|&i| ring_backends(lab, i, "shop/web").as_ref() == Some(&want)).then_some(()));
+        assert!(applied.is_some(), "rings are not {want:?}: {:?}\n{}", all.iter().map(|&i| ring_backends(lab, i, "shop/web")).collect::<Vec<_>>(), lab.agent_logs());
+        let mut seen = BTreeMap::<String, u32>::new();
+        for p in 0..10 {
+            *seen.entry(ask(&lab.client, v, 46000 + p, Duration::from_secs(2)).unwrap()).or_default() += 1;
+        }
+        assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), want, "connections with endpoints on {want:?}: {seen:?}");
+    }
 }

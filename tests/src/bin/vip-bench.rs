@@ -384,7 +384,7 @@ fn k8s_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     use vip_tests::{
         agent::TempDir,
         apiserver::{ApiServer, ResourceSpec},
-        kubelab::{node_object, KubeLab},
+        kubelab::{endpoint_slice, node_object, ring_backends, KubeLab},
     };
     let lb = |name: &str, ip: Option<String>, local: bool| {
         let mut s = json!({
@@ -442,19 +442,10 @@ fn k8s_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     let kl = KubeLab::start(HaSpec::default(), &std::env::current_exe()?)?;
     let (lab, api) = (&kl.lab, &kl.api);
     api.insert("vippools.vip.dev", pool(&format!("{}-{}", halab::vip(0), halab::vip(2))))?;
-    let slice = |nodes: &[&str]| json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": { "name": "web-1", "namespace": "bench", "labels": { "kubernetes.io/service-name": "web" } },
-        "addressType": "IPv4",
-        "endpoints": nodes.iter().map(|n| json!({ "addresses": ["10.0.0.1"], "nodeName": n, "conditions": { "ready": true } })).collect::<Vec<_>>()
-    });
+    let slice = |nodes: &[&str]| endpoint_slice("bench", "web", nodes);
     api.insert("endpointslices.discovery.k8s.io", slice(&["node-1", "node-2"]))?;
     api.insert("services", lb("web", None, true))?;
-    let backends_seen = |i: usize| -> Option<Vec<String>> {
-        let s = lab.status(i)?;
-        let svc = s["services"].as_array()?.iter().find(|x| x["name"] == "bench/web")?.clone();
-        Some(svc["backends"].as_array()?.iter().filter_map(|b| b.as_str().map(str::to_owned)).collect())
-    };
+    let backends_seen = |i: usize| ring_backends(lab, i, "bench/web");
     let all: Vec<usize> = (0..lab.nodes.len()).collect();
     let want0 = vec!["node-1".to_owned(), "node-2".to_owned()];
     wait_for(Duration::from_secs(20), || all.iter().all(|&i| backends_seen(i).as_ref() == Some(&want0)).then_some(()))
