@@ -8,7 +8,7 @@
 use std::{net::Ipv4Addr, path::Path, time::Duration};
 
 use vip_tests::{
-    agent::{wait_for, write_atomic, AgentProc, TempDir},
+    agent::{agent_bin, wait_for, write_atomic, AgentProc, TempDir},
     netns::{arping, hex_mac, privileged, veth, NetNs, PinDir},
 };
 
@@ -115,6 +115,11 @@ fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
     let on_lo = wait_for(Duration::from_secs(10), || lo_addresses(&node).contains(&ours).then_some(()));
     agent.check_alive().unwrap();
     assert!(on_lo.is_some(), "{lo_vip} not on lo with our label:\n{}\nlog:\n{}", lo_addresses(&node), agent.log_text());
+    // inspect decodes the held entries' announce mode from the pinned map.
+    let o = node.cmd(agent_bin().unwrap().to_str().unwrap()).args(["--pin-dir", pins.path.to_str().unwrap(), "inspect", "--json"]).output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {}", String::from_utf8_lossy(&o.stderr)));
+    let modes: Vec<(String, String)> = report["held"].as_array().unwrap().iter().map(|h| (h["vip"].as_str().unwrap().to_owned(), h["announce"].as_str().unwrap().to_owned())).collect();
+    assert_eq!(modes, [(arp_vip.to_string(), "arp".to_owned()), (lo_vip.to_string(), "lo".to_owned())]);
     let (ok, out) = arping(&client, "eth0", arp_vip);
     assert!(ok && out.contains(&node_mac), "the ARP pool's VIP is not answered: {out}");
     // The node's kernel would answer for an address on lo; the data path drops the request.

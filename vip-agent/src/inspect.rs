@@ -47,6 +47,8 @@ pub struct HeldRow {
     pub vip: Ipv4Addr,
     /// Milliseconds until the deadline; negative once stale (not answered).
     pub expires_in_ms: i64,
+    /// `arp` (answered by the data path) or `lo` (announced by a routing daemon).
+    pub announce: &'static str,
 }
 
 #[derive(Serialize)]
@@ -97,7 +99,10 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
     let held = dp
         .held_vips()?
         .into_iter()
-        .map(|(ifindex, vip, d)| HeldRow { ifindex, vip, expires_in_ms: (d as i64 - now) / 1_000_000 })
+        .map(|(ifindex, vip, d)| {
+            let announce = if dp.held_flags(ifindex, vip) & vip_common::HELD_NO_ARP != 0 { "lo" } else { "arp" };
+            HeldRow { ifindex, vip, expires_in_ms: (d as i64 - now) / 1_000_000, announce }
+        })
         .collect();
     let mut services = Vec::new();
     for (a, s, ring) in dp.services()? {
@@ -171,10 +176,10 @@ fn agent_view(r: &Report, st: Status) -> AgentView {
 
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "HELD VIPS\n  {:<8} {:<16} {}", "IFINDEX", "VIP", "EXPIRES");
+    let _ = writeln!(s, "HELD VIPS\n  {:<8} {:<16} {:<9} {}", "IFINDEX", "VIP", "ANNOUNCE", "EXPIRES");
     for h in &r.held {
         let state = if h.expires_in_ms >= 0 { format!("in {} ms", h.expires_in_ms) } else { "STALE (not answered)".into() };
-        let _ = writeln!(s, "  {:<8} {:<16} {}", h.ifindex, h.vip, state);
+        let _ = writeln!(s, "  {:<8} {:<16} {:<9} {}", h.ifindex, h.vip, h.announce, state);
     }
     let _ = writeln!(s, "\nSERVICES\n  {:<22} {:<4} {:<6} {:<10} {:<10} RING SHARE (backend:slots)", "VIP:PORT", "ID", "PROTO", "PACKETS", "BYTES");
     for v in &r.services {

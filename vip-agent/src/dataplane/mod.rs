@@ -354,6 +354,11 @@ impl Dataplane {
         Ok(v)
     }
 
+    /// The `arp_held` flags of `vip` on `ifindex` (0 when it is not held).
+    pub fn held_flags(&self, ifindex: u32, vip: Ipv4Addr) -> u8 {
+        self.held.get(&HeldKey { ifindex, vip: vip.octets() }, 0).map_or(0, |h| h.flags)
+    }
+
     fn service_entries(&self) -> Result<Vec<(ServiceKey, Service)>> {
         Ok(self.services.iter().collect::<Result<Vec<_>, _>>()?)
     }
