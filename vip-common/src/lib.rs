@@ -15,7 +15,9 @@ pub mod map_names {
     pub const STATS: &str = "lb_stats";
     pub const SERVICE_STATS: &str = "lb4_service_stats";
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
-    pub const ALL: [&str; 9] = [
+    pub const FLOW_CACHE: &str = "lb4_flow_cache";
+    pub const EPOCH: &str = "lb4_epoch";
+    pub const ALL: [&str; 11] = [
         IFACES,
         HELD,
         SERVICES,
@@ -25,6 +27,8 @@ pub mod map_names {
         STATS,
         SERVICE_STATS,
         BACKEND_STATS,
+        FLOW_CACHE,
+        EPOCH,
     ];
 }
 
@@ -37,6 +41,12 @@ pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 4096;
 pub const MAX_BACKENDS: u32 = 4096;
 pub const MAX_FLOWS: u32 = 1 << 20;
+/// Slots of the per-CPU flow cache (`lb4_flow_cache`), a power of two. Kept well
+/// below the flow table's share per CPU so that a cached flow is normally displaced
+/// from the cache (and looked up in `lb4_flows` again) long before that table's LRU
+/// could age it out.
+pub const FLOW_CACHE_SLOTS: u32 = 1 << FLOW_CACHE_BITS;
+pub const FLOW_CACHE_BITS: u32 = 12;
 /// Default number of ring slots in `lb4_ring`, shared by all services.
 pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
 
@@ -142,6 +152,50 @@ pub struct FlowKey {
 pub struct Flow {
     pub backend: u32,
     pub _pad: u32,
+}
+
+/// `lb4_flow_cache` flag: the cached backend is this node (pass to the stack).
+pub const FLOW_CACHE_LOCAL: u16 = 1;
+
+/// `lb4_flow_cache` value: one slot of the per-CPU direct-mapped cache in front of
+/// `lb4_flows` (index: [`flow_cache_slot`]). It memoises the data path's whole
+/// answer for one flow pinned in `lb4_flows` on one interface, valid while `epoch`
+/// equals `lb4_epoch` (the agent bumps that on every change that could make an
+/// answer wrong) and for [`FLOW_CACHE_RECHECK_NS`] after it was computed.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowCacheEntry {
+    /// The flow, as in `lb4_flows` (compared as two u64 words).
+    pub key: FlowKey,
+    /// `lb4_epoch` when the answer was computed.
+    pub epoch: u64,
+    /// `bpf_ktime_get_coarse_ns` when the answer was computed from `lb4_flows`.
+    pub checked_ns: u64,
+    /// Receiving interface (our MAC differs per interface).
+    pub ifindex: u32,
+    /// Backend id and service id, for their counters.
+    pub backend: u32,
+    pub service: u32,
+    /// [`FLOW_CACHE_LOCAL`].
+    pub flags: u16,
+    pub _pad: u16,
+    /// The Ethernet addresses to write: backend MAC, then our MAC.
+    pub eth: [u8; 12],
+    pub _pad2: u32,
+}
+
+/// How long a cached answer is used before the flow is looked up in `lb4_flows`
+/// again. Hits do not touch the LRU flow table; this lookup marks the flow as
+/// used there, so a busy cached flow is never older to the LRU than this (as if it
+/// sent one packet per interval), and it re-reads the pinned backend.
+pub const FLOW_CACHE_RECHECK_NS: u64 = 50_000_000;
+
+/// Slot of a flow in `lb4_flow_cache`: a multiplicative (Fibonacci) hash of the
+/// FlowKey's two words as the data path loads them (native-endian u64s); the top
+/// bits of the product depend on every input bit.
+#[inline(always)]
+pub fn flow_cache_slot(w0: u64, w1: u64) -> u32 {
+    ((w0 ^ w1.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FLOW_CACHE_BITS)) as u32
 }
 
 /// Packet and byte counter, one per CPU.
@@ -255,4 +309,5 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Flow {}
     unsafe impl aya::Pod for Counter {}
+    unsafe impl aya::Pod for FlowCacheEntry {}
 }
