@@ -16,7 +16,7 @@ pub mod map_names {
     pub const SERVICE_STATS: &str = "lb4_service_stats";
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
     pub const FLOW_CACHE: &str = "lb4_flow_cache";
-    pub const EPOCH: &str = "lb4_epoch";
+    pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
     pub const ALL: [&str; 11] = [
         IFACES,
         HELD,
@@ -28,7 +28,7 @@ pub mod map_names {
         SERVICE_STATS,
         BACKEND_STATS,
         FLOW_CACHE,
-        EPOCH,
+        FLOW_CACHE_CTL,
     ];
 }
 
@@ -41,10 +41,8 @@ pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 4096;
 pub const MAX_BACKENDS: u32 = 4096;
 pub const MAX_FLOWS: u32 = 1 << 20;
-/// Slots of the per-CPU flow cache (`lb4_flow_cache`), a power of two. Kept well
-/// below the flow table's share per CPU so that a cached flow is normally displaced
-/// from the cache (and looked up in `lb4_flows` again) long before that table's LRU
-/// could age it out.
+/// Slots of the per-CPU flow cache (`lb4_flow_cache`), a power of two; the agent
+/// may use fewer (see [`flow_cache_slots_for`]).
 pub const FLOW_CACHE_SLOTS: u32 = 1 << FLOW_CACHE_BITS;
 pub const FLOW_CACHE_BITS: u32 = 12;
 /// Default number of ring slots in `lb4_ring`, shared by all services.
@@ -160,35 +158,50 @@ pub const FLOW_CACHE_LOCAL: u16 = 1;
 /// `lb4_flow_cache` value: one slot of the per-CPU direct-mapped cache in front of
 /// `lb4_flows` (index: [`flow_cache_slot`]). It memoises the data path's whole
 /// answer for one flow pinned in `lb4_flows` on one interface, valid while `epoch`
-/// equals `lb4_epoch` (the agent bumps that on every change that could make an
-/// answer wrong) and for [`FLOW_CACHE_RECHECK_NS`] after it was computed.
+/// equals the epoch in `lb4_flow_cache_ctl` (the agent bumps that on every change
+/// that could make an answer wrong).
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowCacheEntry {
     /// The flow, as in `lb4_flows` (compared as two u64 words).
     pub key: FlowKey,
-    /// `lb4_epoch` when the answer was computed.
+    /// [`FlowCacheCtl::epoch`] when the answer was computed.
     pub epoch: u64,
-    /// `bpf_ktime_get_coarse_ns` when the answer was computed from `lb4_flows`.
-    pub checked_ns: u64,
     /// Receiving interface (our MAC differs per interface).
     pub ifindex: u32,
-    /// Backend id and service id, for their counters.
+    /// Backend id, for its counter.
     pub backend: u32,
+    /// The Ethernet addresses to write: backend MAC, then our MAC (8-aligned).
+    pub eth: [u8; 12],
+    /// Service id, for its counter.
     pub service: u32,
     /// [`FLOW_CACHE_LOCAL`].
     pub flags: u16,
-    pub _pad: u16,
-    /// The Ethernet addresses to write: backend MAC, then our MAC.
-    pub eth: [u8; 12],
-    pub _pad2: u32,
+    pub _pad: [u8; 6],
 }
 
-/// How long a cached answer is used before the flow is looked up in `lb4_flows`
-/// again. Hits do not touch the LRU flow table; this lookup marks the flow as
-/// used there, so a busy cached flow is never older to the LRU than this (as if it
-/// sent one packet per interval), and it re-reads the pinned backend.
-pub const FLOW_CACHE_RECHECK_NS: u64 = 50_000_000;
+/// `lb4_flow_cache_ctl` value (one entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowCacheCtl {
+    /// Cached answers with another epoch are not used; the agent bumps it.
+    pub epoch: u64,
+    /// Slots in use − 1 (a power of two − 1, at most `FLOW_CACHE_SLOTS − 1`).
+    pub slot_mask: u32,
+    pub _pad: u32,
+}
+
+/// The slots the flow cache uses on a machine with `cpus` possible CPUs: at most
+/// 1/64 of one CPU's share of `lb4_flows` (per-CPU LRU lists). Cache hits do not
+/// mark a flow as used in that LRU, but every new flow a CPU inserts there also
+/// takes one random slot of that CPU's cache; the LRU needs a good part of its
+/// share in inserts to age a flow out, by which time a cached flow has been
+/// displaced (and looked up, so marked used, again) with probability 1 − e^-16.
+pub fn flow_cache_slots_for(cpus: u32) -> u32 {
+    let share = MAX_FLOWS / cpus.max(1) / 64;
+    let pow2 = if share == 0 { 1 } else { 1 << (31 - share.leading_zeros()) };
+    pow2.clamp(16, FLOW_CACHE_SLOTS)
+}
 
 /// Slot of a flow in `lb4_flow_cache`: a multiplicative (Fibonacci) hash of the
 /// FlowKey's two words as the data path loads them (native-endian u64s); the top
@@ -310,4 +323,5 @@ mod pod {
     unsafe impl aya::Pod for Flow {}
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for FlowCacheEntry {}
+    unsafe impl aya::Pod for FlowCacheCtl {}
 }

@@ -2,13 +2,13 @@
 //! then L2 direct server return.
 use core::ptr::{read_unaligned, write_unaligned};
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
 use crate::{
     arp::arp_held_entry,
-    maps::{lb4_backends, lb4_epoch, lb4_flow_cache, lb4_flows, lb4_ring, lb4_services},
+    maps::{lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_services},
     parse::{ptr_at, Verdict},
     stats,
 };
@@ -51,17 +51,16 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     };
     let words = [addrs, u64::from(ports) | u64::from(proto) << 32];
 
-    // The flow cache first: a hit is the whole answer, with no map helper call.
-    let epoch = lb4_epoch.get(0).copied().unwrap_or(0);
-    let cached = lb4_flow_cache.get_ptr_mut(flow_cache_slot(words[0], words[1]));
+    // The flow cache first: a hit is the whole answer, with no map helper call
+    // (array lookups are inlined by the verifier).
+    let ctl = lb4_flow_cache_ctl.get(0).copied().unwrap_or_default();
+    let epoch = ctl.epoch;
+    let cached = lb4_flow_cache.get_ptr_mut(flow_cache_slot(words[0], words[1]) & ctl.slot_mask);
     if let Some(e) = cached {
         let e = unsafe { &*e };
         let w = e as *const FlowCacheEntry as *const u64;
         if unsafe { *w == words[0] && *w.add(1) == words[1] } && e.epoch == epoch && e.ifindex == ifindex {
-            let now = unsafe { bpf_ktime_get_coarse_ns() };
-            if now.wrapping_sub(e.checked_ns) < FLOW_CACHE_RECHECK_NS {
-                return lb4_cached(ctx, e);
-            }
+            return lb4_cached(ctx, e);
         }
     }
 
@@ -105,14 +104,12 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
             *e = FlowCacheEntry {
                 key: fkey,
                 epoch,
-                checked_ns: bpf_ktime_get_coarse_ns(),
                 ifindex,
                 backend: backend_id,
+                eth,
                 service: svc.id,
                 flags: if local { FLOW_CACHE_LOCAL } else { 0 },
-                _pad: 0,
-                eth,
-                _pad2: 0,
+                _pad: [0; 6],
             }
         };
     }

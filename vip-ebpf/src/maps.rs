@@ -53,7 +53,7 @@ pub static lb4_backend_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_BAC
 #[map]
 pub static lb4_flow_cache: PerCpuArray<FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
 
-/// 0 → the current epoch of `lb4_flow_cache` answers; the agent bumps it after any
+/// 0 → the flow cache's epoch and slot mask. The agent bumps the epoch after any
 /// change that could make a cached answer wrong, which invalidates them all.
 #[map]
-pub static lb4_epoch: Array<u64> = Array::pinned(1, 0);
+pub static lb4_flow_cache_ctl: Array<FlowCacheCtl> = Array::pinned(1, 0);

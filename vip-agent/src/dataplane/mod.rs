@@ -94,7 +94,7 @@ pub struct Dataplane {
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
     /// Bumped after every change a cached answer may depend on (see flow_cache).
-    epoch: flow_cache::Epoch,
+    epoch: flow_cache::Ctl,
     ring_alloc: ring_alloc::RingAlloc,
     /// Last ring written per service (a cache of lb4_ring; rebuilt from it on open).
     rings: BTreeMap<ServiceAddr, Vec<u32>>,
@@ -176,14 +176,15 @@ impl Dataplane {
             .try_into()?;
         prog.load().context("the kernel verifier rejected the XDP program")?;
         let m = maps_from!(&mut ebpf, take);
-        let epoch = flow_cache::Epoch(take(&mut ebpf, names::EPOCH)?);
+        let mut epoch = flow_cache::Ctl(take(&mut ebpf, names::FLOW_CACHE_CTL)?);
+        epoch.configure()?;
         Self::from_maps(dir, Some(ebpf), m, epoch)
     }
 
     /// Opens the maps pinned under `dir` by a running or earlier agent.
     pub fn open(dir: &Path) -> Result<Self> {
         let m = maps_from!(dir, open_pinned);
-        let epoch = flow_cache::Epoch(open_pinned(dir, names::EPOCH)?);
+        let epoch = flow_cache::Ctl(open_pinned(dir, names::FLOW_CACHE_CTL)?);
         Self::from_maps(dir, None, m, epoch)
     }
 
@@ -202,7 +203,7 @@ impl Dataplane {
             PerCpuArray<MapData, Counter>,
             PerCpuArray<MapData, Counter>,
         ),
-        epoch: flow_cache::Epoch,
+        epoch: flow_cache::Ctl,
     ) -> Result<Self> {
         let (ifaces, held, services, backends, ring, flows, stats, service_stats, backend_stats) = m;
         let mut dp = Self {
@@ -530,9 +531,9 @@ impl Dataplane {
         Ok(stale.len())
     }
 
-    /// The flow cache's epoch (`lb4_epoch`): how many times cached answers were invalidated.
+    /// The flow cache's epoch (`lb4_flow_cache_ctl`): bumped each time cached answers are invalidated.
     pub fn flow_cache_epoch(&self) -> Result<u64> {
-        self.epoch.get()
+        self.epoch.epoch()
     }
 
     pub fn flow_count(&self) -> usize {
