@@ -582,3 +582,30 @@ fn flow_cache_slot_collisions_and_local_backends() {
     let runs = w.dp.counters().unwrap().reasons["passed_local_backend"].0 - before;
     assert!(runs >= 2, "local answers counted {runs} times");
 }
+
+/// Cache hits do not mark a flow as used in the LRU flow table, so a cached answer
+/// is recomputed from the flow table every FLOW_CACHE_RECHECK_HITS hits: a flow
+/// the LRU dropped behind the cache's back (simulated here by deleting its entry
+/// without an epoch bump) is looked up, and recorded again, within that many packets.
+#[test]
+fn flow_cache_rechecks_the_flow_table() {
+    if !privileged() {
+        return;
+    }
+    use aya::maps::{HashMap, Map, MapData};
+    stay_on_cpu0();
+    let mut w = world();
+    let (f, flow) = tcp_flow(47000);
+    run_cached(&mut w, &f, flow);
+    let data = MapData::from_pin(w._pins.path.join(map_names::FLOWS)).unwrap();
+    let mut flows: HashMap<_, FlowKey, vip_common::Flow> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let key = FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: 47000u16.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    flows.remove(&key).unwrap();
+    let mut runs = 0;
+    while flows.get(&key, 0).is_err() {
+        runs += 1;
+        assert!(runs <= u32::from(vip_common::FLOW_CACHE_RECHECK_HITS), "the flow table was not consulted in {runs} hits");
+        assert_eq!(w.dp.test_run(&f, 1, None).unwrap().0, XDP_TX);
+    }
+    assert!(runs > 1, "the first run after the deletion was not a cache hit: the test proves nothing");
+}

@@ -177,8 +177,17 @@ pub struct FlowCacheEntry {
     pub service: u32,
     /// [`FLOW_CACHE_LOCAL`].
     pub flags: u16,
-    pub _pad: [u8; 6],
+    /// Hits since the answer was read from `lb4_flows` (see [`FLOW_CACHE_RECHECK_HITS`]).
+    pub hits: u16,
+    pub _pad: [u8; 4],
 }
+
+/// Every this many hits a cached flow is looked up in `lb4_flows` again (the
+/// answer recomputed): the lookup marks it as used there, which hits do not, so
+/// that a busy flow is never aged out of the LRU flow table by other CPUs' new
+/// flows (its entry lives in the LRU list of the CPU that recorded it, which
+/// need not be the CPU whose cache serves it).
+pub const FLOW_CACHE_RECHECK_HITS: u16 = 64;
 
 /// `lb4_flow_cache_ctl` value (one entry).
 #[repr(C)]

@@ -56,11 +56,14 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     let ctl = lb4_flow_cache_ctl.get(0).copied().unwrap_or_default();
     let epoch = ctl.epoch;
     let cached = lb4_flow_cache.get_ptr_mut(flow_cache_slot(words[0], words[1]) & ctl.slot_mask);
-    if let Some(e) = cached {
-        let e = unsafe { &*e };
-        let w = e as *const FlowCacheEntry as *const u64;
-        if unsafe { *w == words[0] && *w.add(1) == words[1] } && e.epoch == epoch && e.ifindex == ifindex {
-            return lb4_cached(ctx, e);
+    if let Some(p) = cached {
+        let w = p as *const u64;
+        if unsafe { *w == words[0] && *w.add(1) == words[1] && (*p).epoch == epoch && (*p).ifindex == ifindex } {
+            let hits = unsafe { (*p).hits }.wrapping_add(1);
+            if hits % FLOW_CACHE_RECHECK_HITS != 0 {
+                unsafe { (*p).hits = hits };
+                return lb4_cached(ctx, unsafe { &*p });
+            }
         }
     }
 
@@ -109,7 +112,8 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
                 eth,
                 service: svc.id,
                 flags: if local { FLOW_CACHE_LOCAL } else { 0 },
-                _pad: [0; 6],
+                hits: 0,
+                _pad: [0; 4],
             }
         };
     }
