@@ -609,3 +609,34 @@ fn flow_cache_rechecks_the_flow_table() {
     }
     assert!(runs > 1, "the first run after the deletion was not a cache hit: the test proves nothing");
 }
+
+/// New TCP flows are recorded without a flow-table lookup when their first packet
+/// is a SYN; flows first seen mid-connection (an ACK: the client was talking to a
+/// previous owner) take the lookup path. Both kinds stay on their backend when the
+/// ring changes, and a SYN of an already recorded flow keeps it too.
+#[test]
+fn flows_opened_with_and_without_syn_are_pinned() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let ack = |sport: u16| frames::ipv4(OUR_MAC, CLIENT_MAC, None, frames::Ip4::new(CLIENT, VIP, PROTO_TCP), &frames::tcp_header(sport, 80, frames::TCP_ACK));
+    let mut flows = Vec::new();
+    for sport in 32000..33000u16 {
+        let f = if sport % 2 == 0 { ack(sport) } else { frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)) };
+        let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+        assert_eq!((v, &out), (XDP_TX, &forwarded(&f, ring_choice(&w.dp, s, CLIENT, sport, 80))), "new flow {sport}");
+        flows.push((sport, f, <Mac>::try_from(&out[0..6]).unwrap()));
+    }
+    let four = [backend(1), backend(2), backend(3), backend(4)];
+    w.dp.set_service(s, &four, TABLE, 0).unwrap();
+    let moved: Vec<_> = flows.iter().filter(|(sport, _, m)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *m).collect();
+    assert!(moved.iter().any(|(p, _, _)| p % 2 == 0) && moved.iter().any(|(p, _, _)| p % 2 == 1), "the ring change moved no flow of one kind");
+    for (sport, f, pinned) in &moved {
+        let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
+        assert_eq!(&out[0..6], pinned, "flow {sport} (first packet {}) followed the new ring", if sport % 2 == 0 { "ACK" } else { "SYN" });
+        let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, *sport), (VIP, 80));
+        assert_eq!(&w.dp.test_run(&syn, 1, None).unwrap().1[0..6], pinned, "a SYN of recorded flow {sport} re-hashed it");
+    }
+}
