@@ -610,10 +610,9 @@ fn flow_cache_rechecks_the_flow_table() {
     assert!(runs > 1, "the first run after the deletion was not a cache hit: the test proves nothing");
 }
 
-/// New TCP flows are recorded without a flow-table lookup when their first packet
-/// is a SYN; flows first seen mid-connection (an ACK: the client was talking to a
-/// previous owner) take the lookup path. Both kinds stay on their backend when the
-/// ring changes, and a SYN of an already recorded flow keeps it too.
+/// Flows first seen with a SYN and flows first seen mid-connection (an ACK: the
+/// client was talking to a previous owner) are recorded alike; both stay on their
+/// backend when the ring changes, and a SYN of an already recorded flow keeps it too.
 #[test]
 fn flows_opened_with_and_without_syn_are_pinned() {
     if !privileged() {

@@ -16,11 +16,6 @@ use crate::{
 const IPPROTO_ICMP: u8 = 1;
 /// More-fragments flag and fragment offset, in the host-order `frags` word.
 const IP_MF_OFFSET: u16 = 0x3fff;
-/// TCP flags byte (offset 13 of the header): SYN and ACK.
-const TCP_SYN: u8 = 0x02;
-const TCP_ACK: u8 = 0x10;
-const BPF_NOEXIST: u64 = 1;
-const EEXIST: i64 = 17;
 
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
@@ -48,11 +43,10 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     let addrs = unsafe { read_unaligned((iph as *const u8).add(12) as *const u64) };
     // Fragments carry no ports past the first: all fragments of a datagram hash on
     // (src, dst, proto) and use the VIP's port-0 service entry.
-    let l4 = off + (ihl & 0x3c);
     let ports = if fragment {
         0
     } else {
-        let p: *const u32 = ptr_at(ctx, l4)?;
+        let p: *const u32 = ptr_at(ctx, off + (ihl & 0x3c))?;
         unsafe { read_unaligned(p) }
     };
     let words = [addrs, u64::from(ports) | u64::from(proto) << 32];
@@ -88,15 +82,7 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
     };
     let fkey: FlowKey = unsafe { core::mem::transmute(words) };
-    // A TCP SYN (without ACK) opens a connection, whose flow is normally not recorded
-    // yet: record the ring's choice at once, without a flow-table lookup first
-    // (BPF_NOEXIST), and fall back to the lookup below only if it was recorded
-    // already (a retransmitted SYN, a reused port). Same answers, one map call less.
-    let syn = proto == PROTO_TCP
-        && !fragment
-        && ptr_at::<u8>(ctx, l4 + 13).is_ok_and(|f| unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
-    let opened = if fresh && syn { lb4_open_flow(&svc, &fkey) } else { None };
-    let (backend_id, backend) = match opened.or_else(|| lb4_flow_backend(&fkey)) {
+    let (backend_id, backend) = match lb4_flow_backend(&fkey) {
         Some(b) => b,
         // A stale entry (fenced, or released when the VIP moved) takes no new flow,
         // but keeps the flows it already pinned: a client still sending to our MAC
@@ -165,18 +151,6 @@ fn lb4_rewrite_eth(ctx: &XdpContext, to: &[u8; 6], ours: &[u8; 6]) -> Result<Ver
     eth[..6].copy_from_slice(to);
     eth[6..].copy_from_slice(ours);
     Ok((xdp_action::XDP_TX, Reason::Forwarded))
-}
-
-/// A new flow's ring choice, recorded in the flow table unless the flow is there
-/// already (then None: the caller looks it up). As on the lookup path, a failure
-/// to record for another reason does not stop the packet.
-#[inline(always)]
-fn lb4_open_flow(svc: &Service, fkey: &FlowKey) -> Option<(u32, Backend)> {
-    let (id, b) = lb4_ring_backend(svc, fkey)?;
-    match lb4_flows.insert(fkey, &Flow { backend: id, _pad: 0 }, BPF_NOEXIST) {
-        Err(e) if i64::from(e) == -EEXIST => None,
-        _ => Some((id, b)),
-    }
 }
 
 /// The backend recorded for this flow, if it still exists. A flow whose backend
