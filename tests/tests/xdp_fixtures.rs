@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use vip_agent::dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr};
-use vip_common::{flow_hash, PROTO_TCP, PROTO_UDP};
+use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, FlowCacheEntry, FlowKey, PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     frames::{self, Ip4, Mac},
     netns::{privileged, PinDir},
@@ -388,5 +388,261 @@ fn arp_conflicts_are_counted() {
         let after = w.dp.counters().unwrap().reasons["arp_conflict"];
         let want = if conflict { (before.0 + 1, before.1 + frame.len() as u64) } else { before };
         assert_eq!(after, want, "{name}: arp_conflict counter (packets, bytes)");
+    }
+}
+
+// ---- The per-CPU flow cache (lb4_flow_cache) in front of the flow table ----
+
+/// BPF_PROG_TEST_RUN runs the program on the calling thread's CPU: the cache tests
+/// keep to CPU 0 so that they know which CPU's cache their runs use.
+fn stay_on_cpu0() {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+    }
+}
+
+/// Whether CPU 0's flow-cache slot for this TCP flow holds a current answer, and
+/// the backend MAC it would write. Read from the pinned map, so that the tests
+/// below know they exercised a cache hit rather than the flow table.
+fn cached_to(w: &World, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Option<Mac> {
+    use aya::maps::{Map, MapData, PerCpuArray};
+    let data = MapData::from_pin(w._pins.path.join(map_names::FLOW_CACHE)).unwrap();
+    let cache: PerCpuArray<_, FlowCacheEntry> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let key = FlowKey { src: src.octets(), dst: dst.octets(), sport: sport.to_be_bytes(), dport: dport.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    let words: [u64; 2] = unsafe { std::mem::transmute(key) };
+    let cpus = aya::util::nr_cpus().unwrap() as u32;
+    let slot = flow_cache_slot(words[0], words[1]) & (flow_cache_slots_for(cpus) - 1);
+    let epoch = w.dp.flow_cache_epoch().unwrap();
+    let per_cpu = cache.get(&slot, 0).unwrap();
+    let e = &per_cpu[0];
+    (e.key == key && e.epoch == epoch && e.ifindex == IFINDEX).then(|| e.eth[..6].try_into().unwrap())
+}
+
+/// Runs `frame` once (flow table or cache), checks that the answer is now cached,
+/// and returns the verdict and frame of a second run: a cache hit.
+fn run_cached(w: &mut World, frame: &[u8], flow: (Ipv4Addr, u16, Ipv4Addr, u16)) -> (u32, Vec<u8>) {
+    let (v1, out1, _) = w.dp.test_run(frame, 1, None).unwrap();
+    let to = cached_to(w, flow.0, flow.1, flow.2, flow.3).unwrap_or_else(|| panic!("flow {flow:?} not cached after a run"));
+    let (v, out, _) = w.dp.test_run(frame, 1, None).unwrap();
+    assert_eq!((v1, &out1), (v, &out), "flow {flow:?}: cache hit answered unlike the run that cached it");
+    if v == XDP_TX {
+        assert_eq!(out[0..6], to, "flow {flow:?}: forwarded elsewhere than cached");
+    }
+    (v, out)
+}
+
+fn tcp_flow(sport: u16) -> (Vec<u8>, (Ipv4Addr, u16, Ipv4Addr, u16)) {
+    (frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), (CLIENT, sport, VIP, 80))
+}
+
+/// A cached flow gives the flow table's answer with the same counters, and after
+/// every change that could make the answer wrong it is not used again: backend
+/// removed (its flows re-hash, never to it), service removed (nothing forwarded),
+/// VIP forgotten, flows evicted, our MAC or a backend's MAC changed.
+#[test]
+fn flow_cache_answers_like_the_flow_table_and_is_invalidated_by_changes() {
+    if !privileged() {
+        return;
+    }
+    stay_on_cpu0();
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let three = [backend(1), backend(2), backend(3)];
+
+    // Hits: same frame, same counters as the slow path.
+    let (f, flow) = tcp_flow(42000);
+    let to = ring_choice(&w.dp, s, CLIENT, 42000, 80);
+    let before = w.dp.counters().unwrap();
+    let (v, out) = run_cached(&mut w, &f, flow);
+    assert_eq!((v, out), (XDP_TX, forwarded(&f, to)));
+    let after = w.dp.counters().unwrap();
+    let runs = after.reasons["forwarded"].0 - before.reasons["forwarded"].0;
+    assert!(runs >= 2);
+    let svc_id = w.dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap().1.id;
+    let backend_id = *w.dp.backends().unwrap().iter().find(|(_, b)| b.mac == to).unwrap().0;
+    assert_eq!(after.services[&svc_id].0 - before.services[&svc_id].0, runs, "service counter on cache hits");
+    assert_eq!(after.backends[&backend_id].0 - before.backends[&backend_id].0, runs, "backend counter on cache hits");
+    assert_eq!(after.services[&svc_id].1 - before.services[&svc_id].1, runs * f.len() as u64, "service bytes on cache hits");
+
+    // Backend removal: cache every flow of 300, remove backend 3; flows cached on
+    // it re-hash to the new ring, all others stay.
+    let flows: Vec<_> = (43000..43300u16)
+        .map(|sport| {
+            let (f, flow) = tcp_flow(sport);
+            let (_, out) = run_cached(&mut w, &f, flow);
+            (sport, f, <Mac>::try_from(&out[0..6]).unwrap())
+        })
+        .collect();
+    let gone = backend(3).mac;
+    assert!(flows.iter().any(|(_, _, m)| *m == gone));
+    w.dp.set_service(s, &three[..2], TABLE, 0).unwrap();
+    for (sport, f, before) in &flows {
+        let (_, out) = run_cached(&mut w, f, (CLIENT, *sport, VIP, 80));
+        if *before == gone {
+            assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, *sport, 80), "flow {sport} cached on the removed backend");
+        } else {
+            assert_eq!(&out[0..6], before, "flow {sport} on a surviving backend moved");
+        }
+    }
+
+    // A backend's MAC changes (same node, new NIC): cached answers follow.
+    let (f, flow) = tcp_flow(44000);
+    let (_, out) = run_cached(&mut w, &f, flow);
+    let node = [backend(1), backend(2)].into_iter().find(|b| out[0..6] == b.mac).unwrap();
+    let renamed: Vec<_> = [backend(1), backend(2)].into_iter().map(|b| if b.name == node.name { BackendSpec { mac: [0x02, 0, 0, 0, 0x20, 0x01], ..b } } else { b }).collect();
+    w.dp.set_service(s, &renamed, TABLE, 0).unwrap();
+    assert_eq!(w.dp.test_run(&f, 1, None).unwrap().1[0..6], [0x02, 0, 0, 0, 0x20, 0x01], "cached backend MAC after it changed");
+    w.dp.set_service(s, &three, TABLE, 0).unwrap();
+
+    // Our MAC changes: forwards carry the new source MAC at once.
+    let (f, flow) = tcp_flow(44001);
+    run_cached(&mut w, &f, flow);
+    const NEW_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
+    w.dp.set_iface(IFINDEX, NEW_MAC).unwrap();
+    assert_eq!(w.dp.test_run(&f, 1, None).unwrap().1[6..12], NEW_MAC, "cached source MAC after the interface's changed");
+    w.dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+
+    // Evicted flows re-hash: a cached flow whose ring slot a fourth backend takes.
+    let four = [backend(1), backend(2), backend(3), backend(4)];
+    let cached: Vec<_> = (45000..45300u16)
+        .map(|sport| {
+            let (f, flow) = tcp_flow(sport);
+            let (_, out) = run_cached(&mut w, &f, flow);
+            (sport, f, <Mac>::try_from(&out[0..6]).unwrap())
+        })
+        .collect();
+    w.dp.set_service(s, &four, TABLE, 0).unwrap();
+    let (sport, f, pinned) = cached.iter().find(|(sport, _, m)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *m).expect("no flow moved by the fourth backend");
+    let (_, out) = run_cached(&mut w, f, (CLIENT, *sport, VIP, 80));
+    assert_eq!(&out[0..6], pinned, "a pinned flow follows the flow table after a ring change");
+    let port = sport.to_be_bytes();
+    assert_eq!(w.dp.evict_flows(|k, _| k.sport == port && k.dst == VIP.octets()).unwrap(), 1);
+    let (_, out) = run_cached(&mut w, f, (CLIENT, *sport, VIP, 80));
+    assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, *sport, 80), "evicted flow still answered from the cache");
+
+    // Released VIP: its pinned flows are still answered from the cache, no new flow
+    // is taken; forgotten: nothing is forwarded.
+    let (f, flow) = tcp_flow(46001);
+    let (_, pinned) = run_cached(&mut w, &f, flow);
+    w.dp.release_vip(IFINDEX, VIP).unwrap();
+    assert_eq!(run_cached(&mut w, &f, flow), (XDP_TX, pinned), "released VIP: pinned flow");
+    let (new, _) = tcp_flow(46002);
+    assert_eq!(w.dp.test_run(&new, 1, None).unwrap().0, XDP_PASS, "released VIP took a new flow");
+    w.dp.forget_vip(IFINDEX, VIP).unwrap();
+    let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_PASS, f.clone()), "a forgotten VIP's cached flow was forwarded");
+    w.dp.hold_vip(IFINDEX, VIP, monotonic_ns() + 3_600_000_000_000).unwrap();
+
+    // Service removed: nothing of it is forwarded any more.
+    let (f, flow) = tcp_flow(46000);
+    run_cached(&mut w, &f, flow);
+    w.dp.remove_service(s).unwrap();
+    let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_PASS, f.clone()), "a removed service's cached flow was forwarded");
+}
+
+/// Flows sharing one cache slot each get their own answer (the whole key is
+/// compared), and the local-backend answer (pass) is cached like a forward.
+#[test]
+fn flow_cache_slot_collisions_and_local_backends() {
+    if !privileged() {
+        return;
+    }
+    stay_on_cpu0();
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let cpus = aya::util::nr_cpus().unwrap() as u32;
+    let mask = flow_cache_slots_for(cpus) - 1;
+    let slot_of = |sport: u16| {
+        let key = FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: sport.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+        let words: [u64; 2] = unsafe { std::mem::transmute(key) };
+        flow_cache_slot(words[0], words[1]) & mask
+    };
+    // Two flows in one slot with different backends.
+    let mut first = std::collections::HashMap::<u32, (u16, Mac)>::new();
+    let (a, b) = (20000..u16::MAX)
+        .find_map(|p| {
+            let to = ring_choice(&w.dp, s, CLIENT, p, 80);
+            match first.get(&slot_of(p)) {
+                Some(&(q, m)) if m != to => Some((q, p)),
+                Some(_) => None,
+                None => first.insert(slot_of(p), (p, to)).and(None),
+            }
+        })
+        .expect("no two flows in one slot with different backends");
+    let (fa, _) = tcp_flow(a);
+    let (fb, _) = tcp_flow(b);
+    for _ in 0..20 {
+        for (f, sport) in [(&fa, a), (&fb, b)] {
+            let (v, out, _) = w.dp.test_run(f, 1, None).unwrap();
+            assert_eq!((v, out), (XDP_TX, forwarded(f, ring_choice(&w.dp, s, CLIENT, sport, 80))), "flow {sport} sharing a slot");
+        }
+    }
+    // The local backend: passed unchanged, from the cache too, counted each time.
+    let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP_LOCAL, 80));
+    let before = w.dp.counters().unwrap().reasons["passed_local_backend"].0;
+    let (v, out) = run_cached(&mut w, &f, (CLIENT, 40000, VIP_LOCAL, 80));
+    assert_eq!((v, out), (XDP_PASS, f.clone()));
+    let runs = w.dp.counters().unwrap().reasons["passed_local_backend"].0 - before;
+    assert!(runs >= 2, "local answers counted {runs} times");
+}
+
+/// Cache hits do not mark a flow as used in the LRU flow table, so a cached answer
+/// is recomputed from the flow table every FLOW_CACHE_RECHECK_HITS hits: a flow
+/// the LRU dropped behind the cache's back (simulated here by deleting its entry
+/// without an epoch bump) is looked up, and recorded again, within that many packets.
+#[test]
+fn flow_cache_rechecks_the_flow_table() {
+    if !privileged() {
+        return;
+    }
+    use aya::maps::{HashMap, Map, MapData};
+    stay_on_cpu0();
+    let mut w = world();
+    let (f, flow) = tcp_flow(47000);
+    run_cached(&mut w, &f, flow);
+    let data = MapData::from_pin(w._pins.path.join(map_names::FLOWS)).unwrap();
+    let mut flows: HashMap<_, FlowKey, vip_common::Flow> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let key = FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: 47000u16.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    flows.remove(&key).unwrap();
+    let mut runs = 0;
+    while flows.get(&key, 0).is_err() {
+        runs += 1;
+        assert!(runs <= u32::from(vip_common::FLOW_CACHE_RECHECK_HITS), "the flow table was not consulted in {runs} hits");
+        assert_eq!(w.dp.test_run(&f, 1, None).unwrap().0, XDP_TX);
+    }
+    assert!(runs > 1, "the first run after the deletion was not a cache hit: the test proves nothing");
+}
+
+/// Flows first seen with a SYN and flows first seen mid-connection (an ACK: the
+/// client was talking to a previous owner) are recorded alike; both stay on their
+/// backend when the ring changes, and a SYN of an already recorded flow keeps it too.
+#[test]
+fn flows_opened_with_and_without_syn_are_pinned() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let ack = |sport: u16| frames::ipv4(OUR_MAC, CLIENT_MAC, None, frames::Ip4::new(CLIENT, VIP, PROTO_TCP), &frames::tcp_header(sport, 80, frames::TCP_ACK));
+    let mut flows = Vec::new();
+    for sport in 32000..33000u16 {
+        let f = if sport % 2 == 0 { ack(sport) } else { frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)) };
+        let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+        assert_eq!((v, &out), (XDP_TX, &forwarded(&f, ring_choice(&w.dp, s, CLIENT, sport, 80))), "new flow {sport}");
+        flows.push((sport, f, <Mac>::try_from(&out[0..6]).unwrap()));
+    }
+    let four = [backend(1), backend(2), backend(3), backend(4)];
+    w.dp.set_service(s, &four, TABLE, 0).unwrap();
+    let moved: Vec<_> = flows.iter().filter(|(sport, _, m)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *m).collect();
+    assert!(moved.iter().any(|(p, _, _)| p % 2 == 0) && moved.iter().any(|(p, _, _)| p % 2 == 1), "the ring change moved no flow of one kind");
+    for (sport, f, pinned) in &moved {
+        let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
+        assert_eq!(&out[0..6], pinned, "flow {sport} (first packet {}) followed the new ring", if sport % 2 == 0 { "ACK" } else { "SYN" });
+        let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, *sport), (VIP, 80));
+        assert_eq!(&w.dp.test_run(&syn, 1, None).unwrap().1[0..6], pinned, "a SYN of recorded flow {sport} re-hashed it");
     }
 }

@@ -15,7 +15,9 @@ pub mod map_names {
     pub const STATS: &str = "lb_stats";
     pub const SERVICE_STATS: &str = "lb4_service_stats";
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
-    pub const ALL: [&str; 9] = [
+    pub const FLOW_CACHE: &str = "lb4_flow_cache";
+    pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
+    pub const ALL: [&str; 11] = [
         IFACES,
         HELD,
         SERVICES,
@@ -25,6 +27,8 @@ pub mod map_names {
         STATS,
         SERVICE_STATS,
         BACKEND_STATS,
+        FLOW_CACHE,
+        FLOW_CACHE_CTL,
     ];
 }
 
@@ -40,6 +44,10 @@ pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 4096;
 pub const MAX_BACKENDS: u32 = 4096;
 pub const MAX_FLOWS: u32 = 1 << 20;
+/// Slots of the per-CPU flow cache (`lb4_flow_cache`), a power of two; the agent
+/// may use fewer (see [`flow_cache_slots_for`]).
+pub const FLOW_CACHE_SLOTS: u32 = 1 << FLOW_CACHE_BITS;
+pub const FLOW_CACHE_BITS: u32 = 12;
 /// Default number of ring slots in `lb4_ring`, shared by all services.
 pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
 
@@ -158,6 +166,74 @@ pub struct Flow {
     pub _pad: u32,
 }
 
+/// `lb4_flow_cache` flag: the cached backend is this node (pass to the stack).
+pub const FLOW_CACHE_LOCAL: u16 = 1;
+
+/// `lb4_flow_cache` value: one slot of the per-CPU direct-mapped cache in front of
+/// `lb4_flows` (index: [`flow_cache_slot`]). It memoises the data path's whole
+/// answer for one flow pinned in `lb4_flows` on one interface, valid while `epoch`
+/// equals the epoch in `lb4_flow_cache_ctl` (the agent bumps that on every change
+/// that could make an answer wrong).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowCacheEntry {
+    /// The flow, as in `lb4_flows` (compared as two u64 words).
+    pub key: FlowKey,
+    /// [`FlowCacheCtl::epoch`] when the answer was computed.
+    pub epoch: u64,
+    /// Receiving interface (our MAC differs per interface).
+    pub ifindex: u32,
+    /// Backend id, for its counter.
+    pub backend: u32,
+    /// The Ethernet addresses to write: backend MAC, then our MAC (8-aligned).
+    pub eth: [u8; 12],
+    /// Service id, for its counter.
+    pub service: u32,
+    /// [`FLOW_CACHE_LOCAL`].
+    pub flags: u16,
+    /// Hits since the answer was read from `lb4_flows` (see [`FLOW_CACHE_RECHECK_HITS`]).
+    pub hits: u16,
+    pub _pad: [u8; 4],
+}
+
+/// Every this many hits a cached flow is looked up in `lb4_flows` again (the
+/// answer recomputed): the lookup marks it as used there, which hits do not, so
+/// that a busy flow is never aged out of the LRU flow table by other CPUs' new
+/// flows (its entry lives in the LRU list of the CPU that recorded it, which
+/// need not be the CPU whose cache serves it).
+pub const FLOW_CACHE_RECHECK_HITS: u16 = 64;
+
+/// `lb4_flow_cache_ctl` value (one entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowCacheCtl {
+    /// Cached answers with another epoch are not used; the agent bumps it.
+    pub epoch: u64,
+    /// Slots in use − 1 (a power of two − 1, at most `FLOW_CACHE_SLOTS − 1`).
+    pub slot_mask: u32,
+    pub _pad: u32,
+}
+
+/// The slots the flow cache uses on a machine with `cpus` possible CPUs: at most
+/// 1/64 of one CPU's share of `lb4_flows` (per-CPU LRU lists). Cache hits do not
+/// mark a flow as used in that LRU, but every new flow a CPU inserts there also
+/// takes one random slot of that CPU's cache; the LRU needs a good part of its
+/// share in inserts to age a flow out, by which time a cached flow has been
+/// displaced (and looked up, so marked used, again) with probability 1 − e^-16.
+pub fn flow_cache_slots_for(cpus: u32) -> u32 {
+    let share = MAX_FLOWS / cpus.max(1) / 64;
+    let pow2 = if share == 0 { 1 } else { 1 << (31 - share.leading_zeros()) };
+    pow2.clamp(16, FLOW_CACHE_SLOTS)
+}
+
+/// Slot of a flow in `lb4_flow_cache`: a multiplicative (Fibonacci) hash of the
+/// FlowKey's two words as the data path loads them (native-endian u64s); the top
+/// bits of the product depend on every input bit.
+#[inline(always)]
+pub fn flow_cache_slot(w0: u64, w1: u64) -> u32 {
+    ((w0 ^ w1.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FLOW_CACHE_BITS)) as u32
+}
+
 /// Packet and byte counter, one per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -272,4 +348,6 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Flow {}
     unsafe impl aya::Pod for Counter {}
+    unsafe impl aya::Pod for FlowCacheEntry {}
+    unsafe impl aya::Pod for FlowCacheCtl {}
 }

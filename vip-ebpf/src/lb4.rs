@@ -1,11 +1,14 @@
-//! IPv4 load balancing: flow table, else Maglev ring, then L2 direct server return.
+//! IPv4 load balancing: per-CPU flow cache, else flow table, else Maglev ring,
+//! then L2 direct server return.
+use core::ptr::{read_unaligned, write_unaligned};
+
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
 use crate::{
     arp::arp_held_entry,
-    maps::{lb4_backends, lb4_flows, lb4_ring, lb4_services},
+    maps::{lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_services},
     parse::{ptr_at, Verdict},
     stats,
 };
@@ -13,6 +16,9 @@ use crate::{
 const IPPROTO_ICMP: u8 = 1;
 /// More-fragments flag and fragment offset, in the host-order `frags` word.
 const IP_MF_OFFSET: u16 = 0x3fff;
+
+// Keys are assembled from packet words in little-endian order (bpfel).
+const _: () = assert!(cfg!(target_endian = "little"));
 
 #[inline(always)]
 pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict, ()> {
@@ -30,17 +36,39 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
     }
-    let (src, dst) = (ip.src_addr, ip.dst_addr);
     let fragment = u16::from_be_bytes(ip.frags) & IP_MF_OFFSET != 0;
+    // The FlowKey as the two words lookups compare: (src, dst) and (sport, dport,
+    // proto). Unaligned packet loads: allowed by the verifier on x86-64 and arm64,
+    // and single loads with the linker's allows-misaligned-mem-access.
+    let addrs = unsafe { read_unaligned((iph as *const u8).add(12) as *const u64) };
     // Fragments carry no ports past the first: all fragments of a datagram hash on
     // (src, dst, proto) and use the VIP's port-0 service entry.
-    let (sport, dport) = if fragment {
-        ([0u8; 2], [0u8; 2])
+    let ports = if fragment {
+        0
     } else {
-        let ports: *const [u8; 4] = ptr_at(ctx, off + (ihl & 0x3c))?;
-        let p = unsafe { *ports };
-        ([p[0], p[1]], [p[2], p[3]])
+        let p: *const u32 = ptr_at(ctx, off + (ihl & 0x3c))?;
+        unsafe { read_unaligned(p) }
     };
+    let words = [addrs, u64::from(ports) | u64::from(proto) << 32];
+
+    // The flow cache first: a hit is the whole answer, with no map helper call
+    // (array lookups are inlined by the verifier).
+    let ctl = lb4_flow_cache_ctl.get(0).copied().unwrap_or_default();
+    let epoch = ctl.epoch;
+    let cached = lb4_flow_cache.get_ptr_mut(flow_cache_slot(words[0], words[1]) & ctl.slot_mask);
+    if let Some(p) = cached {
+        let w = p as *const u64;
+        if unsafe { *w == words[0] && *w.add(1) == words[1] && (*p).epoch == epoch && (*p).ifindex == ifindex } {
+            let hits = unsafe { (*p).hits }.wrapping_add(1);
+            if hits % FLOW_CACHE_RECHECK_HITS != 0 {
+                unsafe { (*p).hits = hits };
+                return lb4_cached(ctx, unsafe { &*p });
+            }
+        }
+    }
+
+    let dst = ((addrs >> 32) as u32).to_ne_bytes();
+    let dport = ((ports >> 16) as u16).to_ne_bytes();
     let skey = ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
     let svc = match unsafe { lb4_services.get(&skey) } {
         Some(s) => *s,
@@ -53,7 +81,7 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
         // node as a backend, or is stray; the stack decides.
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
     };
-    let fkey = FlowKey { src, dst, sport, dport, proto, _pad: [0; 3] };
+    let fkey: FlowKey = unsafe { core::mem::transmute(words) };
     let (backend_id, backend) = match lb4_flow_backend(&fkey) {
         Some(b) => b,
         // A stale entry (fenced, or released when the VIP moved) takes no new flow,
@@ -69,17 +97,59 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
             None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
         },
     };
+    // The flow is pinned in lb4_flows now: memoise the answer for its next packets.
+    let local = backend.flags & BACKEND_LOCAL != 0;
+    if let Some(e) = cached {
+        let mut eth = [0u8; 12];
+        eth[..6].copy_from_slice(&backend.mac);
+        eth[6..].copy_from_slice(&mac);
+        unsafe {
+            *e = FlowCacheEntry {
+                key: fkey,
+                epoch,
+                ifindex,
+                backend: backend_id,
+                eth,
+                service: svc.id,
+                flags: if local { FLOW_CACHE_LOCAL } else { 0 },
+                hits: 0,
+                _pad: [0; 4],
+            }
+        };
+    }
     let bytes = ctx.data_end() - ctx.data();
     stats::count_service(svc.id, bytes);
     stats::count_backend(backend_id, bytes);
-    if backend.flags & BACKEND_LOCAL != 0 {
+    if local {
         return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
     }
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    unsafe {
-        (*eth).dst_addr = backend.mac;
-        (*eth).src_addr = mac;
+    lb4_rewrite_eth(ctx, &backend.mac, &mac)
+}
+
+/// A flow-cache hit: the counters and the rewrite the slow path would have done.
+#[inline(always)]
+fn lb4_cached(ctx: &XdpContext, e: &FlowCacheEntry) -> Result<Verdict, ()> {
+    let bytes = ctx.data_end() - ctx.data();
+    stats::count_service(e.service, bytes);
+    stats::count_backend(e.backend, bytes);
+    if e.flags & FLOW_CACHE_LOCAL != 0 {
+        return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
     }
+    let dst: *mut u8 = ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8;
+    let src = e.eth.as_ptr();
+    unsafe {
+        write_unaligned(dst as *mut u64, read_unaligned(src as *const u64));
+        write_unaligned(dst.add(8) as *mut u32, read_unaligned(src.add(8) as *const u32));
+    }
+    Ok((xdp_action::XDP_TX, Reason::Forwarded))
+}
+
+/// Destination MAC to the backend's, source to ours.
+#[inline(always)]
+fn lb4_rewrite_eth(ctx: &XdpContext, to: &[u8; 6], ours: &[u8; 6]) -> Result<Verdict, ()> {
+    let eth = unsafe { &mut *ptr_at::<[u8; 12]>(ctx, 0)? };
+    eth[..6].copy_from_slice(to);
+    eth[6..].copy_from_slice(ours);
     Ok((xdp_action::XDP_TX, Reason::Forwarded))
 }
 

@@ -46,3 +46,14 @@ pub static lb4_service_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_SER
 /// backend id → packets and bytes sent to it (forwarded or passed locally), per CPU.
 #[map]
 pub static lb4_backend_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_BACKENDS, 0);
+
+/// flow_cache_slot(5-tuple) → the last answer given for a flow in that slot, per CPU
+/// (a direct-mapped exact-match cache in front of `lb4_flows`; an array, so its
+/// lookups are inlined: a hit costs no map helper call).
+#[map]
+pub static lb4_flow_cache: PerCpuArray<FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
+
+/// 0 → the flow cache's epoch and slot mask. The agent bumps the epoch after any
+/// change that could make a cached answer wrong, which invalidates them all.
+#[map]
+pub static lb4_flow_cache_ctl: Array<FlowCacheCtl> = Array::pinned(1, 0);

@@ -13,7 +13,7 @@ use vip_agent::{
     dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
     maglev::{self, Member},
 };
-use vip_common::PROTO_TCP;
+use vip_common::{PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     agent::{lb_config, wait_for, Check, LbLab},
     halab::{self, ArpWatch, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
@@ -24,6 +24,10 @@ use vip_tests::{
 const REPEAT: u32 = 100_000;
 const ROUNDS: usize = 7;
 const MISS_FLOWS: u32 = 100_000;
+/// Flows cycled through for a flow-table hit that misses the per-CPU flow cache:
+/// 16× its largest size, so a flow's slot has been taken by others (probability
+/// 1 − e^-16) before the flow comes round again.
+const SPREAD_FLOWS: u32 = 65_536;
 const OUR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xaa];
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -60,7 +64,8 @@ fn per_call(dp: &mut Dataplane, prog: &str, frame_for: &dyn Fn(u32) -> Vec<u8>, 
     Ok(median(v))
 }
 
-fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+/// The program loaded with new, empty maps: one VIP held, TCP 80 and UDP 53 on ten backends.
+fn bench_dataplane() -> Result<(Dataplane, PinDir)> {
     let pins = PinDir::new()?;
     let mut dp = Dataplane::load(&pins.path, 1 << 20)?;
     dp.set_iface(1, OUR_MAC)?;
@@ -69,6 +74,12 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
         .map(|i| BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [2, 0, 0, 0, 0x10, i], weight: 1, local: false })
         .collect();
     dp.set_service(ServiceAddr { vip: VIP, port: 80, proto: PROTO_TCP }, &backends, 16381, 0)?;
+    dp.set_service(ServiceAddr { vip: VIP, port: 53, proto: PROTO_UDP }, &backends, 16381, 0)?;
+    Ok((dp, pins))
+}
+
+fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    let (mut dp, _pins) = bench_dataplane()?;
     let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
     let fwd = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP, 80));
     let other = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (Ipv4Addr::new(198, 18, 0, 200), 80));
@@ -76,18 +87,35 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
         let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + (i >> 12));
         frames::tcp(OUR_MAC, CLIENT_MAC, None, (src, 1024 + (i & 0xfff) as u16), (VIP, 80))
     };
+    // New UDP flows: the miss path for a non-TCP protocol (the TCP rows use SYNs).
+    let fresh_udp = |i: u32| {
+        let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + (i >> 12));
+        frames::udp(OUR_MAC, CLIENT_MAC, (src, 1024 + (i & 0xfff) as u16), (VIP, 53), b"query")
+    };
+    // Established flows (in the flow table), cycled so that each run misses the cache.
+    let spread = |i: u32| {
+        let i = i % SPREAD_FLOWS;
+        frames::tcp(OUR_MAC, CLIENT_MAC, None, (Ipv4Addr::new(198, 19, 200, (i >> 8) as u8), 1024 + (i & 0xff) as u16), (VIP, 80))
+    };
+    for i in 0..SPREAD_FLOWS {
+        dp.test_run(&spread(i), 1, None)?;
+    }
     if std::env::var_os("VIP_BENCH_QUICK").is_some() {
         let base = per_packet(&mut dp, "xdp_baseline_pass", &fwd, false)?;
         let hit = per_packet(&mut dp, "vip_xdp", &fwd, false)?;
         let pass = per_packet(&mut dp, "vip_xdp", &other, false)?;
         let (mut r0, mut r1) = (0, 1 << 24);
-        let (base_call, miss) = if std::env::var_os("VIP_BENCH_MISS").is_some() {
-            (per_call(&mut dp, "xdp_baseline_pass", &fresh, &mut r0)?, per_call(&mut dp, "vip_xdp", &fresh, &mut r1)?)
+        let miss_mode = std::env::var_os("VIP_BENCH_MISS").is_some();
+        // Before the misses fill the flow table (see the full run).
+        let lru_call = if miss_mode { per_call(&mut dp, "vip_xdp", &spread, &mut 0)? } else { 0.0 };
+        let (base_call, miss) = if miss_mode {
+            (per_call(&mut dp, "xdp_baseline_pass", &fresh, &mut r0)?, per_call(&mut bench_dataplane()?.0, "vip_xdp", &fresh, &mut r1)?)
         } else {
             (0.0, 0.0)
         };
-        let hit_call = if std::env::var_os("VIP_BENCH_MISS").is_some() { per_call(&mut dp, "vip_xdp", &|_| fwd.clone(), &mut r0)? } else { 0.0 };
-        writeln!(out, "quick: base {base} hit {hit} pass {pass} base_call {base_call:.1} miss {miss:.1} hit_call {hit_call:.1}")?;
+        let hit_call = if miss_mode { per_call(&mut dp, "vip_xdp", &|_| fwd.clone(), &mut r0)? } else { 0.0 };
+        let miss_udp = if miss_mode { per_call(&mut bench_dataplane()?.0, "vip_xdp", &fresh_udp, &mut r1)? } else { 0.0 };
+        writeln!(out, "quick: base {base} hit {hit} pass {pass} base_call {base_call:.1} miss {miss:.1} hit_call {hit_call:.1} lru_call {lru_call:.1} miss_udp {miss_udp:.1}")?;
         return Ok(());
     }
     let base_live = per_packet(&mut dp, "xdp_baseline_pass", &fwd, true)?;
@@ -102,8 +130,24 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     // Non-live repeats keep the rewritten frame: still TCP to the VIP, still a hit.
     let hit_prog_ns = per_packet(&mut dp, "vip_xdp", &fwd, false)?;
     let pass_ns = per_packet(&mut dp, "vip_xdp", &other, false)?;
+    // Before the misses fill the flow table: every run here must find its flow.
+    let pinned = dp.flow_count();
+    let mut spread_round = 0;
+    let lru_ns = per_call(&mut dp, "vip_xdp", &spread, &mut spread_round)?;
+    anyhow::ensure!(dp.flow_count() == pinned, "established flows were not all in the flow table");
     let mut round = 1 << 24;
-    let miss_ns = per_call(&mut dp, "vip_xdp", &fresh, &mut round)?;
+    // Each miss row gets new maps, as the miss row always had: an empty flow table
+    // whose free entries lie in allocation order (after deletions they are scattered,
+    // and every insert costs more), with room for all 700k inserts (no eviction).
+    let mut miss_run = |frame_for: &dyn Fn(u32) -> Vec<u8>| -> Result<f64> {
+        let (mut mdp, _pins) = bench_dataplane()?;
+        let ns = per_call(&mut mdp, "vip_xdp", frame_for, &mut round)?;
+        let forwarded = mdp.counters()?.reasons["forwarded"].0;
+        anyhow::ensure!(forwarded == u64::from(MISS_FLOWS) * ROUNDS as u64, "miss path not taken: {forwarded} forwarded");
+        Ok(ns)
+    };
+    let miss_ns = miss_run(&fresh)?;
+    let miss_udp_ns = miss_run(&fresh_udp)?;
     let c = dp.counters()?;
     anyhow::ensure!(c.reasons["arp_answered"].0 >= u64::from(MISS_FLOWS) * ROUNDS as u64, "ARP path not taken: {:?}", c.reasons);
     anyhow::ensure!(c.reasons["forwarded"].0 >= (2 * u64::from(REPEAT) + u64::from(MISS_FLOWS)) * ROUNDS as u64, "forward path not taken: {:?}", c.reasons);
@@ -115,7 +159,9 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
         ("ARP reply (XDP_TX)", "100k fresh requests, 1 run each", arp_ns, base_call, "≤ 2×"),
         ("VIP forward, flow-table hit (XDP_TX)", "live frames, 100k repeats", hit_ns, base_live, "≤ 2.5×"),
         ("VIP forward, flow-table hit (XDP_TX)", "100k repeats, not live", hit_prog_ns, base, "≤ 2.5×"),
-        ("VIP forward, flow-table miss (XDP_TX)", "100k fresh flows, 1 run each", miss_ns, base_call, "≤ 4×"),
+        ("VIP forward, flow-table hit, not in the flow cache (XDP_TX)", "65,536 established flows in turn, 1 run each", lru_ns, base_call, "—"),
+        ("VIP forward, flow-table miss (XDP_TX)", "100k fresh TCP flows (first packet: SYN), 1 run each", miss_ns, base_call, "≤ 4×"),
+        ("VIP forward, flow-table miss (XDP_TX)", "100k fresh UDP flows, 1 run each", miss_udp_ns, base_call, "—"),
         ("non-VIP pass (XDP_PASS)", "100k repeats", pass_ns, base, "—"),
     ];
     for (name, mode, ns, b, target) in rows {

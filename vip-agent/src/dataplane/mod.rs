@@ -4,6 +4,7 @@
 //! All state lives in maps pinned under one bpffs directory, so a restarted agent
 //! re-opens them (and the still-attached program) without interrupting traffic.
 mod attach;
+mod flow_cache;
 mod ring_alloc;
 mod xmit;
 
@@ -94,6 +95,8 @@ pub struct Dataplane {
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
+    /// Bumped after every change a cached answer may depend on (see flow_cache).
+    epoch: flow_cache::Ctl,
     ring_alloc: ring_alloc::RingAlloc,
     /// Last ring written per service (a cache of lb4_ring; rebuilt from it on open).
     rings: BTreeMap<ServiceAddr, Vec<u32>>,
@@ -176,13 +179,16 @@ impl Dataplane {
         prog.load().context("the kernel verifier rejected the XDP program")?;
         xmit::load_and_pin(&mut ebpf, dir)?;
         let m = maps_from!(&mut ebpf, take);
-        Self::from_maps(dir, Some(ebpf), m)
+        let mut epoch = flow_cache::Ctl(take(&mut ebpf, names::FLOW_CACHE_CTL)?);
+        epoch.configure()?;
+        Self::from_maps(dir, Some(ebpf), m, epoch)
     }
 
     /// Opens the maps pinned under `dir` by a running or earlier agent.
     pub fn open(dir: &Path) -> Result<Self> {
         let m = maps_from!(dir, open_pinned);
-        Self::from_maps(dir, None, m)
+        let epoch = flow_cache::Ctl(open_pinned(dir, names::FLOW_CACHE_CTL)?);
+        Self::from_maps(dir, None, m, epoch)
     }
 
     #[allow(clippy::type_complexity)]
@@ -200,6 +206,7 @@ impl Dataplane {
             PerCpuArray<MapData, Counter>,
             PerCpuArray<MapData, Counter>,
         ),
+        epoch: flow_cache::Ctl,
     ) -> Result<Self> {
         let (ifaces, held, services, backends, ring, flows, stats, service_stats, backend_stats) = m;
         let mut dp = Self {
@@ -215,6 +222,7 @@ impl Dataplane {
             stats,
             service_stats,
             backend_stats,
+            epoch,
             rings: BTreeMap::new(),
             backend_slots: BTreeMap::new(),
         };
@@ -284,8 +292,12 @@ impl Dataplane {
         self.ifaces.insert(ifindex, IfaceConfig { mac, flags, _pad: 0 }, 0)?;
         let stale: Vec<(HeldKey, HeldVip)> =
             self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        let changed = !stale.is_empty();
         for (k, h) in stale {
             self.held.insert(k, HeldVip { mac, ..h }, 0)?;
+        }
+        if changed {
+            self.epoch.bump()?; // cached answers carry the old MAC
         }
         Ok(())
     }
@@ -304,7 +316,9 @@ impl Dataplane {
     /// before it passes to keep holding; past it the data path stops answering
     /// (the entry stores `deadline_ns - coarse_slack_ns()`, see [`coarse_slack_ns`]).
     /// The entry carries the interface's MAC, so [`Self::set_iface`] (or
-    /// [`Self::attach`]) must have recorded it first.
+    /// [`Self::attach`]) must have recorded it first. No flow-cache epoch bump (this
+    /// runs on every refresh): cached answers are only for pinned flows, which are
+    /// forwarded whatever the deadline, and the MAC only changes through set_iface.
     pub fn hold_vip(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64) -> Result<()> {
         self.hold_vip_flags(ifindex, vip, deadline_ns, 0)
     }
@@ -331,7 +345,13 @@ impl Dataplane {
     pub fn release_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
         let key = HeldKey { ifindex, vip: vip.octets() };
         match self.held.get(&key, 0) {
-            Ok(h) => Ok(self.held.insert(key, HeldVip { deadline_ns: 0, ..h }, 0)?),
+            Ok(h) => {
+                self.held.insert(key, HeldVip { deadline_ns: 0, ..h }, 0)?;
+                // Cached answers are for pinned flows, which a stale entry still
+                // forwards; bumped anyway so that every answer after a release is
+                // taken from lb4_flows.
+                self.epoch.bump()
+            }
             Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(e).context("reading arp_held"),
         }
@@ -339,7 +359,8 @@ impl Dataplane {
 
     /// Removes `vip`'s entry (the VIP left every pool).
     pub fn forget_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        ignore_missing(self.held.remove(&HeldKey { ifindex, vip: vip.octets() }))
+        ignore_missing(self.held.remove(&HeldKey { ifindex, vip: vip.octets() }))?;
+        self.epoch.bump() // its cached flows must stop being forwarded
     }
 
     /// Held VIPs as (ifindex, vip, deadline_ns), the deadline as stored: the one
@@ -452,6 +473,9 @@ impl Dataplane {
         self.rings.insert(addr, slots);
         self.update_fragment_alias(addr.vip, addr.proto)?;
         let gone = self.collect_backends()?;
+        // Cached answers may name a changed or removed backend; evict_flows bumps
+        // again once the flows it removes are gone.
+        self.epoch.bump()?;
         // One pass over the flow table, and only when some flow may have to move:
         // flows of this service pinned to a backend it no longer has, and flows to
         // backends no service has any more, re-hash.
@@ -476,6 +500,7 @@ impl Dataplane {
         self.rings.remove(&addr);
         self.update_fragment_alias(addr.vip, addr.proto)?;
         let gone = self.collect_backends()?;
+        self.epoch.bump()?;
         if !gone.is_empty() {
             self.evict_flows(|_, f| gone.contains(&f.backend))?;
         }
@@ -522,7 +547,13 @@ impl Dataplane {
         for k in &stale {
             ignore_missing(self.flows.remove(k))?;
         }
+        self.epoch.bump()?; // cached copies of the removed flows
         Ok(stale.len())
+    }
+
+    /// The flow cache's epoch (`lb4_flow_cache_ctl`): bumped each time cached answers are invalidated.
+    pub fn flow_cache_epoch(&self) -> Result<u64> {
+        self.epoch.epoch()
     }
 
     pub fn flow_count(&self) -> usize {
