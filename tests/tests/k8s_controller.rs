@@ -196,11 +196,11 @@ async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events() 
     let status_owners = |api: &ApiServer| api.get("vippools.vip.dev", None, "p").map(|p| p["status"]["owners"].clone()).unwrap_or(Value::Null);
 
     eventually("the VIP in use and its owner in the pool status", || status_owners(&api) == json!({"198.18.1.10": "node-a"})).await;
-    eventually("an OwnerChanged Event", || events(&api, "OwnerChanged") == ["web: 198.18.1.10 is held by node node-a"]).await;
+    assert!(events(&api, "OwnerChanged").is_empty(), "a first owner is no move: {:?}", events(&api, "OwnerChanged"));
 
     owners_tx.send(owners("node-c")).unwrap();
     eventually("the new owner in the pool status", || status_owners(&api) == json!({"198.18.1.10": "node-c"})).await;
-    eventually("an Event for the move", || events(&api, "OwnerChanged").contains(&"web: 198.18.1.10 is now held by node node-c (was node-a)".to_owned())).await;
+    eventually("an Event for the move", || events(&api, "OwnerChanged") == ["web: 198.18.1.10 is now held by node node-c (was node-a)"]).await;
 
     // A new leader starts from the status: it repeats no Event.
     task.abort();
@@ -208,7 +208,7 @@ async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events() 
     let (_lead2, leading) = watch::channel(true);
     let task = tokio::spawn(controller::run(client.clone(), "node-2".into(), leading, Duration::from_millis(200), view));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(events(&api, "OwnerChanged").len(), 2, "{:?}", events(&api, "OwnerChanged"));
+    assert_eq!(events(&api, "OwnerChanged").len(), 1, "{:?}", events(&api, "OwnerChanged"));
 
     // The Service goes away: its VIP leaves the owners.
     Api::<Service>::namespaced(client.clone(), "shop").delete("web", &Default::default()).await.unwrap();

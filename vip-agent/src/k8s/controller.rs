@@ -173,22 +173,21 @@ impl Controller {
         out
     }
 
-    /// Records an `OwnerChanged` Event on each Service of every VIP in use whose
-    /// owner differs from the one last reported; returns how many were recorded.
+    /// Records an `OwnerChanged` Event on each Service of every VIP in use that
+    /// moved from the owner last reported to another; returns how many were
+    /// recorded. A first owner is no Event (the pool status shows it): a fresh
+    /// install with a thousand Services records no thousand Events.
     async fn report_owner_changes(&mut self, pools: &[VipPool], owners: &BTreeMap<Ipv4Addr, String>, by_vip: &BTreeMap<Ipv4Addr, Vec<&Service>>) -> usize {
         let reported = self.reported.get_or_insert_with(|| {
             pools.iter().flat_map(|p| p.status.iter().flat_map(|s| s.owners.iter())).filter_map(|(a, o)| Some((a.parse().ok()?, o.clone()))).collect()
         });
         let mut events = Vec::new();
         for (vip, owner) in owners {
-            let before = reported.insert(*vip, owner.clone());
-            if before.as_ref() == Some(owner) {
+            let Some(before) = reported.insert(*vip, owner.clone()) else { continue };
+            if before == *owner {
                 continue;
             }
-            let note = match before {
-                Some(b) => format!("{vip} is now held by node {owner} (was {b})"),
-                None => format!("{vip} is held by node {owner}"),
-            };
+            let note = format!("{vip} is now held by node {owner} (was {before})");
             for svc in by_vip.get(vip).into_iter().flatten() {
                 // Related to the new owner's Node: the recorder folds Events with the
                 // same (reason, regarding, related) into one series keeping the first
