@@ -582,7 +582,7 @@ impl Agent {
         }
         self.announce(taken, true);
         self.last_garp.retain(|v, _| want.held.contains(v));
-        self.on_lo.send_if_modified(|cur| std::mem::replace(cur, want.on_lo.clone()) != want.on_lo);
+        self.on_lo.send_if_modified(|cur| replace_if_changed(cur, &want.on_lo));
         for vip in self.applied.held.difference(&want.held) {
             self.dp.release_vip(self.ifindex, *vip)?;
             info!(%vip, "released VIP (its pinned flows keep being forwarded)");
@@ -613,7 +613,7 @@ impl Agent {
                 self.metrics.pool_owner_changes.get_or_create(&l).inc_by(moved as u64);
             }
         }
-        self.owners_tx.send_if_modified(|cur| std::mem::replace(cur, want.owners.clone()) != want.owners);
+        self.owners_tx.send_if_modified(|cur| replace_if_changed(cur, &want.owners));
         Ok(())
     }
 
@@ -662,6 +662,15 @@ impl Agent {
         }
         *self.status_json.lock().unwrap_or_else(|e| e.into_inner()) = json;
     }
+}
+
+/// Sets `cur` to `want` when they differ (cloning only then); whether it did.
+fn replace_if_changed<T: Clone + PartialEq>(cur: &mut T, want: &T) -> bool {
+    let changed = cur != want;
+    if changed {
+        cur.clone_from(want);
+    }
+    changed
 }
 
 /// The `arp_held` flags of a held VIP.

@@ -49,7 +49,7 @@ pub fn is_ours(s: &Service) -> bool {
         && spec.and_then(|p| p.load_balancer_class.as_deref()).is_none_or(|c| c == LB_CLASS)
 }
 
-fn ingress_ips(s: &Service) -> Vec<Ipv4Addr> {
+pub(super) fn ingress_ips(s: &Service) -> Vec<Ipv4Addr> {
     s.status
         .as_ref()
         .and_then(|st| st.load_balancer.as_ref())

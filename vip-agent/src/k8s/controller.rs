@@ -58,9 +58,8 @@ impl AgentView {
 fn services_by_vip(services: &[Service]) -> BTreeMap<Ipv4Addr, Vec<&Service>> {
     let mut m: BTreeMap<Ipv4Addr, Vec<&Service>> = BTreeMap::new();
     for s in services {
-        let ingress = s.status.iter().flat_map(|st| st.load_balancer.iter()).flat_map(|lb| lb.ingress.iter().flatten()).filter_map(|i| i.ip.as_deref());
-        let external = s.spec.iter().flat_map(|sp| sp.external_ips.iter().flatten()).map(String::as_str);
-        let vips: BTreeSet<Ipv4Addr> = ingress.chain(external).filter_map(|a| a.parse().ok()).collect();
+        let external = s.spec.iter().flat_map(|sp| sp.external_ips.iter().flatten()).filter_map(|a| a.parse().ok());
+        let vips: BTreeSet<Ipv4Addr> = allocate::ingress_ips(s).into_iter().chain(external).collect();
         for v in vips {
             m.entry(v).or_default().push(s);
         }
@@ -156,13 +155,6 @@ impl Controller {
                 Some(v) => owners.iter().filter(|(a, _)| v.addresses.binary_search(a).is_ok()).map(|(a, o)| (a.to_string(), o.clone())).collect(),
                 None => BTreeMap::new(),
             };
-            if let Some(g) = &self.view.pool_addresses {
-                let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as i64);
-                let (allocated, free) = usage.get(&c.name).map_or((0, total), |(a, f)| (*a as i64, *f as i64));
-                for (state, n) in [("total", total), ("allocated", allocated), ("free", free)] {
-                    g.get_or_create(&PoolStateLabels { pool: c.name.clone(), state: state.into() }).set(n);
-                }
-            }
             match self.write_pool_status(p, c, usage.get(&c.name).copied(), in_pool).await {
                 Ok(true) => out.pool_statuses += 1,
                 Ok(false) => {}
@@ -272,6 +264,11 @@ impl Controller {
             free,
             owners,
         };
+        if let Some(g) = &self.view.pool_addresses {
+            for (state, n) in [("total", new.total), ("allocated", new.allocated), ("free", new.free)] {
+                g.get_or_create(&PoolStateLabels { pool: c.name.clone(), state: state.into() }).set(n.into());
+            }
+        }
         let same_conditions = old.conditions.len() == new.conditions.len()
             && old.conditions.iter().zip(&new.conditions).all(|(a, b)| (&a.type_, &a.status, &a.reason, &a.message, a.observed_generation) == (&b.type_, &b.status, &b.reason, &b.message, b.observed_generation));
         if same_conditions && (old.total, old.allocated, old.free, old.observed_generation, &old.owners) == (new.total, new.allocated, new.free, new.observed_generation, &new.owners) {
