@@ -126,6 +126,21 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     lb4_rewrite_eth(ctx, &backend.mac, &mac)
 }
 
+/// The flow-table work of a miss alone, for `xdp_floor_flow_insert`: untagged
+/// IPv4 without options only, the frames the benchmark sends.
+#[inline(always)]
+pub fn lb4_floor_flow_insert(ctx: &XdpContext) -> Result<u32, ()> {
+    const IP: usize = 14;
+    let addrs = unsafe { read_unaligned(ptr_at::<u64>(ctx, IP + 12)?) };
+    let ports = unsafe { read_unaligned(ptr_at::<u32>(ctx, IP + 20)?) };
+    let proto = unsafe { *ptr_at::<u8>(ctx, IP + 9)? };
+    let fkey: FlowKey = unsafe { core::mem::transmute([addrs, u64::from(ports) | u64::from(proto) << 32]) };
+    if unsafe { lb4_flows.get(&fkey) }.is_none() {
+        let _ = lb4_flows.insert(&fkey, &Flow { backend: 0, _pad: 0 }, 0);
+    }
+    Ok(xdp_action::XDP_PASS)
+}
+
 /// A flow-cache hit: the counters and the rewrite the slow path would have done.
 #[inline(always)]
 fn lb4_cached(ctx: &XdpContext, e: &FlowCacheEntry) -> Result<Verdict, ()> {
