@@ -170,7 +170,9 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     let mut round = 1 << 24;
     // Each miss row gets new maps, as the miss row always had: an empty flow table
     // whose free entries lie in allocation order (after deletions they are scattered,
-    // and every insert costs more), with room for all 700k inserts (no eviction).
+    // and every insert costs more). 1M entries, but per-CPU LRU lists give each
+    // CPU half of them here: runs that stay on one CPU evict in the last rounds,
+    // after the median round.
     let mut miss_run = |frame_for: &dyn Fn(u32) -> Vec<u8>| -> Result<f64> {
         let (mut mdp, _pins) = bench_dataplane()?;
         let ns = per_call(&mut mdp, "vip_xdp", frame_for, &mut round)?;
@@ -184,7 +186,9 @@ fn xdp_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     let floor_ns = {
         let (mut fdp, _pins) = bench_dataplane()?;
         let ns = per_call(&mut fdp, "xdp_floor_flow_insert", &fresh, &mut round)?;
-        anyhow::ensure!(fdp.flow_count() == (MISS_FLOWS as usize) * ROUNDS, "floor program did not insert every flow: {}", fdp.flow_count());
+        // Per-CPU LRU lists give each CPU 1/nr_cpus of the table, so late rounds
+        // on one CPU may evict: check that the inserts landed, not their total.
+        anyhow::ensure!(fdp.flow_count() >= MISS_FLOWS as usize, "floor program did not insert the flows: {}", fdp.flow_count());
         ns
     };
     let (lat_l2, lat_dram) = (memory_latency(1 << 20), memory_latency(64 << 20));
