@@ -1,4 +1,6 @@
 //! ARP: answer requests for VIPs this node holds on the receiving interface.
+use core::ptr::{read_unaligned, write_unaligned};
+
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use network_types::{arp::ArpHdr, eth::EthHdr};
 use vip_common::{HeldKey, HeldVip, Reason, HELD_NO_ARP};
@@ -54,8 +56,8 @@ pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<[u8; 6], Reason> {
 /// non-Ethernet/IPv4 ARP) passes untouched; a reply or gratuitous ARP in which
 /// another MAC claims a VIP we hold here is counted as `arp_conflict`.
 #[inline(always)]
-pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict, ()> {
-    let arp: *mut ArpHdr = ptr_at(ctx, off)?;
+pub fn arp_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Verdict, ()> {
+    let arp: *mut ArpHdr = ptr_at(ctx, L2)?;
     let a = unsafe { &mut *arp };
     if u16::from_be_bytes(a.htype) != ARPHRD_ETHER || u16::from_be_bytes(a.ptype) != ETH_P_IP || a.hlen != 6 || a.plen != 4 {
         return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
@@ -83,12 +85,22 @@ pub fn arp_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     };
     let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     let eth = unsafe { &mut *eth };
-    // RFC 826: the reply goes to the sender hardware address (as Linux does).
-    eth.dst_addr = a.sha;
+    // Copies within the packet go through locals, as words: a 6-byte copy between
+    // two packet pointers compiles to memmove, whose pointer comparison the
+    // verifier refuses without CAP_PERFMON.
+    let (sha_lo, sha_hi, spa) = unsafe {
+        (read_unaligned(a.sha.as_ptr() as *const u32), read_unaligned(a.sha.as_ptr().add(4) as *const u16), read_unaligned(a.spa.as_ptr() as *const u32))
+    };
+    unsafe {
+        // RFC 826: the reply goes to the sender hardware address (as Linux does).
+        write_unaligned(eth.dst_addr.as_mut_ptr() as *mut u32, sha_lo);
+        write_unaligned(eth.dst_addr.as_mut_ptr().add(4) as *mut u16, sha_hi);
+        write_unaligned(a.tha.as_mut_ptr() as *mut u32, sha_lo);
+        write_unaligned(a.tha.as_mut_ptr().add(4) as *mut u16, sha_hi);
+        write_unaligned(a.tpa.as_mut_ptr() as *mut u32, spa);
+    }
     eth.src_addr = mac;
     a.oper = ARPOP_REPLY.to_be_bytes();
-    a.tha = a.sha;
-    a.tpa = a.spa;
     a.sha = mac;
     a.spa = vip;
     Ok((xdp_action::XDP_TX, Reason::ArpAnswered))

@@ -2,7 +2,7 @@
 //! then L2 direct server return.
 use core::ptr::{read_unaligned, write_unaligned};
 
-use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_load_bytes, programs::XdpContext};
 use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
@@ -20,14 +20,19 @@ const IP_MF_OFFSET: u16 = 0x3fff;
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
 
+/// IPv4 behind an `L2`-byte layer-2 header. Sets `bytes` to what the counters
+/// count for the packet: `L2` + the IPv4 total length (no Ethernet padding), which
+/// spares the hot path a helper call for the frame length.
 #[inline(always)]
-pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict, ()> {
-    let iph: *const Ipv4Hdr = ptr_at(ctx, off)?;
+pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32, bytes: &mut usize) -> Result<Verdict, ()> {
+    let iph: *const Ipv4Hdr = ptr_at(ctx, L2)?;
     let ip = unsafe { &*iph };
     let ihl = ((ip.vihl & 0x0f) as usize) * 4;
     if ip.vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN {
         return Err(());
     }
+    *bytes = L2 + usize::from(u16::from_be_bytes(ip.tot_len));
+    let bytes = *bytes;
     let proto = ip.proto;
     if proto == IPPROTO_ICMP {
         // Pings and ICMP errors for a VIP belong to the node's own stack.
@@ -45,9 +50,11 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     // (src, dst, proto) and use the VIP's port-0 service entry.
     let ports = if fragment {
         0
-    } else {
-        let p: *const u32 = ptr_at(ctx, off + (ihl & 0x3c))?;
+    } else if ihl == Ipv4Hdr::LEN {
+        let p: *const u32 = ptr_at(ctx, L2 + Ipv4Hdr::LEN)?;
         unsafe { read_unaligned(p) }
+    } else {
+        lb4_ports_past_options(ctx, L2 + ihl)?
     };
     let words = [addrs, u64::from(ports) | u64::from(proto) << 32];
 
@@ -62,7 +69,7 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
             let hits = unsafe { (*p).hits }.wrapping_add(1);
             if hits % FLOW_CACHE_RECHECK_HITS != 0 {
                 unsafe { (*p).hits = hits };
-                return lb4_cached(ctx, unsafe { &*p });
+                return lb4_cached(ctx, unsafe { &*p }, bytes);
             }
         }
     }
@@ -100,24 +107,22 @@ pub fn lb4_handle(ctx: &XdpContext, ifindex: u32, off: usize) -> Result<Verdict,
     // The flow is pinned in lb4_flows now: memoise the answer for its next packets.
     let local = backend.flags & BACKEND_LOCAL != 0;
     if let Some(e) = cached {
-        let mut eth = [0u8; 12];
-        eth[..6].copy_from_slice(&backend.mac);
-        eth[6..].copy_from_slice(&mac);
+        // Field by field, the key and MACs as words: a whole-struct write compiles
+        // to memmove, whose pointer comparison the verifier refuses without
+        // CAP_PERFMON.
         unsafe {
-            *e = FlowCacheEntry {
-                key: fkey,
-                epoch,
-                ifindex,
-                backend: backend_id,
-                eth,
-                service: svc.id,
-                flags: if local { FLOW_CACHE_LOCAL } else { 0 },
-                hits: 0,
-                _pad: [0; 4],
-            }
-        };
+            let w = e as *mut u64;
+            *w = words[0];
+            *w.add(1) = words[1];
+            (*e).epoch = epoch;
+            (*e).ifindex = ifindex;
+            (*e).backend = backend_id;
+            lb4_copy_macs((*e).eth.as_mut_ptr(), &backend.mac, &mac);
+            (*e).service = svc.id;
+            (*e).flags = if local { FLOW_CACHE_LOCAL } else { 0 };
+            (*e).hits = 0;
+        }
     }
-    let bytes = ctx.data_end() - ctx.data();
     stats::count_service(svc.id, bytes);
     stats::count_backend(backend_id, bytes);
     if local {
@@ -143,8 +148,7 @@ pub fn lb4_floor_flow_insert(ctx: &XdpContext) -> Result<u32, ()> {
 
 /// A flow-cache hit: the counters and the rewrite the slow path would have done.
 #[inline(always)]
-fn lb4_cached(ctx: &XdpContext, e: &FlowCacheEntry) -> Result<Verdict, ()> {
-    let bytes = ctx.data_end() - ctx.data();
+fn lb4_cached(ctx: &XdpContext, e: &FlowCacheEntry, bytes: usize) -> Result<Verdict, ()> {
     stats::count_service(e.service, bytes);
     stats::count_backend(e.backend, bytes);
     if e.flags & FLOW_CACHE_LOCAL != 0 {
@@ -162,10 +166,31 @@ fn lb4_cached(ctx: &XdpContext, e: &FlowCacheEntry) -> Result<Verdict, ()> {
 /// Destination MAC to the backend's, source to ours.
 #[inline(always)]
 fn lb4_rewrite_eth(ctx: &XdpContext, to: &[u8; 6], ours: &[u8; 6]) -> Result<Verdict, ()> {
-    let eth = unsafe { &mut *ptr_at::<[u8; 12]>(ctx, 0)? };
-    eth[..6].copy_from_slice(to);
-    eth[6..].copy_from_slice(ours);
+    lb4_copy_macs(ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8, to, ours);
     Ok((xdp_action::XDP_TX, Reason::Forwarded))
+}
+
+/// Writes `to` then `ours` at `dst` (12 bytes) as words (no memmove, see above).
+#[inline(always)]
+fn lb4_copy_macs(dst: *mut u8, to: &[u8; 6], ours: &[u8; 6]) {
+    unsafe {
+        write_unaligned(dst as *mut u32, read_unaligned(to.as_ptr() as *const u32));
+        write_unaligned(dst.add(4) as *mut u16, read_unaligned(to.as_ptr().add(4) as *const u16));
+        write_unaligned(dst.add(6) as *mut u16, read_unaligned(ours.as_ptr() as *const u16));
+        write_unaligned(dst.add(8) as *mut u32, read_unaligned(ours.as_ptr().add(2) as *const u32));
+    }
+}
+
+/// The ports word of a packet with IP options (rare): copied by a helper, which
+/// takes the variable offset the verifier refuses on a packet pointer.
+#[inline(always)]
+fn lb4_ports_past_options(ctx: &XdpContext, off: usize) -> Result<u32, ()> {
+    let mut ports = 0u32;
+    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, (&mut ports as *mut u32).cast(), 4) };
+    if r != 0 {
+        return Err(());
+    }
+    Ok(ports)
 }
 
 /// The backend recorded for this flow, if it still exists. A flow whose backend

@@ -10,16 +10,18 @@ mod parse;
 mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use parse::{L3, Verdict};
+use network_types::arp::ArpHdr;
+use parse::L3;
 use vip_common::Reason;
 
 #[xdp]
 pub fn vip_xdp(ctx: XdpContext) -> u32 {
-    let (action, reason) = match try_vip_xdp(&ctx) {
+    let (action, reason, bytes) = match try_vip_xdp(&ctx) {
         Ok(v) => v,
-        Err(()) => (xdp_action::XDP_DROP, Reason::DropMalformed),
+        // Malformed frames are rare: their length from a helper.
+        Err(()) => (xdp_action::XDP_DROP, Reason::DropMalformed, parse::frame_len(&ctx)),
     };
-    stats::count_reason(reason, ctx.data_end() - ctx.data());
+    stats::count_reason(reason, bytes);
     action
 }
 
@@ -47,14 +49,29 @@ pub fn vip_xmit(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_TX
 }
 
+/// The verdict and the bytes to count for it: the layer-2 header and the layer-3
+/// length the headers give (IPv4 total length, 28 for Ethernet/IPv4 ARP), so no
+/// Ethernet padding; the whole frame for anything else (see `parse::frame_len`).
 #[inline(always)]
-fn try_vip_xdp(ctx: &XdpContext) -> Result<Verdict, ()> {
-    let ifindex = ctx.ingress_ifindex() as u32;
+fn try_vip_xdp(ctx: &XdpContext) -> Result<(u32, Reason, usize), ()> {
     match parse::l3(ctx)? {
-        L3::Arp(off) => arp::arp_handle(ctx, ifindex, off),
-        L3::Ipv4(off) => lb4::lb4_handle(ctx, ifindex, off),
-        L3::Other => Ok((xdp_action::XDP_PASS, Reason::PassedOther)),
+        (L3::Other, _) => Ok((xdp_action::XDP_PASS, Reason::PassedOther, parse::frame_len(ctx))),
+        (l3, false) => try_l3::<{ parse::ETH_LEN }>(ctx, l3),
+        (l3, true) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, l3),
     }
+}
+
+/// ARP or IPv4 behind an `L2`-byte layer-2 header (see `parse::ETH_LEN`).
+#[inline(always)]
+fn try_l3<const L2: usize>(ctx: &XdpContext, l3: L3) -> Result<(u32, Reason, usize), ()> {
+    let ifindex = ctx.ingress_ifindex() as u32;
+    if let L3::Arp = l3 {
+        let (action, reason) = arp::arp_handle::<L2>(ctx, ifindex)?;
+        return Ok((action, reason, L2 + ArpHdr::LEN));
+    }
+    let mut bytes = 0;
+    let (action, reason) = lb4::lb4_handle::<L2>(ctx, ifindex, &mut bytes)?;
+    Ok((action, reason, bytes))
 }
 
 #[cfg(not(test))]

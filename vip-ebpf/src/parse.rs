@@ -1,7 +1,7 @@
 //! Bounds-checked header access and the Ethernet / 802.1Q layer.
 use core::mem;
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{helpers::bpf_xdp_get_buff_len, programs::XdpContext};
 use network_types::{eth::EthHdr, vlan::VlanHdr};
 use vip_common::Reason;
 
@@ -24,28 +24,45 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, ()> {
     Ok((start + offset) as *mut T)
 }
 
-/// The layer-3 protocol and the offset of its header.
+/// Layer-2 header lengths: Ethernet, and Ethernet with one 802.1Q/802.1ad tag.
+/// The handlers take theirs as a const generic, so that every packet offset is a
+/// constant: the verifier accepts a variable offset added to a packet pointer only
+/// from a loader with CAP_PERFMON (its Spectre v1 rules), and the agent runs with
+/// CAP_BPF and CAP_NET_ADMIN alone. Each handler is compiled twice.
+pub const ETH_LEN: usize = EthHdr::LEN;
+pub const VLAN_ETH_LEN: usize = EthHdr::LEN + VlanHdr::LEN;
+
+/// The frame's length, for the paths whose headers do not give one (a helper call:
+/// `data_end - data` is pointer arithmetic, refused without CAP_PERFMON).
+#[inline(always)]
+pub fn frame_len(ctx: &XdpContext) -> usize {
+    (unsafe { bpf_xdp_get_buff_len(ctx.ctx) }) as usize
+}
+
+/// The layer-3 protocol (its header is at ETH_LEN, or VLAN_ETH_LEN when tagged).
 pub enum L3 {
-    Arp(usize),
-    Ipv4(usize),
+    Arp,
+    Ipv4,
     Other,
 }
 
-/// Parses Ethernet and at most one VLAN tag. A frame shorter than an Ethernet
-/// header is malformed; a second tag (QinQ) is not ours and passes.
+/// Parses Ethernet and at most one VLAN tag: the layer-3 protocol and whether the
+/// frame is tagged. A frame shorter than an Ethernet header is malformed; a second
+/// tag (QinQ) is not ours and passes.
 #[inline(always)]
-pub fn l3(ctx: &XdpContext) -> Result<L3, ()> {
+pub fn l3(ctx: &XdpContext) -> Result<(L3, bool), ()> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
-    let mut off = EthHdr::LEN;
+    let mut tagged = false;
     if ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
-        let vlan: *const VlanHdr = ptr_at(ctx, off)?;
+        let vlan: *const VlanHdr = ptr_at(ctx, ETH_LEN)?;
         ether_type = u16::from_be(unsafe { (*vlan).ether_type });
-        off += VlanHdr::LEN;
+        tagged = true;
     }
-    Ok(match ether_type {
-        ETH_P_ARP => L3::Arp(off),
-        ETH_P_IP => L3::Ipv4(off),
+    let l3 = match ether_type {
+        ETH_P_ARP => L3::Arp,
+        ETH_P_IP => L3::Ipv4,
         _ => L3::Other,
-    })
+    };
+    Ok((l3, tagged))
 }
