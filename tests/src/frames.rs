@@ -96,6 +96,24 @@ pub fn ipv4(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, ip: Ip4, payload: &[u
     f
 }
 
+/// `frame` (an IPv4 frame, untagged or with one tag) with `words` 4-byte words of
+/// IP options (NOPs) inserted after its 20-byte header; IHL, total length and
+/// checksum adjusted.
+pub fn with_ip_options(frame: &[u8], words: u8) -> Vec<u8> {
+    let l2 = if frame[12..14] == [0x81, 0x00] { 18 } else { 14 };
+    let mut f = frame[..l2 + 20].to_vec();
+    f.extend(std::iter::repeat_n(1u8, 4 * words as usize));
+    f.extend_from_slice(&frame[l2 + 20..]);
+    let h = &mut f[l2..l2 + 20 + 4 * words as usize];
+    h[0] = 0x45 + words;
+    let tot = u16::from_be_bytes([h[2], h[3]]) + 4 * u16::from(words);
+    h[2..4].copy_from_slice(&tot.to_be_bytes());
+    h[10..12].copy_from_slice(&[0, 0]);
+    let c = csum(h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
 pub fn tcp_header(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
     let mut t = vec![0u8; 20];
     t[0..2].copy_from_slice(&sport.to_be_bytes());

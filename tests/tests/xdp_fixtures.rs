@@ -98,6 +98,8 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     let fwd_tcp = tcp(VIP, 40000, 80, None);
     let fwd_tcp_vlan = tcp(VIP, 40001, 80, Some(42));
     let fwd_tcp_lo = tcp(VIP_LO, 40002, 80, None);
+    let fwd_tcp_opts = frames::with_ip_options(&tcp(VIP, 40003, 80, None), 2);
+    let fwd_tcp_vlan_opts = frames::with_ip_options(&tcp(VIP, 40004, 80, Some(42)), 10);
     let fwd_udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 5353), (VIP, 53), b"query");
     let mut frag1 = Ip4::new(CLIENT, VIP, PROTO_UDP);
     frag1.more_fragments = true;
@@ -118,6 +120,8 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
         Case { name: "gratuitous arp for a held VIP passes", input: frames::arp(frames::BROADCAST, None, 1, CLIENT_MAC, VIP, [0; 6], VIP), verdict: XDP_PASS, output: None },
         Case { name: "tcp to VIP forwarded to the ring's backend", output: Some(forwarded(&fwd_tcp, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40000, 80))), input: fwd_tcp, verdict: XDP_TX },
         Case { name: "tcp to VIP in VLAN 42 forwarded", output: Some(forwarded(&fwd_tcp_vlan, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40001, 80))), input: fwd_tcp_vlan, verdict: XDP_TX },
+        Case { name: "tcp with IP options: ports found past them, forwarded", output: Some(forwarded(&fwd_tcp_opts, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40003, 80))), input: fwd_tcp_opts, verdict: XDP_TX },
+        Case { name: "tcp in VLAN 42 with 40 bytes of IP options forwarded", output: Some(forwarded(&fwd_tcp_vlan_opts, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40004, 80))), input: fwd_tcp_vlan_opts, verdict: XDP_TX },
         Case { name: "udp to VIP forwarded to the ring's backend", output: Some(forwarded(&fwd_udp, ring_choice(dp, svc(VIP, 53, PROTO_UDP), CLIENT, 5353, 53))), input: fwd_udp, verdict: XDP_TX },
         Case { name: "first fragment hashed on addresses", output: Some(forwarded(&first_frag, frag_to)), input: first_frag, verdict: XDP_TX },
         Case { name: "later fragment follows the first", output: Some(forwarded(&last_frag, frag_to)), input: last_frag, verdict: XDP_TX },
@@ -155,6 +159,37 @@ fn fixtures_byte_for_byte() {
     // Per-service and per-backend counters saw the forwarded packets.
     assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
     assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
+}
+
+/// What the counters count as bytes: the layer-2 header plus the layer-3 length the
+/// headers give (IPv4 total length, 28 for ARP), so Ethernet padding is not counted
+/// (the program reads no frame length on these paths); other frames, and malformed
+/// ones, count whole.
+#[test]
+fn counters_count_layer2_and_layer3_lengths() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let pad = |f: &[u8], to: usize| -> Vec<u8> { f.iter().copied().chain(std::iter::repeat(0)).take(to.max(f.len())).collect() };
+    let tcp = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41000), (VIP, 80));
+    let tcp_vlan_opts = frames::with_ip_options(&frames::tcp(OUR_MAC, CLIENT_MAC, Some(42), (CLIENT, 41001), (VIP, 80)), 3);
+    let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, Some(42));
+    let ipv6: Vec<u8> = frames::eth(OUR_MAC, CLIENT_MAC, None, 0x86dd).into_iter().chain([0x60, 0, 0, 0]).collect();
+    let table: [(&str, Vec<u8>, &str, u64); 6] = [
+        ("padded tcp, first packet", pad(&tcp, 80), "forwarded", tcp.len() as u64),
+        ("padded tcp, cached", pad(&tcp, 80), "forwarded", tcp.len() as u64),
+        ("tcp in VLAN 42 with options, padded", pad(&tcp_vlan_opts, 100), "forwarded", tcp_vlan_opts.len() as u64),
+        ("arp request in VLAN 42, padded", pad(&arp, 64), "arp_answered", arp.len() as u64),
+        ("ipv6 frame", pad(&ipv6, 64), "passed_other", 64),
+        ("truncated IPv4 header", tcp[..20].to_vec(), "drop_malformed", 20),
+    ];
+    for (name, frame, reason, bytes) in table {
+        let before = w.dp.counters().unwrap().reasons[reason];
+        w.dp.test_run(&frame, 1, None).unwrap();
+        let after = w.dp.counters().unwrap().reasons[reason];
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, bytes), "{name}: {reason} (packets, bytes)");
+    }
 }
 
 #[test]
