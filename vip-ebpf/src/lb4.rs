@@ -1,6 +1,6 @@
 //! IPv4 load balancing: per-CPU flow cache, else flow table, else Maglev ring,
 //! then L2 direct server return.
-use core::ptr::{read_unaligned, write_unaligned};
+use core::ptr::{read_unaligned, write_unaligned, write_volatile};
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_load_bytes, programs::XdpContext};
 use network_types::ip::Ipv4Hdr;
@@ -8,7 +8,7 @@ use vip_common::*;
 
 use crate::{
     arp::arp_held_entry,
-    maps::{lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_services},
+    maps::{lb4_backend_stats, lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services, lb_key0, lb_scratch, lookup_at, Scratch},
     parse::{ptr_at, Verdict},
     stats,
 };
@@ -20,19 +20,30 @@ const IP_MF_OFFSET: u16 = 0x3fff;
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
 
-/// IPv4 behind an `L2`-byte layer-2 header. Sets `bytes` to what the counters
-/// count for the packet: `L2` + the IPv4 total length (no Ethernet padding), which
-/// spares the hot path a helper call for the frame length.
+/// What the counters count for an IPv4 packet behind an `L2`-byte layer-2 header:
+/// `L2` + the IPv4 total length (no Ethernet padding), which spares the hot path a
+/// helper call for the frame length. Read again where needed rather than kept.
 #[inline(always)]
-pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32, bytes: &mut usize) -> Result<Verdict, ()> {
+pub fn lb4_bytes<const L2: usize>(ctx: &XdpContext) -> usize {
+    match ptr_at::<Ipv4Hdr>(ctx, L2) {
+        Ok(ip) => L2 + usize::from(u16::from_be_bytes(unsafe { (*ip).tot_len })),
+        Err(()) => 0,
+    }
+}
+
+/// IPv4 behind an `L2`-byte layer-2 header.
+#[inline(always)]
+pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
+    // What the path needs after its map lookups goes to this CPU's scratch as it
+    // is read, not to registers the compiler would spill (see maps::Scratch). One
+    // slot per CPU: the lookup does not fail.
+    let s = lookup_at::<_, Scratch>(&lb_scratch, lb_key0()).ok_or(())?;
     let iph: *const Ipv4Hdr = ptr_at(ctx, L2)?;
     let ip = unsafe { &*iph };
     let ihl = ((ip.vihl & 0x0f) as usize) * 4;
     if ip.vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN {
         return Err(());
     }
-    *bytes = L2 + usize::from(u16::from_be_bytes(ip.tot_len));
-    let bytes = *bytes;
     let proto = ip.proto;
     if proto == IPPROTO_ICMP {
         // Pings and ICMP errors for a VIP belong to the node's own stack.
@@ -44,8 +55,14 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32, bytes: &mut u
     let fragment = u16::from_be_bytes(ip.frags) & IP_MF_OFFSET != 0;
     // The FlowKey as the two words lookups compare: (src, dst) and (sport, dport,
     // proto). Unaligned packet loads: allowed by the verifier on x86-64 and arm64,
-    // and single loads with the linker's allows-misaligned-mem-access.
-    let addrs = unsafe { read_unaligned((iph as *const u8).add(12) as *const u64) };
+    // and single loads with the linker's allows-misaligned-mem-access. Volatile
+    // stores, each as soon as its value is read, so that none is held in a register.
+    unsafe {
+        write_volatile(&raw mut (*s).words[0], read_unaligned((iph as *const u8).add(12) as *const u64));
+        write_volatile(&raw mut (*s).ifindex, ctx.ingress_ifindex() as u32);
+        write_volatile(&raw mut (*s).bytes, (L2 + usize::from(u16::from_be_bytes(ip.tot_len))) as u32);
+        write_volatile(&raw mut (*s).fragment, fragment as u32);
+    }
     // Fragments carry no ports past the first: all fragments of a datagram hash on
     // (src, dst, proto) and use the VIP's port-0 service entry.
     let ports = if fragment {
@@ -56,23 +73,18 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32, bytes: &mut u
     } else {
         lb4_ports_past_options(ctx, L2 + ihl)?
     };
-    let words = [addrs, u64::from(ports) | u64::from(proto) << 32];
+    unsafe { write_volatile(&raw mut (*s).words[1], u64::from(ports) | u64::from(proto) << 32) };
 
     // The flow cache first: a hit is the whole answer, with no map helper call
     // (array lookups are inlined by the verifier).
-    let ctl = lb4_flow_cache_ctl.get(0).copied().unwrap_or_default();
-    let epoch = ctl.epoch;
-    let cached = lb4_flow_cache.get_ptr_mut(flow_cache_slot(words[0], words[1]) & ctl.slot_mask);
+    let cached = lb4_cache_lookup(s);
     if let Some(p) = cached {
-        let w = p as *const u64;
-        if unsafe { *w == words[0] && *w.add(1) == words[1] && (*p).epoch == epoch && (*p).ifindex == ifindex } {
-            let hits = unsafe { (*p).hits }.wrapping_add(1);
-            if hits % FLOW_CACHE_RECHECK_HITS != 0 {
-                unsafe { (*p).hits = hits };
-                return lb4_cached(ctx, unsafe { &*p }, bytes);
-            }
+        if lb4_cache_hit(p, s) {
+            return lb4_cached(ctx, p, s);
         }
     }
+    let (words, epoch, ifindex, bytes, fragment) = unsafe { ((*s).words, (*s).epoch, (*s).ifindex, (*s).bytes as usize, (*s).fragment != 0) };
+    let (addrs, ports, proto) = (words[0], words[1] as u32, (words[1] >> 32) as u8);
 
     let dst = ((addrs >> 32) as u32).to_ne_bytes();
     let dport = ((ports >> 16) as u16).to_ne_bytes();
@@ -146,11 +158,43 @@ pub fn lb4_floor_flow_insert(ctx: &XdpContext) -> Result<u32, ()> {
     Ok(xdp_action::XDP_PASS)
 }
 
-/// A flow-cache hit: the counters and the rewrite the slow path would have done.
+/// This CPU's flow-cache slot for the flow in `s` (its key and the current epoch
+/// recorded in `s`).
 #[inline(always)]
-fn lb4_cached(ctx: &XdpContext, e: &FlowCacheEntry, bytes: usize) -> Result<Verdict, ()> {
-    stats::count_service(e.service, bytes);
-    stats::count_backend(e.backend, bytes);
+fn lb4_cache_lookup(s: *mut Scratch) -> Option<*mut FlowCacheEntry> {
+    let ctl = lookup_at::<_, FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
+    unsafe {
+        (*s).epoch = ctl.epoch;
+        (*s).key = flow_cache_slot((*s).words[0], (*s).words[1]) & ctl.slot_mask;
+        lookup_at::<_, FlowCacheEntry>(&lb4_flow_cache, &(*s).key)
+    }
+}
+
+/// Whether the cached answer `p` is for the flow in `s`, current, and not due for
+/// its periodic recheck (which counts this hit).
+#[inline(always)]
+fn lb4_cache_hit(p: *mut FlowCacheEntry, s: *const Scratch) -> bool {
+    let w = p as *const u64;
+    unsafe {
+        if *w != (*s).words[0] || *w.add(1) != (*s).words[1] || (*p).epoch != (*s).epoch || (*p).ifindex != (*s).ifindex {
+            return false;
+        }
+        let hits = (*p).hits.wrapping_add(1);
+        if hits % FLOW_CACHE_RECHECK_HITS == 0 {
+            return false;
+        }
+        (*p).hits = hits;
+    }
+    true
+}
+
+/// A flow-cache hit: the counters and the rewrite the slow path would have done.
+/// The counters' keys are the entry's own fields (no stack store).
+#[inline(always)]
+fn lb4_cached(ctx: &XdpContext, e: *const FlowCacheEntry, s: *const Scratch) -> Result<Verdict, ()> {
+    let e = unsafe { &*e };
+    stats::count_at(&lb4_service_stats, &e.service, unsafe { &(*s).bytes });
+    stats::count_at(&lb4_backend_stats, &e.backend, unsafe { &(*s).bytes });
     if e.flags & FLOW_CACHE_LOCAL != 0 {
         return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
     }

@@ -64,14 +64,12 @@ fn try_vip_xdp(ctx: &XdpContext) -> Result<(u32, Reason, usize), ()> {
 /// ARP or IPv4 behind an `L2`-byte layer-2 header (see `parse::ETH_LEN`).
 #[inline(always)]
 fn try_l3<const L2: usize>(ctx: &XdpContext, l3: L3) -> Result<(u32, Reason, usize), ()> {
-    let ifindex = ctx.ingress_ifindex() as u32;
     if let L3::Arp = l3 {
-        let (action, reason) = arp::arp_handle::<L2>(ctx, ifindex)?;
+        let (action, reason) = arp::arp_handle::<L2>(ctx, ctx.ingress_ifindex() as u32)?;
         return Ok((action, reason, L2 + ArpHdr::LEN));
     }
-    let mut bytes = 0;
-    let (action, reason) = lb4::lb4_handle::<L2>(ctx, ifindex, &mut bytes)?;
-    Ok((action, reason, bytes))
+    let (action, reason) = lb4::lb4_handle::<L2>(ctx)?;
+    Ok((action, reason, lb4::lb4_bytes::<L2>(ctx)))
 }
 
 #[cfg(not(test))]

@@ -57,3 +57,47 @@ pub static lb4_flow_cache: PerCpuArray<FlowCacheEntry> = PerCpuArray::pinned(FLO
 /// change that could make a cached answer wrong, which invalidates them all.
 #[map]
 pub static lb4_flow_cache_ctl: Array<FlowCacheCtl> = Array::pinned(1, 0);
+
+// Without CAP_PERFMON the verifier puts a speculation barrier (lfence, Spectre v4)
+// after every stack store to a slot not fully written before and after every
+// pointer spill; in practice after every 4-byte map key written on the stack and
+// most register spills: ~7 ns apiece here, 13 of them on the flow-cache hit path
+// before these. The IPv4 path takes its keys from map values instead (LB_KEY0,
+// lb_scratch, or a field of the entry just looked up) and keeps its state in
+// lb_scratch, so that its hit path has no stack store at all.
+
+/// 0, read-only (.rodata, an array map): the key of one-slot maps.
+#[unsafe(no_mangle)]
+static LB_KEY0: u32 = 0;
+
+#[inline(always)]
+pub fn lb_key0() -> *const u32 {
+    &raw const LB_KEY0
+}
+
+/// Per-CPU working memory of one packet: what the IPv4 path needs after its map
+/// lookups is kept here rather than in registers the compiler would spill to the
+/// stack (see above), and computed keys go here. Per CPU is enough: a run of the
+/// program is not interleaved with another on the same CPU (XDP runs with
+/// preemption off, BPF_PROG_TEST_RUN too).
+#[repr(C)]
+pub struct Scratch {
+    pub key: u32,
+    pub ifindex: u32,
+    /// The FlowKey as two words (see lb4_handle).
+    pub words: [u64; 2],
+    pub epoch: u64,
+    pub bytes: u32,
+    pub fragment: u32,
+}
+
+/// 0 → this CPU's Scratch.
+#[map]
+pub static lb_scratch: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// `map`'s value for the key at `key` (in a map value, see LB_KEY0).
+#[inline(always)]
+pub fn lookup_at<M, T>(map: &M, key: *const u32) -> Option<*mut T> {
+    let p = unsafe { aya_ebpf::helpers::bpf_map_lookup_elem(map as *const M as *mut _, key.cast()) };
+    if p.is_null() { None } else { Some(p as *mut T) }
+}

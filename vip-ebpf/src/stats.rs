@@ -2,7 +2,7 @@
 use aya_ebpf::maps::PerCpuArray;
 use vip_common::{Counter, Reason};
 
-use crate::maps::{lb4_backend_stats, lb4_service_stats, lb_stats};
+use crate::maps::{lb4_backend_stats, lb4_service_stats, lb_key0, lb_scratch, lb_stats, lookup_at, Scratch};
 
 #[inline(always)]
 fn bump(map: &PerCpuArray<Counter>, index: u32, bytes: usize) {
@@ -15,9 +15,27 @@ fn bump(map: &PerCpuArray<Counter>, index: u32, bytes: usize) {
     }
 }
 
+/// Counts in the slot whose key is at `key`, `*bytes` bytes: both in map values,
+/// `*bytes` read after the lookup (no stack store, see maps::LB_KEY0).
+#[inline(always)]
+pub fn count_at(map: &PerCpuArray<Counter>, key: *const u32, bytes: *const u32) {
+    if let Some(c) = lookup_at::<_, Counter>(map, key) {
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += u64::from(*bytes);
+        }
+    }
+}
+
 #[inline(always)]
 pub fn count_reason(reason: Reason, bytes: usize) {
-    bump(&lb_stats, reason as u32, bytes)
+    if let Some(s) = lookup_at::<_, Scratch>(&lb_scratch, lb_key0()) {
+        unsafe {
+            (*s).key = reason as u32;
+            (*s).bytes = bytes as u32;
+        }
+        count_at(&lb_stats, unsafe { &(*s).key }, unsafe { &(*s).bytes })
+    }
 }
 
 #[inline(always)]
