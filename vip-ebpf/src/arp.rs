@@ -2,11 +2,11 @@
 use core::ptr::{read_unaligned, write_unaligned};
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
-use network_types::{arp::ArpHdr, eth::EthHdr};
+use network_types::arp::ArpHdr;
 use vip_common::{HeldKey, HeldVip, Reason, HELD_NO_ARP};
 
 use crate::{
-    maps::arp_held,
+    maps::{arp_held, lb_key0, lb_scratch, lookup_at, Scratch},
     parse::{ptr_at, Verdict},
 };
 
@@ -23,32 +23,36 @@ const ARPOP_REPLY: u16 = 2;
 /// by storing deadlines two ticks early.
 #[inline(always)]
 pub fn arp_held_entry(ifindex: u32, vip: [u8; 4]) -> Option<([u8; 6], bool)> {
-    let h = arp_held_get(ifindex, vip)?;
-    Some((h.mac, held_fresh(h)))
+    let h = unsafe { &*arp_held_get(ifindex, vip)? };
+    Some((h.mac, (unsafe { bpf_ktime_get_coarse_ns() }) <= h.deadline_ns))
 }
 
+/// The `arp_held` entry for (`ifindex`, `vip`), its key built in this CPU's
+/// scratch rather than on the stack (see maps::LB_KEY0).
 #[inline(always)]
-fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<&'static HeldVip> {
-    unsafe { arp_held.get(&HeldKey { ifindex, vip }) }
+fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<*const HeldVip> {
+    let s = lookup_at::<_, Scratch>(&lb_scratch, lb_key0())?;
+    unsafe {
+        (*s).held = HeldKey { ifindex, vip };
+        lookup_at::<_, HeldVip>(&arp_held, (&raw const (*s).held).cast()).map(|h| h as *const HeldVip)
+    }
 }
 
+/// This node's entry for `vip` on `ifindex` if it holds it now (fresh) and
+/// announces it by ARP, else why not. The clock is read before the lookup, so that
+/// no pointer has to live on the stack across a helper call (a speculation barrier
+/// each without CAP_PERFMON, see maps::LB_KEY0).
 #[inline(always)]
-fn held_fresh(h: &HeldVip) -> bool {
-    (unsafe { bpf_ktime_get_coarse_ns() }) <= h.deadline_ns
-}
-
-/// Our MAC if this node holds `vip` on `ifindex` now (fresh) and announces it by
-/// ARP, else why not.
-#[inline(always)]
-pub fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<[u8; 6], Reason> {
+fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<*const HeldVip, Reason> {
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let h = arp_held_get(ifindex, vip).ok_or(Reason::ArpNotHeld)?;
-    if h.flags & HELD_NO_ARP != 0 {
+    if unsafe { (*h).flags } & HELD_NO_ARP != 0 {
         return Err(Reason::ArpNotAnnounced);
     }
-    if !held_fresh(h) {
+    if now > unsafe { (*h).deadline_ns } {
         return Err(Reason::ArpStale);
     }
-    Ok(h.mac)
+    Ok(h)
 }
 
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and
@@ -68,40 +72,48 @@ pub fn arp_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
         // interface and sha is not our MAC, two nodes claim the VIP: count it, and
         // let the stack see the frame as it is.
         return Ok(match arp_held_fresh(ifindex, a.spa) {
-            Ok(mac) if a.sha != mac => (xdp_action::XDP_PASS, Reason::ArpConflict),
+            Ok(h) if a.sha != unsafe { (*h).mac } => (xdp_action::XDP_PASS, Reason::ArpConflict),
             _ => (xdp_action::XDP_PASS, Reason::ArpOther),
         });
     }
     if oper != ARPOP_REQUEST {
         return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
     }
-    let vip = a.tpa;
-    let mac = match arp_held_fresh(ifindex, vip) {
-        Ok(mac) => mac,
+    let h = match arp_held_fresh(ifindex, a.tpa) {
+        Ok(h) => h,
         // Announced from lo by a routing daemon: our kernel would answer for an
         // address on lo (arp_ignore=0), drawing the VIP's traffic over L2; nobody must.
         Err(Reason::ArpNotAnnounced) => return Ok((xdp_action::XDP_DROP, Reason::ArpNotAnnounced)),
         Err(reason) => return Ok((xdp_action::XDP_PASS, reason)),
     };
-    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
-    let eth = unsafe { &mut *eth };
-    // Copies within the packet go through locals, as words: a 6-byte copy between
-    // two packet pointers compiles to memmove, whose pointer comparison the
-    // verifier refuses without CAP_PERFMON.
-    let (sha_lo, sha_hi, spa) = unsafe {
-        (read_unaligned(a.sha.as_ptr() as *const u32), read_unaligned(a.sha.as_ptr().add(4) as *const u16), read_unaligned(a.spa.as_ptr() as *const u32))
-    };
+    // The Ethernet header from the ARP pointer, not from ctx: ctx would have to
+    // live on the stack across the lookup. Each copy is one word read and written
+    // at once (a 6-byte copy between packet pointers compiles to memmove, which the
+    // verifier refuses without CAP_PERFMON; values held longer would be spilled).
     unsafe {
+        let p = arp as *mut u8;
+        let eth = p.sub(L2);
+        let mac = (&raw const (*h).mac) as *const u8;
         // RFC 826: the reply goes to the sender hardware address (as Linux does).
-        write_unaligned(eth.dst_addr.as_mut_ptr() as *mut u32, sha_lo);
-        write_unaligned(eth.dst_addr.as_mut_ptr().add(4) as *mut u16, sha_hi);
-        write_unaligned(a.tha.as_mut_ptr() as *mut u32, sha_lo);
-        write_unaligned(a.tha.as_mut_ptr().add(4) as *mut u16, sha_hi);
-        write_unaligned(a.tpa.as_mut_ptr() as *mut u32, spa);
+        let sha_lo = read_unaligned(p.add(8) as *const u32);
+        write_unaligned(eth as *mut u32, sha_lo);
+        write_unaligned(p.add(18) as *mut u32, sha_lo);
+        let sha_hi = read_unaligned(p.add(12) as *const u16);
+        write_unaligned(eth.add(4) as *mut u16, sha_hi);
+        write_unaligned(p.add(22) as *mut u16, sha_hi);
+        // spa and tpa swap places (tpa is the VIP).
+        let spa = read_unaligned(p.add(14) as *const u32);
+        let tpa = read_unaligned(p.add(24) as *const u32);
+        write_unaligned(p.add(24) as *mut u32, spa);
+        write_unaligned(p.add(14) as *mut u32, tpa);
+        // Our MAC: source of the frame and sender hardware address.
+        let mac_lo = read_unaligned(mac as *const u32);
+        write_unaligned(eth.add(6) as *mut u32, mac_lo);
+        write_unaligned(p.add(8) as *mut u32, mac_lo);
+        let mac_hi = read_unaligned(mac.add(4) as *const u16);
+        write_unaligned(eth.add(10) as *mut u16, mac_hi);
+        write_unaligned(p.add(12) as *mut u16, mac_hi);
+        write_unaligned(p.add(6) as *mut u16, ARPOP_REPLY.to_be());
     }
-    eth.src_addr = mac;
-    a.oper = ARPOP_REPLY.to_be_bytes();
-    a.sha = mac;
-    a.spa = vip;
     Ok((xdp_action::XDP_TX, Reason::ArpAnswered))
 }

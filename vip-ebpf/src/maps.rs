@@ -82,6 +82,8 @@ pub fn lb_key0() -> *const u32 {
 /// preemption off, BPF_PROG_TEST_RUN too).
 #[repr(C)]
 pub struct Scratch {
+    /// The `arp_held` key being looked up.
+    pub held: HeldKey,
     pub key: u32,
     pub ifindex: u32,
     /// The FlowKey as two words (see lb4_handle).
