@@ -4,9 +4,9 @@
 //! observed on our own monotonic clock, so clock skew between nodes does not
 //! matter), renew it while we hold it, and always write with the resourceVersion
 //! we read, so of two racing candidates exactly one wins (409 for the other).
-//! (kube-lease-manager, the maintained crate for kube 5, takes the Lease with
-//! server-side apply; this optimistic-concurrency loop is what our tests' API
-//! stand-in serves faithfully, and it is the protocol the Lease API documents.)
+//! (No crate built on kube 5 does this safely: kube-lease-manager releases an
+//! expired Lease with an unconditional patch, which can wipe a fresher lock; see
+//! README, "Dependencies worth a word".)
 //!
 //! Leadership is a `watch::Receiver<bool>`. It turns false as soon as a renewal
 //! fails past the point where another candidate could have taken over, before the
