@@ -9,7 +9,7 @@ use vip_common::*;
 use crate::{
     arp::arp_held_entry,
     maps::{lb4_backend_stats, lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services, lb_key0, lb_scratch, lookup_at, Scratch},
-    parse::{ptr_at, Verdict},
+    parse::{ptr_at, Verdict, ETH_LEN},
     stats,
 };
 
@@ -73,7 +73,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
     } else {
         lb4_ports_past_options(ctx, L2 + ihl)?
     };
-    unsafe { write_volatile(&raw mut (*s).words[1], u64::from(ports) | u64::from(proto) << 32) };
+    unsafe { write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports, proto)) };
 
     // The flow cache first: a hit is the whole answer, with no map helper call
     // (array lookups are inlined by the verifier).
@@ -147,15 +147,22 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
 /// IPv4 without options only, the frames the benchmark sends.
 #[inline(always)]
 pub fn lb4_floor_flow_insert(ctx: &XdpContext) -> Result<u32, ()> {
-    const IP: usize = 14;
+    const IP: usize = ETH_LEN;
     let addrs = unsafe { read_unaligned(ptr_at::<u64>(ctx, IP + 12)?) };
-    let ports = unsafe { read_unaligned(ptr_at::<u32>(ctx, IP + 20)?) };
+    let ports = unsafe { read_unaligned(ptr_at::<u32>(ctx, IP + Ipv4Hdr::LEN)?) };
     let proto = unsafe { *ptr_at::<u8>(ctx, IP + 9)? };
-    let fkey: FlowKey = unsafe { core::mem::transmute([addrs, u64::from(ports) | u64::from(proto) << 32]) };
+    let fkey: FlowKey = unsafe { core::mem::transmute([addrs, lb4_ports_proto(ports, proto)]) };
     if unsafe { lb4_flows.get(&fkey) }.is_none() {
         let _ = lb4_flows.insert(&fkey, &Flow { backend: 0, _pad: 0 }, 0);
     }
     Ok(xdp_action::XDP_PASS)
+}
+
+/// The FlowKey's second word as loaded: the ports word (sport, dport) and the
+/// protocol above it.
+#[inline(always)]
+fn lb4_ports_proto(ports: u32, proto: u8) -> u64 {
+    u64::from(ports) | u64::from(proto) << 32
 }
 
 /// This CPU's flow-cache slot for the flow in `s` (its key and the current epoch

@@ -4,14 +4,20 @@ use vip_common::{Counter, Reason};
 
 use crate::maps::{lb4_backend_stats, lb4_service_stats, lb_key0, lb_scratch, lb_stats, lookup_at, Scratch};
 
+/// One packet of `bytes` in a per-CPU slot: no other CPU writes it, plain adds
+/// are enough.
+#[inline(always)]
+fn add(c: *mut Counter, bytes: u64) {
+    unsafe {
+        (*c).packets += 1;
+        (*c).bytes += bytes;
+    }
+}
+
 #[inline(always)]
 fn bump(map: &PerCpuArray<Counter>, index: u32, bytes: usize) {
     if let Some(c) = map.get_ptr_mut(index) {
-        // Per-CPU slot: no other CPU writes it, plain adds are enough.
-        unsafe {
-            (*c).packets += 1;
-            (*c).bytes += bytes as u64;
-        }
+        add(c, bytes as u64)
     }
 }
 
@@ -20,10 +26,7 @@ fn bump(map: &PerCpuArray<Counter>, index: u32, bytes: usize) {
 #[inline(always)]
 pub fn count_at(map: &PerCpuArray<Counter>, key: *const u32, bytes: *const u32) {
     if let Some(c) = lookup_at::<_, Counter>(map, key) {
-        unsafe {
-            (*c).packets += 1;
-            (*c).bytes += u64::from(*bytes);
-        }
+        add(c, u64::from(unsafe { *bytes }))
     }
 }
 
