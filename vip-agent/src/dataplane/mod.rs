@@ -288,7 +288,13 @@ impl Dataplane {
     /// Records the MAC of an interface the program runs on (attach does this).
     /// VIPs already held on it get the new MAC too.
     pub fn set_iface(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
-        let flags = self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags);
+        self.write_iface(ifindex, mac, None)
+    }
+
+    /// [`Self::set_iface`], with the interface's flags set to `flags`, or kept as
+    /// recorded when `None`.
+    fn write_iface(&mut self, ifindex: u32, mac: [u8; 6], flags: Option<u8>) -> Result<()> {
+        let flags = flags.unwrap_or_else(|| self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags));
         self.ifaces.insert(ifindex, IfaceConfig { mac, flags, _pad: 0 }, 0)?;
         let stale: Vec<(HeldKey, HeldVip)> =
             self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
@@ -585,11 +591,9 @@ impl Dataplane {
         let dir = self.dir.clone();
         let ebpf = self.ebpf.as_mut().ok_or_else(|| anyhow!("program not loaded by this process"))?;
         let a = attach::attach(ebpf, &dir, iface, mode)?;
-        self.set_iface(a.ifindex, a.mac)?;
-        if let Some(m) = a.mode {
-            let flags = if m == AttachMode::Native { IFACE_NATIVE } else { 0 };
-            self.ifaces.insert(a.ifindex, IfaceConfig { mac: a.mac, flags, _pad: 0 }, 0)?;
-        }
+        // The attach mode, when known, is recorded with the MAC (IFACE_NATIVE).
+        let flags = a.mode.map(|m| if m == AttachMode::Native { IFACE_NATIVE } else { 0 });
+        self.write_iface(a.ifindex, a.mac, flags)?;
         Ok(a)
     }
 }
