@@ -127,7 +127,8 @@ async fn allocates_reports_pools_and_follows_live_edits() {
     // That pool goes: .12 is in no pool now, third is released and waits.
     pools.delete("overlapping", &Default::default()).await.unwrap();
     eventually("third released", || !ips(&api).contains_key("shop/third")).await;
-    assert!(events(&api, "Released").iter().any(|e| e.starts_with("third: 198.18.1.12")), "{:?}", events(&api, "Released"));
+    // The controller records the Event after the status write: wait for it too.
+    eventually("Released event for third", || events(&api, "Released").iter().any(|e| e.starts_with("third: 198.18.1.12"))).await;
     // A Service that stops being a LoadBalancer gives its address back; third takes it.
     svcs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"type": "ClusterIP"}}))).await.unwrap();
     eventually("web released, third gets .30", || {
