@@ -39,18 +39,55 @@ pub struct HaSpec {
     pub hold_ms: u64,
     pub heartbeat_ms: u64,
     pub dead_after_ms: u64,
+    /// Ports of each VIP's service.
+    pub ports: Vec<u16>,
+    /// Each service's `tableSize`; None: the default (16381).
+    pub table_size: Option<u32>,
+    /// Services carry an HTTP health check.
+    pub health_check: bool,
+    /// Leave `announce` and `failover` out of the config: the agents run on the
+    /// defaults a new user gets (the timer fields above are then unused).
+    pub default_timers: bool,
+    /// Give each service its own prime table size from 251 up (so that no two
+    /// share a ring), overriding `table_size`.
+    pub distinct_tables: bool,
+    /// The agents' `--ring-capacity` (None: the default).
+    pub ring_capacity: Option<u32>,
 }
 
 impl Default for HaSpec {
     fn default() -> Self {
         // Health checks slower than failover: a dead owner's VIPs move (and its
         // flows get pinned by the new owner) before it leaves the rings as a backend.
-        Self { kubeconfig: None, nodes: 3, vips: 3, check_interval_ms: 200, check_fall: 3, hold_ms: 180, heartbeat_ms: 40, dead_after_ms: 250 }
+        Self {
+            kubeconfig: None,
+            nodes: 3,
+            vips: 3,
+            check_interval_ms: 200,
+            check_fall: 3,
+            hold_ms: 180,
+            heartbeat_ms: 40,
+            dead_after_ms: 250,
+            ports: vec![SERVICE_PORT],
+            table_size: Some(251),
+            health_check: true,
+            default_timers: false,
+            distinct_tables: false,
+            ring_capacity: None,
+        }
     }
 }
 
+/// VIPs per /24 of the lab's VIP range (198.18.1.0/24 onwards, .10 to .209).
+const VIPS_PER_NET: usize = 200;
+
 pub fn vip(k: usize) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 1, 10 + k as u8)
+    Ipv4Addr::new(198, 18, 1 + (k / VIPS_PER_NET) as u8, 10 + (k % VIPS_PER_NET) as u8)
+}
+
+/// The /24s the first `n` VIPs lie in.
+pub fn vip_nets(n: usize) -> Vec<String> {
+    (0..n.div_ceil(VIPS_PER_NET)).map(|i| format!("198.18.{}.0/24", 1 + i)).collect()
 }
 
 pub fn node_addr(i: usize) -> Ipv4Addr {
@@ -63,18 +100,31 @@ pub fn ha_config(s: &HaSpec) -> String {
     for i in 0..s.nodes {
         y += &format!("  - {{name: node-{}, address: {}, labels: {{lab: \"yes\"}}}}\n", i + 1, node_addr(i));
     }
-    y += &format!("pools:\n  - name: lab\n    addresses: [{}-{}]\n    nodeSelector: {{lab: \"yes\"}}\nservices:\n", vip(0), vip(s.vips - 1));
-    for k in 0..s.vips {
-        y += &format!(
-            "  - {{name: web-{k}, vip: {}, ports: [{SERVICE_PORT}], tableSize: 251, healthCheck: {{type: http, path: /healthz, interval: {}ms, timeout: {}ms, rise: 2, fall: {}}}}}\n",
-            vip(k),
+    let ranges: Vec<String> = (0..s.vips.div_ceil(VIPS_PER_NET))
+        .map(|i| format!("{}-{}", vip(i * VIPS_PER_NET), vip(((i + 1) * VIPS_PER_NET).min(s.vips) - 1)))
+        .collect();
+    y += &format!("pools:\n  - name: lab\n    addresses: [{}]\n    nodeSelector: {{lab: \"yes\"}}\nservices:\n", ranges.join(", "));
+    let ports: Vec<String> = s.ports.iter().map(u16::to_string).collect();
+    let table = s.table_size.map(|t| format!(", tableSize: {t}")).unwrap_or_default();
+    let check = if s.health_check {
+        format!(
+            ", healthCheck: {{type: http, path: /healthz, interval: {}ms, timeout: {}ms, rise: 2, fall: {}}}",
             s.check_interval_ms,
             s.check_interval_ms / 2,
             s.check_fall
-        );
+        )
+    } else {
+        String::new()
+    };
+    let mut primes = (251u32..).filter(|n| (2..*n).take_while(|d| d * d <= *n).all(|d| n % d != 0));
+    for k in 0..s.vips {
+        let table = if s.distinct_tables { format!(", tableSize: {}", primes.next().expect("primes")) } else { table.clone() };
+        y += &format!("  - {{name: web-{k}, vip: {}, ports: [{}]{table}{check}}}\n", vip(k), ports.join(", "));
     }
-    y += &format!("announce:\n  holdTime: {}ms\n  garpCount: 3\n  garpInterval: 50ms\n", s.hold_ms);
-    y += &format!("failover:\n  heartbeatInterval: {}ms\n  deadAfter: {}ms\n", s.heartbeat_ms, s.dead_after_ms);
+    if !s.default_timers {
+        y += &format!("announce:\n  holdTime: {}ms\n  garpCount: 3\n  garpInterval: 50ms\n", s.hold_ms);
+        y += &format!("failover:\n  heartbeatInterval: {}ms\n  deadAfter: {}ms\n", s.heartbeat_ms, s.dead_after_ms);
+    }
     y
 }
 
@@ -229,14 +279,24 @@ impl HaLab {
         let seg = Segment::in_ns(NetNs::create(ns_name("br"))?)?;
         let client = seg.plug(NetNs::create(ns_name("cl"))?, &format!("{CLIENT}/24"))?;
         // VIPs are on-link for the client: it ARPs for them on the segment.
-        client.ip(&["route", "add", "198.18.1.0/24", "dev", "eth0"])?;
+        for net in vip_nets(spec.vips) {
+            client.ip(&["route", "add", &net, "dev", "eth0"])?;
+        }
         let mut nodes = Vec::new();
         for i in 0..spec.nodes {
             let name = format!("node-{}", i + 1);
             let addr = node_addr(i);
             let ns = seg.plug(NetNs::create(ns_name(&format!("n{}", i + 1)))?, &format!("{addr}/24"))?;
-            for k in 0..spec.vips {
-                accept_vip(&ns, vip(k))?;
+            if spec.vips <= VIPS_PER_NET {
+                for k in 0..spec.vips {
+                    accept_vip(&ns, vip(k))?;
+                }
+            } else {
+                // Many VIPs: local routes accept whole /24s in one command each.
+                accept_vip(&ns, vip(0))?;
+                for net in vip_nets(spec.vips) {
+                    ns.ip(&["route", "replace", "local", &net, "dev", "lo"])?;
+                }
             }
             let mac = ns.mac("eth0")?;
             let pins = PinDir::at(pins_root.join(&name))?;
@@ -265,6 +325,10 @@ impl HaLab {
             "--pin-dir", path_str(&n.pins.path)?, "--status-file", path_str(&n.status_file)?,
             "--reload-interval", "200ms", "--metrics-addr", "127.0.0.1:9472",
         ];
+        let capacity = self.spec.ring_capacity.map(|c| c.to_string());
+        if let Some(c) = &capacity {
+            args.extend(["--ring-capacity", c]);
+        }
         let kubeconfig = self.spec.kubeconfig.as_deref().map(path_str).transpose()?;
         match kubeconfig {
             Some(k) => args.extend(["--kubernetes", "--kubeconfig", k]),
@@ -337,7 +401,7 @@ impl HaLab {
                 .all(|&i| {
                     self.status(i).is_some_and(|s| {
                         let full = s["services"].as_array().is_some_and(|v| {
-                            v.len() == self.spec.vips && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == self.nodes.len()))
+                            v.len() == self.spec.vips * self.spec.ports.len() && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == self.nodes.len()))
                         });
                         full && s["health"].as_array().is_some_and(|h| h.iter().all(|x| x["healthy"] == true))
                     })

@@ -1,5 +1,6 @@
 pub mod apiserver;
 pub mod agent;
+pub mod flows;
 pub mod frames;
 pub mod halab;
 pub mod kubelab;

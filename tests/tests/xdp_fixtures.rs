@@ -58,7 +58,7 @@ fn world() -> World {
         dp.hold_vip(IFINDEX, v, hour).unwrap();
     }
     dp.hold_vip(IFINDEX, VIP_STALE, 1).unwrap();
-    dp.hold_vip_flags(IFINDEX, VIP_LO, hour, vip_common::HELD_NO_ARP).unwrap();
+    dp.held().hold(IFINDEX, VIP_LO, hour, vip_agent::dataplane::Announce::Lo).unwrap();
     let three = [backend(1), backend(2), backend(3)];
     for s in [svc(VIP, 80, PROTO_TCP), svc(VIP, 53, PROTO_UDP), svc(VIP_STALE, 80, PROTO_TCP), svc(VIP_NOT_HELD, 80, PROTO_TCP), svc(VIP_LO, 80, PROTO_TCP)] {
         dp.set_service(s, &three, TABLE, 0).unwrap();

@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use crate::{
     agent::Status,
-    dataplane::{monotonic_ns, Dataplane},
+    clock::monotonic_ns,
+    dataplane::{Announce, Dataplane},
 };
 
 #[derive(Serialize)]
@@ -28,6 +29,9 @@ pub struct AgentView {
     pub config_error: Option<String>,
     pub owners: std::collections::BTreeMap<Ipv4Addr, String>,
     pub backends: Vec<HealthRow>,
+    /// Service-ports the agent could not program, with why.
+    pub unprogrammed: Vec<crate::agent::UnprogrammedStatus>,
+    pub usage: crate::dataplane::Usage,
 }
 
 #[derive(Serialize)]
@@ -85,7 +89,7 @@ pub fn mac_str(m: &[u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
-fn proto_name(p: u8) -> &'static str {
+pub fn proto_name(p: u8) -> &'static str {
     match p {
         vip_common::PROTO_TCP => "tcp",
         vip_common::PROTO_UDP => "udp",
@@ -97,11 +101,12 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
     let now = monotonic_ns() as i64;
     let counters = dp.counters()?;
     let held = dp
-        .held_vips()?
+        .held_ref()
+        .entries()?
         .into_iter()
-        .map(|(ifindex, vip, d)| {
-            let announce = if dp.held_flags(ifindex, vip) & vip_common::HELD_NO_ARP != 0 { "lo" } else { "arp" };
-            HeldRow { ifindex, vip, expires_in_ms: (d as i64 - now) / 1_000_000, announce }
+        .map(|e| {
+            let announce = if e.announce == Announce::Lo { "lo" } else { "arp" };
+            HeldRow { ifindex: e.ifindex, vip: e.vip, expires_in_ms: (e.deadline_ns as i64 - now) / 1_000_000, announce }
         })
         .collect();
     let mut services = Vec::new();
@@ -171,7 +176,15 @@ fn agent_view(r: &Report, st: Status) -> AgentView {
             backends.push(HealthRow { service: s.name.clone(), node: h.node.clone(), addr, healthy: false, ring_share_pct: share(addr), detail: h.detail.clone() });
         }
     }
-    AgentView { node: st.node, config_generation: st.config.generation, config_error: st.config.error, owners: st.owners, backends }
+    AgentView {
+        node: st.node,
+        config_generation: st.config.generation,
+        config_error: st.config.error,
+        owners: st.owners,
+        backends,
+        unprogrammed: st.unprogrammed,
+        usage: st.usage,
+    }
 }
 
 pub fn render(r: &Report) -> String {
@@ -204,6 +217,18 @@ pub fn render(r: &Report) -> String {
         for b in &a.backends {
             let h = if b.healthy { "up" } else { "DOWN" };
             let _ = writeln!(s, "  {:<14} {:<14} {:<16} {:<8} {:>6.2}%  {}", b.service, b.node, b.addr, h, b.ring_share_pct, b.detail);
+        }
+        let u = &a.usage;
+        let _ = writeln!(
+            s,
+            "\n  TABLES: services {}/{}, rings {} using {}/{} slots, backends {}/{}",
+            u.services, u.services_max, u.rings, u.ring_slots, u.ring_capacity, u.backends, u.backends_max
+        );
+        if !a.unprogrammed.is_empty() {
+            let _ = writeln!(s, "\n  NOT PROGRAMMED (retried)\n  {:<14} {:<22} {:<6} ERROR", "SERVICE", "VIP:PORT", "PROTO");
+            for u in &a.unprogrammed {
+                let _ = writeln!(s, "  {:<14} {:<22} {:<6} {}", u.name, format!("{}:{}", u.vip, u.port), u.protocol, u.error);
+            }
         }
     }
     let _ = writeln!(s, "\nCOUNTERS (flows in table: {})", r.flows);

@@ -41,7 +41,7 @@ pub const XMIT_PROGRAM_NAME: &str = "vip_xmit";
 /// Capacity of the maps (the ring's is set by the agent at load time).
 pub const MAX_IFACES: u32 = 64;
 pub const MAX_HELD: u32 = 4096;
-pub const MAX_SERVICES: u32 = 4096;
+pub const MAX_SERVICES: u32 = 16384;
 pub const MAX_BACKENDS: u32 = 4096;
 pub const MAX_FLOWS: u32 = 1 << 20;
 /// Slots of the per-CPU flow cache (`lb4_flow_cache`), a power of two; the agent

@@ -7,7 +7,7 @@ use std::{
 };
 
 use crate::{
-    dataplane::{BackendSpec, ServiceAddr},
+    dataplane::{BackendSpec, ServiceAddr, ServiceSpec},
     health::Target,
     model::World,
 };
@@ -15,41 +15,30 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredService {
     pub name: String,
-    pub backends: Vec<BackendSpec>,
-    pub table_size: u32,
+    pub spec: ServiceSpec,
 }
 
+/// Who holds which VIP, as this node sees it: decided by the liveness thread
+/// from the pools and the live set alone, so that a takeover never waits for
+/// ring programming.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Desired {
+pub struct Ownership {
     /// Owner of every VIP that has one (a live eligible node).
     pub owners: BTreeMap<Ipv4Addr, String>,
     /// The VIPs this node holds (answers ARP for and balances).
     pub held: BTreeSet<Ipv4Addr>,
     /// Those of `held` announced from `lo` (no ARP answers, no gratuitous ARP).
     pub on_lo: BTreeSet<Ipv4Addr>,
-    pub services: BTreeMap<ServiceAddr, DesiredService>,
-    /// Backend candidates left out because their MAC is not known yet.
-    pub unresolved: BTreeSet<String>,
 }
 
-/// What this node knows besides the model.
-pub struct Observed<'a> {
-    pub me: &'a str,
-    /// Nodes currently alive (the heartbeat view; without peers, every node).
-    pub live: &'a BTreeSet<String>,
-    /// Probe state of each health target; absent = not probed yet = up.
-    pub health: &'a BTreeMap<Target, bool>,
-    /// MACs of nodes the config leaves without one, as resolved so far.
-    pub macs: &'a BTreeMap<String, [u8; 6]>,
-}
-
-pub fn desired(w: &World, o: &Observed) -> Desired {
-    let mut d = Desired::default();
-    for pool in &w.pools {
+/// The owner of each pool's VIPs among its live eligible nodes, and what `me` holds.
+pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership {
+    let mut d = Ownership::default();
+    for pool in &world.pools {
         let eligible: Vec<String> =
-            w.eligible(pool).into_iter().filter(|n| o.live.contains(&n.name)).map(|n| n.name.clone()).collect();
+            world.eligible(pool).into_iter().filter(|n| live.contains(&n.name)).map(|n| n.name.clone()).collect();
         for (vip, owner) in crate::ha::ownership::assign(&pool.addresses, &eligible) {
-            if owner == o.me {
+            if owner == me {
                 d.held.insert(vip);
                 if pool.announce == crate::model::AnnounceMode::Lo {
                     d.on_lo.insert(vip);
@@ -58,21 +47,52 @@ pub fn desired(w: &World, o: &Observed) -> Desired {
             d.owners.insert(vip, owner);
         }
     }
-    for svc in &w.services {
+    d
+}
+
+/// What the service maps of one node should hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub services: BTreeMap<ServiceAddr, DesiredService>,
+    /// Backend candidates left out because their MAC is not known yet.
+    pub unresolved: BTreeSet<String>,
+}
+
+/// What this node knows besides the model.
+pub struct Observed<'a> {
+    pub me: &'a str,
+    /// Nodes whose agents exchange heartbeats with this one (itself included):
+    /// their liveness is known.
+    pub tracked: &'a BTreeSet<String>,
+    /// Those of `tracked` alive now. A tracked node that is not is in no ring,
+    /// health check or not: its agent is gone, and so, most likely, the node.
+    pub live: &'a BTreeSet<String>,
+    /// Probe state of each health target; absent = not probed yet = up.
+    pub health: &'a BTreeMap<Target, bool>,
+    /// MACs of nodes the config leaves without one, as resolved so far.
+    pub macs: &'a BTreeMap<String, [u8; 6]>,
+}
+
+pub fn desired(world: &World, seen: &Observed) -> Desired {
+    let mut d = Desired::default();
+    for svc in &world.services {
         let mut backends = Vec::new();
-        for node in w.backend_candidates(svc) {
+        for node in world.backend_candidates(svc) {
+            if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) {
+                continue;
+            }
             let healthy = match &svc.health {
                 Some(check) => {
                     let t = Target { node: node.name.clone(), addr: node.addr, check: check.clone() };
-                    o.health.get(&t).copied().unwrap_or(true)
+                    seen.health.get(&t).copied().unwrap_or(true)
                 }
                 None => true,
             };
             if !healthy {
                 continue;
             }
-            let local = node.name == o.me;
-            let mac = match node.mac.or_else(|| o.macs.get(&node.name).copied()) {
+            let local = node.name == seen.me;
+            let mac = match node.mac.or_else(|| seen.macs.get(&node.name).copied()) {
                 Some(m) => m,
                 // Our own frames are passed to the stack, never rewritten: no MAC needed.
                 None if local => [0; 6],
@@ -83,8 +103,9 @@ pub fn desired(w: &World, o: &Observed) -> Desired {
             };
             backends.push(BackendSpec { name: node.name.clone(), addr: node.addr, mac, weight: 1, local });
         }
+        let spec = ServiceSpec { backends, table_size: svc.table_size };
         for addr in svc.addrs() {
-            d.services.insert(addr, DesiredService { name: svc.name.clone(), backends: backends.clone(), table_size: svc.table_size });
+            d.services.insert(addr, DesiredService { name: svc.name.clone(), spec: spec.clone() });
         }
     }
     d
@@ -123,7 +144,7 @@ services:
 "#;
 
     fn names(d: &DesiredService) -> Vec<&str> {
-        d.backends.iter().map(|b| b.name.as_str()).collect()
+        d.spec.backends.iter().map(|b| b.name.as_str()).collect()
     }
 
     #[test]
@@ -132,28 +153,32 @@ services:
         let live: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
         let mut health = BTreeMap::new();
         let macs = BTreeMap::new();
-        let d = desired(&w, &Observed { me: "lb1", live: &live, health: &health, macs: &macs });
-        assert_eq!(d.owners.len(), 4);
-        assert_eq!(d.owners.values().filter(|o| *o == "lb1").count(), 2, "4 VIPs over 2 eligible nodes");
-        assert!(d.owners.values().all(|o| o == "lb1" || o == "lb2"), "only eligible nodes own");
-        assert_eq!(d.held, d.owners.iter().filter(|(_, o)| *o == "lb1").map(|(v, _)| *v).collect());
+        let tracked: BTreeSet<String> = ["lb1".to_owned(), "lb2".to_owned()].into();
+        let o = ownership(&w, "lb1", &live);
+        assert_eq!(o.owners.len(), 4);
+        assert_eq!(o.owners.values().filter(|o| *o == "lb1").count(), 2, "4 VIPs over 2 eligible nodes");
+        assert!(o.owners.values().all(|o| o == "lb1" || o == "lb2"), "only eligible nodes own");
+        assert_eq!(o.held, o.owners.iter().filter(|(_, o)| *o == "lb1").map(|(v, _)| *v).collect());
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, health: &health, macs: &macs });
         assert_eq!(d.services.len(), 2, "one per port");
         let web = d.services.values().next().unwrap();
         assert_eq!(names(web), ["b1", "lb1", "lb2"], "b2 has no MAC yet");
-        assert!(web.backends.iter().find(|b| b.name == "lb1").unwrap().local);
+        assert!(web.spec.backends.iter().find(|b| b.name == "lb1").unwrap().local);
         assert_eq!(d.unresolved, ["b2".to_owned()].into());
 
         // b2 resolved, b1 down: b1 leaves, b2 joins.
         let macs = [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into();
         let check = w.services[0].health.clone().unwrap();
         health.insert(Target { node: "b1".into(), addr: "198.18.0.11".parse().unwrap(), check }, false);
-        let d = desired(&w, &Observed { me: "lb1", live: &live, health: &health, macs: &macs });
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, health: &health, macs: &macs });
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
 
-        // lb2 dead: lb1 owns every VIP.
+        // lb2 dead: lb1 owns every VIP, and lb2 (tracked by heartbeats, no health
+        // check needed) leaves the rings; b2 (not tracked) stays.
         let live: BTreeSet<String> = live.into_iter().filter(|n| n != "lb2").collect();
-        let d = desired(&w, &Observed { me: "lb1", live: &live, health: &health, macs: &macs });
-        assert_eq!(d.held.len(), 4);
+        assert_eq!(ownership(&w, "lb1", &live).held.len(), 4);
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, health: &health, macs: &macs });
+        assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
         assert_eq!(health_targets(&w).len(), 4, "every candidate of the checked service");
     }
 }

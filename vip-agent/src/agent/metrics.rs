@@ -25,7 +25,7 @@ use prometheus_client::{
 };
 use tracing::warn;
 
-use crate::dataplane::{monotonic_ns, Dataplane};
+use crate::{clock::monotonic_ns, dataplane::Dataplane};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VipLabels {
@@ -61,59 +61,121 @@ pub struct ResultLabels {
     pub result: String,
 }
 
-/// The agent's own metrics (the BPF counters are read at scrape time by `BpfCounters`).
-pub struct Metrics {
-    pub registry: Registry,
+/// The metrics the liveness thread writes (shared with the registry).
+#[derive(Clone)]
+pub struct Liveness {
     /// 1 for the current owner of each VIP.
     pub vip_owner: Family<VipLabels, Gauge>,
-    /// 1 healthy, 0 not, per backend node and health check.
-    pub backend_healthy: Family<BackendLabels, Gauge>,
-    pub ring_updates: Family<ServiceLabels, Counter>,
-    pub ring_slots_written: Family<ServiceLabels, Counter>,
-    pub ring_update_seconds: Histogram,
-    pub health_to_maps_seconds: Histogram,
-    pub config_reloads: Family<ResultLabels, Counter>,
-    pub config_valid: Gauge,
     pub vips_held: Gauge,
     /// VIPs of each pool this node holds.
     pub pool_held: Family<PoolLabels, Gauge>,
     /// Owner changes of each pool's VIPs seen by this node (failovers, rebalancing).
     pub pool_owner_changes: Family<PoolLabels, Counter>,
+    pub arp_conflicts: Counter,
+    /// The heartbeat task's: stalls (should stay 0) and the longest gap per peer.
+    pub heartbeat: crate::ha::heartbeat::Metrics,
+    /// Monotonic ns of the liveness loop's last turn (for /healthz and the heartbeat gate).
+    pub last_turn_ns: Arc<AtomicU64>,
+}
+
+impl Liveness {
+    /// Records a new ownership decision (`before`: the owners of the last one).
+    pub fn record(&self, world: &crate::model::World, before: &std::collections::BTreeMap<std::net::Ipv4Addr, String>, o: &super::desired::Ownership) {
+        for (vip, owner) in before {
+            if o.owners.get(vip) != Some(owner) {
+                self.vip_owner.remove(&VipLabels { vip: vip.to_string(), node: owner.clone() });
+            }
+        }
+        for (vip, owner) in &o.owners {
+            self.vip_owner.get_or_create(&VipLabels { vip: vip.to_string(), node: owner.clone() }).set(1);
+        }
+        self.vips_held.set(o.held.len() as i64);
+        self.pool_held.clear();
+        for pool in &world.pools {
+            let l = PoolLabels { pool: pool.name.clone() };
+            let held = pool.addresses.iter().filter(|a| o.held.contains(a)).count();
+            self.pool_held.get_or_create(&l).set(held as i64);
+            let moved = pool.addresses.iter().filter(|a| matches!((before.get(a), o.owners.get(a)), (Some(x), Some(y)) if x != y)).count();
+            if moved > 0 {
+                self.pool_owner_changes.get_or_create(&l).inc_by(moved as u64);
+            }
+        }
+    }
+}
+
+/// The agent's own metrics (the BPF counters are read at scrape time by `BpfCounters`).
+pub struct Metrics {
+    pub registry: Registry,
+    pub liveness: Liveness,
+    /// 1 healthy, 0 not, per backend node and health check.
+    pub backend_healthy: Family<BackendLabels, Gauge>,
+    pub ring_updates: Family<ServiceLabels, Counter>,
+    pub ring_slots_written: Family<ServiceLabels, Counter>,
+    /// One batch of service changes written to the maps (sweep excluded).
+    pub map_write_seconds: Histogram,
+    /// The flow-table sweep that follows a batch which took backends from services.
+    pub flow_sweep_seconds: Histogram,
+    pub flows_evicted: Counter,
+    pub health_to_maps_seconds: Histogram,
+    pub config_reloads: Family<ResultLabels, Counter>,
+    pub config_valid: Gauge,
+    /// Service-ports the model wants that are not programmed (no room, no id).
+    pub services_unprogrammed: Gauge,
+    pub services_programmed: Gauge,
+    pub ring_slots_used: Gauge,
+    pub ring_slots_capacity: Gauge,
+    pub rings: Gauge,
     /// Addresses of each pool by state; written by the elected controller only.
     pub pool_addresses: Family<PoolStateLabels, Gauge>,
-    pub arp_conflicts: Counter,
     pub ready: Arc<AtomicBool>,
-    /// Monotonic ns of the main loop's last turn (for /healthz).
-    pub last_turn_ns: Arc<AtomicU64>,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let buckets = || Histogram::new(exponential_buckets(1e-5, 2.5, 15)); // 10 µs .. ~5 s
         let m = Self {
-            vip_owner: Family::default(),
+            liveness: Liveness {
+                vip_owner: Family::default(),
+                vips_held: Gauge::default(),
+                pool_held: Family::default(),
+                pool_owner_changes: Family::default(),
+                arp_conflicts: Counter::default(),
+                heartbeat: Default::default(),
+                last_turn_ns: Arc::new(AtomicU64::new(monotonic_ns())),
+            },
             backend_healthy: Family::default(),
             ring_updates: Family::default(),
             ring_slots_written: Family::default(),
-            // 10 µs .. ~5 s
-            ring_update_seconds: Histogram::new(exponential_buckets(1e-5, 2.5, 15)),
-            health_to_maps_seconds: Histogram::new(exponential_buckets(1e-5, 2.5, 15)),
+            map_write_seconds: buckets(),
+            flow_sweep_seconds: buckets(),
+            flows_evicted: Counter::default(),
+            health_to_maps_seconds: buckets(),
             config_reloads: Family::default(),
             config_valid: Gauge::default(),
-            vips_held: Gauge::default(),
-            pool_held: Family::default(),
-            pool_owner_changes: Family::default(),
+            services_unprogrammed: Gauge::default(),
+            services_programmed: Gauge::default(),
+            ring_slots_used: Gauge::default(),
+            ring_slots_capacity: Gauge::default(),
+            rings: Gauge::default(),
             pool_addresses: Family::default(),
-            arp_conflicts: Counter::default(),
             ready: Arc::new(AtomicBool::new(false)),
-            last_turn_ns: Arc::new(AtomicU64::new(monotonic_ns())),
             registry: Registry::default(),
         };
-        registry.register("vip_owner", "Owner node of each VIP (1 = owns it)", m.vip_owner.clone());
+        let l = &m.liveness;
+        registry.register("vip_owner", "Owner node of each VIP (1 = owns it)", l.vip_owner.clone());
+        registry.register("vip_vips_held", "VIPs this node holds", l.vips_held.clone());
+        registry.register("vip_pool_vips_held", "VIPs of each pool this node holds", l.pool_held.clone());
+        registry.register("vip_pool_owner_changes", "Owner changes of each pool's VIPs seen by this node (failovers, rebalancing)", l.pool_owner_changes.clone());
+        registry.register("vip_arp_conflicts", "ARP replies or gratuitous ARP from another MAC claiming a VIP this node holds", l.arp_conflicts.clone());
+        registry.register("vip_liveness_stalls", "Heartbeat turns held back because the liveness loop or the heartbeat task had stalled (should stay 0)", l.heartbeat.stalls.clone());
+        registry.register("vip_heartbeat_gap_max_seconds", "Longest time between two heartbeats received from each peer", l.heartbeat.gap_max.clone());
         registry.register("vip_backend_healthy", "Health of each backend node under each health check (1 healthy, 0 down)", m.backend_healthy.clone());
-        registry.register("vip_ring_updates", "Maglev ring writes per service", m.ring_updates.clone());
-        registry.register("vip_ring_slots_written", "Ring slots written per service", m.ring_slots_written.clone());
-        registry.register("vip_ring_update_seconds", "Time to write one service's ring change to the maps", m.ring_update_seconds.clone());
+        registry.register("vip_ring_updates", "Maglev ring changes per service", m.ring_updates.clone());
+        registry.register("vip_ring_slots_written", "Ring slots written per service (0 when it joined a ring another service had)", m.ring_slots_written.clone());
+        registry.register("vip_map_write_seconds", "Time to write one batch of service changes to the maps (flow sweep excluded)", m.map_write_seconds.clone());
+        registry.register("vip_flow_sweep_seconds", "Time of the flow-table sweep after a batch that took backends from services", m.flow_sweep_seconds.clone());
+        registry.register("vip_flows_evicted", "Flow-table entries evicted because their backend left their service", m.flows_evicted.clone());
         registry.register(
             "vip_health_to_maps_seconds",
             "Time from a backend health change (deciding probe done) to every affected ring written",
@@ -121,15 +183,16 @@ impl Metrics {
         );
         registry.register("vip_config_reloads", "Config file loads by result (ok, error)", m.config_reloads.clone());
         registry.register("vip_config_valid", "1 when the last config file read was valid, 0 when it was rejected", m.config_valid.clone());
-        registry.register("vip_vips_held", "VIPs this node holds", m.vips_held.clone());
-        registry.register("vip_pool_vips_held", "VIPs of each pool this node holds", m.pool_held.clone());
-        registry.register("vip_pool_owner_changes", "Owner changes of each pool's VIPs seen by this node (failovers, rebalancing)", m.pool_owner_changes.clone());
+        registry.register("vip_services_unprogrammed", "Service-ports the model wants that could not be programmed (see /status for why); retried", m.services_unprogrammed.clone());
+        registry.register("vip_services_programmed", "Service-ports programmed in the data path", m.services_programmed.clone());
+        registry.register("vip_ring_slots_used", "Slots of lb4_ring in use (rings are shared between services with equal rings)", m.ring_slots_used.clone());
+        registry.register("vip_ring_slots_capacity", "Slots of lb4_ring (--ring-capacity)", m.ring_slots_capacity.clone());
+        registry.register("vip_rings", "Distinct Maglev rings in lb4_ring", m.rings.clone());
         registry.register(
             "vip_pool_addresses",
             "Addresses of each pool by state (total, allocated, free); exported by the elected leader",
             m.pool_addresses.clone(),
         );
-        registry.register("vip_arp_conflicts", "ARP replies or gratuitous ARP from another MAC claiming a VIP this node holds", m.arp_conflicts.clone());
         Self { registry, ..m }
     }
 }
@@ -227,7 +290,7 @@ struct Http {
 pub async fn serve(addr: SocketAddr, m: &mut Metrics, pin_dir: PathBuf, status: Arc<Mutex<String>>, stale_after: Duration) -> Result<SocketAddr> {
     m.registry.register_collector(Box::new(BpfCounters::new(pin_dir)));
     let registry = std::mem::take(&mut m.registry);
-    let state = Http { registry: Arc::new(registry), ready: m.ready.clone(), last_turn_ns: m.last_turn_ns.clone(), stale_after, status };
+    let state = Http { registry: Arc::new(registry), ready: m.ready.clone(), last_turn_ns: m.liveness.last_turn_ns.clone(), stale_after, status };
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -252,13 +315,13 @@ async fn metrics(State(h): State<Http>) -> impl IntoResponse {
     }
 }
 
-/// Alive: the main loop turned recently (a wedged agent fails its liveness probe).
+/// Alive: the liveness loop turned recently (a wedged agent fails its liveness probe).
 async fn healthz(State(h): State<Http>) -> impl IntoResponse {
     let age = Duration::from_nanos(monotonic_ns().saturating_sub(h.last_turn_ns.load(Ordering::Relaxed)));
     if age <= h.stale_after {
         (StatusCode::OK, "ok\n".to_owned())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("main loop stalled for {age:?}\n"))
+        (StatusCode::SERVICE_UNAVAILABLE, format!("liveness loop stalled for {age:?}\n"))
     }
 }
 

@@ -1,8 +1,14 @@
 //! `vip-agent run`: keeps one node's data path equal to the model. The model
-//! comes from a source (today the YAML file, re-read on change or SIGHUP); health
-//! checks and the live-node view change what is desired; the loop writes only
-//! the difference to the pinned maps and keeps the last good state on bad input.
+//! comes from a source (the YAML file, re-read on change or SIGHUP, or the
+//! Kubernetes API). Two loops share the work:
+//! - the liveness thread (`liveness`): heartbeats, VIP ownership, held deadlines,
+//!   gratuitous ARP, on a thread and runtime of its own that nothing else blocks;
+//! - the programmer (`run` below): health checks and the live set change what
+//!   the service maps should hold; it writes the difference as one batch per
+//!   change, each service succeeding or failing on its own, and keeps the last
+//!   good state on bad input.
 mod desired;
+pub mod liveness;
 pub mod metrics;
 
 use std::{
@@ -21,19 +27,16 @@ use tokio::{
 };
 use tracing::{error, info, warn};
 
-pub use desired::{desired, health_targets, Desired, DesiredService, Observed};
+pub use desired::{desired, health_targets, ownership, Desired, DesiredService, Observed, Ownership};
+pub use liveness::Membership;
 
 use crate::{
     config,
-    dataplane::{self, monotonic_ns, AttachMode, Dataplane, ServiceAddr},
-    ha::{
-        self,
-        garp::{ArpSender, Job},
-        heartbeat,
-    },
+    dataplane::{self, AttachMode, Dataplane, ServiceAddr, Usage},
+    ha::{self, garp::ArpSender},
     health::{self, Target},
     inspect::mac_str,
-    model::{AnnounceMode, World},
+    model::World,
     neighbour,
 };
 
@@ -78,6 +81,11 @@ pub struct Status {
     pub owners: BTreeMap<Ipv4Addr, String>,
     pub held: Vec<Ipv4Addr>,
     pub services: Vec<ServiceStatus>,
+    /// Service-ports the model wants that could not be programmed, with why
+    /// (retried every second and after every change).
+    pub unprogrammed: Vec<UnprogrammedStatus>,
+    /// How full the data path's tables are.
+    pub usage: Usage,
     pub nodes: Vec<NodeStatus>,
     pub health: Vec<HealthStatus>,
     /// Recent health change → maps updated latencies, microseconds (newest last, at most 256).
@@ -103,6 +111,16 @@ pub struct ServiceStatus {
     pub backends: Vec<String>,
     /// Its health check (`HealthStatus::check`), if any.
     pub check: Option<String>,
+}
+
+/// A service-port that is not in the data path.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct UnprogrammedStatus {
+    pub name: String,
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    pub protocol: String,
+    pub error: String,
 }
 
 /// A node as a backend: its address and the MAC we forward to.
@@ -135,33 +153,23 @@ pub fn check_label(h: &crate::model::HealthCheck) -> String {
 struct Agent {
     opts: Options,
     dp: Dataplane,
-    ifindex: u32,
-    /// Our interface MAC: the sender of gratuitous ARP.
-    mac: [u8; 6],
-    world: World,
+    world: Arc<World>,
+    /// The model as the liveness thread sees it.
+    world_tx: watch::Sender<Arc<World>>,
     /// Bytes of the config file last read (valid or not): reloads only on change.
     config_text: Option<String>,
     health: BTreeMap<Target, (bool, String)>,
     monitor: health::Monitor,
     macs: BTreeMap<String, [u8; 6]>,
-    /// Nodes alive in the heartbeat view (every node until heartbeats say otherwise).
-    live: BTreeSet<String>,
-    heartbeat: Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>,
-    /// `arp_conflict` packets counted so far (to log new ones).
-    conflicts: u64,
-    /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
-    deadline: u64,
-    /// When backends without a known MAC were last looked up.
-    last_resolve: Instant,
-    /// The queue of the one task that sends our ARP frames.
-    arp_tx: mpsc::UnboundedSender<Job>,
-    /// When each held VIP was last announced (its pool's refresh counts from it).
-    last_garp: BTreeMap<Ipv4Addr, Instant>,
-    /// The VIPs of `announce: lo` pools we hold, for the loopback task.
-    on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
+    /// The liveness thread's latest decision (live set, owners, held VIPs).
+    membership: Membership,
     /// VIP → owner as this node sees it, for the controller (pool status, Events).
     owners_tx: watch::Sender<BTreeMap<Ipv4Addr, String>>,
-    applied: Desired,
+    /// What the service maps hold (services that failed are absent: retried).
+    applied: BTreeMap<ServiceAddr, DesiredService>,
+    /// Services the model wants that could not be programmed, with why.
+    failed: BTreeMap<ServiceAddr, (String, String)>,
+    unresolved: BTreeSet<String>,
     metrics: metrics::Metrics,
     status: Status,
     status_json: Arc<Mutex<String>>,
@@ -212,7 +220,6 @@ pub async fn run(opts: Options) -> Result<()> {
     let frame_tx = ha::garp::FrameTx::open(sender, &opts.pin_dir)
         .with_context(|| format!("opening the ARP sender ({sender:?}; --arp-sender xdp needs a native attachment, packet needs CAP_NET_RAW)"))?;
     info!(?sender, "gratuitous ARP and ARP requests go out through this sender");
-    let arp_tx = ha::garp::spawn_sender(frame_tx, ifindex);
     let (on_lo, on_lo_rx) = watch::channel(BTreeSet::new());
     ha::loopback::spawn(on_lo_rx)?;
 
@@ -222,50 +229,50 @@ pub async fn run(opts: Options) -> Result<()> {
         let bound = metrics::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
         info!(%bound, "serving /metrics /healthz /readyz /status");
     }
-    let live = world.nodes.iter().map(|n| n.name.clone()).collect();
+    let world = Arc::new(world);
+    let (world_tx, world_rx) = watch::channel(world.clone());
+    let held = dp.held_handle()?;
     let mut agent = Agent {
         status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: source_name, generation: 1, error: None }, ..Default::default() },
         opts,
         dp,
-        ifindex,
-        mac,
-        world: World::default(),
+        world: Arc::new(World::default()),
+        world_tx,
         config_text: text,
         health: BTreeMap::new(),
         monitor: health::Monitor::new(health_tx),
         macs: BTreeMap::new(),
-        live,
-        heartbeat: None,
-        conflicts: 0,
-        deadline: 0,
-        last_resolve: Instant::now(),
-        arp_tx,
-        last_garp: BTreeMap::new(),
-        on_lo,
+        membership: Membership::default(),
         owners_tx,
-        applied: Desired::default(),
+        applied: BTreeMap::new(),
+        failed: BTreeMap::new(),
+        unresolved: BTreeSet::new(),
         metrics,
         status_json,
     };
     agent.metrics.config_valid.set(1);
     agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
-    // Conflicts counted before this start are not news.
-    agent.conflicts = agent.dp.reason_count(vip_common::Reason::ArpConflict).map_or(0, |c| c.0);
     agent.adopt(world);
-    agent.sync_heartbeat().await;
-    agent.reconcile(None)?;
+    // Mark and sweep before anything is answered: services in the maps that the
+    // model no longer has (deleted while no agent ran) go, with their rings.
+    // Every node is presumed alive until the heartbeats say otherwise.
+    agent.membership.live = agent.world.nodes.iter().map(|n| n.name.clone()).collect();
+    agent.reconcile(None);
+    let setup = liveness::Setup { me: agent.opts.node_name.clone(), ifindex, mac, held, on_lo, metrics: agent.metrics.liveness.clone() };
+    let mut members = liveness::spawn(setup, frame_tx, world_rx)?;
+    agent.take_membership(members.borrow_and_update().clone());
     agent.metrics.ready.store(true, Ordering::Relaxed);
 
-    let mut refresh = hold_refresh(&agent.world);
-    // Each pool's refresh (at least 1 s) is checked against this finer tick.
-    let mut garp_refresh = tokio::time::interval(Duration::from_millis(250));
-    let mut watch_conflicts = tokio::time::interval(Duration::from_millis(100));
+    // Backends without a known MAC and services that did not fit are retried.
+    let mut retry = tokio::time::interval(Duration::from_secs(1));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut resolve = tokio::time::interval(Duration::from_millis(250));
+    resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reload = tokio::time::interval(agent.opts.reload_interval);
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
     let mut term = unix::signal(unix::SignalKind::terminate())?;
     let mut int = unix::signal(unix::SignalKind::interrupt())?;
     loop {
-        agent.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
         tokio::select! {
             Some(ev) = health_rx.recv() => {
                 agent.health.insert(ev.target.clone(), (ev.up, ev.detail.clone()));
@@ -273,49 +280,22 @@ pub async fn run(opts: Options) -> Result<()> {
                 while let Ok(more) = health_rx.try_recv() {
                     agent.health.insert(more.target.clone(), (more.up, more.detail));
                 }
-                if let Err(e) = agent.reconcile(Some(ev.at)) {
-                    error!("applying a health change: {e:#}");
-                }
+                agent.reconcile(Some(ev.at));
             }
-            Some(live) = next_live(&mut agent.heartbeat) => {
-                info!(live = ?live, "live nodes changed");
-                let back: Vec<Ipv4Addr> = live.difference(&agent.live).filter_map(|n| agent.world.node(n)).map(|n| n.addr).collect();
-                agent.resolve(back);
-                agent.live = live;
-                if let Err(e) = agent.reconcile(None) {
-                    error!("applying a liveness change: {e:#}");
-                }
-                // Membership changed: while it was split, others may have taken our
-                // VIPs and moved clients (a healed partition). Every holder re-asserts.
-                agent.announce(agent.applied.held.clone(), true);
+            Ok(()) = members.changed() => {
+                let m = members.borrow_and_update().clone();
+                agent.take_membership(m);
             }
-            _ = refresh.tick() => {
-                if let Err(e) = agent.refresh() {
-                    error!("refreshing held VIPs: {e:#}");
-                }
-            }
-            _ = garp_refresh.tick() => agent.refresh_garp(),
-            _ = watch_conflicts.tick() => agent.watch_conflicts(),
             Some(world) = next_world(&mut feed) => {
                 info!("the cluster's model changed; applying");
                 agent.status.config.generation += 1;
-                agent.adopt(world);
-                agent.sync_heartbeat().await;
-                if let Err(e) = agent.reconcile(None) {
-                    error!("applying the cluster's model: {e:#}");
-                }
+                agent.adopt(Arc::new(world));
+                agent.reconcile(None);
             }
-            _ = reload.tick(), if matches!(feed, Feed::File) => {
-                if agent.reload(false) {
-                    agent.sync_heartbeat().await;
-                    refresh = hold_refresh(&agent.world);
-                }
-            }
-            _ = hup.recv(), if matches!(feed, Feed::File) => {
-                if agent.reload(true) {
-                    agent.sync_heartbeat().await;
-                }
-            }
+            _ = reload.tick(), if matches!(feed, Feed::File) => agent.reload(false),
+            _ = hup.recv(), if matches!(feed, Feed::File) => agent.reload(true),
+            _ = resolve.tick(), if !agent.unresolved.is_empty() => agent.reconcile(None),
+            _ = retry.tick(), if !agent.failed.is_empty() => agent.reconcile(None),
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
@@ -327,38 +307,51 @@ pub async fn run(opts: Options) -> Result<()> {
 }
 
 impl Agent {
-    /// Makes `world` the current model (probes follow it).
-    fn adopt(&mut self, world: World) {
+    /// Makes `world` the current model (probes and the liveness thread follow it).
+    fn adopt(&mut self, world: Arc<World>) {
         let targets = health_targets(&world);
         self.health.retain(|t, _| targets.contains(t));
         self.monitor.sync(targets);
-        self.world = world;
+        self.world = world.clone();
+        self.world_tx.send_replace(world);
     }
 
-    /// Re-reads the config file when it changed (or when `force`d by SIGHUP);
-    /// true when a new valid config was adopted.
-    fn reload(&mut self, force: bool) -> bool {
-        let Source::File(path) = &self.opts.source else { return false };
+    /// A new decision of the liveness thread: rings follow the live set.
+    fn take_membership(&mut self, m: Membership) {
+        let live_changed = (&m.tracked, &m.live) != (&self.membership.tracked, &self.membership.live);
+        self.owners_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &m.owners));
+        self.membership = m;
+        if live_changed {
+            self.reconcile(None);
+        } else {
+            self.publish();
+        }
+    }
+
+    /// Re-reads the config file when it changed (or when `force`d by SIGHUP) and
+    /// applies it when valid.
+    fn reload(&mut self, force: bool) {
+        let Source::File(path) = &self.opts.source else { return };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {
                 self.reject(format!("cannot read {}: {e}", path.display()));
-                return false;
+                return;
             }
         };
         if !force && self.config_text.as_deref() == Some(text.as_str()) {
-            return false;
+            return;
         }
         self.config_text = Some(text.clone());
         let world = match config::parse(&text) {
             Ok(w) if w.node(&self.opts.node_name).is_none() => {
                 self.reject(format!("nodes: this node ({:?}) is not listed", self.opts.node_name));
-                return false;
+                return;
             }
             Ok(w) => w,
             Err(e) => {
                 self.reject(e.to_string());
-                return false;
+                return;
             }
         };
         for w in config::warnings(&world) {
@@ -369,122 +362,8 @@ impl Agent {
         self.status.config.error = None;
         self.metrics.config_valid.set(1);
         self.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
-        self.adopt(world);
-        if let Err(e) = self.reconcile(None) {
-            error!("applying the new config: {e:#}");
-        }
-        true
-    }
-
-    /// (Re)starts the heartbeat task when its settings (our address, the peers
-    /// eligible to hold VIPs, timers) changed. With no peer there is none.
-    async fn sync_heartbeat(&mut self) {
-        let me = self.opts.node_name.clone();
-        let f = &self.world.failover;
-        let Some(my) = self.world.node(&me) else { return };
-        let peers: Vec<(String, SocketAddr)> = self
-            .world
-            .holders()
-            .into_iter()
-            .filter(|n| n.name != me)
-            .map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port))))
-            .collect();
-        let want = heartbeat::Options {
-            bind: SocketAddr::from((my.addr, f.heartbeat_port)),
-            peers,
-            me,
-            interval: f.heartbeat_interval,
-            dead_after: f.dead_after,
-            gate: Some((self.metrics.last_turn_ns.clone(), self.world.announce.hold_time / 2)),
-        };
-        let same = |a: &heartbeat::Options, b: &heartbeat::Options| {
-            (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after)
-        };
-        if self.heartbeat.as_ref().is_some_and(|(cur, _)| same(cur, &want)) {
-            return;
-        }
-        // Dropping the receiver stops the old task, which then releases the port.
-        self.heartbeat = None;
-        if want.peers.is_empty() {
-            self.live = self.world.nodes.iter().map(|n| n.name.clone()).collect();
-            return;
-        }
-        for attempt in 0..50 {
-            match heartbeat::run(want.clone()).await {
-                Ok(rx) => {
-                    self.live = rx.borrow().clone();
-                    info!(bind = %want.bind, peers = want.peers.len(), "heartbeats running");
-                    self.heartbeat = Some((want, rx));
-                    return;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 49 => tokio::time::sleep(Duration::from_millis(20)).await,
-                Err(e) => {
-                    error!(bind = %want.bind, "cannot start heartbeats: {e}; peers will see this node as dead");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Gratuitous ARP for those of `vips` announced by ARP (in the background): on
-    /// a `takeover` each pool's count of frames, its interval apart, so switches and
-    /// neighbours learn the new owner at once; else one frame (refresh, conflict).
-    fn announce(&mut self, vips: BTreeSet<Ipv4Addr>, takeover: bool) {
-        let now = Instant::now();
-        let mut by_settings: BTreeMap<crate::model::Garp, Vec<_>> = BTreeMap::new();
-        for v in vips {
-            if self.world.announce_mode(v) == AnnounceMode::Lo {
-                continue;
-            }
-            self.last_garp.insert(v, now);
-            by_settings.entry(self.world.garp(v)).or_default().push((v, ha::garp::garp_frame(self.mac, v)));
-        }
-        for (g, frames) in by_settings {
-            let rounds = if takeover { g.count } else { 1 };
-            let _ = self.arp_tx.send(Job { frames, rounds, gap: g.interval, what: "gratuitous ARP" });
-        }
-    }
-
-    /// One gratuitous ARP for each held VIP whose pool's refresh has passed since
-    /// it was last announced (switch FDB and neighbour entries age out).
-    fn refresh_garp(&mut self) {
-        let now = Instant::now();
-        let due: BTreeSet<Ipv4Addr> = self
-            .applied
-            .held
-            .iter()
-            .filter(|v| self.last_garp.get(v).is_none_or(|t| now.duration_since(*t) >= self.world.garp(**v).refresh))
-            .copied()
-            .collect();
-        if !due.is_empty() {
-            self.announce(due, false);
-        }
-    }
-
-    /// Asks ARP for the addresses of nodes that just came back. After our link was
-    /// down the kernel's neighbour entries for them sit INCOMPLETE until its next
-    /// retry (up to a second): their heartbeats reach us, ours would not reach them.
-    /// The reply to this request completes the entries at once.
-    fn resolve(&self, addrs: Vec<Ipv4Addr>) {
-        let Some(me) = self.world.node(&self.opts.node_name).map(|n| n.addr) else { return };
-        let frames: Vec<_> = addrs.into_iter().map(|a| (a, ha::garp::arp_request_frame(self.mac, me, a))).collect();
-        if !frames.is_empty() {
-            let _ = self.arp_tx.send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" });
-        }
-    }
-
-    /// Logs and counts ARP replies or gratuitous ARP from another MAC claiming a
-    /// VIP we hold (counted by the data path as `arp_conflict`).
-    fn watch_conflicts(&mut self) {
-        let Ok((n, _)) = self.dp.reason_count(vip_common::Reason::ArpConflict) else { return };
-        if n > self.conflicts {
-            warn!(new = n - self.conflicts, held = ?self.applied.held, "ARP conflict: another MAC claims a VIP this node holds; re-announcing ours");
-            self.metrics.arp_conflicts.inc_by(n - self.conflicts);
-            // Whoever claimed it (a partitioned node, a node that woke up) may have
-            // pulled clients away; the holder's announcement brings them back.
-            self.announce(self.applied.held.clone(), false);
-        }
-        self.conflicts = n;
+        self.adopt(Arc::new(world));
+        self.reconcile(None);
     }
 
     fn reject(&mut self, msg: String) {
@@ -495,35 +374,14 @@ impl Agent {
         self.publish();
     }
 
-    /// Re-writes the deadline of every held VIP (fencing: if this stops, they go stale).
-    fn refresh(&mut self) -> Result<()> {
-        let now = monotonic_ns();
-        let last = self.deadline;
-        let lapsed = last != 0 && now > last;
-        let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
-        for vip in &self.applied.held {
-            self.dp.hold_vip_flags(self.ifindex, *vip, deadline, held_flags(&self.applied, *vip))?;
-        }
-        self.deadline = deadline;
-        if lapsed && !self.applied.held.is_empty() {
-            // We were not running (stopped, starved) and our VIPs went stale; peers
-            // may have taken them and moved clients away. Taking them back is a
-            // takeover like any other: announce it.
-            warn!(stale_ms = (now - last) / 1_000_000, "held VIPs had gone stale; re-announcing them");
-            self.announce(self.applied.held.clone(), true);
-        }
-        // Backends waiting for a MAC: look again (and ask the kernel to resolve
-        // them), at most four times a second.
-        if !self.applied.unresolved.is_empty() && self.last_resolve.elapsed() >= Duration::from_millis(250) {
-            self.last_resolve = Instant::now();
-            self.reconcile(None)?;
-        }
-        Ok(())
+    /// Computes what the service maps should hold and writes the difference
+    /// (outside the async scheduler: map writes are system calls). `since`: the
+    /// health change that caused this, for the latency metric.
+    fn reconcile(&mut self, since: Option<Instant>) {
+        tokio::task::block_in_place(|| self.reconcile_now(since));
     }
 
-    /// Computes what the maps should hold and writes the difference. `since`: the
-    /// health change that caused this, for the latency metric.
-    fn reconcile(&mut self, since: Option<Instant>) -> Result<()> {
+    fn reconcile_now(&mut self, since: Option<Instant>) {
         // One read of the neighbour table for every node whose MAC the model lacks.
         let unknown: Vec<&crate::model::Node> = self.world.nodes.iter().filter(|n| n.mac.is_none() && n.name != self.opts.node_name).collect();
         let table = if unknown.is_empty() { String::new() } else { neighbour::table() };
@@ -537,8 +395,28 @@ impl Agent {
             }
         }
         let health: BTreeMap<Target, bool> = self.health.iter().map(|(t, (up, _))| (t.clone(), *up)).collect();
-        let want = desired(&self.world, &Observed { me: &self.opts.node_name, live: &self.live, health: &health, macs: &self.macs });
-        self.write(&want)?;
+        let m = &self.membership;
+        let want = desired(&self.world, &Observed { me: &self.opts.node_name, tracked: &m.tracked, live: &m.live, health: &health, macs: &self.macs });
+        self.unresolved = want.unresolved;
+        // What changed, and what the maps hold that the model no longer has
+        // (from the data path's own record, so services left by an earlier agent
+        // are swept too).
+        let set: BTreeMap<ServiceAddr, &dataplane::ServiceSpec> =
+            want.services.iter().filter(|(a, d)| self.applied.get(a) != Some(*d)).map(|(a, d)| (*a, &d.spec)).collect();
+        let remove: Vec<ServiceAddr> = self.dp.service_addrs().into_iter().filter(|a| !want.services.contains_key(a)).collect();
+        self.applied.retain(|a, _| want.services.contains_key(a));
+        self.failed.retain(|a, _| want.services.contains_key(a));
+        let mut sweep = dataplane::Sweep::default();
+        if !set.is_empty() || !remove.is_empty() {
+            match self.dp.apply(&set, &remove, self.world.maglev_seed) {
+                Ok(mut done) => {
+                    sweep = std::mem::take(&mut done.sweep);
+                    self.record(&want.services, &set, done);
+                }
+                Err(e) => error!("programming services: {e:#}"),
+            }
+        }
+        // Every affected ring is written: that is when traffic follows the change.
         if let Some(at) = since {
             let took = at.elapsed();
             self.metrics.health_to_maps_seconds.observe(took.as_secs_f64());
@@ -549,93 +427,83 @@ impl Agent {
             }
             info!(took_us = took.as_micros() as u64, "health change written to the maps");
         }
-        self.applied = want;
+        // Then flows pinned to backends their service lost re-hash.
+        if !sweep.is_empty() {
+            let t = Instant::now();
+            match self.dp.sweep(&sweep) {
+                Ok(n) => {
+                    self.metrics.flow_sweep_seconds.observe(t.elapsed().as_secs_f64());
+                    self.metrics.flows_evicted.inc_by(n as u64);
+                    info!(evicted = n, us = t.elapsed().as_micros() as u64, "flow table swept");
+                }
+                Err(e) => error!("sweeping the flow table: {e:#}"),
+            }
+        }
         self.publish();
-        Ok(())
     }
 
-    fn write(&mut self, want: &Desired) -> Result<()> {
-        let seed = self.world.maglev_seed;
-        for (addr, svc) in &want.services {
-            if self.applied.services.get(addr) == Some(svc) {
-                continue;
+    /// Takes note of what one batch did: applied services, failures (logged when
+    /// they start or change, not on every retry), metrics.
+    fn record(&mut self, want: &BTreeMap<ServiceAddr, DesiredService>, set: &BTreeMap<ServiceAddr, &dataplane::ServiceSpec>, done: dataplane::Applied) {
+        for addr in set.keys() {
+            let d = &want[addr];
+            match done.failed.get(addr) {
+                Some(e) => {
+                    if self.failed.get(addr).map(|(_, old)| old) != Some(e) {
+                        error!(service = %d.name, vip = %addr.vip, port = addr.port, error = %e, "service not programmed; it is retried, every other service goes on");
+                    }
+                    self.failed.insert(*addr, (d.name.clone(), e.clone()));
+                }
+                None => {
+                    if self.failed.remove(addr).is_some() {
+                        info!(service = %d.name, vip = %addr.vip, port = addr.port, "service programmed after all");
+                    }
+                    self.applied.insert(*addr, d.clone());
+                }
             }
-            let u = self.dp.set_service(*addr, &svc.backends, svc.table_size, seed).with_context(|| format!("service {} ({addr:?})", svc.name))?;
-            let l = metrics::ServiceLabels { service: svc.name.clone() };
-            self.metrics.ring_updates.get_or_create(&l).inc();
-            self.metrics.ring_slots_written.get_or_create(&l).inc_by(u.slots_written as u64);
-            self.metrics.ring_update_seconds.observe(u.elapsed.as_secs_f64());
-            info!(service = %svc.name, vip = %addr.vip, port = addr.port, backends = svc.backends.len(), slots = u.slots_written, us = u.elapsed.as_micros() as u64, "ring written");
         }
-        let gone: Vec<ServiceAddr> = self.applied.services.keys().filter(|a| !want.services.contains_key(a)).copied().collect();
-        for addr in gone {
-            self.dp.remove_service(addr)?;
+        for (addr, slots) in &done.written {
+            let l = metrics::ServiceLabels { service: want[addr].name.clone() };
+            self.metrics.ring_updates.get_or_create(&l).inc();
+            self.metrics.ring_slots_written.get_or_create(&l).inc_by(*slots as u64);
+        }
+        for addr in &done.removed {
             info!(vip = %addr.vip, port = addr.port, "service removed");
         }
-        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
-        // Taken, or held under another announce mode (its pool changed).
-        let taken: BTreeSet<Ipv4Addr> =
-            want.held.iter().filter(|v| !self.applied.held.contains(v) || held_flags(&self.applied, **v) != held_flags(want, **v)).copied().collect();
-        for vip in &taken {
-            self.dp.hold_vip_flags(self.ifindex, *vip, deadline, held_flags(want, *vip))?;
-            info!(%vip, on_lo = want.on_lo.contains(vip), "holding VIP");
-        }
-        self.announce(taken, true);
-        self.last_garp.retain(|v, _| want.held.contains(v));
-        self.on_lo.send_if_modified(|cur| replace_if_changed(cur, &want.on_lo));
-        for vip in self.applied.held.difference(&want.held) {
-            self.dp.release_vip(self.ifindex, *vip)?;
-            info!(%vip, "released VIP (its pinned flows keep being forwarded)");
-        }
-        // Entries of VIPs that left every pool (also from before a restart) go entirely.
-        for (ifindex, vip, _) in self.dp.held_vips()? {
-            if ifindex == self.ifindex && self.world.pool_of(vip).is_none() {
-                self.dp.forget_vip(ifindex, vip)?;
-                info!(%vip, "forgot VIP (in no pool)");
-            }
-        }
-        for (vip, owner) in &self.applied.owners {
-            if want.owners.get(vip) != Some(owner) {
-                self.metrics.vip_owner.remove(&metrics::VipLabels { vip: vip.to_string(), node: owner.clone() });
-            }
-        }
-        for (vip, owner) in &want.owners {
-            self.metrics.vip_owner.get_or_create(&metrics::VipLabels { vip: vip.to_string(), node: owner.clone() }).set(1);
-        }
-        self.metrics.vips_held.set(want.held.len() as i64);
-        self.metrics.pool_held.clear();
-        for pool in &self.world.pools {
-            let l = metrics::PoolLabels { pool: pool.name.clone() };
-            let held = pool.addresses.iter().filter(|a| want.held.contains(a)).count();
-            self.metrics.pool_held.get_or_create(&l).set(held as i64);
-            let moved = pool.addresses.iter().filter(|a| matches!((self.applied.owners.get(a), want.owners.get(a)), (Some(o), Some(n)) if o != n)).count();
-            if moved > 0 {
-                self.metrics.pool_owner_changes.get_or_create(&l).inc_by(moved as u64);
-            }
-        }
-        self.owners_tx.send_if_modified(|cur| replace_if_changed(cur, &want.owners));
-        Ok(())
+        self.metrics.map_write_seconds.observe(done.write_time.as_secs_f64());
+        info!(changed = set.len(), removed = done.removed.len(), failed = done.failed.len(), write_us = done.write_time.as_micros() as u64, "services written");
     }
 
-    /// Refreshes the status (file and /status) and the health gauges.
+    /// Refreshes the status (file and /status) and the gauges.
     fn publish(&mut self) {
+        let usage = self.dp.usage();
+        self.metrics.services_unprogrammed.set(self.failed.len() as i64);
+        self.metrics.services_programmed.set(usage.services as i64);
+        self.metrics.ring_slots_used.set(usage.ring_slots as i64);
+        self.metrics.ring_slots_capacity.set(usage.ring_capacity as i64);
+        self.metrics.rings.set(usage.rings as i64);
         let s = &mut self.status;
-        s.owners = self.applied.owners.clone();
-        s.held = self.applied.held.iter().copied().collect();
+        s.usage = usage;
+        s.owners = self.membership.owners.clone();
+        s.held = self.membership.held.iter().copied().collect();
         let checks: BTreeMap<&str, String> =
             self.world.services.iter().filter_map(|v| Some((v.name.as_str(), check_label(v.health.as_ref()?)))).collect();
         s.services = self
             .applied
-            .services
             .iter()
             .map(|(a, d)| ServiceStatus {
                 name: d.name.clone(),
                 vip: a.vip,
                 port: a.port,
-                protocol: if a.proto == vip_common::PROTO_UDP { "udp" } else { "tcp" }.to_owned(),
-                backends: d.backends.iter().map(|b| b.name.clone()).collect(),
+                protocol: crate::inspect::proto_name(a.proto).to_owned(),
+                backends: d.spec.backends.iter().map(|b| b.name.clone()).collect(),
                 check: checks.get(d.name.as_str()).cloned(),
             })
+            .collect();
+        s.unprogrammed = self
+            .failed
+            .iter()
+            .map(|(a, (name, e))| UnprogrammedStatus { name: name.clone(), vip: a.vip, port: a.port, protocol: crate::inspect::proto_name(a.proto).to_owned(), error: e.clone() })
             .collect();
         s.nodes = self
             .world
@@ -664,31 +532,6 @@ impl Agent {
     }
 }
 
-/// Sets `cur` to `want` when they differ (cloning only then); whether it did.
-fn replace_if_changed<T: Clone + PartialEq>(cur: &mut T, want: &T) -> bool {
-    let changed = cur != want;
-    if changed {
-        cur.clone_from(want);
-    }
-    changed
-}
-
-/// The `arp_held` flags of a held VIP.
-fn held_flags(d: &Desired, vip: Ipv4Addr) -> u8 {
-    if d.on_lo.contains(&vip) {
-        vip_common::HELD_NO_ARP
-    } else {
-        0
-    }
-}
-
-/// The ticker that re-writes held deadlines: three times per hold time.
-fn hold_refresh(w: &World) -> tokio::time::Interval {
-    let mut t = tokio::time::interval(w.announce.hold_time / 3);
-    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    t
-}
-
 /// The next model from the Kubernetes watches (pending forever with the file source).
 async fn next_world(feed: &mut Feed) -> Option<World> {
     match feed {
@@ -697,17 +540,6 @@ async fn next_world(feed: &mut Feed) -> Option<World> {
             Err(_) => std::future::pending().await,
         },
         Feed::File => std::future::pending().await,
-    }
-}
-
-/// The next live set from the heartbeat task (pending forever without one).
-async fn next_live(hb: &mut Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>) -> Option<BTreeSet<String>> {
-    match hb {
-        Some((_, rx)) => match rx.changed().await {
-            Ok(()) => Some(rx.borrow_and_update().clone()),
-            Err(_) => std::future::pending().await,
-        },
-        None => std::future::pending().await,
     }
 }
 

@@ -6,39 +6,47 @@
 //! a VIP released or forgotten, an interface's MAC changed. Answers computed before
 //! the bump are not used again; answers computed after it read the maps as the
 //! call left them.
+//!
+//! The ring programmer and the liveness thread both bump it, through handles that
+//! share one lock: a bump is a read and a write, and two unserialised bumps could
+//! collapse into one.
+use std::sync::{Arc, Mutex};
+
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, MapData};
 use vip_common::{flow_cache_slots_for, FlowCacheCtl};
 
-pub(super) struct Ctl(pub(super) Array<MapData, FlowCacheCtl>);
+#[derive(Clone)]
+pub(super) struct Ctl(Arc<Mutex<Array<MapData, FlowCacheCtl>>>);
 
 impl Ctl {
-    fn get(&self) -> Result<FlowCacheCtl> {
-        self.0.get(&0, 0).context("reading lb4_flow_cache_ctl")
+    pub(super) fn new(map: Array<MapData, FlowCacheCtl>) -> Self {
+        Self(Arc::new(Mutex::new(map)))
     }
 
-    fn set(&mut self, ctl: FlowCacheCtl) -> Result<()> {
-        self.0.set(0, ctl, 0).context("writing lb4_flow_cache_ctl")
-    }
-
-    /// Invalidates every cached answer on every CPU.
-    pub(super) fn bump(&mut self) -> Result<()> {
-        let c = self.get()?;
-        self.set(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), ..c })
-    }
-
-    /// Sizes the cache for this machine's CPUs (see [`flow_cache_slots_for`]).
-    pub(super) fn configure(&mut self) -> Result<()> {
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)? as u32;
-        let mask = flow_cache_slots_for(cpus) - 1;
-        let c = self.get()?;
-        if c.slot_mask != mask {
-            self.set(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), slot_mask: mask, _pad: 0 })?;
+    fn update(&self, f: impl FnOnce(FlowCacheCtl) -> Option<FlowCacheCtl>) -> Result<()> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let c = map.get(&0, 0).context("reading lb4_flow_cache_ctl")?;
+        if let Some(n) = f(c) {
+            map.set(0, n, 0).context("writing lb4_flow_cache_ctl")?;
         }
         Ok(())
     }
 
+    /// Invalidates every cached answer on every CPU.
+    pub(super) fn bump(&self) -> Result<()> {
+        self.update(|c| Some(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), ..c }))
+    }
+
+    /// Sizes the cache for this machine's CPUs (see [`flow_cache_slots_for`]).
+    pub(super) fn configure(&self) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)? as u32;
+        let mask = flow_cache_slots_for(cpus) - 1;
+        self.update(|c| (c.slot_mask != mask).then_some(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), slot_mask: mask, _pad: 0 }))
+    }
+
     pub(super) fn epoch(&self) -> Result<u64> {
-        Ok(self.get()?.epoch)
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(map.get(&0, 0).context("reading lb4_flow_cache_ctl")?.epoch)
     }
 }

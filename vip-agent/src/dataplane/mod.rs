@@ -1,15 +1,22 @@
 //! The one userspace facade over the XDP data path: load and attach, hold and
-//! release VIPs, set a service's backends (Maglev ring writes), read counters.
+//! release VIPs (`held`), program services (shared Maglev rings, `rings`), read
+//! counters.
 //!
 //! All state lives in maps pinned under one bpffs directory, so a restarted agent
 //! re-opens them (and the still-attached program) without interrupting traffic.
+//! Programming cost follows the change, not the world: services are applied as a
+//! batch, rings are shared and written with batched map operations, and the flow
+//! table is swept at most once per batch.
 mod attach;
+mod batch;
 mod flow_cache;
+mod held;
 mod ring_alloc;
+mod rings;
 mod xmit;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap as StdHashMap},
     net::Ipv4Addr,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -17,14 +24,16 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray},
     programs::{TestRun, TestRunOptions, Xdp},
     Ebpf,
 };
 pub use attach::{detach, iface_info, AttachMode};
+pub use held::{Announce, HeldEntry, HeldVips};
 pub use xmit::XdpXmit;
 use vip_common::{map_names as names, *};
 
+pub use crate::clock::monotonic_ns;
 use crate::maglev::{self, Member};
 
 /// The XDP object built by `cargo xtask build-ebpf`, embedded at build time.
@@ -33,7 +42,7 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/vip";
 
 /// A backend node as the data path needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BackendSpec {
     /// Stable identity (node name): the Maglev permutation is derived from it.
     pub name: String,
@@ -64,6 +73,17 @@ impl ServiceAddr {
     fn from_key(k: &ServiceKey) -> Self {
         Self { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), proto: k.proto }
     }
+    /// The entry fragments of this VIP and protocol use (port 0).
+    fn alias(&self) -> Self {
+        Self { port: 0, ..*self }
+    }
+}
+
+/// What a service should be: its backends and ring size.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceSpec {
+    pub backends: Vec<BackendSpec>,
+    pub table_size: u32,
 }
 
 /// What one `set_service` call wrote.
@@ -74,6 +94,49 @@ pub struct RingUpdate {
     pub elapsed: Duration,
 }
 
+/// The outcome of [`Dataplane::apply`]: each service either programmed or not,
+/// on its own (a service that does not fit never stops the others).
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Services now pointing at their new ring, with the slots written for them
+    /// (0 when they joined a ring another service already had).
+    pub written: BTreeMap<ServiceAddr, usize>,
+    pub removed: Vec<ServiceAddr>,
+    /// Services left as they were (or absent), with why.
+    pub failed: BTreeMap<ServiceAddr, String>,
+    /// Time spent writing rings, services and backends.
+    pub write_time: Duration,
+    /// The flows to evict next ([`Dataplane::sweep`]).
+    pub sweep: Sweep,
+}
+
+/// Flows a batch left pinned where they should no longer go.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    /// Services that lost backends → the backends they kept.
+    lost: StdHashMap<ServiceAddr, BTreeSet<u32>>,
+    /// Backends no service has any more.
+    gone: BTreeSet<u32>,
+}
+
+impl Sweep {
+    pub fn is_empty(&self) -> bool {
+        self.lost.is_empty() && self.gone.is_empty()
+    }
+}
+
+/// How full the data path's tables are.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    pub services: usize,
+    pub services_max: u32,
+    pub rings: usize,
+    pub ring_slots: u64,
+    pub ring_capacity: u32,
+    pub backends: usize,
+    pub backends_max: u32,
+}
+
 /// Summed counters.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Counters {
@@ -82,12 +145,18 @@ pub struct Counters {
     pub backends: BTreeMap<u32, (u64, u64)>,
 }
 
+/// A service as programmed: its id and ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Programmed {
+    id: u32,
+    ring: u32,
+}
+
 pub struct Dataplane {
     dir: PathBuf,
     /// Present when this process loaded the object (attach, tests, bench).
     ebpf: Option<Ebpf>,
-    ifaces: HashMap<MapData, u32, IfaceConfig>,
-    held: HashMap<MapData, HeldKey, HeldVip>,
+    held: HeldVips,
     services: HashMap<MapData, ServiceKey, Service>,
     backends: Array<MapData, Backend>,
     ring: Array<MapData, u32>,
@@ -97,11 +166,13 @@ pub struct Dataplane {
     backend_stats: PerCpuArray<MapData, Counter>,
     /// Bumped after every change a cached answer may depend on (see flow_cache).
     epoch: flow_cache::Ctl,
-    ring_alloc: ring_alloc::RingAlloc,
-    /// Last ring written per service (a cache of lb4_ring; rebuilt from it on open).
-    rings: BTreeMap<ServiceAddr, Vec<u32>>,
-    /// The slots of lb4_backends in use (a cache of the array; rebuilt from it on
-    /// open), so that finding an id does not read all MAX_BACKENDS slots.
+    rings: rings::Rings,
+    /// Services as written to lb4_services (fragment aliases aside): a mirror
+    /// rebuilt from the map on open.
+    programmed: BTreeMap<ServiceAddr, Programmed>,
+    /// Service ids in use.
+    ids: BTreeSet<u32>,
+    /// The slots of lb4_backends in use (a mirror of the array, rebuilt on open).
     backend_slots: BTreeMap<u32, Backend>,
 }
 
@@ -121,15 +192,6 @@ pub fn coarse_slack_ns() -> u64 {
     2 * res
 }
 
-/// CLOCK_MONOTONIC now, the clock deadlines are given in (the data path compares
-/// them with its coarse variant, see [`coarse_slack_ns`]).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
     let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the object"))?;
     T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
@@ -144,12 +206,12 @@ fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(dir: &Path, name: &
     T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
 }
 
+
 macro_rules! maps_from {
     ($src:expr, $get:ident) => {{
         let s = $src;
         (
-            $get(s, names::IFACES)?,
-            $get(s, names::HELD)?,
+            ($get(s, names::IFACES)?, $get(s, names::HELD)?),
             $get(s, names::SERVICES)?,
             $get(s, names::BACKENDS)?,
             $get(s, names::RING)?,
@@ -160,6 +222,18 @@ macro_rules! maps_from {
         )
     }};
 }
+
+type HeldMaps = (HashMap<MapData, u32, IfaceConfig>, HashMap<MapData, HeldKey, HeldVip>);
+type MapSet = (
+    HeldMaps,
+    HashMap<MapData, ServiceKey, Service>,
+    Array<MapData, Backend>,
+    Array<MapData, u32>,
+    HashMap<MapData, FlowKey, Flow>,
+    PerCpuArray<MapData, Counter>,
+    PerCpuArray<MapData, Counter>,
+    PerCpuArray<MapData, Counter>,
+);
 
 impl Dataplane {
     /// Loads the embedded object with its maps pinned under `dir` (re-using maps
@@ -179,7 +253,7 @@ impl Dataplane {
         prog.load().context("the kernel verifier rejected the XDP program")?;
         xmit::load_and_pin(&mut ebpf, dir)?;
         let m = maps_from!(&mut ebpf, take);
-        let mut epoch = flow_cache::Ctl(take(&mut ebpf, names::FLOW_CACHE_CTL)?);
+        let epoch = flow_cache::Ctl::new(take(&mut ebpf, names::FLOW_CACHE_CTL)?);
         epoch.configure()?;
         Self::from_maps(dir, Some(ebpf), m, epoch)
     }
@@ -187,34 +261,17 @@ impl Dataplane {
     /// Opens the maps pinned under `dir` by a running or earlier agent.
     pub fn open(dir: &Path) -> Result<Self> {
         let m = maps_from!(dir, open_pinned);
-        let epoch = flow_cache::Ctl(open_pinned(dir, names::FLOW_CACHE_CTL)?);
+        let epoch = flow_cache::Ctl::new(open_pinned(dir, names::FLOW_CACHE_CTL)?);
         Self::from_maps(dir, None, m, epoch)
     }
 
-    #[allow(clippy::type_complexity)]
-    fn from_maps(
-        dir: &Path,
-        ebpf: Option<Ebpf>,
-        m: (
-            HashMap<MapData, u32, IfaceConfig>,
-            HashMap<MapData, HeldKey, HeldVip>,
-            HashMap<MapData, ServiceKey, Service>,
-            Array<MapData, Backend>,
-            Array<MapData, u32>,
-            HashMap<MapData, FlowKey, Flow>,
-            PerCpuArray<MapData, Counter>,
-            PerCpuArray<MapData, Counter>,
-            PerCpuArray<MapData, Counter>,
-        ),
-        epoch: flow_cache::Ctl,
-    ) -> Result<Self> {
-        let (ifaces, held, services, backends, ring, flows, stats, service_stats, backend_stats) = m;
+    fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl) -> Result<Self> {
+        let ((ifaces, held), services, backends, ring, flows, stats, service_stats, backend_stats) = m;
         let mut dp = Self {
             dir: dir.to_owned(),
             ebpf,
-            ring_alloc: ring_alloc::RingAlloc::new(ring.len()),
-            ifaces,
-            held,
+            held: HeldVips::new(ifaces, held, open_pinned(dir, names::STATS)?, epoch.clone()),
+            rings: rings::Rings::new(ring.len()),
             services,
             backends,
             ring,
@@ -223,37 +280,65 @@ impl Dataplane {
             service_stats,
             backend_stats,
             epoch,
-            rings: BTreeMap::new(),
+            programmed: BTreeMap::new(),
+            ids: BTreeSet::new(),
             backend_slots: BTreeMap::new(),
         };
         dp.recover()?;
         Ok(dp)
     }
 
-    /// Rebuilds the userspace caches (ring regions, rings) from the maps, so that
-    /// a restarted agent diffs against what packets see now.
+    /// Rebuilds the userspace mirrors (services, shared rings, backends) from the
+    /// maps with batched reads, so that a restarted agent diffs against what
+    /// packets see now.
     fn recover(&mut self) -> Result<()> {
-        for (id, b) in self.backends.iter().enumerate() {
-            let b = b?;
+        for (id, b) in batch::lookup_all::<u32, Backend>(self.backends.map())? {
             if b.flags & BACKEND_PRESENT != 0 {
-                self.backend_slots.insert(id as u32, b);
+                self.backend_slots.insert(id, b);
             }
         }
-        for (key, svc) in self.service_entries()? {
-            if key.port == [0, 0] || svc.ring_size == 0 {
-                continue; // fragment alias: shares its service's ring
+        let entries = batch::lookup_all::<ServiceKey, Service>(self.services.map())?;
+        let regions: BTreeSet<(u32, u32)> =
+            entries.iter().filter(|(k, s)| k.port != [0, 0] && s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
+        if !regions.is_empty() {
+            let ring: Vec<u32> = {
+                let mut all = batch::lookup_all::<u32, u32>(self.ring.map())?;
+                all.sort_unstable_by_key(|(i, _)| *i);
+                all.into_iter().map(|(_, b)| b).collect()
+            };
+            for (off, size) in regions {
+                let slots = ring.get(off as usize..(off + size) as usize).ok_or_else(|| anyhow!("ring region {off}+{size} outside lb4_ring"))?;
+                self.rings.insert(off, slots.to_vec(), true)?;
             }
-            self.ring_alloc.reserve(svc.ring_offset, svc.ring_size)?;
-            let slots = (0..svc.ring_size)
-                .map(|i| self.ring.get(&(svc.ring_offset + i), 0))
-                .collect::<Result<Vec<_>, _>>()?;
-            self.rings.insert(ServiceAddr::from_key(&key), slots);
+        }
+        for (key, svc) in entries {
+            if key.port == [0, 0] {
+                continue; // fragment alias: shares its service's entry
+            }
+            let addr = ServiceAddr::from_key(&key);
+            self.ids.insert(svc.id);
+            self.rings.add_user(svc.ring_offset, addr);
+            self.programmed.insert(addr, Programmed { id: svc.id, ring: svc.ring_offset });
         }
         Ok(())
     }
 
     pub fn pin_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The held-VIP side of the maps.
+    pub fn held(&mut self) -> &mut HeldVips {
+        &mut self.held
+    }
+
+    pub fn held_ref(&self) -> &HeldVips {
+        &self.held
+    }
+
+    /// A handle of its own on the held-VIP maps, for another thread.
+    pub fn held_handle(&self) -> Result<HeldVips> {
+        self.held.reopen(&self.dir)
     }
 
     /// Runs the program once (or `repeat` times) on `frame` with BPF_PROG_TEST_RUN.
@@ -288,123 +373,71 @@ impl Dataplane {
     /// Records the MAC of an interface the program runs on (attach does this).
     /// VIPs already held on it get the new MAC too.
     pub fn set_iface(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
-        self.write_iface(ifindex, mac, None)
+        self.held.write_iface(ifindex, mac, None)
     }
 
-    /// [`Self::set_iface`], with the interface's flags set to `flags`, or kept as
-    /// recorded when `None`.
-    fn write_iface(&mut self, ifindex: u32, mac: [u8; 6], flags: Option<u8>) -> Result<()> {
-        let flags = flags.unwrap_or_else(|| self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags));
-        self.ifaces.insert(ifindex, IfaceConfig { mac, flags, _pad: 0 }, 0)?;
-        let stale: Vec<(HeldKey, HeldVip)> =
-            self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
-        let changed = !stale.is_empty();
-        for (k, h) in stale {
-            self.held.insert(k, HeldVip { mac, ..h }, 0)?;
-        }
-        if changed {
-            self.epoch.bump()?; // cached answers carry the old MAC
-        }
-        Ok(())
-    }
-
-    /// Whether the program runs on `ifindex` in native mode, as recorded when this
-    /// or an earlier agent attached it (the driver can then transmit XDP frames).
     pub fn iface_native(&self, ifindex: u32) -> bool {
-        self.ifaces.get(&ifindex, 0).is_ok_and(|c| c.flags & IFACE_NATIVE != 0)
+        self.held.iface_native(ifindex)
     }
 
     pub fn remove_iface(&mut self, ifindex: u32) -> Result<()> {
-        ignore_missing(self.ifaces.remove(&ifindex))
+        self.held.remove_iface(ifindex)
     }
 
-    /// Holds `vip` on `ifindex` until `deadline_ns` (CLOCK_MONOTONIC). Call again
-    /// before it passes to keep holding; past it the data path stops answering
-    /// (the entry stores `deadline_ns - coarse_slack_ns()`, see [`coarse_slack_ns`]).
-    /// The entry carries the interface's MAC, so [`Self::set_iface`] (or
-    /// [`Self::attach`]) must have recorded it first. No flow-cache epoch bump (this
-    /// runs on every refresh): cached answers are only for pinned flows, which are
-    /// forwarded whatever the deadline, and the MAC only changes through set_iface.
+    /// [`HeldVips::hold`], answered by ARP.
     pub fn hold_vip(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64) -> Result<()> {
-        self.hold_vip_flags(ifindex, vip, deadline_ns, 0)
+        self.held.hold(ifindex, vip, deadline_ns, Announce::Arp)
     }
 
-    /// [`Self::hold_vip`] with `arp_held` flags (`HELD_NO_ARP`: balance, answer no ARP).
-    pub fn hold_vip_flags(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64, flags: u8) -> Result<()> {
-        let mac = match self.ifaces.get(&ifindex, 0) {
-            Ok(cfg) => cfg.mac,
-            Err(aya::maps::MapError::KeyNotFound) => bail!(
-                "cannot hold {vip} on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)"
-            ),
-            Err(e) => return Err(e).context("reading lb_ifaces"),
-        };
-        let key = HeldKey { ifindex, vip: vip.octets() };
-        let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
-        self.held.insert(key, HeldVip { deadline_ns, mac, flags, _pad: 0 }, 0)?;
-        Ok(())
-    }
-
-    /// Stops holding `vip`: no more ARP answers and no new flows, but the entry
-    /// stays (stale, deadline 0) so the flows this node already pinned keep being
-    /// forwarded while clients still send to our MAC (until the new owner's
-    /// gratuitous ARP reaches them). `forget_vip` removes it altogether.
+    /// [`HeldVips::release`].
     pub fn release_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        let key = HeldKey { ifindex, vip: vip.octets() };
-        match self.held.get(&key, 0) {
-            Ok(h) => {
-                self.held.insert(key, HeldVip { deadline_ns: 0, ..h }, 0)?;
-                // Cached answers are for pinned flows, which a stale entry still
-                // forwards; bumped anyway so that every answer after a release is
-                // taken from lb4_flows.
-                self.epoch.bump()
-            }
-            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(e).context("reading arp_held"),
-        }
+        self.held.release(ifindex, vip)
     }
 
-    /// Removes `vip`'s entry (the VIP left every pool).
+    /// [`HeldVips::forget`].
     pub fn forget_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        ignore_missing(self.held.remove(&HeldKey { ifindex, vip: vip.octets() }))?;
-        self.epoch.bump() // its cached flows must stop being forwarded
+        self.held.forget(ifindex, vip)
     }
 
     /// Held VIPs as (ifindex, vip, deadline_ns), the deadline as stored: the one
     /// the data path applies, [`coarse_slack_ns`] before the one asked for.
     pub fn held_vips(&self) -> Result<Vec<(u32, Ipv4Addr, u64)>> {
-        let mut v = Vec::new();
-        for kv in self.held.iter() {
-            let (k, h) = kv?;
-            v.push((k.ifindex, Ipv4Addr::from(k.vip), h.deadline_ns));
-        }
-        v.sort();
-        Ok(v)
+        Ok(self.held.entries()?.into_iter().map(|e| (e.ifindex, e.vip, e.deadline_ns)).collect())
     }
 
-    /// The `arp_held` flags of `vip` on `ifindex` (0 when it is not held).
-    pub fn held_flags(&self, ifindex: u32, vip: Ipv4Addr) -> u8 {
-        self.held.get(&HeldKey { ifindex, vip: vip.octets() }, 0).map_or(0, |h| h.flags)
-    }
-
-    fn service_entries(&self) -> Result<Vec<(ServiceKey, Service)>> {
-        Ok(self.services.iter().collect::<Result<Vec<_>, _>>()?)
-    }
-
-    /// Services as (address, entry, ring) for inspection.
+    /// Services as (address, entry, ring) for inspection, from the mirrors.
     pub fn services(&self) -> Result<Vec<(ServiceAddr, Service, Vec<u32>)>> {
-        let mut v = Vec::new();
-        for (k, s) in self.service_entries()? {
-            let addr = ServiceAddr::from_key(&k);
-            let ring = self.rings.get(&addr).cloned().unwrap_or_default();
-            v.push((addr, s, ring));
-        }
-        v.sort_by_key(|(a, _, _)| *a);
-        Ok(v)
+        Ok(self
+            .programmed
+            .iter()
+            .map(|(a, p)| {
+                let ring = self.rings.get(p.ring).map(|r| r.slots.clone()).unwrap_or_default();
+                (*a, Service { id: p.id, ring_offset: p.ring, ring_size: ring.len() as u32, _pad: 0 }, ring)
+            })
+            .collect())
+    }
+
+    /// The services programmed now.
+    pub fn service_addrs(&self) -> BTreeSet<ServiceAddr> {
+        self.programmed.keys().copied().collect()
     }
 
     /// Backends in use (slots of `lb4_backends` with `BACKEND_PRESENT`), by id.
     pub fn backends(&self) -> Result<BTreeMap<u32, Backend>> {
         Ok(self.backend_slots.clone())
+    }
+
+    /// How full the tables are.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            services: self.programmed.len(),
+            services_max: MAX_SERVICES,
+            rings: self.rings.len(),
+            ring_slots: self.rings.used_slots(),
+            ring_capacity: self.rings.capacity(),
+            backends: self.backend_slots.len(),
+            backends_max: MAX_BACKENDS,
+        }
     }
 
     /// Backend id for `spec`, re-using the id of a backend with the same address,
@@ -430,105 +463,240 @@ impl Dataplane {
         Ok(id)
     }
 
-    /// Sets the backends of a service: writes backend entries first, then only the
-    /// ring slots that changed, then the service entry, and last removes backends
-    /// no service uses any more (with their flows, so those re-hash). Each step
-    /// leaves every slot pointing at a written backend. `backends` may be empty:
-    /// the service then drops its traffic (counted as `drop_no_backend`).
+    /// Sets the backends of one service (see [`Self::apply`]); its error if it failed.
     pub fn set_service(&mut self, addr: ServiceAddr, backends: &[BackendSpec], table_size: u32, seed: u64) -> Result<RingUpdate> {
         let start = Instant::now();
-        maglev::check_table_size(table_size)?;
-        let members: Vec<Member> =
-            backends.iter().map(|b| Member { id: b.name.clone(), weight: b.weight.max(1) }).collect();
-        let built = maglev::build(&members, table_size, seed)?;
-        // Backend ids in `built.members` order (sorted by name).
-        let mut ids = Vec::with_capacity(built.members.len());
-        for m in &built.members {
-            let spec = backends.iter().find(|b| b.name == m.id).expect("member from backends");
-            ids.push(self.backend_id(spec)?);
+        let spec = ServiceSpec { backends: backends.to_vec(), table_size };
+        let mut a = self.apply(&BTreeMap::from([(addr, &spec)]), &[], seed)?;
+        if let Some(e) = a.failed.remove(&addr) {
+            bail!("{e}");
         }
-        let slots: Vec<u32> = if ids.is_empty() {
-            vec![NO_BACKEND; table_size as usize]
-        } else {
-            built.slots.iter().map(|&i| ids[i as usize]).collect()
-        };
+        self.sweep(&a.sweep)?;
+        let slots_written = a.written.get(&addr).copied().unwrap_or(0);
+        Ok(RingUpdate { slots_written, table_size, elapsed: start.elapsed() })
+    }
 
-        let key = addr.key();
-        let current = self.services.get(&key, 0).ok();
-        let id = match current {
-            Some(s) => s.id,
-            None => self.free_service_id()?,
-        };
-        let (offset, old) = match current {
-            Some(s) if s.ring_size == table_size => (s.ring_offset, self.rings.get(&addr).cloned().unwrap_or_default()),
-            _ => (self.ring_alloc.alloc(table_size)?, Vec::new()),
-        };
-        let changes = maglev::changed_slots(&old, &slots);
-        for &(i, backend) in &changes {
-            self.ring.set(offset + i, backend, 0)?;
+    /// Removes a service, its ring when no other service shares it, and any
+    /// backend only it used (with their flows).
+    pub fn remove_service(&mut self, addr: ServiceAddr) -> Result<()> {
+        let a = self.apply(&BTreeMap::new(), &[addr], 0)?;
+        self.sweep(&a.sweep).map(|_| ())
+    }
+
+    /// Programs a batch of changes: `set` services get the rings their specs
+    /// build, `remove` ones go; the flows to evict are returned, for
+    /// [`Self::sweep`]. Each service succeeds or fails on its own (a full
+    /// ring map or service table is reported in [`Applied::failed`] and leaves that
+    /// service as it was); an `Err` is a map operation the kernel refused.
+    ///
+    /// Order, so that packets never see a half-written ring: backend entries
+    /// first; a ring shared with services that do not move is never written (a
+    /// new region is filled, then services are pointed at it); a ring whose every
+    /// user moves to the same new content is rewritten in place, changed slots
+    /// only (Maglev keeps those few), each slot pointing at a written backend.
+    /// Then service entries, fragment aliases, freed rings and backends, and one
+    /// flow-cache epoch bump.
+    pub fn apply(&mut self, set: &BTreeMap<ServiceAddr, &ServiceSpec>, remove: &[ServiceAddr], seed: u64) -> Result<Applied> {
+        let start = Instant::now();
+        let mut out = Applied::default();
+        // Maglev builds are the CPU cost; equal inputs (the common case) build once.
+        let mut built: StdHashMap<(Vec<(String, u32)>, u32), Vec<u32>> = StdHashMap::new();
+        // New content → the services that want it.
+        let mut groups: BTreeMap<Vec<u32>, Vec<ServiceAddr>> = BTreeMap::new();
+        // Services with equal specs (thousands, under one node set) build one ring.
+        let mut by_spec: StdHashMap<&ServiceSpec, Vec<ServiceAddr>> = StdHashMap::new();
+        for (&addr, spec) in set {
+            by_spec.entry(*spec).or_default().push(addr);
         }
-        let svc = Service { id, ring_offset: offset, ring_size: table_size, _pad: 0 };
-        self.services.insert(key, svc, 0)?;
-        if let Some(s) = current {
-            if s.ring_offset != offset {
-                self.ring_alloc.free(s.ring_offset, s.ring_size);
+        for (spec, addrs) in by_spec {
+            match self.ring_for(spec, seed, &mut built) {
+                Ok(slots) => groups.entry(slots).or_default().extend(addrs),
+                Err(e) => {
+                    for addr in addrs {
+                        out.failed.insert(addr, format!("{e:#}"));
+                    }
+                }
             }
         }
-        let kept: BTreeSet<u32> = slots.iter().copied().collect();
-        let lost_some = self.rings.get(&addr).is_some_and(|prev| prev.iter().any(|b| !kept.contains(b)));
-        self.rings.insert(addr, slots);
-        self.update_fragment_alias(addr.vip, addr.proto)?;
-        let gone = self.collect_backends()?;
-        // Cached answers may name a changed or removed backend; evict_flows bumps
-        // again once the flows it removes are gone.
-        self.epoch.bump()?;
-        // One pass over the flow table, and only when some flow may have to move:
-        // flows of this service pinned to a backend it no longer has, and flows to
-        // backends no service has any more, re-hash.
-        if lost_some || !gone.is_empty() {
-            let (vip, port) = (key.vip, key.port);
-            self.evict_flows(|k, f| {
-                gone.contains(&f.backend)
-                    || (k.dst == vip && k.proto == addr.proto && (k.dport == port || k.dport == [0, 0]) && !kept.contains(&f.backend))
-            })?;
+        // Backends each changed service keeps (for the sweep), and whether it lost some.
+        let mut lost: StdHashMap<ServiceAddr, BTreeSet<u32>> = StdHashMap::new();
+        let mut touched: BTreeSet<ServiceAddr> = BTreeSet::new();
+        for (slots, users) in groups {
+            let (offset, written, was) = match self.place_ring(&slots, &users) {
+                Ok(t) => t,
+                Err(e) => {
+                    for a in users {
+                        out.failed.insert(a, format!("{e:#}"));
+                    }
+                    continue;
+                }
+            };
+            let kept: BTreeSet<u32> = self.rings.get(offset).map(|r| r.members.clone()).unwrap_or_default();
+            let mut first = true;
+            for addr in users {
+                let cur = self.programmed.get(&addr).copied();
+                let before = match cur {
+                    Some(p) if p.ring == offset => was.clone(), // rewritten in place (or unchanged)
+                    Some(p) => self.rings.get(p.ring).map(|r| r.members.clone()),
+                    None => None,
+                };
+                if before.is_some_and(|b| !b.is_subset(&kept)) {
+                    lost.insert(addr, kept.clone());
+                }
+                if cur.is_some_and(|p| p.ring == offset) {
+                    if written > 0 && first {
+                        out.written.insert(addr, written);
+                        first = false;
+                    }
+                    continue;
+                }
+                let id = match cur {
+                    Some(p) => p.id,
+                    None => match self.free_service_id() {
+                        Some(id) => id,
+                        None => {
+                            out.failed.insert(addr, format!("all {MAX_SERVICES} service ids are in use"));
+                            continue;
+                        }
+                    },
+                };
+                let entry = Service { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
+                if let Err(e) = self.services.insert(addr.key(), entry, 0) {
+                    out.failed.insert(addr, format!("writing lb4_services: {e}"));
+                    continue;
+                }
+                self.ids.insert(id);
+                self.rings.add_user(offset, addr);
+                if let Some(p) = cur {
+                    self.rings.drop_user(p.ring, addr);
+                }
+                self.programmed.insert(addr, Programmed { id, ring: offset });
+                out.written.insert(addr, if first { written } else { 0 });
+                touched.insert(addr);
+                first = false;
+            }
+            // A new region nobody took (every user failed) goes back.
+            self.rings.free_if_unused(offset);
         }
-        Ok(RingUpdate { slots_written: changes.len(), table_size, elapsed: start.elapsed() })
+        for &addr in remove {
+            let Some(p) = self.programmed.remove(&addr) else { continue };
+            ignore_missing(self.services.remove(&addr.key()))?;
+            self.rings.drop_user(p.ring, addr);
+            self.ids.remove(&p.id);
+            reset_counter(&mut self.service_stats, p.id)?;
+            touched.insert(addr);
+            out.removed.push(addr);
+        }
+        let aliases: BTreeSet<(Ipv4Addr, u8)> = touched.iter().map(|a| (a.vip, a.proto)).collect();
+        for (vip, proto) in aliases {
+            self.update_fragment_alias(vip, proto)?;
+        }
+        let gone = self.collect_backends()?;
+        self.epoch.bump()?;
+        out.write_time = start.elapsed();
+        out.sweep = Sweep { lost, gone };
+        Ok(out)
     }
 
-    /// Removes a service, its ring and any backend only it used.
-    pub fn remove_service(&mut self, addr: ServiceAddr) -> Result<()> {
-        let key = addr.key();
-        if let Ok(s) = self.services.get(&key, 0) {
-            self.services.remove(&key)?;
-            self.ring_alloc.free(s.ring_offset, s.ring_size);
-            reset_counter(&mut self.service_stats, s.id)?;
+    /// Evicts the flows a batch left pinned to a backend their service lost (or
+    /// that no service has any more), in one batched pass over the flow table:
+    /// they re-hash on their next packet. Separate from [`Self::apply`] so that
+    /// callers can tell "rings written" from "flows swept".
+    pub fn sweep(&mut self, sweep: &Sweep) -> Result<usize> {
+        if sweep.is_empty() {
+            return Ok(0);
         }
-        self.rings.remove(&addr);
-        self.update_fragment_alias(addr.vip, addr.proto)?;
-        let gone = self.collect_backends()?;
-        self.epoch.bump()?;
-        if !gone.is_empty() {
-            self.evict_flows(|_, f| gone.contains(&f.backend))?;
+        let Sweep { lost, gone } = sweep;
+        // Fragment flows (port 0) of a VIP follow its services' kept sets.
+        let mut by_vip: StdHashMap<([u8; 4], u8), Vec<&BTreeSet<u32>>> = StdHashMap::new();
+        for (a, kept) in lost {
+            by_vip.entry((a.vip.octets(), a.proto)).or_default().push(kept);
         }
-        Ok(())
+        self.sweep_flows(|k, f| {
+            if gone.contains(&f.backend) {
+                return true;
+            }
+            if k.dport == [0, 0] {
+                return by_vip.get(&(k.dst, k.proto)).is_some_and(|v| v.iter().any(|kept| !kept.contains(&f.backend)));
+            }
+            let addr = ServiceAddr { vip: Ipv4Addr::from(k.dst), port: u16::from_be_bytes(k.dport), proto: k.proto };
+            lost.get(&addr).is_some_and(|kept| !kept.contains(&f.backend))
+        })
     }
 
-    fn free_service_id(&self) -> Result<u32> {
-        let used: BTreeSet<u32> = self.service_entries()?.iter().map(|(_, s)| s.id).collect();
-        (0..MAX_SERVICES).find(|i| !used.contains(i)).ok_or_else(|| anyhow!("all {MAX_SERVICES} service ids are in use"))
+    /// The ring `spec` builds, as backend ids per slot (writing backend entries).
+    fn ring_for(&mut self, spec: &ServiceSpec, seed: u64, built: &mut StdHashMap<(Vec<(String, u32)>, u32), Vec<u32>>) -> Result<Vec<u32>> {
+        maglev::check_table_size(spec.table_size)?;
+        let mut specs: Vec<&BackendSpec> = spec.backends.iter().collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let key: (Vec<(String, u32)>, u32) = (specs.iter().map(|b| (b.name.clone(), b.weight.max(1))).collect(), spec.table_size);
+        if !built.contains_key(&key) {
+            let members: Vec<Member> = key.0.iter().map(|(n, w)| Member { id: n.clone(), weight: *w }).collect();
+            built.insert(key.clone(), maglev::build(&members, spec.table_size, seed)?.slots);
+        }
+        let idx = &built[&key];
+        if specs.is_empty() {
+            return Ok(vec![NO_BACKEND; spec.table_size as usize]);
+        }
+        // Backend ids in sorted-name order, as maglev::build sorts its members.
+        let mut ids = Vec::with_capacity(specs.len());
+        for b in specs {
+            ids.push(self.backend_id(b)?);
+        }
+        Ok(idx.iter().map(|&i| ids[i as usize]).collect())
+    }
+
+    /// Where `slots` goes for `users`: (offset, slots written, the members the
+    /// ring had when it was rewritten in place). An equal ring is shared; a ring
+    /// all of whose users move here is rewritten in place; else a new region is
+    /// filled.
+    fn place_ring(&mut self, slots: &[u32], users: &[ServiceAddr]) -> Result<(u32, usize, Option<BTreeSet<u32>>)> {
+        if let Some(off) = self.rings.find(slots) {
+            let members = self.rings.get(off).map(|r| r.members.clone());
+            return Ok((off, 0, members));
+        }
+        let moving: BTreeSet<&ServiceAddr> = users.iter().collect();
+        let in_place = users.iter().filter_map(|a| self.programmed.get(a)).map(|p| p.ring).find(|&off| {
+            self.rings.get(off).is_some_and(|r| r.slots.len() == slots.len() && r.users.iter().all(|u| moving.contains(u)))
+        });
+        if let Some(off) = in_place {
+            let old = self.rings.get(off).expect("found");
+            let members = old.members.clone();
+            let changes: Vec<(u32, u32)> = maglev::changed_slots(&old.slots, slots).into_iter().map(|(i, b)| (off + i, b)).collect();
+            batch::update(self.ring.map(), &changes).context("writing lb4_ring")?;
+            self.rings.recontent(off, slots.to_vec());
+            return Ok((off, changes.len(), Some(members)));
+        }
+        let off = self.rings.alloc(slots.len() as u32)?;
+        let entries: Vec<(u32, u32)> = slots.iter().enumerate().map(|(i, &b)| (off + i as u32, b)).collect();
+        if let Err(e) = batch::update(self.ring.map(), &entries) {
+            self.rings.unalloc(off);
+            return Err(e).context("writing lb4_ring");
+        }
+        self.rings.insert(off, slots.to_vec(), false)?;
+        Ok((off, slots.len(), None))
+    }
+
+    fn free_service_id(&self) -> Option<u32> {
+        (0..MAX_SERVICES).find(|i| !self.ids.contains(i))
     }
 
     /// Points (vip, port 0, proto), the entry fragments use, at the service with the
     /// lowest port of that VIP and protocol (or removes it when there is none).
     fn update_fragment_alias(&mut self, vip: Ipv4Addr, proto: u8) -> Result<()> {
-        let alias = ServiceAddr { vip, port: 0, proto }.key();
-        let first = self.rings.keys().find(|a| a.vip == vip && a.proto == proto && a.port != 0).copied();
+        let alias = ServiceAddr { vip, port: 0, proto };
+        let first = self
+            .programmed
+            .range(alias..=ServiceAddr { vip, port: u16::MAX, proto: u8::MAX })
+            .find(|(a, _)| a.proto == proto && a.port != 0)
+            .map(|(a, p)| (*a, *p));
         match first {
-            Some(a) => {
-                let svc = self.services.get(&a.key(), 0)?;
-                self.services.insert(alias, svc, 0)?;
+            Some((a, p)) => {
+                let size = self.rings.get(p.ring).map_or(0, |r| r.size());
+                debug_assert_eq!(a.alias(), alias);
+                self.services.insert(alias.key(), Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
             }
-            None => ignore_missing(self.services.remove(&alias))?,
+            None => ignore_missing(self.services.remove(&alias.key()))?,
         }
         Ok(())
     }
@@ -536,7 +704,7 @@ impl Dataplane {
     /// Deletes backends no ring references and returns their ids; the caller
     /// evicts their flows (in the same pass as any other eviction it needs).
     fn collect_backends(&mut self) -> Result<BTreeSet<u32>> {
-        let used: BTreeSet<u32> = self.rings.values().flatten().copied().collect();
+        let used = self.rings.used_backends();
         let gone: BTreeSet<u32> = self.backend_slots.keys().copied().filter(|id| !used.contains(id)).collect();
         for id in &gone {
             // A zeroed slot (no BACKEND_PRESENT) is no backend: flows to it re-hash.
@@ -547,14 +715,25 @@ impl Dataplane {
         Ok(gone)
     }
 
+    /// Removes flow-table entries matching `pred` (one batched walk, batched
+    /// deletes); returns how many.
+    fn sweep_flows(&mut self, pred: impl Fn(&FlowKey, &Flow) -> bool) -> Result<usize> {
+        let stale: Vec<FlowKey> = batch::lookup_all::<FlowKey, Flow>(self.flows.map())?.into_iter().filter(|(k, f)| pred(k, f)).map(|(k, _)| k).collect();
+        let n = if stale.is_empty() { 0 } else { batch::delete(self.flows.map(), &stale)? };
+        self.epoch.bump()?; // cached copies of the removed flows
+        Ok(n)
+    }
+
+    /// Writes flow-table entries as the data path would on first packets: how
+    /// tests and benchmarks fill `lb4_flows` to real scale without sending a
+    /// million packets.
+    pub fn insert_flows(&mut self, flows: &[(FlowKey, Flow)]) -> Result<()> {
+        batch::update(self.flows.map(), flows).context("writing lb4_flows")
+    }
+
     /// Removes flow-table entries matching `pred`; returns how many.
     pub fn evict_flows(&mut self, pred: impl Fn(&FlowKey, &Flow) -> bool) -> Result<usize> {
-        let stale: Vec<FlowKey> = self.flows.iter().filter_map(|kv| kv.ok()).filter(|(k, f)| pred(k, f)).map(|(k, _)| k).collect();
-        for k in &stale {
-            ignore_missing(self.flows.remove(k))?;
-        }
-        self.epoch.bump()?; // cached copies of the removed flows
-        Ok(stale.len())
+        self.sweep_flows(pred)
     }
 
     /// The flow cache's epoch (`lb4_flow_cache_ctl`): bumped each time cached answers are invalidated.
@@ -563,7 +742,7 @@ impl Dataplane {
     }
 
     pub fn flow_count(&self) -> usize {
-        self.flows.keys().filter(|k| k.is_ok()).count()
+        batch::lookup_all::<FlowKey, Flow>(self.flows.map()).map_or(0, |v| v.len())
     }
 
     /// Sums the per-CPU counters.
@@ -572,11 +751,17 @@ impl Dataplane {
         for r in Reason::ALL {
             c.reasons.insert(r.name(), sum(&self.stats, r as u32)?);
         }
-        for (_, s) in self.service_entries()? {
-            c.services.insert(s.id, sum(&self.service_stats, s.id)?);
+        // From the maps, not the mirrors: a handle opened for reading (the metrics
+        // endpoint, inspect) sees services another handle programmed since. Two
+        // batched reads, then one read per id.
+        let ids: BTreeSet<u32> = batch::lookup_all::<ServiceKey, Service>(self.services.map())?.into_iter().map(|(_, s)| s.id).collect();
+        for id in ids {
+            c.services.insert(id, sum(&self.service_stats, id)?);
         }
-        for id in self.backends()?.into_keys() {
-            c.backends.insert(id, sum(&self.backend_stats, id)?);
+        for (id, b) in batch::lookup_all::<u32, Backend>(self.backends.map())? {
+            if b.flags & BACKEND_PRESENT != 0 {
+                c.backends.insert(id, sum(&self.backend_stats, id)?);
+            }
         }
         Ok(c)
     }
@@ -593,7 +778,7 @@ impl Dataplane {
         let a = attach::attach(ebpf, &dir, iface, mode)?;
         // The attach mode, when known, is recorded with the MAC (IFACE_NATIVE).
         let flags = a.mode.map(|m| if m == AttachMode::Native { IFACE_NATIVE } else { 0 });
-        self.write_iface(a.ifindex, a.mac, flags)?;
+        self.held.write_iface(a.ifindex, a.mac, flags)?;
         Ok(a)
     }
 }

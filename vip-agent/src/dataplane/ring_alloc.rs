@@ -41,8 +41,12 @@ impl RingAlloc {
         Ok(start)
     }
 
-    pub fn free(&mut self, offset: u32, _len: u32) {
+    pub fn free(&mut self, offset: u32) {
         self.used.remove(&offset);
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
     }
 }
 
@@ -57,7 +61,7 @@ mod tests {
         assert_eq!(a.alloc(251).unwrap(), 251);
         assert_eq!(a.alloc(251).unwrap(), 502);
         assert!(a.alloc(251).is_err());
-        a.free(251, 251);
+        a.free(251);
         assert_eq!(a.alloc(200).unwrap(), 251);
         assert!(a.reserve(900, 200).is_err());
     }

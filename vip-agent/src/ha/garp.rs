@@ -163,11 +163,20 @@ pub struct Job {
     pub what: &'static str,
 }
 
+/// What the sender task is asked to do.
+pub enum Order {
+    Send(Job),
+    /// Drop the frames still queued for these addresses: a VIP released while its
+    /// takeover rounds were pending must not be claimed again by them (the new
+    /// owner would count them as ARP conflicts and clients would be pulled back).
+    Cancel(std::collections::BTreeSet<Ipv4Addr>),
+}
+
 /// Starts the one task that sends the agent's ARP frames out of `ifindex`; jobs
 /// interleave (a takeover's first round never waits behind another job's gaps).
 /// Returns the queue; the task ends when it is dropped.
-pub fn spawn_sender(tx: FrameTx, ifindex: u32) -> tokio::sync::mpsc::UnboundedSender<Job> {
-    let (q, mut rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+pub fn spawn_sender(tx: FrameTx, ifindex: u32) -> tokio::sync::mpsc::UnboundedSender<Order> {
+    let (q, mut rx) = tokio::sync::mpsc::unbounded_channel::<Order>();
     tokio::spawn(async move {
         // (when the next round is due, the job, rounds left)
         let mut pending: Vec<(tokio::time::Instant, Job, u32)> = Vec::new();
@@ -181,10 +190,15 @@ pub fn spawn_sender(tx: FrameTx, ifindex: u32) -> tokio::sync::mpsc::UnboundedSe
                 _ = async { tokio::time::sleep_until(next.unwrap()).await }, if next.is_some() => None,
             };
             let now = tokio::time::Instant::now();
-            if let Some(j) = job {
-                if !j.frames.is_empty() && j.rounds > 0 {
-                    pending.push((now, j, 0));
+            match job {
+                Some(Order::Send(j)) if !j.frames.is_empty() && j.rounds > 0 => pending.push((now, j, 0)),
+                Some(Order::Cancel(addrs)) => {
+                    for p in &mut pending {
+                        p.1.frames.retain(|(a, _)| !addrs.contains(a));
+                    }
+                    pending.retain(|p| !p.1.frames.is_empty());
                 }
+                _ => {}
             }
             for p in pending.iter_mut().filter(|p| p.0 <= now) {
                 for (addr, frame) in &p.1.frames {

@@ -172,10 +172,28 @@ pub struct Options {
     pub me: String,
     pub interval: Duration,
     pub dead_after: Duration,
-    /// Monotonic ns of the agent's main loop's last turn, and how old it may be:
-    /// a wedged main loop (which no longer refreshes its held VIPs) must not look
+    /// Monotonic ns of the agent's liveness loop's last turn, and how old it may
+    /// be: a wedged loop (which no longer refreshes its held VIPs) must not look
     /// alive to peers just because this task still runs, so heartbeats stop.
     pub gate: Option<(Arc<AtomicU64>, Duration)>,
+    /// Where the task reports on itself (None in unit tests).
+    pub metrics: Option<Metrics>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct PeerLabels {
+    pub peer: String,
+}
+
+/// What the heartbeat task measures.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Turns on which the gate was shut or this task itself had not run for a
+    /// while: a tripwire that should stay at zero.
+    pub stalls: prometheus_client::metrics::counter::Counter,
+    /// The longest time between two heartbeats received from each peer (same
+    /// incarnation), in seconds: how close the peer came to being declared dead.
+    pub gap_max: prometheus_client::metrics::family::Family<PeerLabels, prometheus_client::metrics::gauge::Gauge<f64, AtomicU64>>,
 }
 
 /// Binds `bind` and spawns the heartbeat task on the current tokio runtime. The
@@ -203,15 +221,22 @@ fn gate_open(gate: &Option<(Arc<AtomicU64>, Duration)>) -> bool {
     match gate {
         None => true,
         Some((last_turn, max_age)) => {
-            let age = crate::dataplane::monotonic_ns().saturating_sub(last_turn.load(Ordering::Relaxed));
+            let age = crate::clock::monotonic_ns().saturating_sub(last_turn.load(Ordering::Relaxed));
             Duration::from_nanos(age) <= *max_age
         }
     }
 }
 
 async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<BTreeSet<String>>) {
-    let Options { ref peers, ref me, interval, ref gate, .. } = o;
-    let (peers, me, gate) = (peers.clone(), me.clone(), gate.clone());
+    let Options { ref peers, ref me, interval, ref gate, ref metrics, .. } = o;
+    let (peers, me, gate, metrics) = (peers.clone(), me.clone(), gate.clone(), metrics.clone());
+    let stalled = || {
+        if let Some(m) = &metrics {
+            m.stalls.inc();
+        }
+    };
+    // Last heartbeat received per peer (name, incarnation), for the gap metric.
+    let mut last_heard: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
     let incarnation = new_incarnation();
     let known: HashSet<SocketAddr> = peers.iter().map(|(_, a)| *a).collect();
     let mut tick = tokio::time::interval(interval);
@@ -229,6 +254,7 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 let now = Instant::now();
                 if now.duration_since(last_turn) > stall {
                     tracing::warn!(gap = ?now.duration_since(last_turn), "heartbeat task was not running; not blaming peers for our gap");
+                    stalled();
                     table.forgive(now);
                 }
                 last_turn = now;
@@ -243,7 +269,8 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                         }
                     }
                 } else {
-                    tracing::warn!("main loop stalled: not sending heartbeats");
+                    tracing::warn!("liveness loop stalled: not sending heartbeats");
+                    stalled();
                 }
                 table.expire(Instant::now())
             }
@@ -261,7 +288,20 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                                 tracing::warn!(%from, node = %hb.node, "another agent uses our node name; ignored");
                             }
                         }
-                        Some(hb) => ev.extend(table.observe(&hb.node, hb.incarnation, hb.seq, now)),
+                        Some(hb) => {
+                            if let Some(m) = &metrics {
+                                if let Some((inc, at)) = last_heard.insert(hb.node.clone(), (hb.incarnation, now)) {
+                                    if inc == hb.incarnation {
+                                        let g = m.gap_max.get_or_create(&PeerLabels { peer: hb.node.clone() });
+                                        let gap = now.duration_since(at).as_secs_f64();
+                                        if gap > g.get() {
+                                            g.set(gap);
+                                        }
+                                    }
+                                }
+                            }
+                            ev.extend(table.observe(&hb.node, hb.incarnation, hb.seq, now))
+                        }
                         None => tracing::debug!(%from, "not a heartbeat; ignored"),
                     },
                     Ok((_, from)) => tracing::debug!(%from, "datagram from an unknown address; ignored"),
@@ -374,7 +414,7 @@ mod tests {
 
     fn opts(addrs: &[SocketAddr], i: usize) -> Options {
         let peers = addrs.iter().enumerate().filter(|(j, _)| *j != i).map(|(j, a)| (format!("n{j}"), *a)).collect();
-        Options { bind: addrs[i], peers, me: format!("n{i}"), interval: INTERVAL, dead_after: DEAD_AFTER, gate: None }
+        Options { bind: addrs[i], peers, me: format!("n{i}"), interval: INTERVAL, dead_after: DEAD_AFTER, gate: None, metrics: None }
     }
 
     async fn start(addrs: &[SocketAddr], i: usize) -> watch::Receiver<BTreeSet<String>> {
@@ -427,14 +467,14 @@ mod tests {
     async fn a_stalled_main_loop_stops_the_heartbeats() {
         let addrs = free_addrs(2);
         let mut a = start(&addrs, 0).await;
-        let last_turn = Arc::new(AtomicU64::new(crate::dataplane::monotonic_ns()));
+        let last_turn = Arc::new(AtomicU64::new(crate::clock::monotonic_ns()));
         let mut o = opts(&addrs, 1);
         o.gate = Some((last_turn.clone(), Duration::from_millis(100)));
         let _b = run(o).await.unwrap();
         // Keep the gate open for a while: n0 keeps n1 past the presumption.
         let t0 = tokio::time::Instant::now();
         while t0.elapsed() < DEAD_AFTER * 2 {
-            last_turn.store(crate::dataplane::monotonic_ns(), Ordering::Relaxed);
+            last_turn.store(crate::clock::monotonic_ns(), Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(*a.borrow(), BTreeSet::from(["n0".to_owned(), "n1".to_owned()]));

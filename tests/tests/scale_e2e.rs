@@ -1,0 +1,160 @@
+//! Liveness at real scale, with the defaults a new user gets: three real agents,
+//! 1,000 VIPs × 2 ports (default table size 16381, default timers), every flow
+//! table full (1M entries), `/metrics` scraped five times a second on every
+//! agent. One backend's server stops: every service's ring changes on every
+//! agent. Nothing of that may reach liveness: no heartbeat stall, no peer
+//! declared dead, no VIP moved, one ARP answer per VIP.
+use std::{
+    collections::BTreeSet,
+    io::{Read, Write},
+    net::Ipv4Addr,
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use vip_agent::dataplane::Dataplane;
+use vip_common::MAX_FLOWS;
+use vip_tests::{
+    agent::{agent_bin, wait_for},
+    flows,
+    halab::{vip, HaLab, HaSpec, Naming, CLIENT},
+    netns::{privileged, NetNs},
+};
+
+fn get(ns: &NetNs, path: &'static str) -> String {
+    ns.run(move || {
+        let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") else { return String::new() };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    })
+    .unwrap_or_default()
+}
+
+/// The value of the first sample of `name` (with any labels) in a scrape.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The largest sample of a metric family.
+fn max_sample(text: &str, name: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).fold(0.0, f64::max)
+}
+
+#[test]
+fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness() {
+    if !privileged() {
+        return;
+    }
+    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
+    let spec = HaSpec { vips: 1000, ports: vec![80, 8080], table_size: None, default_timers: true, check_interval_ms: 200, ..Default::default() };
+    let t0 = Instant::now();
+    let mut lab = HaLab::start(spec, Naming::Unique, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap();
+    let all = [0, 1, 2];
+    let owners = lab.wait_converged(&all, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e:#}"));
+    lab.wait_rings_full(&all, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("1,000 VIPs × 2 ports converged on three agents {:?} after start", t0.elapsed());
+
+    // Every flow table full: flows of every service, pinned to every backend.
+    let vips: Vec<Ipv4Addr> = (0..1000).map(vip).collect();
+    for n in &lab.nodes {
+        let ids: Vec<u32> = Dataplane::open(&n.pins.path).unwrap().backends().unwrap().into_keys().collect();
+        assert_eq!(ids.len(), 3);
+        let count = flows::fill(&n.pins.path, &flows::synthetic(MAX_FLOWS as usize, &vips, 80, &ids)).unwrap();
+        assert!(count as u32 >= MAX_FLOWS * 9 / 10, "flow table of {} not full: {count}", n.name);
+    }
+
+    let before: Vec<String> = lab.nodes.iter().map(|n| get(&n.ns, "/metrics")).collect();
+    let logs_before: Vec<usize> = lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap().matches("peer liveness changed").count()).collect();
+    // Scrapers: every agent's /metrics five times a second until the end.
+    let stop = Arc::new(AtomicBool::new(false));
+    let scrapers: Vec<_> = lab
+        .nodes
+        .iter()
+        .map(|n| {
+            let stop = stop.clone();
+            n.ns.spawn(move || {
+                let mut ok = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") {
+                        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                        let mut out = String::new();
+                        if s.read_to_string(&mut out).is_ok() && out.contains("vip_xdp_packets") {
+                            ok += 1;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                ok
+            })
+            .unwrap()
+        })
+        .collect();
+
+    // node-3's server stops: its health check fails on every agent, and every
+    // service's ring loses it.
+    std::thread::sleep(Duration::from_secs(1));
+    if let Some(mut s) = lab.nodes[2].server.take() {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    let out = wait_for(Duration::from_secs(30), || {
+        all.iter()
+            .all(|&i| {
+                lab.status(i).is_some_and(|s| {
+                    s["services"].as_array().is_some_and(|v| v.len() == 2000 && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == 2)))
+                })
+            })
+            .then_some(())
+    });
+    assert!(out.is_some(), "node-3 did not leave every ring within 30 s\n{}", lab.agent_logs());
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let scrapes: Vec<u32> = scrapers.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(scrapes.iter().all(|&n| n >= 5), "scrapes that succeeded: {scrapes:?}");
+
+    for (i, n) in lab.nodes.iter().enumerate() {
+        let m = get(&n.ns, "/metrics");
+        let stalls = sample(&m, "vip_liveness_stalls_total").unwrap();
+        let gap = max_sample(&m, "vip_heartbeat_gap_max_seconds");
+        let evicted = sample(&m, "vip_flows_evicted_total").unwrap();
+        let to_maps = lab.status(i).unwrap()["health_to_maps_us"].as_array().unwrap().iter().filter_map(|v| v.as_u64()).max().unwrap_or(0);
+        eprintln!(
+            "{}: health change → rings written {to_maps} µs; flows evicted {evicted}; largest heartbeat gap {:.0} ms; stalls {stalls}",
+            n.name,
+            gap * 1000.0
+        );
+        assert_eq!(stalls, sample(&before[i], "vip_liveness_stalls_total").unwrap(), "{}: liveness stalled\n{}", n.name, lab.agent_logs());
+        // deadAfter is 300 ms by default.
+        assert!(gap < 0.3, "{}: a peer's heartbeats were {gap} s apart", n.name);
+        assert!(evicted > 0.0, "{}: flows pinned to node-3 were not evicted", n.name);
+        let log = std::fs::read_to_string(&n.log).unwrap();
+        for l in log.lines().filter(|l| l.contains("services written") || l.contains("flow table swept")).rev().take(2) {
+            eprintln!("  {}", l.split_once("INFO ").map_or(l, |x| x.1));
+        }
+        let changes = log.matches("peer liveness changed").count();
+        assert_eq!(changes, logs_before[i], "{}: a peer was declared dead or came back\n{}", n.name, lab.agent_logs());
+        assert_eq!(sample(&m, "vip_pool_owner_changes_total"), sample(&before[i], "vip_pool_owner_changes_total"), "{}: VIPs moved", n.name);
+    }
+    assert_eq!(lab.wait_converged(&all, Duration::from_secs(5)).unwrap(), owners, "owners changed");
+    // A sample of VIPs: each answered by its owner alone.
+    for k in [0, 333, 999] {
+        let v = vip(k);
+        let o = lab.client.cmd("arping").args(["-c", "2", "-w", "2", "-I", "eth0", &v.to_string()]).output().unwrap();
+        let macs: BTreeSet<String> = String::from_utf8_lossy(&o.stdout)
+            .split(['[', ']'])
+            .filter(|w| w.len() == 17 && w.matches(':').count() == 5)
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(macs.len(), 1, "ARP for {v} from {CLIENT}: {macs:?}");
+    }
+    for a in lab.nodes.iter_mut().filter_map(|n| n.agent.as_mut()) {
+        a.check_alive().unwrap();
+    }
+}

@@ -1,0 +1,404 @@
+//! The liveness path: heartbeats, VIP ownership, held-deadline refreshes,
+//! gratuitous ARP and ARP-conflict watching, on a thread and runtime of their own.
+//!
+//! Nothing else the agent does runs here: ring programming, probes, the
+//! Kubernetes client and the HTTP server live on the main runtime, and this
+//! thread talks to the kernel through its own map descriptors
+//! ([`crate::dataplane::HeldVips`]). So a takeover, a refresh or a heartbeat
+//! never waits behind a map write, however many services there are; the only
+//! input it takes from the rest is the model (a `watch`, never blocking).
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddr},
+    sync::{atomic::Ordering, Arc},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info, warn};
+
+use super::{desired::ownership, metrics};
+use crate::{
+    clock::monotonic_ns,
+    dataplane::{Announce, HeldVips},
+    ha::{
+        self,
+        garp::{FrameTx, Job, Order},
+        heartbeat,
+    },
+    model::{AnnounceMode, World},
+};
+
+/// What the liveness thread decided, for the programmer (rings follow `live`),
+/// the status and the controller.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Nodes whose liveness heartbeats tell (this node and its peers).
+    pub tracked: BTreeSet<String>,
+    /// Those of `tracked` alive now.
+    pub live: BTreeSet<String>,
+    pub owners: BTreeMap<Ipv4Addr, String>,
+    pub held: BTreeSet<Ipv4Addr>,
+    pub on_lo: BTreeSet<Ipv4Addr>,
+}
+
+/// What the thread needs from the agent's start.
+pub struct Setup {
+    pub me: String,
+    pub ifindex: u32,
+    /// Our interface MAC: the sender of gratuitous ARP.
+    pub mac: [u8; 6],
+    pub held: HeldVips,
+    /// The VIPs of `announce: lo` pools we hold, for the loopback task.
+    pub on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
+    pub metrics: metrics::Liveness,
+}
+
+/// Starts the thread, which first sweeps `arp_held` (entries of VIPs this node
+/// no longer holds are released, those of VIPs in no pool removed) and takes
+/// what it owns; returns once that is done. It runs until `world`'s sender is
+/// dropped.
+pub fn spawn(setup: Setup, frames: FrameTx, world: watch::Receiver<Arc<World>>) -> Result<watch::Receiver<Membership>> {
+    let (tx, rx) = watch::channel(Membership::default());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("vip-liveness".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(anyhow::anyhow!("liveness runtime: {e}")));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let arp_tx = ha::garp::spawn_sender(frames, setup.ifindex);
+                let mut l = Liveness::new(setup, world, tx, arp_tx);
+                let first = l.start().await;
+                let ok = first.is_ok();
+                let _ = ready_tx.send(first);
+                if ok {
+                    l.run().await;
+                }
+            });
+        })
+        .context("starting the liveness thread")?;
+    ready_rx.recv().context("the liveness thread ended at start")??;
+    Ok(rx)
+}
+
+struct Liveness {
+    s: Setup,
+    world_rx: watch::Receiver<Arc<World>>,
+    world: Arc<World>,
+    out: watch::Sender<Membership>,
+    arp_tx: mpsc::UnboundedSender<Order>,
+    heartbeat: Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>,
+    tracked: BTreeSet<String>,
+    live: BTreeSet<String>,
+    /// What is written to `arp_held`: VIP → how it is announced.
+    held: BTreeMap<Ipv4Addr, Announce>,
+    owners: BTreeMap<Ipv4Addr, String>,
+    /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
+    deadline: u64,
+    /// When each held VIP was last announced (its pool's refresh counts from it).
+    last_garp: BTreeMap<Ipv4Addr, Instant>,
+    /// `arp_conflict` packets counted so far (to log new ones).
+    conflicts: u64,
+}
+
+/// The ticker that re-writes held deadlines: three times per hold time.
+pub fn hold_refresh(w: &World) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(w.announce.hold_time / 3);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+impl Liveness {
+    fn new(s: Setup, world_rx: watch::Receiver<Arc<World>>, out: watch::Sender<Membership>, arp_tx: mpsc::UnboundedSender<Order>) -> Self {
+        let world = world_rx.borrow().clone();
+        Self {
+            s,
+            world_rx,
+            world,
+            out,
+            arp_tx,
+            heartbeat: None,
+            tracked: BTreeSet::new(),
+            live: BTreeSet::new(),
+            held: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            deadline: 0,
+            last_garp: BTreeMap::new(),
+            conflicts: 0,
+        }
+    }
+
+    /// Sweeps what an earlier agent left in `arp_held`, starts heartbeats and
+    /// takes the VIPs this node owns.
+    async fn start(&mut self) -> Result<()> {
+        // Conflicts counted before this start are not news.
+        self.conflicts = self.s.held.reason_count(vip_common::Reason::ArpConflict).map_or(0, |c| c.0);
+        let now = monotonic_ns();
+        // Fresh entries are ours from before a restart: start from them, so that
+        // those we no longer own are released (and those we keep are not
+        // re-announced as a takeover).
+        for e in self.s.held.entries()? {
+            if e.ifindex == self.s.ifindex && e.deadline_ns > now {
+                self.held.insert(e.vip, e.announce);
+            }
+        }
+        self.sync_heartbeat().await;
+        self.decide(false);
+        Ok(())
+    }
+
+    async fn run(&mut self) {
+        let mut refresh = hold_refresh(&self.world);
+        // Each pool's refresh (at least 1 s) is checked against this finer tick.
+        let mut garp_refresh = tokio::time::interval(Duration::from_millis(250));
+        let mut watch_conflicts = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            self.s.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
+            tokio::select! {
+                changed = self.world_rx.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let world = self.world_rx.borrow_and_update().clone();
+                    let timers_changed = world.announce.hold_time != self.world.announce.hold_time;
+                    self.world = world;
+                    self.sync_heartbeat().await;
+                    if timers_changed {
+                        refresh = hold_refresh(&self.world);
+                    }
+                    self.decide(false);
+                    // Deadlines follow the new hold time at once.
+                    self.refresh();
+                }
+                Some(live) = next_live(&mut self.heartbeat) => {
+                    info!(live = ?live, "live nodes changed");
+                    let back: Vec<Ipv4Addr> = live.difference(&self.live).filter_map(|n| self.world.node(n)).map(|n| n.addr).collect();
+                    self.resolve(back);
+                    self.live = live;
+                    self.decide(true);
+                }
+                _ = refresh.tick() => self.refresh(),
+                _ = garp_refresh.tick() => self.refresh_garp(),
+                _ = watch_conflicts.tick() => self.watch_conflicts(),
+            }
+        }
+        info!("liveness thread stopping; held VIPs stay answered until their deadline");
+    }
+
+    /// (Re)starts heartbeats when their settings (our address, the peers eligible
+    /// to hold VIPs, timers) changed. With no peer there are none, and every node
+    /// counts as alive.
+    async fn sync_heartbeat(&mut self) {
+        let me = self.s.me.clone();
+        let f = &self.world.failover;
+        let Some(my) = self.world.node(&me) else { return };
+        let peers: Vec<(String, SocketAddr)> = self
+            .world
+            .holders()
+            .into_iter()
+            .filter(|n| n.name != me)
+            .map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port))))
+            .collect();
+        let want = heartbeat::Options {
+            bind: SocketAddr::from((my.addr, f.heartbeat_port)),
+            peers,
+            me: me.clone(),
+            interval: f.heartbeat_interval,
+            dead_after: f.dead_after,
+            gate: Some((self.s.metrics.last_turn_ns.clone(), self.world.announce.hold_time / 2)),
+            metrics: Some(self.s.metrics.heartbeat.clone()),
+        };
+        let same = |a: &heartbeat::Options, b: &heartbeat::Options| {
+            (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after)
+        };
+        if self.heartbeat.as_ref().is_some_and(|(cur, _)| same(cur, &want)) {
+            return;
+        }
+        // Dropping the receiver stops the old task, which then releases the port.
+        self.heartbeat = None;
+        if want.peers.is_empty() {
+            self.tracked = BTreeSet::from([me]);
+            self.live = self.world.nodes.iter().map(|n| n.name.clone()).collect();
+            return;
+        }
+        self.tracked = want.peers.iter().map(|(n, _)| n.clone()).chain([me]).collect();
+        for attempt in 0..50 {
+            match heartbeat::run(want.clone()).await {
+                Ok(rx) => {
+                    self.live = rx.borrow().clone();
+                    info!(bind = %want.bind, peers = want.peers.len(), "heartbeats running");
+                    self.heartbeat = Some((want, rx));
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 49 => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(e) => {
+                    error!(bind = %want.bind, "cannot start heartbeats: {e}; peers will see this node as dead");
+                    self.live = self.tracked.clone();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Computes ownership from the pools and the live set and writes the
+    /// difference to `arp_held`: taken VIPs held and announced, lost ones
+    /// released (their pending announcements cancelled), VIPs in no pool
+    /// forgotten. `reassert`: membership changed, so every held VIP is announced
+    /// again (while it was split, others may have taken ours and moved clients).
+    fn decide(&mut self, reassert: bool) {
+        let o = ownership(&self.world, &self.s.me, &self.live);
+        let want: BTreeMap<Ipv4Addr, Announce> =
+            o.held.iter().map(|v| (*v, if o.on_lo.contains(v) { Announce::Lo } else { Announce::Arp })).collect();
+        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
+        let taken: BTreeSet<Ipv4Addr> = want.iter().filter(|(v, a)| self.held.get(v) != Some(a)).map(|(v, _)| *v).collect();
+        for vip in &taken {
+            if let Err(e) = self.s.held.hold(self.s.ifindex, *vip, deadline, want[vip]) {
+                error!(%vip, "holding VIP: {e:#}");
+            } else {
+                info!(%vip, on_lo = o.on_lo.contains(vip), "holding VIP");
+            }
+        }
+        let released: BTreeSet<Ipv4Addr> = self.held.keys().filter(|v| !want.contains_key(v)).copied().collect();
+        if !released.is_empty() {
+            let _ = self.arp_tx.send(Order::Cancel(released.clone()));
+        }
+        for vip in &released {
+            match self.s.held.release(self.s.ifindex, *vip) {
+                Ok(()) => info!(%vip, "released VIP (its pinned flows keep being forwarded)"),
+                Err(e) => error!(%vip, "releasing VIP: {e:#}"),
+            }
+        }
+        // Entries of VIPs that left every pool (also from before a restart) go entirely.
+        match self.s.held.entries() {
+            Ok(entries) => {
+                for e in entries.into_iter().filter(|e| e.ifindex == self.s.ifindex && self.world.pool_of(e.vip).is_none()) {
+                    match self.s.held.forget(e.ifindex, e.vip) {
+                        Ok(()) => info!(vip = %e.vip, "forgot VIP (in no pool)"),
+                        Err(err) => error!(vip = %e.vip, "forgetting VIP: {err:#}"),
+                    }
+                }
+            }
+            Err(e) => error!("reading arp_held: {e:#}"),
+        }
+        self.held = want;
+        if reassert {
+            self.announce(self.held.keys().copied().collect(), true);
+        } else {
+            self.announce(taken, true);
+        }
+        self.last_garp.retain(|v, _| o.held.contains(v));
+        self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
+        self.s.metrics.record(&self.world, &self.owners, &o);
+        self.owners = o.owners.clone();
+        let m = Membership { tracked: self.tracked.clone(), live: self.live.clone(), owners: o.owners, held: o.held, on_lo: o.on_lo };
+        self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
+    }
+
+    /// Re-writes the deadline of every held VIP (fencing: if this stops, they go stale).
+    fn refresh(&mut self) {
+        let now = monotonic_ns();
+        let last = self.deadline;
+        let lapsed = last != 0 && now > last;
+        let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
+        for (vip, a) in &self.held {
+            if let Err(e) = self.s.held.hold(self.s.ifindex, *vip, deadline, *a) {
+                error!(%vip, "refreshing held VIP: {e:#}");
+            }
+        }
+        self.deadline = deadline;
+        if lapsed && !self.held.is_empty() {
+            // We were not running (stopped, starved) and our VIPs went stale; peers
+            // may have taken them and moved clients away. Taking them back is a
+            // takeover like any other: announce it.
+            warn!(stale_ms = (now - last) / 1_000_000, "held VIPs had gone stale; re-announcing them");
+            self.announce(self.held.keys().copied().collect(), true);
+        }
+    }
+
+    /// Gratuitous ARP for those of `vips` announced by ARP (in the background): on
+    /// a `takeover` each pool's count of frames, its interval apart, so switches and
+    /// neighbours learn the new owner at once; else one frame (refresh, conflict).
+    fn announce(&mut self, vips: BTreeSet<Ipv4Addr>, takeover: bool) {
+        let now = Instant::now();
+        let mut by_settings: BTreeMap<crate::model::Garp, Vec<_>> = BTreeMap::new();
+        for v in vips {
+            if self.world.announce_mode(v) == AnnounceMode::Lo {
+                continue;
+            }
+            self.last_garp.insert(v, now);
+            by_settings.entry(self.world.garp(v)).or_default().push((v, ha::garp::garp_frame(self.s.mac, v)));
+        }
+        for (g, frames) in by_settings {
+            let rounds = if takeover { g.count } else { 1 };
+            let _ = self.arp_tx.send(Order::Send(Job { frames, rounds, gap: g.interval, what: "gratuitous ARP" }));
+        }
+    }
+
+    /// One gratuitous ARP for each held VIP whose pool's refresh has passed since
+    /// it was last announced (switch FDB and neighbour entries age out).
+    fn refresh_garp(&mut self) {
+        let now = Instant::now();
+        let due: BTreeSet<Ipv4Addr> = self
+            .held
+            .keys()
+            .filter(|v| self.last_garp.get(v).is_none_or(|t| now.duration_since(*t) >= self.world.garp(**v).refresh))
+            .copied()
+            .collect();
+        if !due.is_empty() {
+            self.announce(due, false);
+        }
+    }
+
+    /// Asks ARP for the addresses of nodes that just came back. After our link was
+    /// down the kernel's neighbour entries for them sit INCOMPLETE until its next
+    /// retry (up to a second): their heartbeats reach us, ours would not reach them.
+    /// The reply to this request completes the entries at once.
+    fn resolve(&self, addrs: Vec<Ipv4Addr>) {
+        let Some(me) = self.world.node(&self.s.me).map(|n| n.addr) else { return };
+        let frames: Vec<_> = addrs.into_iter().map(|a| (a, ha::garp::arp_request_frame(self.s.mac, me, a))).collect();
+        if !frames.is_empty() {
+            let _ = self.arp_tx.send(Order::Send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" }));
+        }
+    }
+
+    /// Logs and counts ARP replies or gratuitous ARP from another MAC claiming a
+    /// VIP we hold (counted by the data path as `arp_conflict`).
+    fn watch_conflicts(&mut self) {
+        let Ok((n, _)) = self.s.held.reason_count(vip_common::Reason::ArpConflict) else { return };
+        if n > self.conflicts {
+            warn!(new = n - self.conflicts, held = self.held.len(), "ARP conflict: another MAC claims a VIP this node holds; re-announcing ours");
+            self.s.metrics.arp_conflicts.inc_by(n - self.conflicts);
+            // Whoever claimed it (a partitioned node, a node that woke up) may have
+            // pulled clients away; the holder's announcement brings them back.
+            self.announce(self.held.keys().copied().collect(), false);
+        }
+        self.conflicts = n;
+    }
+}
+
+/// Sets `cur` to `want` when they differ (cloning only then); whether it did.
+pub fn replace_if_changed<T: Clone + PartialEq>(cur: &mut T, want: &T) -> bool {
+    let changed = cur != want;
+    if changed {
+        cur.clone_from(want);
+    }
+    changed
+}
+
+/// The next live set from the heartbeat task (pending forever without one).
+async fn next_live(hb: &mut Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>) -> Option<BTreeSet<String>> {
+    match hb {
+        Some((_, rx)) => match rx.changed().await {
+            Ok(()) => Some(rx.borrow_and_update().clone()),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,133 @@
+//! Batched map operations (`BPF_MAP_LOOKUP_BATCH`, `BPF_MAP_UPDATE_BATCH`,
+//! `BPF_MAP_DELETE_BATCH`, Linux 5.6+): thousands of entries per system call
+//! instead of one or two each. aya 0.14 has no wrapper for them; the attribute
+//! layout is the `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+//! Used for whole-ring writes, reading rings back on re-open, and the one flow
+//! table sweep of a change set, which would otherwise cost O(entries) calls.
+use std::{
+    io,
+    mem::{size_of, MaybeUninit},
+    os::fd::{AsFd as _, AsRawFd as _},
+};
+
+use aya::{maps::MapData, Pod};
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// Entries asked for per call.
+const CHUNK: usize = 8192;
+
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+fn sys_bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+    // SAFETY: `attr` is a valid, fully initialised bpf_attr prefix of the size given;
+    // the kernel reads and writes only the buffers it points at, which the callers
+    // size for `count` entries.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut BatchAttr, size_of::<BatchAttr>()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn fd(map: &MapData) -> u32 {
+    map.fd().as_fd().as_raw_fd() as u32
+}
+
+/// Every (key, value) of a hash or array map (not per-CPU). Entries added or
+/// removed during the walk may or may not be seen, as with `get_next_key`.
+pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
+    let mut out = Vec::new();
+    // The batch token: a bucket index for hash maps, a key for arrays; 8 bytes hold both.
+    let mut token = [0u64; 2];
+    let mut first = true;
+    let mut chunk = CHUNK;
+    loop {
+        let mut keys: Vec<MaybeUninit<K>> = Vec::with_capacity(chunk);
+        let mut values: Vec<MaybeUninit<V>> = Vec::with_capacity(chunk);
+        let in_token = token;
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { in_token.as_ptr() as u64 },
+            out_batch: token.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd(map),
+            ..Default::default()
+        };
+        let r = sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let n = attr.count as usize;
+        match &r {
+            // A hash bucket holds more entries than asked for: ask for more.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && n == 0 => {
+                chunk *= 2;
+                continue;
+            }
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(io::Error::new(e.kind(), format!("BPF_MAP_LOOKUP_BATCH: {e}"))),
+            _ => {}
+        }
+        // SAFETY: the kernel wrote `n` keys and values (Pod: any bytes are valid).
+        unsafe {
+            keys.set_len(n);
+            values.set_len(n);
+        }
+        out.extend(keys.into_iter().zip(values).map(|(k, v)| unsafe { (k.assume_init(), v.assume_init()) }));
+        if r.is_err() {
+            return Ok(out); // ENOENT: the walk is complete
+        }
+        first = false;
+    }
+}
+
+/// Writes `entries` (key, value) in as few calls as the chunk size allows.
+pub fn update<K: Pod, V: Pod>(map: &MapData, entries: &[(K, V)]) -> io::Result<()> {
+    for part in entries.chunks(CHUNK) {
+        let keys: Vec<K> = part.iter().map(|(k, _)| *k).collect();
+        let values: Vec<V> = part.iter().map(|(_, v)| *v).collect();
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: part.len() as u32,
+            map_fd: fd(map),
+            ..Default::default()
+        };
+        sys_bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map_err(|e| io::Error::new(e.kind(), format!("BPF_MAP_UPDATE_BATCH: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Deletes `keys` from a hash map; keys already gone are skipped. Returns how
+/// many were deleted.
+pub fn delete<K: Pod>(map: &MapData, keys: &[K]) -> io::Result<usize> {
+    let mut deleted = 0;
+    let mut rest = keys;
+    while !rest.is_empty() {
+        let part = &rest[..rest.len().min(CHUNK)];
+        let mut attr = BatchAttr { keys: part.as_ptr() as u64, count: part.len() as u32, map_fd: fd(map), ..Default::default() };
+        let r = sys_bpf(BPF_MAP_DELETE_BATCH, &mut attr);
+        let done = attr.count as usize;
+        deleted += done;
+        match r {
+            Ok(()) => rest = &rest[part.len()..],
+            // The kernel stops at the first key that is not there (an LRU map may
+            // have evicted it meanwhile): skip that one and go on.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => rest = &rest[(done + 1).min(rest.len())..],
+            Err(e) => return Err(io::Error::new(e.kind(), format!("BPF_MAP_DELETE_BATCH: {e}"))),
+        }
+    }
+    Ok(deleted)
+}

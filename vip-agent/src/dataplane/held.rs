@@ -1,0 +1,169 @@
+//! The ARP side of the data path: interfaces (`lb_ifaces`) and held VIPs
+//! (`arp_held`). A handle of its own, so that the liveness thread refreshes
+//! deadlines through file descriptors no ring write ever waits behind.
+use std::{net::Ipv4Addr, path::Path};
+
+use anyhow::{bail, Context as _, Result};
+use aya::maps::{HashMap, MapData, PerCpuArray};
+use vip_common::{map_names as names, Counter, HeldKey, HeldVip, IfaceConfig, Reason, HELD_NO_ARP, IFACE_NATIVE};
+
+use super::{coarse_slack_ns, flow_cache, ignore_missing, open_pinned, sum};
+
+/// How a held VIP is announced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Announce {
+    /// Answer ARP for it (and send gratuitous ARP on takeover).
+    #[default]
+    Arp,
+    /// Balance it but answer no ARP: a routing daemon announces it from `lo`.
+    Lo,
+}
+
+impl Announce {
+    fn flags(self) -> u8 {
+        match self {
+            Announce::Arp => 0,
+            Announce::Lo => HELD_NO_ARP,
+        }
+    }
+
+    fn from_flags(f: u8) -> Self {
+        if f & HELD_NO_ARP != 0 {
+            Announce::Lo
+        } else {
+            Announce::Arp
+        }
+    }
+}
+
+/// A held-VIP entry as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldEntry {
+    pub ifindex: u32,
+    pub vip: Ipv4Addr,
+    /// The deadline the data path applies ([`coarse_slack_ns`] before the one asked for).
+    pub deadline_ns: u64,
+    pub announce: Announce,
+}
+
+pub struct HeldVips {
+    ifaces: HashMap<MapData, u32, IfaceConfig>,
+    held: HashMap<MapData, HeldKey, HeldVip>,
+    stats: PerCpuArray<MapData, Counter>,
+    epoch: flow_cache::Ctl,
+}
+
+impl HeldVips {
+    pub(super) fn new(
+        ifaces: HashMap<MapData, u32, IfaceConfig>,
+        held: HashMap<MapData, HeldKey, HeldVip>,
+        stats: PerCpuArray<MapData, Counter>,
+        epoch: flow_cache::Ctl,
+    ) -> Self {
+        Self { ifaces, held, stats, epoch }
+    }
+
+    /// A second handle on the same pinned maps (own descriptors, shared epoch lock).
+    pub(super) fn reopen(&self, dir: &Path) -> Result<Self> {
+        Ok(Self {
+            ifaces: open_pinned(dir, names::IFACES)?,
+            held: open_pinned(dir, names::HELD)?,
+            stats: open_pinned(dir, names::STATS)?,
+            epoch: self.epoch.clone(),
+        })
+    }
+
+    /// Records the MAC of an interface the program runs on, with its flags set to
+    /// `flags` or kept as recorded when `None`. VIPs held on it get the new MAC too.
+    pub(super) fn write_iface(&mut self, ifindex: u32, mac: [u8; 6], flags: Option<u8>) -> Result<()> {
+        let flags = flags.unwrap_or_else(|| self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags));
+        self.ifaces.insert(ifindex, IfaceConfig { mac, flags, _pad: 0 }, 0)?;
+        let stale: Vec<(HeldKey, HeldVip)> =
+            self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        let changed = !stale.is_empty();
+        for (k, h) in stale {
+            self.held.insert(k, HeldVip { mac, ..h }, 0)?;
+        }
+        if changed {
+            self.epoch.bump()?; // cached answers carry the old MAC
+        }
+        Ok(())
+    }
+
+    /// Whether the program runs on `ifindex` in native mode, as recorded when this
+    /// or an earlier agent attached it (the driver can then transmit XDP frames).
+    pub fn iface_native(&self, ifindex: u32) -> bool {
+        self.ifaces.get(&ifindex, 0).is_ok_and(|c| c.flags & IFACE_NATIVE != 0)
+    }
+
+    pub fn remove_iface(&mut self, ifindex: u32) -> Result<()> {
+        ignore_missing(self.ifaces.remove(&ifindex))
+    }
+
+    /// Holds `vip` on `ifindex` until `deadline_ns` (CLOCK_MONOTONIC). Call again
+    /// before it passes to keep holding; past it the data path stops answering
+    /// (the entry stores `deadline_ns - coarse_slack_ns()`, see [`coarse_slack_ns`]).
+    /// The entry carries the interface's MAC, so the interface must be recorded
+    /// first. No flow-cache epoch bump (this runs on every refresh): cached answers
+    /// are only for pinned flows, which are forwarded whatever the deadline, and the
+    /// MAC only changes through `write_iface`.
+    pub fn hold(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64, announce: Announce) -> Result<()> {
+        let mac = match self.ifaces.get(&ifindex, 0) {
+            Ok(cfg) => cfg.mac,
+            Err(aya::maps::MapError::KeyNotFound) => bail!(
+                "cannot hold {vip} on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)"
+            ),
+            Err(e) => return Err(e).context("reading lb_ifaces"),
+        };
+        let key = HeldKey { ifindex, vip: vip.octets() };
+        let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
+        self.held.insert(key, HeldVip { deadline_ns, mac, flags: announce.flags(), _pad: 0 }, 0)?;
+        Ok(())
+    }
+
+    /// Stops holding `vip`: no more ARP answers and no new flows, but the entry
+    /// stays (stale, deadline 0) so the flows this node already pinned keep being
+    /// forwarded while clients still send to our MAC (until the new owner's
+    /// gratuitous ARP reaches them). `forget` removes it altogether.
+    pub fn release(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
+        let key = HeldKey { ifindex, vip: vip.octets() };
+        match self.held.get(&key, 0) {
+            Ok(h) => {
+                self.held.insert(key, HeldVip { deadline_ns: 0, ..h }, 0)?;
+                // Cached answers are for pinned flows, which a stale entry still
+                // forwards; bumped anyway so that every answer after a release is
+                // taken from lb4_flows.
+                self.epoch.bump()
+            }
+            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(e).context("reading arp_held"),
+        }
+    }
+
+    /// Removes `vip`'s entry (the VIP left every pool).
+    pub fn forget(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
+        ignore_missing(self.held.remove(&HeldKey { ifindex, vip: vip.octets() }))?;
+        self.epoch.bump() // its cached flows must stop being forwarded
+    }
+
+    /// Every held-VIP entry, sorted.
+    pub fn entries(&self) -> Result<Vec<HeldEntry>> {
+        let mut v = Vec::new();
+        for kv in self.held.iter() {
+            let (k, h) = kv?;
+            v.push(HeldEntry { ifindex: k.ifindex, vip: Ipv4Addr::from(k.vip), deadline_ns: h.deadline_ns, announce: Announce::from_flags(h.flags) });
+        }
+        v.sort_by_key(|e| (e.ifindex, e.vip));
+        Ok(v)
+    }
+
+    /// How `vip` is announced on `ifindex` (`Arp` when it is not held).
+    pub fn announce(&self, ifindex: u32, vip: Ipv4Addr) -> Announce {
+        self.held.get(&HeldKey { ifindex, vip: vip.octets() }, 0).map_or(Announce::Arp, |h| Announce::from_flags(h.flags))
+    }
+
+    /// One reason's counter (packets, bytes) summed over CPUs: cheap enough to poll.
+    pub fn reason_count(&self, r: Reason) -> Result<(u64, u64)> {
+        sum(&self.stats, r as u32)
+    }
+}
