@@ -216,3 +216,36 @@ async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events() 
     eventually("owners emptied", || status_owners(&api).as_object().is_none_or(|o| o.is_empty())).await;
     task.abort();
 }
+
+/// A service-port the agent could not program (ring space, ids) is said where
+/// users look: a `Programmed=False` condition on its pool naming it, and one
+/// `NotProgrammed` Warning on its Service; both clear when it fits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unprogrammed_services_are_reported_on_the_pool_and_the_service() {
+    let (api, client) = server().await;
+    api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})).unwrap();
+    let pp = PostParams::default();
+    Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
+    svcs.create(&pp, &lb("web", 80, json!({}))).await.unwrap();
+    let (_owners, mut view) = controller::AgentView::fixed(BTreeMap::new());
+    let (unprogrammed, rx) = watch::channel(BTreeMap::new());
+    view.unprogrammed = rx;
+    let (_lead, leading) = watch::channel(true);
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
+    eventually("web allocated", || ips(&api).get("shop/web").is_some()).await;
+    eventually("programmed", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
+    let vip: std::net::Ipv4Addr = ips(&api)["shop/web"].parse().unwrap();
+    let why = "80/tcp: lb4_ring is full: no room for a 16381-slot ring in 1048576 slots (raise --ring-capacity)".to_owned();
+    unprogrammed.send_replace(BTreeMap::from([(vip, vec![why.clone()])]));
+    eventually("not programmed", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "False")).await;
+    let (_, msg) = condition(&api, "p", "Programmed").unwrap();
+    assert_eq!(msg, format!("1 service-port(s) not programmed, retried: {vip} {why}"));
+    eventually("an Event", || events(&api, "NotProgrammed").len() == 1).await;
+    assert_eq!(events(&api, "NotProgrammed"), [format!("web: {vip}: not in the data path, retried: {why}")]);
+    // Room again: the condition clears, no further Event.
+    unprogrammed.send_replace(BTreeMap::new());
+    eventually("programmed again", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
+    assert_eq!(events(&api, "NotProgrammed").len(), 1);
+    task.abort();
+}

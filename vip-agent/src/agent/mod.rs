@@ -165,6 +165,8 @@ struct Agent {
     membership: Membership,
     /// VIP → owner as this node sees it, for the controller (pool status, Events).
     owners_tx: watch::Sender<BTreeMap<Ipv4Addr, String>>,
+    /// VIP → its service-ports not programmed, for the controller (pool condition, Events).
+    unprogrammed_tx: watch::Sender<BTreeMap<Ipv4Addr, Vec<String>>>,
     /// What the service maps hold (services that failed are absent: retried).
     applied: BTreeMap<ServiceAddr, DesiredService>,
     /// Services the model wants that could not be programmed, with why.
@@ -184,6 +186,7 @@ enum Feed {
 pub async fn run(opts: Options) -> Result<()> {
     let mut metrics = metrics::Metrics::new();
     let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
+    let (unprogrammed_tx, unprogrammed_rx) = watch::channel(BTreeMap::new());
     let (world, text, mut feed, source_name) = match &opts.source {
         Source::File(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -199,7 +202,7 @@ pub async fn run(opts: Options) -> Result<()> {
             let rx = crate::k8s::source::watch_world(client.clone(), World::default()).await;
             let world = rx.borrow().clone();
             let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
-            let view = crate::k8s::controller::AgentView { owners: owners_rx, pool_addresses: Some(metrics.pool_addresses.clone()) };
+            let view = crate::k8s::controller::AgentView { owners: owners_rx, pool_addresses: Some(metrics.pool_addresses.clone()), unprogrammed: unprogrammed_rx };
             tokio::spawn(crate::k8s::controller::run(client, opts.node_name.clone(), leading, Duration::from_secs(30), view));
             (world, None, Feed::Kubernetes(rx), PathBuf::from("kubernetes"))
         }
@@ -244,6 +247,7 @@ pub async fn run(opts: Options) -> Result<()> {
         macs: BTreeMap::new(),
         membership: Membership::default(),
         owners_tx,
+        unprogrammed_tx,
         applied: BTreeMap::new(),
         failed: BTreeMap::new(),
         unresolved: BTreeSet::new(),
@@ -500,6 +504,11 @@ impl Agent {
                 check: checks.get(d.name.as_str()).cloned(),
             })
             .collect();
+        let mut by_vip: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
+        for (a, (_, e)) in &self.failed {
+            by_vip.entry(a.vip).or_default().push(format!("{}/{}: {e}", a.port, crate::inspect::proto_name(a.proto)));
+        }
+        self.unprogrammed_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &by_vip));
         s.unprogrammed = self
             .failed
             .iter()

@@ -44,13 +44,15 @@ pub struct AgentView {
     pub owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
     /// `vip_pool_addresses`, set while leading.
     pub pool_addresses: Option<Family<PoolStateLabels, Gauge>>,
+    /// VIP → its service-ports the agent could not program ("port/proto: why").
+    pub unprogrammed: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>,
 }
 
 impl AgentView {
     /// A view whose owners the caller sets (tests, a controller without an agent).
     pub fn fixed(owners: BTreeMap<Ipv4Addr, String>) -> (watch::Sender<BTreeMap<Ipv4Addr, String>>, Self) {
         let (tx, rx) = watch::channel(owners);
-        (tx, Self { owners: rx, pool_addresses: None })
+        (tx, Self { owners: rx, pool_addresses: None, unprogrammed: watch::channel(BTreeMap::new()).1 })
     }
 }
 
@@ -90,6 +92,8 @@ pub struct Controller {
     /// Owners already reported (Events); started from the pools' statuses, so a
     /// new leader does not repeat its predecessor's Events.
     reported: Option<BTreeMap<Ipv4Addr, String>>,
+    /// Unprogrammed service-ports already reported (Events), by VIP.
+    reported_unprogrammed: BTreeMap<Ipv4Addr, Vec<String>>,
 }
 
 impl Controller {
@@ -100,7 +104,7 @@ impl Controller {
         let services = reflect(Api::<Service>::all(client.clone()), tx.clone());
         let namespaces = reflect(Api::<Namespace>::all(client.clone()), tx);
         let recorder = Recorder::new(client.clone(), Reporter { controller: "vip-controller".into(), instance: Some(identity.into()) });
-        (Self { client, pools, services, namespaces, recorder, pending: BTreeMap::new(), view, reported: None }, rx)
+        (Self { client, pools, services, namespaces, recorder, pending: BTreeMap::new(), view, reported: None, reported_unprogrammed: BTreeMap::new() }, rx)
     }
 
     pub async fn wait_ready(&self) {
@@ -150,12 +154,19 @@ impl Controller {
         let by_vip = services_by_vip(&services_now);
         let owners: BTreeMap<Ipv4Addr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
+        let unprogrammed: BTreeMap<Ipv4Addr, Vec<String>> =
+            self.view.unprogrammed.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
+        self.report_unprogrammed(&unprogrammed, &by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {
                 Some(v) => owners.iter().filter(|(a, _)| v.addresses.binary_search(a).is_ok()).map(|(a, o)| (a.to_string(), o.clone())).collect(),
                 None => BTreeMap::new(),
             };
-            match self.write_pool_status(p, c, usage.get(&c.name).copied(), in_pool).await {
+            let bad: Vec<String> = match &c.valid {
+                Some(v) => unprogrammed.iter().filter(|(a, _)| v.addresses.binary_search(a).is_ok()).flat_map(|(a, es)| es.iter().map(move |e| format!("{a} {e}"))).collect(),
+                None => Vec::new(),
+            };
+            match self.write_pool_status(p, c, &bad, usage.get(&c.name).copied(), in_pool).await {
                 Ok(true) => out.pool_statuses += 1,
                 Ok(false) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
@@ -196,6 +207,22 @@ impl Controller {
             self.publish(ev, svc).await;
         }
         events.len()
+    }
+
+    /// Records a `NotProgrammed` Warning on each Service of a VIP whose
+    /// service-ports the data path could not take, when that starts or changes.
+    async fn report_unprogrammed(&mut self, now: &BTreeMap<Ipv4Addr, Vec<String>>, by_vip: &BTreeMap<Ipv4Addr, Vec<&Service>>) {
+        for (vip, errors) in now {
+            if self.reported_unprogrammed.get(vip) == Some(errors) {
+                continue;
+            }
+            let note = format!("{vip}: not in the data path, retried: {}", errors.join("; "));
+            let ev = Event { type_: EventType::Warning, reason: "NotProgrammed".into(), note: Some(note), action: "Program".into(), secondary: None };
+            for svc in by_vip.get(vip).into_iter().flatten() {
+                self.publish(&ev, svc).await;
+            }
+        }
+        self.reported_unprogrammed = now.clone();
     }
 
     /// Applies one decision; Ok(false) when there was nothing to write.
@@ -251,13 +278,13 @@ impl Controller {
     }
 
     /// Writes a pool's status when it differs; Ok(false) when it was already right.
-    async fn write_pool_status(&self, p: &VipPool, c: &pools::PoolCheck, usage: Option<(u32, u32)>, owners: BTreeMap<String, String>) -> Result<bool, kube::Error> {
+    async fn write_pool_status(&self, p: &VipPool, c: &pools::PoolCheck, unprogrammed: &[String], usage: Option<(u32, u32)>, owners: BTreeMap<String, String>) -> Result<bool, kube::Error> {
         let old = p.status.clone().unwrap_or_default();
         let now = Time(Timestamp::now());
         let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as u32);
         let (allocated, free) = usage.unwrap_or((0, total));
         let new = VipPoolStatus {
-            conditions: pools::conditions(c, p.metadata.generation, &old.conditions, now),
+            conditions: pools::conditions(c, unprogrammed, p.metadata.generation, &old.conditions, now),
             observed_generation: p.metadata.generation,
             total,
             allocated,
@@ -297,6 +324,8 @@ impl Controller {
 pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<bool>, resync: Duration, view: AgentView) {
     let mut owners = view.owners.clone();
     let mut owners_open = true;
+    let mut unprogrammed = view.unprogrammed.clone();
+    let mut unprogrammed_open = true;
     let (mut c, mut changed) = Controller::new(client, &identity, view);
     c.wait_ready().await;
     loop {
@@ -317,6 +346,7 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             }
             r = leader.changed() => if r.is_err() { return },
             r = owners.changed(), if owners_open => owners_open = r.is_ok(),
+            r = unprogrammed.changed(), if unprogrammed_open => unprogrammed_open = r.is_ok(),
             _ = tokio::time::sleep(resync) => {}
         }
     }
