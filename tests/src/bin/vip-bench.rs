@@ -600,6 +600,212 @@ fn k8s_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
     Ok(())
 }
 
+/// The scale section: the HA lab (three real agents, default timers) with
+/// thousands of service-ports at the default table size.
+const SCALE_TRIALS: usize = 10;
+
+fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
+    t.lines().find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+}
+
+/// CPU time (user + system) of `pid` in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = t.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Bytes the kernel charges for the maps pinned under `dir` (bpftool's `bytes_memlock`).
+fn bpf_map_bytes(dir: &std::path::Path) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        let o = std::process::Command::new("bpftool").args(["-j", "map", "show", "pinned"]).arg(&path).output()?;
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&o.stdout) {
+            total += v["bytes_memlock"].as_u64().unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+fn scrape(ns: &NetNs) -> String {
+    ns.run(|| {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") else { return String::new() };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    })
+    .unwrap_or_default()
+}
+
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+fn metric_max(text: &str, name: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).fold(0.0, f64::max)
+}
+
+struct ScaleStart {
+    converged_ms: f64,
+    rss_mib: f64,
+    bpf_mib: f64,
+    idle_cpu_pct: f64,
+}
+
+/// Starts the lab with `vips` VIPs × 2 ports and measures the start.
+fn scale_start(vips: usize) -> Result<(HaLab, ScaleStart)> {
+    let spec = HaSpec { vips, ports: vec![80, 8080], table_size: None, default_timers: true, check_interval_ms: 200, ..Default::default() };
+    let t = Instant::now();
+    let lab = HaLab::start(spec, Naming::Unique, &std::env::current_exe()?)?;
+    let all = [0, 1, 2];
+    lab.wait_converged(&all, Duration::from_secs(120))?;
+    lab.wait_rings_full(&all, Duration::from_secs(120))?;
+    let converged_ms = ms(t.elapsed());
+    let pids: Vec<u32> = lab.nodes.iter().map(|n| n.agent.as_ref().map(|a| a.child.id())).collect::<Option<_>>().context("agents")?;
+    let rss = pids.iter().filter_map(|p| proc_field(*p, "status", "VmRSS:")).max().unwrap_or(0) as f64 / 1024.0;
+    let bpf = bpf_map_bytes(&lab.nodes[0].pins.path)? as f64 / (1024.0 * 1024.0);
+    let hz = 100.0; // USER_HZ
+    let before: Vec<u64> = pids.iter().filter_map(|p| cpu_ticks(*p)).collect();
+    let idle = Duration::from_secs(10);
+    std::thread::sleep(idle);
+    let after: Vec<u64> = pids.iter().filter_map(|p| cpu_ticks(*p)).collect();
+    let busiest = before.iter().zip(&after).map(|(b, a)| (a - b) as f64 / hz).fold(0.0, f64::max);
+    Ok((lab, ScaleStart { converged_ms, rss_mib: rss, bpf_mib: bpf, idle_cpu_pct: 100.0 * busiest / idle.as_secs_f64() }))
+}
+
+/// SCALE_TRIALS health changes (node-3's server stopped, then started) with every
+/// flow table refilled to 1M entries before each; `scrape`: /metrics on every
+/// agent every second throughout.
+fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<serde_json::Value> {
+    let all = [0, 1, 2];
+    let vips: Vec<Ipv4Addr> = (0..lab.spec.vips).map(halab::vip).collect();
+    let services = lab.spec.vips * lab.spec.ports.len();
+    let before: Vec<String> = lab.nodes.iter().map(|n| scrape(&n.ns)).collect();
+    let logs = |lab: &HaLab| -> Vec<usize> { lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap_or_default().matches("peer liveness changed").count()).collect() };
+    let liveness_before = logs(lab);
+    let samples_before: Vec<usize> = all.iter().map(|&i| lab.status(i).and_then(|s| Some(s["health_to_maps_us"].as_array()?.len())).unwrap_or(0)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scrapers: Vec<_> = if scrape_every_s {
+        lab.nodes
+            .iter()
+            .map(|n| {
+                let (stop, ns) = (stop.clone(), n.ns.path());
+                std::thread::spawn(move || {
+                    use std::{io::{Read, Write}, os::fd::AsRawFd};
+                    // This thread lives in the node's namespace (its loopback has the agent's port).
+                    let f = std::fs::File::open(&ns).expect("node namespace");
+                    // SAFETY: setns on an open namespace file, for this thread only.
+                    assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
+                    let mut n = 0u32;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") {
+                            let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                            let mut out = String::new();
+                            if s.read_to_string(&mut out).is_ok() && out.contains("vip_xdp_packets") {
+                                n += 1;
+                            }
+                        }
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                    n
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for trial in 0..SCALE_TRIALS {
+        for n in &lab.nodes {
+            let ids: Vec<u32> = Dataplane::open(&n.pins.path)?.backends()?.into_keys().collect();
+            vip_tests::flows::fill(&n.pins.path, &vip_tests::flows::synthetic(vip_common::MAX_FLOWS as usize, &vips, 80, &ids))?;
+        }
+        let down = trial % 2 == 0;
+        if down {
+            if let Some(mut s) = lab.nodes[2].server.take() {
+                let _ = s.kill();
+                let _ = s.wait();
+            }
+        } else {
+            let name = lab.nodes[2].name.clone();
+            lab.nodes[2].server = Some(lab.nodes[2].ns.cmd(std::env::current_exe()?.to_str().context("exe")?).args(["serve", &name, "80"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn()?);
+        }
+        let want = if down { 2 } else { 3 };
+        wait_for(Duration::from_secs(30), || {
+            all.iter()
+                .all(|&i| {
+                    lab.status(i).is_some_and(|s| s["services"].as_array().is_some_and(|v| v.len() == services && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == want))))
+                })
+                .then_some(())
+        })
+        .context("the health change did not reach every ring")?;
+        std::thread::sleep(Duration::from_secs(2)); // the sweep, and heartbeats after it
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let scrapes: Vec<u32> = scrapers.into_iter().filter_map(|h| h.join().ok()).collect();
+    let mut us = Vec::new();
+    let (mut gap, mut stalls, mut moved, mut evicted, mut sweep_s, mut sweeps) = (0f64, 0f64, 0f64, 0f64, 0f64, 0f64);
+    for (i, n) in lab.nodes.iter().enumerate() {
+        let s = lab.status(i).context("status")?;
+        us.extend(s["health_to_maps_us"].as_array().context("samples")?.iter().skip(samples_before[i]).filter_map(|v| v.as_f64()));
+        let m = scrape(&n.ns);
+        gap = gap.max(metric_max(&m, "vip_heartbeat_gap_max_seconds"));
+        stalls += metric_sum(&m, "vip_liveness_stalls_total") - metric_sum(&before[i], "vip_liveness_stalls_total");
+        moved += metric_sum(&m, "vip_pool_owner_changes_total") - metric_sum(&before[i], "vip_pool_owner_changes_total");
+        evicted += metric_sum(&m, "vip_flows_evicted_total") - metric_sum(&before[i], "vip_flows_evicted_total");
+        sweep_s += metric_sum(&m, "vip_flow_sweep_seconds_sum") - metric_sum(&before[i], "vip_flow_sweep_seconds_sum");
+        sweeps += metric_sum(&m, "vip_flow_sweep_seconds_count") - metric_sum(&before[i], "vip_flow_sweep_seconds_count");
+    }
+    let liveness: usize = logs(lab).iter().zip(&liveness_before).map(|(a, b)| a - b).sum();
+    anyhow::ensure!(!us.is_empty(), "no health change samples");
+    Ok(serde_json::json!({
+        "health_to_maps_us": {"median": percentile(&us, 0.5), "p95": percentile(&us, 0.95), "max": percentile(&us, 1.0), "samples": us.len()},
+        "heartbeat_gap_max_ms": gap * 1e3,
+        "liveness_stalls": stalls,
+        "false_liveness_changes": liveness,
+        "owner_changes": moved,
+        "flows_evicted": evicted,
+        "sweep_mean_ms": if sweeps > 0.0 { 1e3 * sweep_s / sweeps } else { 0.0 },
+        "scrapes": scrapes,
+    }))
+}
+
+fn scale_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    writeln!(out, "\n## Scale (HA lab, three real agents, default timers and table size 16381, every service health-checked)\n")?;
+    writeln!(out, "| service-ports | start → converged (owners agreed, every ring full) | agent RSS (largest) | BPF map memory per node | idle CPU (busiest agent) |")?;
+    writeln!(out, "|---:|---:|---:|---:|---:|")?;
+    let mut starts = serde_json::Map::new();
+    // 5,000 service-ports first, then the 2,000 the health figures use.
+    let (lab, s) = scale_start(2500)?;
+    drop(lab);
+    writeln!(out, "| 5,000 (2,500 VIPs × 2) | {:.0} ms | {:.1} MiB | {:.1} MiB | {:.1} % |", s.converged_ms, s.rss_mib, s.bpf_mib, s.idle_cpu_pct)?;
+    starts.insert("5000".into(), serde_json::json!({"converged_ms": s.converged_ms, "rss_mib": s.rss_mib, "bpf_mib": s.bpf_mib, "idle_cpu_pct": s.idle_cpu_pct}));
+    let (mut lab, s) = scale_start(1000)?;
+    writeln!(out, "| 2,000 (1,000 VIPs × 2) | {:.0} ms | {:.1} MiB | {:.1} MiB | {:.1} % |", s.converged_ms, s.rss_mib, s.bpf_mib, s.idle_cpu_pct)?;
+    starts.insert("2000".into(), serde_json::json!({"converged_ms": s.converged_ms, "rss_mib": s.rss_mib, "bpf_mib": s.bpf_mib, "idle_cpu_pct": s.idle_cpu_pct}));
+    json.insert("scale_start".into(), starts.into());
+    let quiet = scale_health(&mut lab, false)?;
+    let scraped = scale_health(&mut lab, true)?;
+    writeln!(out, "\n{SCALE_TRIALS} health changes on 1,000 VIPs × 2 ports (node-3's server stopped / started: every ring changes on every agent), each with every flow table refilled to 1M entries; samples from all three agents:\n")?;
+    writeln!(out, "| figure | no scrapes | /metrics scraped every second on every agent |")?;
+    writeln!(out, "|---|---:|---:|")?;
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let h = |v: &serde_json::Value, k: &str| v["health_to_maps_us"][k].as_f64().unwrap_or(f64::NAN) / 1e3;
+    writeln!(out, "| health change decided → every affected ring written, median / p95 / max (target: median ≤ 100 ms) | {:.1} / {:.1} / {:.1} ms | {:.1} / {:.1} / {:.1} ms |", h(&quiet, "median"), h(&quiet, "p95"), h(&quiet, "max"), h(&scraped, "median"), h(&scraped, "p95"), h(&scraped, "max"))?;
+    writeln!(out, "| flow-table sweep after the rings (mean; off the liveness path) | {:.0} ms | {:.0} ms |", f(&quiet, "sweep_mean_ms"), f(&scraped, "sweep_mean_ms"))?;
+    writeln!(out, "| flows evicted (pinned to the backend that left), all agents | {:.0} | {:.0} |", f(&quiet, "flows_evicted"), f(&scraped, "flows_evicted"))?;
+    writeln!(out, "| largest heartbeat gap any peer saw (target: below deadAfter = 300 ms) | {:.0} ms | {:.0} ms |", f(&quiet, "heartbeat_gap_max_ms"), f(&scraped, "heartbeat_gap_max_ms"))?;
+    writeln!(out, "| liveness stalls (heartbeats held back) | {:.0} | {:.0} |", f(&quiet, "liveness_stalls"), f(&scraped, "liveness_stalls"))?;
+    writeln!(out, "| false liveness changes / owner moves (target: 0) | {:.0} / {:.0} | {:.0} / {:.0} |", f(&quiet, "false_liveness_changes"), f(&quiet, "owner_changes"), f(&scraped, "false_liveness_changes"), f(&scraped, "owner_changes"))?;
+    json.insert("scale_health".into(), serde_json::json!({"no_scrapes": quiet, "scraped": scraped}));
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("serve") {
@@ -638,6 +844,9 @@ fn main() -> Result<()> {
     }
     if wanted("k8s") {
         k8s_bench(&mut out, &mut json)?;
+    }
+    if wanted("scale") {
+        scale_bench(&mut out, &mut json)?;
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let header = format!("Run on {} cores, kernel {}\n\n", std::thread::available_parallelism()?.get(), kernel.trim());
