@@ -3,6 +3,7 @@ pub mod agent;
 pub mod flows;
 pub mod frames;
 pub mod halab;
+pub mod kubeapi;
 pub mod kubelab;
 pub mod lab;
 pub mod netns;

@@ -355,3 +355,35 @@ fn a_full_ring_map_is_reported_isolated_and_never_stops_failover() {
     let logs = std::fs::read_to_string(&lab.nodes[(a + 1) % 3].log).unwrap();
     assert_eq!(logs.matches("service not programmed").count(), 3, "{logs}");
 }
+
+/// A reload that lowers `holdTime` takes effect on the deadlines at once: the
+/// liveness thread re-writes them with the new hold time and refreshes at the
+/// new rate (a third of it), so held VIPs never run further ahead than the new
+/// hold time, nor go stale.
+#[test]
+fn a_lower_hold_time_applies_to_deadlines_and_their_refresh_at_once() {
+    let spec = HaSpec { hold_ms: 1500, dead_after_ms: 2000, ..Default::default() };
+    let Some((_g, mut lab, owners)) = setup(spec) else { return };
+    let v = vip(0);
+    let a = owner_index(&lab, &owners, v);
+    let ahead_ms = |lab: &HaLab| -> Option<i64> {
+        let dp = vip_agent::dataplane::Dataplane::open(&lab.nodes[a].pins.path).ok()?;
+        let e = dp.held_ref().entries().ok()?.into_iter().find(|e| e.vip == v)?;
+        Some((e.deadline_ns as i64 - vip_agent::clock::monotonic_ns() as i64) / 1_000_000)
+    };
+    let slow = vip_tests::agent::wait_for(Duration::from_secs(3), || ahead_ms(&lab).filter(|ms| *ms > 600));
+    assert!(slow.is_some(), "deadline not ahead by more than 600 ms with holdTime 1500 ms: {:?}", ahead_ms(&lab));
+    lab.spec.hold_ms = 180;
+    lab.spec.dead_after_ms = 250;
+    vip_tests::agent::write_atomic(&lab.config, &vip_tests::halab::ha_config(&lab.spec)).unwrap();
+    // The reload is polled every 200 ms; then every sample is within the new hold
+    // time (plus the coarse clock's slack) and fresh.
+    let applied = vip_tests::agent::wait_for(Duration::from_secs(3), || ahead_ms(&lab).filter(|ms| *ms <= 200));
+    assert!(applied.is_some(), "deadline still {:?} ms ahead after the reload\n{}", ahead_ms(&lab), lab.agent_logs());
+    for _ in 0..40 {
+        let ms = ahead_ms(&lab).expect("held");
+        assert!((1..=200).contains(&ms), "deadline {ms} ms ahead with holdTime 180 ms\n{}", lab.agent_logs());
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(2)).unwrap(), owners);
+}

@@ -3,12 +3,17 @@
 //! that are invalid or overlap (conditions), pools edited live, release on type
 //! change, Events, and a leader change in the middle of allocations without any
 //! address handed out twice.
+//!
+//! Every scenario runs twice: `NAME::stand_in` against the in-process stand-in and
+//! `NAME::real` against a real kube-apiserver (`vip_tests::kubeapi`; one per test
+//! binary, scenarios serialised on it, skipped without `KUBEBUILDER_ASSETS` unless
+//! CI=true).
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::Service;
 use kube::{
     api::{Api, Patch, PatchParams, PostParams},
-    Client, ResourceExt,
+    ResourceExt,
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -17,13 +22,31 @@ use vip_agent::k8s::{
     crd::VipPool,
     leader::{self, LeaderConfig},
 };
-use vip_tests::apiserver::{ApiServer, ResourceSpec};
+use vip_tests::kubeapi::Backend;
 
-async fn server() -> (ApiServer, Client) {
-    let api = ApiServer::builder().resources(ResourceSpec::VIP).bookmark_interval(Duration::from_millis(500)).start().await.unwrap();
-    let client = Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
-    (api, client)
+/// `scenario!(name)`: `name::stand_in` and `name::real` run `async fn name(Backend)`.
+macro_rules! scenario {
+    ($name:ident) => {
+        mod $name {
+            use vip_tests::kubeapi::Backend;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stand_in() {
+                super::$name(Backend::stand_in().await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn real() {
+                if let Some(b) = Backend::real().await {
+                    super::$name(b).await
+                }
+            }
+        }
+    };
 }
+
+scenario!(allocates_reports_pools_and_follows_live_edits);
+scenario!(leader_change_mid_allocation_hands_out_no_address_twice);
+scenario!(pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events);
+scenario!(unprogrammed_services_are_reported_on_the_pool_and_the_service);
 
 fn pool(name: &str, spec: Value) -> VipPool {
     serde_json::from_value(json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": name }, "spec": spec })).unwrap()
@@ -39,7 +62,7 @@ fn lb(name: &str, port: i32, annotations: Value) -> Service {
 }
 
 /// namespace/name → ingress IP, from the server's own store.
-fn ips(api: &ApiServer) -> BTreeMap<String, String> {
+fn ips(api: &Backend) -> BTreeMap<String, String> {
     api.list("services", None)
         .into_iter()
         .filter_map(|s| {
@@ -60,13 +83,13 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     panic!("not reached within 10 s: {what}");
 }
 
-fn condition(api: &ApiServer, pool: &str, type_: &str) -> Option<(String, String)> {
+fn condition(api: &Backend, pool: &str, type_: &str) -> Option<(String, String)> {
     let p = api.get("vippools.vip.dev", None, pool)?;
     let c = p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?.clone();
     Some((c["status"].as_str()?.to_owned(), c["message"].as_str()?.to_owned()))
 }
 
-fn events(api: &ApiServer, reason: &str) -> Vec<String> {
+fn events(api: &Backend, reason: &str) -> Vec<String> {
     api.list("events.events.k8s.io", None)
         .into_iter()
         .filter(|e| e["reason"] == reason)
@@ -74,9 +97,8 @@ fn events(api: &ApiServer, reason: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allocates_reports_pools_and_follows_live_edits() {
-    let (api, client) = server().await;
+async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
+    let client = api.client().await;
     api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"env": "prod"}}})).unwrap();
     let pools: Api<VipPool> = Api::all(client.clone());
     let pp = PostParams::default();
@@ -142,16 +164,15 @@ async fn allocates_reports_pools_and_follows_live_edits() {
     task.abort();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_change_mid_allocation_hands_out_no_address_twice() {
-    let (api, client) = server().await;
+async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
+    let client = api.client().await;
     let pools: Api<VipPool> = Api::all(client.clone());
     pools.create(&PostParams::default(), &pool("big", json!({"addresses": ["198.18.4.0/26"]}))).await.unwrap();
     let cfg = |id: &str| LeaderConfig { lease_duration: Duration::from_millis(1500), retry_period: Duration::from_millis(100), ..LeaderConfig::new("vip-system", id) };
     // Two agents, each with its own client, election and controller.
     let mut agents = Vec::new();
     for id in ["node-1", "node-2"] {
-        let c = Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+        let c = api.client().await;
         let leading = leader::spawn(c.clone(), cfg(id));
         let watch_lead = leading.clone();
         agents.push((id, watch_lead, tokio::spawn(controller::run(c, id.into(), leading, Duration::from_millis(500), controller::AgentView::fixed(BTreeMap::new()).1))));
@@ -183,9 +204,8 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice() {
     agents[0].2.abort();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events() {
-    let (api, client) = server().await;
+async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events(api: Backend) {
+    let client = api.client().await;
     let pp = PostParams::default();
     Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
     Api::<Service>::namespaced(client.clone(), "shop").create(&pp, &lb("web", 80, json!({}))).await.unwrap();
@@ -194,7 +214,7 @@ async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events() 
     let (owners_tx, view) = controller::AgentView::fixed(owners("node-a"));
     let (_lead, leading) = watch::channel(true);
     let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
-    let status_owners = |api: &ApiServer| api.get("vippools.vip.dev", None, "p").map(|p| p["status"]["owners"].clone()).unwrap_or(Value::Null);
+    let status_owners = |api: &Backend| api.get("vippools.vip.dev", None, "p").map(|p| p["status"]["owners"].clone()).unwrap_or(Value::Null);
 
     eventually("the VIP in use and its owner in the pool status", || status_owners(&api) == json!({"198.18.1.10": "node-a"})).await;
     assert!(events(&api, "OwnerChanged").is_empty(), "a first owner is no move: {:?}", events(&api, "OwnerChanged"));
@@ -220,9 +240,8 @@ async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events() 
 /// A service-port the agent could not program (ring space, ids) is said where
 /// users look: a `Programmed=False` condition on its pool naming it, and one
 /// `NotProgrammed` Warning on its Service; both clear when it fits again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unprogrammed_services_are_reported_on_the_pool_and_the_service() {
-    let (api, client) = server().await;
+async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Backend) {
+    let client = api.client().await;
     api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})).unwrap();
     let pp = PostParams::default();
     Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();

@@ -1,0 +1,738 @@
+//! A real Kubernetes API server for the tests: `kube-apiserver` and `etcd` from
+//! `$KUBEBUILDER_ASSETS` (controller-runtime's envtest layout; `setup-envtest use`
+//! downloads one), started on free loopback ports in a temporary directory with
+//! certificates made here (a CA, a serving certificate, an admin client certificate
+//! in `system:masters`, a service-account signing key) and RBAC on.
+//!
+//! Only the API server and etcd run: no controller manager, scheduler or kubelet, so
+//! nothing makes EndpointSlices, Node status, garbage collection or namespace
+//! finalisation; tests do what they need of that themselves.
+//!
+//! Children get `PR_SET_PDEATHSIG` (SIGKILL) from a keeper thread that lives as long
+//! as the harness, so a test binary that panics, aborts or exits never leaves a
+//! server behind; [`RealApiServer::shared`] also removes its directory at exit.
+//!
+//! [`Backend`] lets a test body run against this server or the in-process stand-in
+//! (`crate::apiserver`).
+use std::{
+    fs::File,
+    future::Future,
+    io::Read,
+    net::{IpAddr, Ipv4Addr, TcpListener},
+    os::{fd::AsRawFd, unix::process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Mutex, MutexGuard, OnceLock},
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context, Result};
+use base64::Engine as _;
+use http::{Method, Request};
+use kube::{config::KubeConfigOptions, Client};
+use serde_json::{json, Value};
+
+use crate::{
+    agent::TempDir,
+    apiserver::{ApiServer, ResourceSpec},
+};
+
+pub const SKIP_MESSAGE: &str =
+    "skipping: set KUBEBUILDER_ASSETS to a directory holding kube-apiserver and etcd (controller-runtime's envtest layout; `setup-envtest use` downloads one)";
+
+/// The repository's deploy/ directory.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// The directory of `kube-apiserver` and `etcd`: `None` (after printing why) when
+/// `KUBEBUILDER_ASSETS` is not set; with `CI=true` that is a failure instead.
+pub fn assets() -> Option<PathBuf> {
+    match std::env::var_os("KUBEBUILDER_ASSETS").filter(|v| !v.is_empty()) {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            for bin in ["kube-apiserver", "etcd"] {
+                assert!(dir.join(bin).is_file(), "KUBEBUILDER_ASSETS={}: no {bin} there", dir.display());
+            }
+            Some(dir)
+        }
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but KUBEBUILDER_ASSETS is not set: the real-API-server tests must run in CI ({SKIP_MESSAGE})")
+        }
+        None => {
+            eprintln!("{SKIP_MESSAGE}");
+            None
+        }
+    }
+}
+
+/// Where and how to run the server.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The address etcd and the API server listen on (and the serving certificate names).
+    pub host: IpAddr,
+    /// A network namespace (e.g. `/run/netns/NAME`) to run both processes in, so that
+    /// agents in a lab reach the server; the harness's own requests enter it too.
+    pub netns: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { host: IpAddr::V4(Ipv4Addr::LOCALHOST), netns: None }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Procs {
+    etcd: Option<Child>,
+    apiserver: Option<Child>,
+}
+
+/// Certificates and keys, PEM.
+struct Pki {
+    ca: String,
+    admin_cert: String,
+    admin_key: String,
+}
+
+pub struct RealApiServer {
+    dir: TempDir,
+    bin: PathBuf,
+    opts: Options,
+    etcd_url: String,
+    port: u16,
+    url: String,
+    pki: Pki,
+    procs: Mutex<Procs>,
+    keeper: Mutex<mpsc::Sender<Job>>,
+    startup: Duration,
+    version: String,
+}
+
+fn free_port(host: IpAddr) -> u16 {
+    // Outside a namespace of its own the port is probed where the server will bind;
+    // in a fresh namespace any port is free, so probing loopback here is enough.
+    let probe = if host.is_loopback() { host } else { IpAddr::V4(Ipv4Addr::LOCALHOST) };
+    TcpListener::bind((probe, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn make_pki(dir: &Path, host: IpAddr) -> Result<Pki> {
+    use rcgen::{
+        date_time_ymd, BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+        SanType,
+    };
+    let base = |cn: &str| {
+        let mut p = CertificateParams::default();
+        p.not_before = date_time_ymd(2020, 1, 1);
+        p.not_after = date_time_ymd(2120, 1, 1);
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        p.distinguished_name = dn;
+        p
+    };
+    let mut ca_params = base("vip-tests-ca");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+
+    let mut serving = base("kube-apiserver");
+    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv4Addr::new(10, 96, 0, 1).into()];
+    if !ips.contains(&host) {
+        ips.push(host);
+    }
+    serving.subject_alt_names = ips.into_iter().map(SanType::IpAddress).collect();
+    for dns in ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"] {
+        serving.subject_alt_names.push(SanType::DnsName(dns.try_into()?));
+    }
+    serving.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_key = KeyPair::generate()?;
+    let serving_cert = serving.signed_by(&serving_key, &ca)?;
+
+    let mut admin = base("admin");
+    admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
+    admin.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let admin_key = KeyPair::generate()?;
+    let admin_cert = admin.signed_by(&admin_key, &ca)?;
+
+    // Service-account tokens: an ECDSA P-256 key (ES256), which the API server accepts
+    // as --service-account-signing-key-file like an RSA one.
+    let sa = KeyPair::generate()?;
+
+    let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).with_context(|| format!("writing {name}"));
+    write("ca.crt", &ca.pem())?;
+    write("apiserver.crt", &serving_cert.pem())?;
+    write("apiserver.key", &serving_key.serialize_pem())?;
+    write("sa.key", &sa.serialize_pem())?;
+    write("sa.pub", &sa.public_key_pem())?;
+    Ok(Pki { ca: ca.pem(), admin_cert: admin_cert.pem(), admin_key: admin_key.serialize_pem() })
+}
+
+/// Runs `f` to completion on a runtime of its own, on a thread of its own (inside
+/// `netns` when given): usable from synchronous code and from inside other runtimes.
+fn on_own_runtime<T: Send + 'static, F: Future<Output = T> + 'static>(netns: Option<PathBuf>, f: impl FnOnce() -> F + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        if let Some(ns) = netns {
+            let file = File::open(&ns).unwrap_or_else(|e| panic!("{}: {e}", ns.display()));
+            // SAFETY: a valid namespace fd; only this thread changes namespace.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                panic!("setns {}: {}", ns.display(), std::io::Error::last_os_error());
+            }
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        rt.block_on(f())
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// A response: status, the `Warning` headers, the body as JSON (`Null` if it is not).
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub warnings: Vec<String>,
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn ok(self) -> Result<Value> {
+        if (200..300).contains(&self.status) {
+            Ok(self.body)
+        } else {
+            bail!("HTTP {}: {}", self.status, self.body)
+        }
+    }
+}
+
+/// A raw request through `client` (its base URL and credentials), `path` from `/`.
+pub async fn raw(client: &Client, method: Method, path: &str, content_type: &str, body: Option<&Value>) -> Result<Reply> {
+    let mut req = Request::builder().method(method.clone()).uri(path).header("accept", "application/json");
+    let bytes = match body {
+        Some(b) => {
+            req = req.header("content-type", content_type);
+            serde_json::to_vec(b)?
+        }
+        None => Vec::new(),
+    };
+    let res = client.send(req.body(kube::client::Body::from(bytes))?).await.with_context(|| format!("{method} {path}"))?;
+    let status = res.status().as_u16();
+    let warnings = res.headers().get_all("warning").iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
+    let bytes = res.into_body().collect_bytes().await?;
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Ok(Reply { status, warnings, body })
+}
+
+/// The URL path of a resource named as `kubectl` does (`services`,
+/// `leases.coordination.k8s.io`), among those the agent uses ([`ResourceSpec::VIP`]).
+pub fn resource_path(resource: &str, ns: Option<&str>) -> String {
+    let spec = ResourceSpec::VIP
+        .iter()
+        .chain([ResourceSpec::CONFIG_MAPS].iter())
+        .find(|s| s.qualified() == resource)
+        .unwrap_or_else(|| panic!("unknown resource {resource}"));
+    let base = if spec.group.is_empty() { "/api/v1".to_owned() } else { format!("/apis/{}/{}", spec.group, spec.version) };
+    match ns {
+        Some(ns) if spec.namespaced => format!("{base}/namespaces/{ns}/{}", spec.plural),
+        _ => format!("{base}/{}", spec.plural),
+    }
+}
+
+/// A kubeconfig (JSON, which is YAML) for `url` with the CA and one user.
+fn kubeconfig_text(url: &str, ca_pem: &str, user: Value) -> String {
+    serde_json::to_string_pretty(&json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{ "name": "real", "cluster": { "server": url, "certificate-authority-data": b64(ca_pem) } }],
+        "users": [{ "name": "user", "user": user }],
+        "contexts": [{ "name": "real", "context": { "cluster": "real", "user": "user", "namespace": "vip-system" } }],
+        "current-context": "real"
+    }))
+    .unwrap()
+}
+
+/// A client from kubeconfig text (must run inside a tokio runtime).
+pub async fn client_from_kubeconfig(text: &str) -> Result<Client> {
+    let kc = kube::config::Kubeconfig::from_yaml(text)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(cfg)?)
+}
+
+impl RealApiServer {
+    /// Starts etcd and the API server on loopback; `None` when there are no binaries
+    /// (see [`assets`]). Panics when they do not come up.
+    pub fn start() -> Option<Self> {
+        Self::start_with(Options::default())
+    }
+
+    pub fn start_with(opts: Options) -> Option<Self> {
+        let bin = assets()?;
+        Some(Self::launch(bin, opts).unwrap_or_else(|e| panic!("the real API server did not start: {e:#}")))
+    }
+
+    /// One server for the whole test binary, left running until the binary exits
+    /// (then killed, its directory removed). Each test builds its own clients.
+    pub fn shared() -> Option<&'static Self> {
+        static SHARED: OnceLock<Option<RealApiServer>> = OnceLock::new();
+        extern "C" fn cleanup() {
+            if let Some(Some(s)) = SHARED.get() {
+                s.stop();
+                let _ = std::fs::remove_dir_all(&s.dir.0);
+            }
+        }
+        SHARED
+            .get_or_init(|| {
+                let s = Self::start()?;
+                // SAFETY: registers a plain function.
+                unsafe { libc::atexit(cleanup) };
+                Some(s)
+            })
+            .as_ref()
+    }
+
+    fn launch(bin: PathBuf, opts: Options) -> Result<Self> {
+        let dir = TempDir::new("vip-kube-apiserver-")?;
+        let pki = make_pki(&dir.0, opts.host)?;
+        let (etcd_port, peer_port, port) = (free_port(opts.host), free_port(opts.host), free_port(opts.host));
+        let h = match opts.host {
+            IpAddr::V6(a) => format!("[{a}]"),
+            a => a.to_string(),
+        };
+        let etcd_url = format!("http://{h}:{etcd_port}");
+        let url = format!("https://{h}:{port}");
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("kube-apiserver-keeper".into())
+            .spawn(move || {
+                // The children's parent: they die with this thread (PR_SET_PDEATHSIG).
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+        let mut s = Self {
+            dir,
+            bin,
+            opts,
+            etcd_url,
+            port,
+            url,
+            pki,
+            procs: Mutex::new(Procs { etcd: None, apiserver: None }),
+            keeper: Mutex::new(tx),
+            startup: Duration::ZERO,
+            version: String::new(),
+        };
+        let t0 = Instant::now();
+        let data = s.dir.0.join("etcd");
+        let etcd = s.spawn(
+            "etcd",
+            &[
+                "--name=vip-tests".into(),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls={}", s.etcd_url),
+                format!("--advertise-client-urls={}", s.etcd_url),
+                format!("--listen-peer-urls=http://{h}:{peer_port}"),
+                "--unsafe-no-fsync".into(),
+            ],
+        )?;
+        s.procs.lock().unwrap().etcd = Some(etcd);
+        s.spawn_apiserver()?;
+        s.version = s.wait_ready(Duration::from_secs(60))?;
+        s.startup = t0.elapsed();
+        eprintln!("real API server: kube-apiserver {} with etcd at {}, ready {:.1} s after start", s.version, s.url, s.startup.as_secs_f64());
+        Ok(s)
+    }
+
+    fn spawn(&self, name: &str, args: &[String]) -> Result<Child> {
+        let log = File::options().create(true).append(true).open(self.dir.0.join(format!("{name}.log")))?;
+        let mut cmd = Command::new(self.bin.join(name));
+        cmd.args(args).current_dir(&self.dir.0).stdin(Stdio::null()).stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
+        let ns = self.opts.netns.as_ref().map(File::open).transpose().context("opening the network namespace")?;
+        let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());
+        // SAFETY: only async-signal-safe syscalls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(fd) = ns_fd {
+                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(cmd.spawn());
+            drop(ns);
+        });
+        self.keeper.lock().unwrap().send(job).map_err(|_| anyhow!("the keeper thread is gone"))?;
+        rx.recv()?.with_context(|| format!("starting {}", self.bin.join(name).display()))
+    }
+
+    fn spawn_apiserver(&self) -> Result<()> {
+        let d = |f: &str| self.dir.0.join(f).display().to_string();
+        let args = vec![
+            format!("--etcd-servers={}", self.etcd_url),
+            format!("--bind-address={}", self.opts.host),
+            format!("--secure-port={}", self.port),
+            format!("--advertise-address={}", self.opts.host),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--tls-cert-file={}", d("apiserver.crt")),
+            format!("--tls-private-key-file={}", d("apiserver.key")),
+            format!("--client-ca-file={}", d("ca.crt")),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", d("sa.pub")),
+            format!("--service-account-signing-key-file={}", d("sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--allow-privileged=true".into(),
+            format!("--cert-dir={}", d("certs")),
+        ];
+        let child = self.spawn("kube-apiserver", &args)?;
+        self.procs.lock().unwrap().apiserver = Some(child);
+        Ok(())
+    }
+
+    fn log_tail(&self, name: &str) -> String {
+        let mut s = String::new();
+        let _ = File::open(self.dir.0.join(format!("{name}.log"))).and_then(|mut f| f.read_to_string(&mut s));
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Waits for `/readyz` (as admin); returns the server's gitVersion.
+    fn wait_ready(&self, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        let cfg = self.kubeconfig_admin_text();
+        loop {
+            {
+                let mut p = self.procs.lock().unwrap();
+                for (name, child) in [("etcd", &mut p.etcd), ("kube-apiserver", &mut p.apiserver)] {
+                    if let Some(st) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                        bail!("{name} exited ({st}):\n{}", self.log_tail(name));
+                    }
+                }
+            }
+            let cfg = cfg.clone();
+            let r = on_own_runtime(self.opts.netns.clone(), move || async move {
+                let client = client_from_kubeconfig(&cfg).await?;
+                let ready = raw(&client, Method::GET, "/readyz", "", None).await?;
+                if ready.status != 200 {
+                    bail!("/readyz: {} {}", ready.status, ready.body);
+                }
+                let v = raw(&client, Method::GET, "/version", "", None).await?.ok()?;
+                Ok(v["gitVersion"].as_str().unwrap_or("?").to_owned())
+            });
+            match r {
+                Ok(v) => return Ok(v),
+                Err(e) if Instant::now() > deadline => bail!("not ready within {timeout:?}: {e:#}\n{}", self.log_tail("kube-apiserver")),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    /// From spawning etcd to `/readyz` answering 200.
+    pub fn startup(&self) -> Duration {
+        self.startup
+    }
+
+    /// The server's `gitVersion` (`GET /version`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    pub fn kubeconfig_admin_text(&self) -> String {
+        kubeconfig_text(&self.url, &self.pki.ca, json!({ "client-certificate-data": b64(&self.pki.admin_cert), "client-key-data": b64(&self.pki.admin_key) }))
+    }
+
+    /// Writes a kubeconfig for the admin (`system:masters`) to `path`.
+    pub fn kubeconfig_admin(&self, path: &Path) -> Result<()> {
+        Ok(std::fs::write(path, self.kubeconfig_admin_text())?)
+    }
+
+    /// A client as admin (must run inside a tokio runtime; the harness's network
+    /// namespace, if any, is the caller's business).
+    pub async fn admin_client(&self) -> Client {
+        client_from_kubeconfig(&self.kubeconfig_admin_text()).await.expect("an admin client")
+    }
+
+    /// Runs `f` with an admin client on a runtime of its own (inside the server's
+    /// network namespace): for synchronous callers.
+    pub fn with_admin<T: Send + 'static, F: Future<Output = Result<T>> + 'static>(&self, f: impl FnOnce(Client) -> F + Send + 'static) -> Result<T> {
+        let cfg = self.kubeconfig_admin_text();
+        on_own_runtime(self.opts.netns.clone(), move || async move { f(client_from_kubeconfig(&cfg).await?).await })
+    }
+
+    /// Applies the VipPool CRD (deploy/crd.yaml) and waits until it is Established.
+    pub async fn install_crd(&self, client: &Client) -> Result<()> {
+        for doc in manifests(&deploy_dir().join("crd.yaml"))? {
+            apply(client, &doc, false).await?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let crd = raw(client, Method::GET, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/vippools.vip.dev", "", None).await?.ok()?;
+            let established =
+                crd["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+            // Established can come a moment before the resource is served: ask for it.
+            if established && raw(client, Method::GET, "/apis/vip.dev/v1alpha1/vippools", "", None).await?.status == 200 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the VipPool CRD is not Established: {}", crd["status"]);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Applies deploy/00-namespace.yaml and deploy/10-rbac.yaml, then asks the
+    /// TokenRequest API for a token of ServiceAccount `namespace/name` (created if
+    /// missing) and writes a kubeconfig with it to `path`: a client of it has exactly
+    /// the rights deploy/10-rbac.yaml gives the agent. Returns the kubeconfig text.
+    pub async fn service_account_kubeconfig(&self, client: &Client, namespace: &str, name: &str, path: &Path) -> Result<String> {
+        for f in ["00-namespace.yaml", "10-rbac.yaml"] {
+            for doc in manifests(&deploy_dir().join(f))? {
+                apply(client, &doc, false).await?;
+            }
+        }
+        ensure_namespace(client, namespace).await?;
+        let sa = json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": name, "namespace": namespace } });
+        let r = raw(client, Method::POST, &format!("/api/v1/namespaces/{namespace}/serviceaccounts"), "application/json", Some(&sa)).await?;
+        if r.status != 409 {
+            r.ok()?;
+        }
+        let req = json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": { "expirationSeconds": 3600 } });
+        let tr = raw(client, Method::POST, &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"), "application/json", Some(&req)).await?.ok()?;
+        let token = tr["status"]["token"].as_str().ok_or_else(|| anyhow!("no token in {tr}"))?;
+        let text = kubeconfig_text(&self.url, &self.pki.ca, json!({ "token": token }));
+        std::fs::write(path, &text)?;
+        Ok(text)
+    }
+
+    /// SIGKILLs the API server (etcd stays): an outage.
+    pub fn kill(&self) {
+        if let Some(mut c) = self.procs.lock().unwrap().apiserver.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the API server again, on the same etcd and port, and waits until ready.
+    pub fn restart(&self) -> Result<Duration> {
+        self.kill();
+        let t0 = Instant::now();
+        self.spawn_apiserver()?;
+        self.wait_ready(Duration::from_secs(60))?;
+        Ok(t0.elapsed())
+    }
+
+    fn stop(&self) {
+        let mut p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        for c in [p.apiserver.take(), p.etcd.take()].into_iter().flatten() {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for RealApiServer {
+    fn drop(&mut self) {
+        self.stop();
+        // The TempDir field removes the directory.
+    }
+}
+
+/// Every YAML document of a file, as JSON (empty documents skipped).
+pub fn manifests(path: &Path) -> Result<Vec<Value>> {
+    use serde::Deserialize as _;
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v = Value::deserialize(doc).with_context(|| path.display().to_string())?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// Creates namespace `name` unless it exists.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
+    let ns = json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name } });
+    let r = raw(client, Method::POST, "/api/v1/namespaces", "application/json", Some(&ns)).await?;
+    if r.status != 409 {
+        r.ok()?;
+    }
+    Ok(())
+}
+
+/// Discovery: (plural, namespaced) of `kind` in `apiVersion`.
+pub async fn discover(client: &Client, api_version: &str, kind: &str) -> Result<(String, bool)> {
+    let path = if api_version.contains('/') { format!("/apis/{api_version}") } else { format!("/api/{api_version}") };
+    let list = raw(client, Method::GET, &path, "", None).await?.ok().with_context(|| format!("discovery of {api_version}"))?;
+    let r = list["resources"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["kind"] == kind && !r["name"].as_str().unwrap_or("/").contains('/')))
+        .ok_or_else(|| anyhow!("the server serves no {kind} in {api_version}"))?;
+    Ok((r["name"].as_str().unwrap().to_owned(), r["namespaced"].as_bool().unwrap_or(false)))
+}
+
+/// Server-side apply of one object (field manager `vip-tests`, forced), optionally
+/// as a dry run; fails on a rejection, returns the server's warnings.
+pub async fn apply(client: &Client, doc: &Value, dry_run: bool) -> Result<Vec<String>> {
+    let (api_version, kind) = (doc["apiVersion"].as_str().unwrap_or_default(), doc["kind"].as_str().unwrap_or_default());
+    let name = doc["metadata"]["name"].as_str().ok_or_else(|| anyhow!("{kind} without a name"))?;
+    let (plural, namespaced) = discover(client, api_version, kind).await?;
+    let base = if api_version.contains('/') { format!("/apis/{api_version}") } else { format!("/api/{api_version}") };
+    let path = if namespaced {
+        let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default");
+        format!("{base}/namespaces/{ns}/{plural}/{name}")
+    } else {
+        format!("{base}/{plural}/{name}")
+    };
+    let query = if dry_run { "?fieldManager=vip-tests&force=true&dryRun=All" } else { "?fieldManager=vip-tests&force=true" };
+    let r = raw(client, Method::PATCH, &format!("{path}{query}"), "application/apply-patch+yaml", Some(doc)).await?;
+    let warnings = r.warnings.clone();
+    r.ok().with_context(|| format!("applying {kind} {name}{}", if dry_run { " (dry run)" } else { "" }))?;
+    Ok(warnings)
+}
+
+/// Serialises tests that share the one real server of a binary and touch
+/// cluster-wide state (VipPools, the controller's Lease).
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a test body runs: the in-process stand-in or the real API server. Reads
+/// are synchronous (the stand-in reads its store; for the real server they block
+/// the calling worker, so use a multi-threaded runtime).
+pub enum Backend {
+    StandIn(ApiServer),
+    Real { server: &'static RealApiServer, client: Client, _exclusive: MutexGuard<'static, ()> },
+}
+
+impl Backend {
+    /// The stand-in serving what the agent uses.
+    pub async fn stand_in() -> Self {
+        Backend::StandIn(ApiServer::builder().resources(ResourceSpec::VIP).bookmark_interval(Duration::from_millis(500)).start().await.unwrap())
+    }
+
+    /// The binary's shared real server (`None`: skipped, see [`assets`]), emptied of
+    /// what earlier tests left (VipPools, Services and Events, the controller's
+    /// Lease), with the VipPool CRD and the namespaces `shop` and `vip-system`.
+    pub async fn real() -> Option<Self> {
+        let guard = exclusive();
+        let server = tokio::task::block_in_place(RealApiServer::shared)?;
+        let client = server.admin_client().await;
+        server.install_crd(&client).await.expect("the VipPool CRD");
+        for ns in ["shop", "vip-system"] {
+            ensure_namespace(&client, ns).await.unwrap();
+        }
+        reset(&client).await.expect("emptying the real server");
+        Some(Backend::Real { server, client, _exclusive: guard })
+    }
+
+    /// A new client for the test's own requests (after an API server restart).
+    pub async fn reconnect(&mut self) {
+        if let Backend::Real { server, client, .. } = self {
+            *client = server.admin_client().await;
+        }
+    }
+
+    pub fn is_real(&self) -> bool {
+        matches!(self, Backend::Real { .. })
+    }
+
+    /// A new client (each agent of a test has its own).
+    pub async fn client(&self) -> Client {
+        match self {
+            Backend::StandIn(api) => Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap(),
+            Backend::Real { server, .. } => server.admin_client().await,
+        }
+    }
+
+    fn block<T>(f: impl Future<Output = T>) -> T {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+    }
+
+    pub fn get(&self, resource: &str, ns: Option<&str>, name: &str) -> Option<Value> {
+        match self {
+            Backend::StandIn(api) => api.get(resource, ns, name),
+            Backend::Real { client, .. } => {
+                let r = Self::block(raw(client, Method::GET, &format!("{}/{name}", resource_path(resource, ns)), "", None)).unwrap();
+                match r.status {
+                    404 => None,
+                    _ => Some(r.ok().unwrap()),
+                }
+            }
+        }
+    }
+
+    pub fn list(&self, resource: &str, ns: Option<&str>) -> Vec<Value> {
+        match self {
+            Backend::StandIn(api) => api.list(resource, ns),
+            Backend::Real { client, .. } => {
+                let l = Self::block(raw(client, Method::GET, &resource_path(resource, ns), "", None)).unwrap().ok().unwrap();
+                l["items"].as_array().cloned().unwrap_or_default()
+            }
+        }
+    }
+
+    /// Stores `obj` as it is (the stand-in) or applies it (the real server).
+    pub fn insert(&self, resource: &str, obj: Value) -> Result<Value> {
+        match self {
+            Backend::StandIn(api) => api.insert(resource, obj).map_err(|e| anyhow!("{e:?}")),
+            Backend::Real { client, .. } => {
+                Self::block(apply(client, &obj, false))?;
+                let ns = obj["metadata"]["namespace"].as_str();
+                self.get(resource, ns, obj["metadata"]["name"].as_str().unwrap_or_default()).ok_or_else(|| anyhow!("applied but not there"))
+            }
+        }
+    }
+}
+
+/// Deletes what controller tests leave on a real server.
+async fn reset(client: &Client) -> Result<()> {
+    let del = |path: String| async move {
+        let r = raw(client, Method::DELETE, &path, "", None).await?;
+        if r.status != 404 {
+            r.ok()?;
+        }
+        anyhow::Ok(())
+    };
+    for (list, _) in [("/apis/vip.dev/v1alpha1/vippools", ()), ("/api/v1/services", ()), ("/apis/events.k8s.io/v1/events", ()), ("/apis/coordination.k8s.io/v1/leases", ())] {
+        let items = raw(client, Method::GET, list, "", None).await?.ok()?;
+        for it in items["items"].as_array().cloned().unwrap_or_default() {
+            let (ns, name) = (it["metadata"]["namespace"].as_str(), it["metadata"]["name"].as_str().unwrap_or_default());
+            // Only what tests make: not the API server's own (default/kubernetes,
+            // kube-system leases).
+            if matches!(ns, Some("default" | "kube-system" | "kube-node-lease")) && !list.contains("events") {
+                continue;
+            }
+            let base = list.rsplit_once('/').unwrap();
+            let path = match ns {
+                Some(ns) => format!("{}/namespaces/{ns}/{}/{name}", base.0, base.1),
+                None => format!("{list}/{name}"),
+            };
+            del(path).await?;
+        }
+    }
+    Ok(())
+}
