@@ -204,10 +204,7 @@ pub fn lb_config(backends: usize, ports: &str, c: Check, extra_node_key: &str) -
         format!("  - name: lab\n    addresses: [{LB_VIP}]\n    nodeSelector: {{role: lb}}"),
         "services:".into(),
         format!("  - name: web\n    vip: {LB_VIP}\n    ports: [{ports}]\n    tableSize: 251\n    backendSelector: {{role: backend}}"),
-        format!(
-            "    healthCheck: {{type: tcp, port: 80, interval: {}ms, timeout: {}ms, rise: {}, fall: {}}}",
-            c.interval_ms, c.timeout_ms, c.rise, c.fall
-        ),
+        format!("    healthCheck: {{type: tcp, port: 80, interval: {}ms, timeout: {}ms, rise: {}, fall: {}}}", c.interval_ms, c.timeout_ms, c.rise, c.fall),
         "announce:\n  holdTime: 200ms\n".into(),
     ];
     lines.join("\n")
@@ -249,9 +246,22 @@ impl LbLab {
         let pins = PinDir::new()?;
         let metrics = format!("127.0.0.1:{metrics_port}");
         let args = [
-            "--config", path_str(&config)?, "--node-name", "lb", "--iface", "eth0", "--mode", "generic",
-            "--pin-dir", path_str(&pins.path)?, "--status-file", path_str(&status_file)?,
-            "--reload-interval", "100ms", "--metrics-addr", &metrics,
+            "--config",
+            path_str(&config)?,
+            "--node-name",
+            "lb",
+            "--iface",
+            "eth0",
+            "--mode",
+            "generic",
+            "--pin-dir",
+            path_str(&pins.path)?,
+            "--status-file",
+            path_str(&status_file)?,
+            "--reload-interval",
+            "100ms",
+            "--metrics-addr",
+            &metrics,
         ];
         let agent = AgentProc::start(&lb, &args, &log)?;
         Ok(Self { agent, pins, backends: bs, client, lb, seg, config, status_file, tmp })

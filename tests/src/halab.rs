@@ -100,9 +100,8 @@ pub fn ha_config(s: &HaSpec) -> String {
     for i in 0..s.nodes {
         y += &format!("  - {{name: node-{}, address: {}, labels: {{lab: \"yes\"}}}}\n", i + 1, node_addr(i));
     }
-    let ranges: Vec<String> = (0..s.vips.div_ceil(VIPS_PER_NET))
-        .map(|i| format!("{}-{}", vip(i * VIPS_PER_NET), vip(((i + 1) * VIPS_PER_NET).min(s.vips) - 1)))
-        .collect();
+    let ranges: Vec<String> =
+        (0..s.vips.div_ceil(VIPS_PER_NET)).map(|i| format!("{}-{}", vip(i * VIPS_PER_NET), vip(((i + 1) * VIPS_PER_NET).min(s.vips) - 1))).collect();
     y += &format!("pools:\n  - name: lab\n    addresses: [{}]\n    nodeSelector: {{lab: \"yes\"}}\nservices:\n", ranges.join(", "));
     let ports: Vec<String> = s.ports.iter().map(u16::to_string).collect();
     let table = s.table_size.map(|t| format!(", tableSize: {t}")).unwrap_or_default();
@@ -261,7 +260,8 @@ impl HaLab {
     /// Builds the lab and starts every node's server and agent. `server_exe` is a
     /// program that runs `serve_name` when called as `server_exe serve NAME PORT`.
     pub fn start(spec: HaSpec, naming: Naming, server_exe: &Path) -> Result<Self> {
-        let (ns_name, dir, pins_root, remove_dir): (Box<dyn Fn(&str) -> String>, PathBuf, PathBuf, bool) = match naming {
+        type Layout = (Box<dyn Fn(&str) -> String>, PathBuf, PathBuf, bool);
+        let (ns_name, dir, pins_root, remove_dir): Layout = match naming {
             Naming::Unique => {
                 let tag = unique("");
                 (
@@ -321,9 +321,20 @@ impl HaLab {
     pub fn start_agent(&mut self, i: usize) -> Result<()> {
         let n = &mut self.nodes[i];
         let mut args = vec![
-            "--node-name", &n.name, "--iface", "eth0", "--mode", "generic",
-            "--pin-dir", path_str(&n.pins.path)?, "--status-file", path_str(&n.status_file)?,
-            "--reload-interval", "200ms", "--metrics-addr", "127.0.0.1:9472",
+            "--node-name",
+            &n.name,
+            "--iface",
+            "eth0",
+            "--mode",
+            "generic",
+            "--pin-dir",
+            path_str(&n.pins.path)?,
+            "--status-file",
+            path_str(&n.status_file)?,
+            "--reload-interval",
+            "200ms",
+            "--metrics-addr",
+            "127.0.0.1:9472",
         ];
         let capacity = self.spec.ring_capacity.map(|c| c.to_string());
         if let Some(c) = &capacity {
@@ -401,7 +412,8 @@ impl HaLab {
                 .all(|&i| {
                     self.status(i).is_some_and(|s| {
                         let full = s["services"].as_array().is_some_and(|v| {
-                            v.len() == self.spec.vips * self.spec.ports.len() && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == self.nodes.len()))
+                            v.len() == self.spec.vips * self.spec.ports.len()
+                                && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == self.nodes.len()))
                         });
                         full && s["health"].as_array().is_some_and(|h| h.iter().all(|x| x["healthy"] == true))
                     })
@@ -497,11 +509,14 @@ pub fn time_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Durati
     wait_for(limit, || f().then_some(())).map(|_| t.elapsed())
 }
 
+/// One ARP frame seen: when, sender MAC, sender address.
+pub type ArpSeen = (Instant, [u8; 6], Ipv4Addr);
+
 /// ARP frames seen on the client's eth0 (sender MAC and address, when), captured
 /// by a packet socket in the client namespace until `stop`.
 pub struct ArpWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<(Instant, [u8; 6], Ipv4Addr)>>>,
+    thread: Option<std::thread::JoinHandle<Vec<ArpSeen>>>,
 }
 
 impl ArpWatch {
@@ -516,7 +531,9 @@ impl ArpWatch {
             let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P_ARP.to_be())) };
             let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
             // SAFETY: valid fd and option of the stated size.
-            unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32) };
+            unsafe {
+                libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
+            };
             let _ = ready_tx.send(fd >= 0);
             let mut buf = [0u8; 128];
             while fd >= 0 && !flag.load(std::sync::atomic::Ordering::Relaxed) {
@@ -541,7 +558,7 @@ impl ArpWatch {
     }
 
     /// Stops capturing; returns what was seen.
-    pub fn finish(mut self) -> Vec<(Instant, [u8; 6], Ipv4Addr)> {
+    pub fn finish(mut self) -> Vec<ArpSeen> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
     }

@@ -52,11 +52,7 @@ pub fn assets() -> Option<PathBuf> {
         Some(dir) => {
             let dir = PathBuf::from(dir);
             for bin in ["kube-apiserver", "etcd"] {
-                assert!(
-                    dir.join(bin).is_file(),
-                    "KUBEBUILDER_ASSETS={}: no {bin} there",
-                    dir.display()
-                );
+                assert!(dir.join(bin).is_file(), "KUBEBUILDER_ASSETS={}: no {bin} there", dir.display());
             }
             Some(dir)
         }
@@ -82,10 +78,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self {
-            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            netns: None,
-        }
+        Self { host: IpAddr::V4(Ipv4Addr::LOCALHOST), netns: None }
     }
 }
 
@@ -120,15 +113,8 @@ pub struct RealApiServer {
 fn free_port(host: IpAddr) -> u16 {
     // Outside a namespace of its own the port is probed where the server will bind;
     // in a fresh namespace any port is free, so probing loopback here is enough.
-    let probe = if host.is_loopback() {
-        host
-    } else {
-        IpAddr::V4(Ipv4Addr::LOCALHOST)
-    };
-    TcpListener::bind((probe, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    let probe = if host.is_loopback() { host } else { IpAddr::V4(Ipv4Addr::LOCALHOST) };
+    TcpListener::bind((probe, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
 fn b64(s: &str) -> String {
@@ -137,8 +123,8 @@ fn b64(s: &str) -> String {
 
 fn make_pki(dir: &Path, host: IpAddr) -> Result<Pki> {
     use rcgen::{
-        date_time_ymd, BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName,
-        DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+        date_time_ymd, BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose, SanType,
     };
     let base = |cn: &str| {
         let mut p = CertificateParams::default();
@@ -151,49 +137,26 @@ fn make_pki(dir: &Path, host: IpAddr) -> Result<Pki> {
     };
     let mut ca_params = base("vip-tests-ca");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
 
     let mut serving = base("kube-apiserver");
-    let mut ips: Vec<IpAddr> = vec![
-        Ipv4Addr::LOCALHOST.into(),
-        Ipv4Addr::new(10, 96, 0, 1).into(),
-    ];
+    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv4Addr::new(10, 96, 0, 1).into()];
     if !ips.contains(&host) {
         ips.push(host);
     }
     serving.subject_alt_names = ips.into_iter().map(SanType::IpAddress).collect();
-    for dns in [
-        "localhost",
-        "kubernetes",
-        "kubernetes.default",
-        "kubernetes.default.svc",
-        "kubernetes.default.svc.cluster.local",
-    ] {
-        serving
-            .subject_alt_names
-            .push(SanType::DnsName(dns.try_into()?));
+    for dns in ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"] {
+        serving.subject_alt_names.push(SanType::DnsName(dns.try_into()?));
     }
-    serving.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
+    serving.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let serving_key = KeyPair::generate()?;
     let serving_cert = serving.signed_by(&serving_key, &ca)?;
 
     let mut admin = base("admin");
-    admin
-        .distinguished_name
-        .push(DnType::OrganizationName, "system:masters");
-    admin.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
+    admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
+    admin.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let admin_key = KeyPair::generate()?;
     let admin_cert = admin.signed_by(&admin_key, &ca)?;
@@ -202,43 +165,27 @@ fn make_pki(dir: &Path, host: IpAddr) -> Result<Pki> {
     // as --service-account-signing-key-file like an RSA one.
     let sa = KeyPair::generate()?;
 
-    let write = |name: &str, text: &str| {
-        std::fs::write(dir.join(name), text).with_context(|| format!("writing {name}"))
-    };
+    let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).with_context(|| format!("writing {name}"));
     write("ca.crt", &ca.pem())?;
     write("apiserver.crt", &serving_cert.pem())?;
     write("apiserver.key", &serving_key.serialize_pem())?;
     write("sa.key", &sa.serialize_pem())?;
     write("sa.pub", &sa.public_key_pem())?;
-    Ok(Pki {
-        ca: ca.pem(),
-        admin_cert: admin_cert.pem(),
-        admin_key: admin_key.serialize_pem(),
-    })
+    Ok(Pki { ca: ca.pem(), admin_cert: admin_cert.pem(), admin_key: admin_key.serialize_pem() })
 }
 
 /// Runs `f` to completion on a runtime of its own, on a thread of its own (inside
 /// `netns` when given): usable from synchronous code and from inside other runtimes.
-fn on_own_runtime<T: Send + 'static, F: Future<Output = T> + 'static>(
-    netns: Option<PathBuf>,
-    f: impl FnOnce() -> F + Send + 'static,
-) -> T {
+fn on_own_runtime<T: Send + 'static, F: Future<Output = T> + 'static>(netns: Option<PathBuf>, f: impl FnOnce() -> F + Send + 'static) -> T {
     std::thread::spawn(move || {
         if let Some(ns) = netns {
             let file = File::open(&ns).unwrap_or_else(|e| panic!("{}: {e}", ns.display()));
             // SAFETY: a valid namespace fd; only this thread changes namespace.
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                panic!(
-                    "setns {}: {}",
-                    ns.display(),
-                    std::io::Error::last_os_error()
-                );
+                panic!("setns {}: {}", ns.display(), std::io::Error::last_os_error());
             }
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         rt.block_on(f())
     })
     .join()
@@ -264,17 +211,8 @@ impl Reply {
 }
 
 /// A raw request through `client` (its base URL and credentials), `path` from `/`.
-pub async fn raw(
-    client: &Client,
-    method: Method,
-    path: &str,
-    content_type: &str,
-    body: Option<&Value>,
-) -> Result<Reply> {
-    let mut req = Request::builder()
-        .method(method.clone())
-        .uri(path)
-        .header("accept", "application/json");
+pub async fn raw(client: &Client, method: Method, path: &str, content_type: &str, body: Option<&Value>) -> Result<Reply> {
+    let mut req = Request::builder().method(method.clone()).uri(path).header("accept", "application/json");
     let bytes = match body {
         Some(b) => {
             req = req.header("content-type", content_type);
@@ -282,25 +220,12 @@ pub async fn raw(
         }
         None => Vec::new(),
     };
-    let res = client
-        .send(req.body(kube::client::Body::from(bytes))?)
-        .await
-        .with_context(|| format!("{method} {path}"))?;
+    let res = client.send(req.body(kube::client::Body::from(bytes))?).await.with_context(|| format!("{method} {path}"))?;
     let status = res.status().as_u16();
-    let warnings = res
-        .headers()
-        .get_all("warning")
-        .iter()
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .collect();
+    let warnings = res.headers().get_all("warning").iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
     let bytes = res.into_body().collect_bytes().await?;
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    Ok(Reply {
-        status,
-        warnings,
-        body,
-    })
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Ok(Reply { status, warnings, body })
 }
 
 /// The URL path of a resource named as `kubectl` does (`services`,
@@ -311,11 +236,7 @@ pub fn resource_path(resource: &str, ns: Option<&str>) -> String {
         .chain([ResourceSpec::CONFIG_MAPS].iter())
         .find(|s| s.qualified() == resource)
         .unwrap_or_else(|| panic!("unknown resource {resource}"));
-    let base = if spec.group.is_empty() {
-        "/api/v1".to_owned()
-    } else {
-        format!("/apis/{}/{}", spec.group, spec.version)
-    };
+    let base = if spec.group.is_empty() { "/api/v1".to_owned() } else { format!("/apis/{}/{}", spec.group, spec.version) };
     match ns {
         Some(ns) if spec.namespaced => format!("{base}/namespaces/{ns}/{}", spec.plural),
         _ => format!("{base}/{}", spec.plural),
@@ -350,10 +271,7 @@ impl RealApiServer {
 
     pub fn start_with(opts: Options) -> Option<Self> {
         let bin = assets()?;
-        Some(
-            Self::launch(bin, opts)
-                .unwrap_or_else(|e| panic!("the real API server did not start: {e:#}")),
-        )
+        Some(Self::launch(bin, opts).unwrap_or_else(|e| panic!("the real API server did not start: {e:#}")))
     }
 
     /// One server for the whole test binary, left running until the binary exits
@@ -379,11 +297,7 @@ impl RealApiServer {
     fn launch(bin: PathBuf, opts: Options) -> Result<Self> {
         let dir = TempDir::new("vip-kube-apiserver-")?;
         let pki = make_pki(&dir.0, opts.host)?;
-        let (etcd_port, peer_port, port) = (
-            free_port(opts.host),
-            free_port(opts.host),
-            free_port(opts.host),
-        );
+        let (etcd_port, peer_port, port) = (free_port(opts.host), free_port(opts.host), free_port(opts.host));
         let h = match opts.host {
             IpAddr::V6(a) => format!("[{a}]"),
             a => a.to_string(),
@@ -391,14 +305,12 @@ impl RealApiServer {
         let etcd_url = format!("http://{h}:{etcd_port}");
         let url = format!("https://{h}:{port}");
         let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("kube-apiserver-keeper".into())
-            .spawn(move || {
-                // The children's parent: they die with this thread (PR_SET_PDEATHSIG).
-                while let Ok(job) = rx.recv() {
-                    job();
-                }
-            })?;
+        std::thread::Builder::new().name("kube-apiserver-keeper".into()).spawn(move || {
+            // The children's parent: they die with this thread (PR_SET_PDEATHSIG).
+            while let Ok(job) = rx.recv() {
+                job();
+            }
+        })?;
         let mut s = Self {
             dir,
             bin,
@@ -407,10 +319,7 @@ impl RealApiServer {
             port,
             url,
             pki,
-            procs: Mutex::new(Procs {
-                etcd: None,
-                apiserver: None,
-            }),
+            procs: Mutex::new(Procs { etcd: None, apiserver: None }),
             keeper: Mutex::new(tx),
             startup: Duration::ZERO,
             version: String::new(),
@@ -432,33 +341,15 @@ impl RealApiServer {
         s.spawn_apiserver()?;
         s.version = s.wait_ready(Duration::from_secs(60))?;
         s.startup = t0.elapsed();
-        eprintln!(
-            "real API server: kube-apiserver {} with etcd at {}, ready {:.1} s after start",
-            s.version,
-            s.url,
-            s.startup.as_secs_f64()
-        );
+        eprintln!("real API server: kube-apiserver {} with etcd at {}, ready {:.1} s after start", s.version, s.url, s.startup.as_secs_f64());
         Ok(s)
     }
 
     fn spawn(&self, name: &str, args: &[String]) -> Result<Child> {
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.0.join(format!("{name}.log")))?;
+        let log = File::options().create(true).append(true).open(self.dir.0.join(format!("{name}.log")))?;
         let mut cmd = Command::new(self.bin.join(name));
-        cmd.args(args)
-            .current_dir(&self.dir.0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log));
-        let ns = self
-            .opts
-            .netns
-            .as_ref()
-            .map(File::open)
-            .transpose()
-            .context("opening the network namespace")?;
+        cmd.args(args).current_dir(&self.dir.0).stdin(Stdio::null()).stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
+        let ns = self.opts.netns.as_ref().map(File::open).transpose().context("opening the network namespace")?;
         let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());
         // SAFETY: only async-signal-safe syscalls between fork and exec.
         unsafe {
@@ -479,13 +370,8 @@ impl RealApiServer {
             let _ = tx.send(cmd.spawn());
             drop(ns);
         });
-        self.keeper
-            .lock()
-            .unwrap()
-            .send(job)
-            .map_err(|_| anyhow!("the keeper thread is gone"))?;
-        rx.recv()?
-            .with_context(|| format!("starting {}", self.bin.join(name).display()))
+        self.keeper.lock().unwrap().send(job).map_err(|_| anyhow!("the keeper thread is gone"))?;
+        rx.recv()?.with_context(|| format!("starting {}", self.bin.join(name).display()))
     }
 
     fn spawn_apiserver(&self) -> Result<()> {
@@ -515,8 +401,7 @@ impl RealApiServer {
 
     fn log_tail(&self, name: &str) -> String {
         let mut s = String::new();
-        let _ = File::open(self.dir.0.join(format!("{name}.log")))
-            .and_then(|mut f| f.read_to_string(&mut s));
+        let _ = File::open(self.dir.0.join(format!("{name}.log"))).and_then(|mut f| f.read_to_string(&mut s));
         let lines: Vec<&str> = s.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
@@ -542,17 +427,12 @@ impl RealApiServer {
                 if ready.status != 200 {
                     bail!("/readyz: {} {}", ready.status, ready.body);
                 }
-                let v = raw(&client, Method::GET, "/version", "", None)
-                    .await?
-                    .ok()?;
+                let v = raw(&client, Method::GET, "/version", "", None).await?.ok()?;
                 Ok(v["gitVersion"].as_str().unwrap_or("?").to_owned())
             });
             match r {
                 Ok(v) => return Ok(v),
-                Err(e) if Instant::now() > deadline => bail!(
-                    "not ready within {timeout:?}: {e:#}\n{}",
-                    self.log_tail("kube-apiserver")
-                ),
+                Err(e) if Instant::now() > deadline => bail!("not ready within {timeout:?}: {e:#}\n{}", self.log_tail("kube-apiserver")),
                 Err(_) => std::thread::sleep(Duration::from_millis(200)),
             }
         }
@@ -577,11 +457,7 @@ impl RealApiServer {
     }
 
     pub fn kubeconfig_admin_text(&self) -> String {
-        kubeconfig_text(
-            &self.url,
-            &self.pki.ca,
-            json!({ "client-certificate-data": b64(&self.pki.admin_cert), "client-key-data": b64(&self.pki.admin_key) }),
-        )
+        kubeconfig_text(&self.url, &self.pki.ca, json!({ "client-certificate-data": b64(&self.pki.admin_cert), "client-key-data": b64(&self.pki.admin_key) }))
     }
 
     /// Writes a kubeconfig for the admin (`system:masters`) to `path`.
@@ -592,21 +468,14 @@ impl RealApiServer {
     /// A client as admin (must run inside a tokio runtime; the harness's network
     /// namespace, if any, is the caller's business).
     pub async fn admin_client(&self) -> Client {
-        client_from_kubeconfig(&self.kubeconfig_admin_text())
-            .await
-            .expect("an admin client")
+        client_from_kubeconfig(&self.kubeconfig_admin_text()).await.expect("an admin client")
     }
 
     /// Runs `f` with an admin client on a runtime of its own (inside the server's
     /// network namespace): for synchronous callers.
-    pub fn with_admin<T: Send + 'static, F: Future<Output = Result<T>> + 'static>(
-        &self,
-        f: impl FnOnce(Client) -> F + Send + 'static,
-    ) -> Result<T> {
+    pub fn with_admin<T: Send + 'static, F: Future<Output = Result<T>> + 'static>(&self, f: impl FnOnce(Client) -> F + Send + 'static) -> Result<T> {
         let cfg = self.kubeconfig_admin_text();
-        on_own_runtime(self.opts.netns.clone(), move || async move {
-            f(client_from_kubeconfig(&cfg).await?).await
-        })
+        on_own_runtime(self.opts.netns.clone(), move || async move { f(client_from_kubeconfig(&cfg).await?).await })
     }
 
     /// Applies the VipPool CRD (deploy/crd.yaml) and waits until it is Established.
@@ -616,32 +485,10 @@ impl RealApiServer {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let crd = raw(
-                client,
-                Method::GET,
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/vippools.vip.dev",
-                "",
-                None,
-            )
-            .await?
-            .ok()?;
-            let established = crd["status"]["conditions"].as_array().is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c["type"] == "Established" && c["status"] == "True")
-            });
+            let crd = raw(client, Method::GET, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/vippools.vip.dev", "", None).await?.ok()?;
+            let established = crd["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
             // Established can come a moment before the resource is served: ask for it.
-            if established
-                && raw(
-                    client,
-                    Method::GET,
-                    "/apis/vip.dev/v1alpha1/vippools",
-                    "",
-                    None,
-                )
-                .await?
-                .status
-                    == 200
-            {
+            if established && raw(client, Method::GET, "/apis/vip.dev/v1alpha1/vippools", "", None).await?.status == 200 {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -655,13 +502,7 @@ impl RealApiServer {
     /// TokenRequest API for a token of ServiceAccount `namespace/name` (created if
     /// missing) and writes a kubeconfig with it to `path`: a client of it has exactly
     /// the rights deploy/10-rbac.yaml gives the agent. Returns the kubeconfig text.
-    pub async fn service_account_kubeconfig(
-        &self,
-        client: &Client,
-        namespace: &str,
-        name: &str,
-        path: &Path,
-    ) -> Result<String> {
+    pub async fn service_account_kubeconfig(&self, client: &Client, namespace: &str, name: &str, path: &Path) -> Result<String> {
         for f in ["00-namespace.yaml", "10-rbac.yaml"] {
             for doc in manifests(&deploy_dir().join(f))? {
                 apply(client, &doc, false).await?;
@@ -669,30 +510,14 @@ impl RealApiServer {
         }
         ensure_namespace(client, namespace).await?;
         let sa = json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": name, "namespace": namespace } });
-        let r = raw(
-            client,
-            Method::POST,
-            &format!("/api/v1/namespaces/{namespace}/serviceaccounts"),
-            "application/json",
-            Some(&sa),
-        )
-        .await?;
+        let r = raw(client, Method::POST, &format!("/api/v1/namespaces/{namespace}/serviceaccounts"), "application/json", Some(&sa)).await?;
         if r.status != 409 {
             r.ok()?;
         }
         let req = json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": { "expirationSeconds": 3600 } });
-        let tr = raw(
-            client,
-            Method::POST,
-            &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"),
-            "application/json",
-            Some(&req),
-        )
-        .await?
-        .ok()?;
-        let token = tr["status"]["token"]
-            .as_str()
-            .ok_or_else(|| anyhow!("no token in {tr}"))?;
+        let tr =
+            raw(client, Method::POST, &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"), "application/json", Some(&req)).await?.ok()?;
+        let token = tr["status"]["token"].as_str().ok_or_else(|| anyhow!("no token in {tr}"))?;
         let text = kubeconfig_text(&self.url, &self.pki.ca, json!({ "token": token }));
         std::fs::write(path, &text)?;
         Ok(text)
@@ -749,14 +574,7 @@ pub fn manifests(path: &Path) -> Result<Vec<Value>> {
 /// Creates namespace `name` unless it exists.
 pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
     let ns = json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name } });
-    let r = raw(
-        client,
-        Method::POST,
-        "/api/v1/namespaces",
-        "application/json",
-        Some(&ns),
-    )
-    .await?;
+    let r = raw(client, Method::POST, "/api/v1/namespaces", "application/json", Some(&ns)).await?;
     if r.status != 409 {
         r.ok()?;
     }
@@ -765,70 +583,32 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
 
 /// Discovery: (plural, namespaced) of `kind` in `apiVersion`.
 pub async fn discover(client: &Client, api_version: &str, kind: &str) -> Result<(String, bool)> {
-    let path = if api_version.contains('/') {
-        format!("/apis/{api_version}")
-    } else {
-        format!("/api/{api_version}")
-    };
-    let list = raw(client, Method::GET, &path, "", None)
-        .await?
-        .ok()
-        .with_context(|| format!("discovery of {api_version}"))?;
+    let path = if api_version.contains('/') { format!("/apis/{api_version}") } else { format!("/api/{api_version}") };
+    let list = raw(client, Method::GET, &path, "", None).await?.ok().with_context(|| format!("discovery of {api_version}"))?;
     let r = list["resources"]
         .as_array()
-        .and_then(|rs| {
-            rs.iter()
-                .find(|r| r["kind"] == kind && !r["name"].as_str().unwrap_or("/").contains('/'))
-        })
+        .and_then(|rs| rs.iter().find(|r| r["kind"] == kind && !r["name"].as_str().unwrap_or("/").contains('/')))
         .ok_or_else(|| anyhow!("the server serves no {kind} in {api_version}"))?;
-    Ok((
-        r["name"].as_str().unwrap().to_owned(),
-        r["namespaced"].as_bool().unwrap_or(false),
-    ))
+    Ok((r["name"].as_str().unwrap().to_owned(), r["namespaced"].as_bool().unwrap_or(false)))
 }
 
 /// Server-side apply of one object (field manager `vip-tests`, forced), optionally
 /// as a dry run; fails on a rejection, returns the server's warnings.
 pub async fn apply(client: &Client, doc: &Value, dry_run: bool) -> Result<Vec<String>> {
-    let (api_version, kind) = (
-        doc["apiVersion"].as_str().unwrap_or_default(),
-        doc["kind"].as_str().unwrap_or_default(),
-    );
-    let name = doc["metadata"]["name"]
-        .as_str()
-        .ok_or_else(|| anyhow!("{kind} without a name"))?;
+    let (api_version, kind) = (doc["apiVersion"].as_str().unwrap_or_default(), doc["kind"].as_str().unwrap_or_default());
+    let name = doc["metadata"]["name"].as_str().ok_or_else(|| anyhow!("{kind} without a name"))?;
     let (plural, namespaced) = discover(client, api_version, kind).await?;
-    let base = if api_version.contains('/') {
-        format!("/apis/{api_version}")
-    } else {
-        format!("/api/{api_version}")
-    };
+    let base = if api_version.contains('/') { format!("/apis/{api_version}") } else { format!("/api/{api_version}") };
     let path = if namespaced {
         let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default");
         format!("{base}/namespaces/{ns}/{plural}/{name}")
     } else {
         format!("{base}/{plural}/{name}")
     };
-    let query = if dry_run {
-        "?fieldManager=vip-tests&force=true&dryRun=All"
-    } else {
-        "?fieldManager=vip-tests&force=true"
-    };
-    let r = raw(
-        client,
-        Method::PATCH,
-        &format!("{path}{query}"),
-        "application/apply-patch+yaml",
-        Some(doc),
-    )
-    .await?;
+    let query = if dry_run { "?fieldManager=vip-tests&force=true&dryRun=All" } else { "?fieldManager=vip-tests&force=true" };
+    let r = raw(client, Method::PATCH, &format!("{path}{query}"), "application/apply-patch+yaml", Some(doc)).await?;
     let warnings = r.warnings.clone();
-    r.ok().with_context(|| {
-        format!(
-            "applying {kind} {name}{}",
-            if dry_run { " (dry run)" } else { "" }
-        )
-    })?;
+    r.ok().with_context(|| format!("applying {kind} {name}{}", if dry_run { " (dry run)" } else { "" }))?;
     Ok(warnings)
 }
 
@@ -844,29 +624,21 @@ pub fn exclusive() -> MutexGuard<'static, ()> {
 /// the calling worker, so use a multi-threaded runtime).
 pub enum Backend {
     StandIn(ApiServer),
-    Real {
-        server: &'static RealApiServer,
-        client: Client,
-        _exclusive: MutexGuard<'static, ()>,
-    },
+    Real { server: &'static RealApiServer, client: Client, _exclusive: MutexGuard<'static, ()> },
 }
 
 impl Backend {
     /// The stand-in serving what the agent uses.
     pub async fn stand_in() -> Self {
-        Backend::StandIn(
-            ApiServer::builder()
-                .resources(ResourceSpec::VIP)
-                .bookmark_interval(Duration::from_millis(500))
-                .start()
-                .await
-                .unwrap(),
-        )
+        Backend::StandIn(ApiServer::builder().resources(ResourceSpec::VIP).bookmark_interval(Duration::from_millis(500)).start().await.unwrap())
     }
 
     /// The binary's shared real server (`None`: skipped, see [`assets`]), emptied of
     /// what earlier tests left (VipPools, Services and Events, the controller's
     /// Lease), with the VipPool CRD and the namespaces `shop` and `vip-system`.
+    // The guard serialises tests (each on a runtime of its own) on the one shared
+    // server for their whole run, awaits included: that is its purpose.
+    #[allow(clippy::await_holding_lock)]
     pub async fn real() -> Option<Self> {
         let guard = exclusive();
         let server = tokio::task::block_in_place(RealApiServer::shared)?;
@@ -876,11 +648,7 @@ impl Backend {
             ensure_namespace(&client, ns).await.unwrap();
         }
         reset(&client).await.expect("emptying the real server");
-        Some(Backend::Real {
-            server,
-            client,
-            _exclusive: guard,
-        })
+        Some(Backend::Real { server, client, _exclusive: guard })
     }
 
     /// A new client for the test's own requests (after an API server restart).
@@ -897,9 +665,7 @@ impl Backend {
     /// A new client (each agent of a test has its own).
     pub async fn client(&self) -> Client {
         match self {
-            Backend::StandIn(api) => {
-                Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap()
-            }
+            Backend::StandIn(api) => Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap(),
             Backend::Real { server, .. } => server.admin_client().await,
         }
     }
@@ -912,14 +678,7 @@ impl Backend {
         match self {
             Backend::StandIn(api) => api.get(resource, ns, name),
             Backend::Real { client, .. } => {
-                let r = Self::block(raw(
-                    client,
-                    Method::GET,
-                    &format!("{}/{name}", resource_path(resource, ns)),
-                    "",
-                    None,
-                ))
-                .unwrap();
+                let r = Self::block(raw(client, Method::GET, &format!("{}/{name}", resource_path(resource, ns)), "", None)).unwrap();
                 match r.status {
                     404 => None,
                     _ => Some(r.ok().unwrap()),
@@ -932,16 +691,7 @@ impl Backend {
         match self {
             Backend::StandIn(api) => api.list(resource, ns),
             Backend::Real { client, .. } => {
-                let l = Self::block(raw(
-                    client,
-                    Method::GET,
-                    &resource_path(resource, ns),
-                    "",
-                    None,
-                ))
-                .unwrap()
-                .ok()
-                .unwrap();
+                let l = Self::block(raw(client, Method::GET, &resource_path(resource, ns), "", None)).unwrap().ok().unwrap();
                 l["items"].as_array().cloned().unwrap_or_default()
             }
         }
@@ -954,12 +704,7 @@ impl Backend {
             Backend::Real { client, .. } => {
                 Self::block(apply(client, &obj, false))?;
                 let ns = obj["metadata"]["namespace"].as_str();
-                self.get(
-                    resource,
-                    ns,
-                    obj["metadata"]["name"].as_str().unwrap_or_default(),
-                )
-                .ok_or_else(|| anyhow!("applied but not there"))
+                self.get(resource, ns, obj["metadata"]["name"].as_str().unwrap_or_default()).ok_or_else(|| anyhow!("applied but not there"))
             }
         }
     }
@@ -974,23 +719,15 @@ async fn reset(client: &Client) -> Result<()> {
         }
         anyhow::Ok(())
     };
-    for (list, _) in [
-        ("/apis/vip.dev/v1alpha1/vippools", ()),
-        ("/api/v1/services", ()),
-        ("/apis/events.k8s.io/v1/events", ()),
-        ("/apis/coordination.k8s.io/v1/leases", ()),
-    ] {
+    for (list, _) in
+        [("/apis/vip.dev/v1alpha1/vippools", ()), ("/api/v1/services", ()), ("/apis/events.k8s.io/v1/events", ()), ("/apis/coordination.k8s.io/v1/leases", ())]
+    {
         let items = raw(client, Method::GET, list, "", None).await?.ok()?;
         for it in items["items"].as_array().cloned().unwrap_or_default() {
-            let (ns, name) = (
-                it["metadata"]["namespace"].as_str(),
-                it["metadata"]["name"].as_str().unwrap_or_default(),
-            );
+            let (ns, name) = (it["metadata"]["namespace"].as_str(), it["metadata"]["name"].as_str().unwrap_or_default());
             // Only what tests make: not the API server's own (default/kubernetes,
             // kube-system leases).
-            if matches!(ns, Some("default" | "kube-system" | "kube-node-lease"))
-                && !list.contains("events")
-            {
+            if matches!(ns, Some("default" | "kube-system" | "kube-node-lease")) && !list.contains("events") {
                 continue;
             }
             let base = list.rsplit_once('/').unwrap();

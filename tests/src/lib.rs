@@ -1,5 +1,5 @@
-pub mod apiserver;
 pub mod agent;
+pub mod apiserver;
 pub mod flows;
 pub mod frames;
 pub mod halab;

@@ -93,7 +93,7 @@ impl NetNs {
         let s = String::from_utf8_lossy(&o.stdout);
         let mac = s.split_whitespace().nth(2).context("no MAC in ip output")?;
         let b: Vec<u8> = mac.split(':').map(|x| u8::from_str_radix(x, 16)).collect::<Result<_, _>>()?;
-        Ok(b.try_into().map_err(|_| anyhow::anyhow!("bad MAC {mac}"))?)
+        b.try_into().map_err(|_| anyhow::anyhow!("bad MAC {mac}"))
     }
 }
 

@@ -69,7 +69,8 @@ fn agent_without_cap_net_raw_announces_through_xdp() {
     client.ip(&["neigh", "replace", &vip.to_string(), "lladdr", "02:00:00:00:00:01", "dev", "eth0", "nud", "stale"]).unwrap();
     let dir = TempDir::new("vip-caps").unwrap();
     let pins = PinDir::new().unwrap();
-    let cfg = "nodes:\n  - {name: n1, address: 198.18.4.1}\npools:\n  - name: p\n    addresses: [198.18.4.100]\n    gratuitousArp: {count: 3, interval: 50ms}\n";
+    let cfg =
+        "nodes:\n  - {name: n1, address: 198.18.4.1}\npools:\n  - name: p\n    addresses: [198.18.4.100]\n    gratuitousArp: {count: 3, interval: 50ms}\n";
     write_atomic(&dir.0.join("vip.yaml"), cfg).unwrap();
     let args = agent_args(&dir.0, &pins, "native");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -88,7 +89,10 @@ fn agent_without_cap_net_raw_announces_through_xdp() {
     // CAP_BPF is bit 39, CAP_NET_ADMIN 12 (CAP_PERFMON, 38, and CAP_NET_RAW, 13, are not there).
     assert_eq!(u64::from_str_radix(&cap_eff, 16).unwrap(), 1 << 39 | 1 << 12, "agent capabilities");
     let log = agent.log_text();
-    assert!(log.lines().any(|l| l.contains("go out through this sender") && l.contains("Xdp")), "auto did not choose the XDP sender on a native attachment:\n{log}");
+    assert!(
+        log.lines().any(|l| l.contains("go out through this sender") && l.contains("Xdp")),
+        "auto did not choose the XDP sender on a native attachment:\n{log}"
+    );
     let (_, out) = arping(&client, "eth0", vip);
     assert!(out.contains(&format!("reply from {vip} [{}]", hex_mac(node_mac))), "no ARP answer from {} for {vip}: {out}", hex_mac(node_mac));
 }
@@ -118,7 +122,8 @@ fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
     // inspect decodes the held entries' announce mode from the pinned map.
     let o = node.cmd(agent_bin().unwrap().to_str().unwrap()).args(["--pin-dir", pins.path.to_str().unwrap(), "inspect", "--json"]).output().unwrap();
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {}", String::from_utf8_lossy(&o.stderr)));
-    let modes: Vec<(String, String)> = report["held"].as_array().unwrap().iter().map(|h| (h["vip"].as_str().unwrap().to_owned(), h["announce"].as_str().unwrap().to_owned())).collect();
+    let modes: Vec<(String, String)> =
+        report["held"].as_array().unwrap().iter().map(|h| (h["vip"].as_str().unwrap().to_owned(), h["announce"].as_str().unwrap().to_owned())).collect();
     assert_eq!(modes, [(arp_vip.to_string(), "arp".to_owned()), (lo_vip.to_string(), "lo".to_owned())]);
     let (ok, out) = arping(&client, "eth0", arp_vip);
     assert!(ok && out.contains(&node_mac), "the ARP pool's VIP is not answered: {out}");

@@ -315,11 +315,7 @@ async fn apiserver_discovery_and_cluster_scoped_crd() {
     let c = client(&srv);
     assert_eq!(c.apiserver_version().await.unwrap().major, "1");
     let discovery = kube::Discovery::new(c.clone()).run().await.unwrap();
-    let (ar, caps) = discovery
-        .groups()
-        .flat_map(|g| g.recommended_resources())
-        .find(|(ar, _)| ar.plural == "vippools")
-        .expect("vippools discovered");
+    let (ar, caps) = discovery.groups().flat_map(|g| g.recommended_resources()).find(|(ar, _)| ar.plural == "vippools").expect("vippools discovered");
     assert_eq!((ar.group.as_str(), ar.version.as_str(), ar.kind.as_str()), ("vip.dev", "v1alpha1", "VipPool"));
     assert_eq!(caps.scope, kube::discovery::Scope::Cluster);
     assert!(caps.subresources.iter().any(|(s, _)| s.plural == "vippools/status" || s.plural == "status"), "{:?}", caps.subresources);

@@ -36,11 +36,7 @@ fn hex(m: [u8; 6]) -> String {
 /// MACs answering ARP for `ip` from the client (arping, 3 requests).
 fn arp_answerers(lab: &HaLab, ip: Ipv4Addr) -> BTreeSet<String> {
     let o = lab.client.cmd("arping").args(["-c", "3", "-w", "2", "-I", "eth0", &ip.to_string()]).output().unwrap();
-    String::from_utf8_lossy(&o.stdout)
-        .split(['[', ']'])
-        .filter(|w| w.len() == 17 && w.matches(':').count() == 5)
-        .map(str::to_owned)
-        .collect()
+    String::from_utf8_lossy(&o.stdout).split(['[', ']']).filter(|w| w.len() == 17 && w.matches(':').count() == 5).map(str::to_owned).collect()
 }
 
 /// Long-lived connections to `v` from the client whose backend is not `avoid`.
@@ -253,7 +249,13 @@ fn agent_restart_keeps_answering_and_forwarding() {
         }
         assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners, "{name}: owners changed");
         // The restarted agent took over its own entries: no VIP was taken twice by peers.
-        let took = lab.nodes.iter().enumerate().filter(|(i, _)| *i != a).map(|(_, n)| std::fs::read_to_string(&n.log).unwrap_or_default().matches("holding VIP").count()).sum::<usize>();
+        let took = lab
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != a)
+            .map(|(_, n)| std::fs::read_to_string(&n.log).unwrap_or_default().matches("holding VIP").count())
+            .sum::<usize>();
         assert_eq!(took, 2, "{name}: peers took a VIP during the restart ({:?} after the signal)\n{}", t.elapsed(), lab.agent_logs());
         assert_eq!(arp_answerers(&lab, v), BTreeSet::from([hex(lab.nodes[a].mac)]), "{name}: ARP after restart");
     }

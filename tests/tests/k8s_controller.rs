@@ -66,17 +66,8 @@ fn ips(api: &Backend) -> BTreeMap<String, String> {
     api.list("services", None)
         .into_iter()
         .filter_map(|s| {
-            let ip = s["status"]["loadBalancer"]["ingress"][0]["ip"]
-                .as_str()?
-                .to_owned();
-            Some((
-                format!(
-                    "{}/{}",
-                    s["metadata"]["namespace"].as_str()?,
-                    s["metadata"]["name"].as_str()?
-                ),
-                ip,
-            ))
+            let ip = s["status"]["loadBalancer"]["ingress"][0]["ip"].as_str()?.to_owned();
+            Some((format!("{}/{}", s["metadata"]["namespace"].as_str()?, s["metadata"]["name"].as_str()?), ip))
         })
         .collect()
 }
@@ -94,28 +85,15 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 fn condition(api: &Backend, pool: &str, type_: &str) -> Option<(String, String)> {
     let p = api.get("vippools.vip.dev", None, pool)?;
-    let c = p["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?
-        .clone();
-    Some((
-        c["status"].as_str()?.to_owned(),
-        c["message"].as_str()?.to_owned(),
-    ))
+    let c = p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?.clone();
+    Some((c["status"].as_str()?.to_owned(), c["message"].as_str()?.to_owned()))
 }
 
 fn events(api: &Backend, reason: &str) -> Vec<String> {
     api.list("events.events.k8s.io", None)
         .into_iter()
         .filter(|e| e["reason"] == reason)
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e["regarding"]["name"].as_str().unwrap_or(""),
-                e["note"].as_str().unwrap_or("")
-            )
-        })
+        .map(|e| format!("{}: {}", e["regarding"]["name"].as_str().unwrap_or(""), e["note"].as_str().unwrap_or("")))
         .collect()
 }
 
@@ -124,55 +102,14 @@ async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
     api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"env": "prod"}}})).unwrap();
     let pools: Api<VipPool> = Api::all(client.clone());
     let pp = PostParams::default();
-    pools
-        .create(
-            &pp,
-            &pool(
-                "auto",
-                json!({"addresses": ["198.18.1.10-198.18.1.12"], "excludedIPs": ["198.18.1.11"]}),
-            ),
-        )
-        .await
-        .unwrap();
-    pools
-        .create(
-            &pp,
-            &pool(
-                "manual",
-                json!({"addresses": ["198.18.1.20/31"], "autoAssign": false}),
-            ),
-        )
-        .await
-        .unwrap();
-    pools
-        .create(
-            &pp,
-            &pool(
-                "broken",
-                json!({"addresses": ["198.18.2.1", "198.18.2.300"]}),
-            ),
-        )
-        .await
-        .unwrap();
-    pools
-        .create(
-            &pp,
-            &pool(
-                "overlapping",
-                json!({"addresses": ["198.18.1.12-198.18.1.13"]}),
-            ),
-        )
-        .await
-        .unwrap();
+    pools.create(&pp, &pool("auto", json!({"addresses": ["198.18.1.10-198.18.1.12"], "excludedIPs": ["198.18.1.11"]}))).await.unwrap();
+    pools.create(&pp, &pool("manual", json!({"addresses": ["198.18.1.20/31"], "autoAssign": false}))).await.unwrap();
+    pools.create(&pp, &pool("broken", json!({"addresses": ["198.18.2.1", "198.18.2.300"]}))).await.unwrap();
+    pools.create(&pp, &pool("overlapping", json!({"addresses": ["198.18.1.12-198.18.1.13"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     // Created within one second: creationTimestamp ties (it has second resolution,
     // as on a real server), so the allocator orders them by name: api, asks, third, web.
-    for s in [
-        lb("web", 80, json!({})),
-        lb("api", 443, json!({})),
-        lb("asks", 80, json!({"vip.dev/address": "198.18.1.21"})),
-        lb("third", 8080, json!({})),
-    ] {
+    for s in [lb("web", 80, json!({})), lb("api", 443, json!({})), lb("asks", 80, json!({"vip.dev/address": "198.18.1.21"})), lb("third", 8080, json!({}))] {
         svcs.create(&pp, &s).await.unwrap();
     }
     let mut clusterip = lb("internal", 80, json!({}));
@@ -180,148 +117,63 @@ async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
     svcs.create(&pp, &clusterip).await.unwrap();
 
     let (_lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(
-        client.clone(),
-        "node-1".into(),
-        leading,
-        Duration::from_secs(1),
-        controller::AgentView::fixed(BTreeMap::new()).1,
-    ));
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
 
-    let want: BTreeMap<String, String> = [
-        ("shop/api", "198.18.1.10"),
-        ("shop/third", "198.18.1.12"),
-        ("shop/asks", "198.18.1.21"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    eventually(&format!("api, third and asks allocated: {want:?}"), || {
-        ips(&api) == want
-    })
-    .await;
+    let want: BTreeMap<String, String> = [("shop/api", "198.18.1.10"), ("shop/third", "198.18.1.12"), ("shop/asks", "198.18.1.21")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    eventually(&format!("api, third and asks allocated: {want:?}"), || ips(&api) == want).await;
     eventually("auto pool status counts", || {
-        api.get("vippools.vip.dev", None, "auto").is_some_and(|p| {
-            (
-                p["status"]["total"].clone(),
-                p["status"]["allocated"].clone(),
-                p["status"]["free"].clone(),
-            ) == (json!(2), json!(2), json!(0))
-        })
+        api.get("vippools.vip.dev", None, "auto")
+            .is_some_and(|p| (p["status"]["total"].clone(), p["status"]["allocated"].clone(), p["status"]["free"].clone()) == (json!(2), json!(2), json!(0)))
     })
     .await;
     assert_eq!(condition(&api, "auto", "Ready").unwrap().0, "True");
-    eventually("broken pool not ready", || {
-        condition(&api, "broken", "Ready").is_some()
-    })
-    .await;
+    eventually("broken pool not ready", || condition(&api, "broken", "Ready").is_some()).await;
     let (status, msg) = condition(&api, "broken", "Ready").unwrap();
     assert_eq!(status, "False");
     assert!(msg.starts_with("spec.addresses[1]: "), "{msg}");
-    eventually("overlapping pool conflicting", || {
-        condition(&api, "overlapping", "Conflicting").is_some()
-    })
-    .await;
+    eventually("overlapping pool conflicting", || condition(&api, "overlapping", "Conflicting").is_some()).await;
     let (status, msg) = condition(&api, "overlapping", "Conflicting").unwrap();
     assert_eq!(status, "True");
-    assert!(
-        msg.contains("198.18.1.12 is also in VipPool \"auto\""),
-        "{msg}"
-    );
-    eventually("events", || {
-        !events(&api, "AllocationFailed").is_empty() && events(&api, "Allocated").len() == 3
-    })
-    .await;
-    assert!(
-        events(&api, "AllocationFailed")
-            .iter()
-            .any(|e| e.starts_with("web: no VipPool with autoAssign")),
-        "{:?}",
-        events(&api, "AllocationFailed")
-    );
+    assert!(msg.contains("198.18.1.12 is also in VipPool \"auto\""), "{msg}");
+    eventually("events", || !events(&api, "AllocationFailed").is_empty() && events(&api, "Allocated").len() == 3).await;
+    assert!(events(&api, "AllocationFailed").iter().any(|e| e.starts_with("web: no VipPool with autoAssign")), "{:?}", events(&api, "AllocationFailed"));
 
     // The pool grows: the waiting Service gets the new address.
-    pools
-        .patch(
-            "auto",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"spec": {"addresses": ["198.18.1.10-198.18.1.12", "198.18.1.30"]}}),
-            ),
-        )
-        .await
-        .unwrap();
-    eventually("web allocated after the pool grew", || {
-        ips(&api).get("shop/web").map(String::as_str) == Some("198.18.1.30")
-    })
-    .await;
+    pools.patch("auto", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["198.18.1.10-198.18.1.12", "198.18.1.30"]}}))).await.unwrap();
+    eventually("web allocated after the pool grew", || ips(&api).get("shop/web").map(String::as_str) == Some("198.18.1.30")).await;
     // The pool narrows: .12 leaves it, so the overlapping pool stops conflicting and
     // now holds .12; third keeps its address (no needless move).
     pools
-        .patch(
-            "auto",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"spec": {"addresses": ["198.18.1.10", "198.18.1.30"], "excludedIPs": []}}),
-            ),
-        )
+        .patch("auto", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["198.18.1.10", "198.18.1.30"], "excludedIPs": []}})))
         .await
         .unwrap();
-    eventually("overlapping pool ready", || {
-        condition(&api, "overlapping", "Ready").is_some_and(|c| c.0 == "True")
-    })
-    .await;
-    assert_eq!(
-        ips(&api).get("shop/third").map(String::as_str),
-        Some("198.18.1.12")
-    );
+    eventually("overlapping pool ready", || condition(&api, "overlapping", "Ready").is_some_and(|c| c.0 == "True")).await;
+    assert_eq!(ips(&api).get("shop/third").map(String::as_str), Some("198.18.1.12"));
     // That pool goes: .12 is in no pool now, third is released and waits.
-    pools
-        .delete("overlapping", &Default::default())
-        .await
-        .unwrap();
+    pools.delete("overlapping", &Default::default()).await.unwrap();
     eventually("third released", || !ips(&api).contains_key("shop/third")).await;
     // The controller records the Event after the status write: wait for it too.
-    eventually("Released event for third", || {
-        events(&api, "Released")
-            .iter()
-            .any(|e| e.starts_with("third: 198.18.1.12"))
-    })
-    .await;
+    eventually("Released event for third", || events(&api, "Released").iter().any(|e| e.starts_with("third: 198.18.1.12"))).await;
     // A Service that stops being a LoadBalancer gives its address back; third takes it.
-    svcs.patch(
-        "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
-    )
-    .await
-    .unwrap();
+    svcs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"type": "ClusterIP"}}))).await.unwrap();
     eventually("web released, third gets .30", || {
         let now = ips(&api);
-        !now.contains_key("shop/web")
-            && now.get("shop/third").map(String::as_str) == Some("198.18.1.30")
+        !now.contains_key("shop/web") && now.get("shop/third").map(String::as_str) == Some("198.18.1.30")
     })
     .await;
     let all = ips(&api);
     let distinct: std::collections::BTreeSet<&String> = all.values().collect();
-    assert_eq!(
-        distinct.len(),
-        all.len(),
-        "an address handed out twice: {all:?}"
-    );
+    assert_eq!(distinct.len(), all.len(), "an address handed out twice: {all:?}");
     task.abort();
 }
 
 async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
     let client = api.client().await;
     let pools: Api<VipPool> = Api::all(client.clone());
-    pools
-        .create(
-            &PostParams::default(),
-            &pool("big", json!({"addresses": ["198.18.4.0/26"]})),
-        )
-        .await
-        .unwrap();
+    pools.create(&PostParams::default(), &pool("big", json!({"addresses": ["198.18.4.0/26"]}))).await.unwrap();
     let cfg = |id: &str| LeaderConfig {
         lease_duration: Duration::from_millis(1500),
         retry_period: Duration::from_millis(100),
@@ -336,28 +188,14 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
         agents.push((
             id,
             watch_lead,
-            tokio::spawn(controller::run(
-                c,
-                id.into(),
-                leading,
-                Duration::from_millis(500),
-                controller::AgentView::fixed(BTreeMap::new()).1,
-            )),
+            tokio::spawn(controller::run(c, id.into(), leading, Duration::from_millis(500), controller::AgentView::fixed(BTreeMap::new()).1)),
         ));
     }
-    eventually("exactly one leader", || {
-        agents.iter().filter(|(_, l, _)| *l.borrow()).count() == 1
-    })
-    .await;
+    eventually("exactly one leader", || agents.iter().filter(|(_, l, _)| *l.borrow()).count() == 1).await;
     let first = agents.iter().position(|(_, l, _)| *l.borrow()).unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     for i in 0..20 {
-        svcs.create(
-            &PostParams::default(),
-            &lb(&format!("s{i:02}"), 80, json!({})),
-        )
-        .await
-        .unwrap();
+        svcs.create(&PostParams::default(), &lb(&format!("s{i:02}"), 80, json!({}))).await.unwrap();
     }
     eventually("some allocated", || ips(&api).len() >= 5).await;
     // The leader dies (its controller and, with it, its lease renewals stop).
@@ -365,39 +203,17 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
     task.abort();
     drop(dead_lead);
     for i in 20..40 {
-        svcs.create(
-            &PostParams::default(),
-            &lb(&format!("s{i:02}"), 80, json!({})),
-        )
-        .await
-        .unwrap();
+        svcs.create(&PostParams::default(), &lb(&format!("s{i:02}"), 80, json!({}))).await.unwrap();
     }
     eventually("the other agent leads", || *agents[0].1.borrow()).await;
     eventually("all 40 allocated", || ips(&api).len() == 40).await;
     let all = ips(&api);
     let distinct: std::collections::BTreeSet<&String> = all.values().collect();
     assert_eq!(distinct.len(), 40, "an address handed out twice: {all:?}");
-    let lease = api
-        .get(
-            "leases.coordination.k8s.io",
-            Some("vip-system"),
-            "vip-controller",
-        )
-        .unwrap();
-    assert_ne!(
-        lease["spec"]["holderIdentity"],
-        json!(dead),
-        "the lease moved away from {dead}"
-    );
+    let lease = api.get("leases.coordination.k8s.io", Some("vip-system"), "vip-controller").unwrap();
+    assert_ne!(lease["spec"]["holderIdentity"], json!(dead), "the lease moved away from {dead}");
     assert!(lease["spec"]["leaseTransitions"].as_i64().unwrap() >= 1);
-    let names: Vec<String> = svcs
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|s| s.name_any())
-        .collect();
+    let names: Vec<String> = svcs.list(&Default::default()).await.unwrap().items.iter().map(|s| s.name_any()).collect();
     assert_eq!(names.len(), 40);
     agents[0].2.abort();
 }
@@ -405,88 +221,33 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
 async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events(api: Backend) {
     let client = api.client().await;
     let pp = PostParams::default();
-    Api::<VipPool>::all(client.clone())
-        .create(
-            &pp,
-            &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]})),
-        )
-        .await
-        .unwrap();
-    Api::<Service>::namespaced(client.clone(), "shop")
-        .create(&pp, &lb("web", 80, json!({})))
-        .await
-        .unwrap();
+    Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    Api::<Service>::namespaced(client.clone(), "shop").create(&pp, &lb("web", 80, json!({}))).await.unwrap();
     // The agent's view: every address of the pool has an owner; only .10 is in use.
-    let owners = |a: &str| {
-        [
-            ("198.18.1.10".parse().unwrap(), a.to_owned()),
-            ("198.18.1.11".parse().unwrap(), "node-b".to_owned()),
-        ]
-        .into()
-    };
+    let owners = |a: &str| [("198.18.1.10".parse().unwrap(), a.to_owned()), ("198.18.1.11".parse().unwrap(), "node-b".to_owned())].into();
     let (owners_tx, view) = controller::AgentView::fixed(owners("node-a"));
     let (_lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(
-        client.clone(),
-        "node-1".into(),
-        leading,
-        Duration::from_secs(1),
-        view,
-    ));
-    let status_owners = |api: &Backend| {
-        api.get("vippools.vip.dev", None, "p")
-            .map(|p| p["status"]["owners"].clone())
-            .unwrap_or(Value::Null)
-    };
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
+    let status_owners = |api: &Backend| api.get("vippools.vip.dev", None, "p").map(|p| p["status"]["owners"].clone()).unwrap_or(Value::Null);
 
-    eventually("the VIP in use and its owner in the pool status", || {
-        status_owners(&api) == json!({"198.18.1.10": "node-a"})
-    })
-    .await;
-    assert!(
-        events(&api, "OwnerChanged").is_empty(),
-        "a first owner is no move: {:?}",
-        events(&api, "OwnerChanged")
-    );
+    eventually("the VIP in use and its owner in the pool status", || status_owners(&api) == json!({"198.18.1.10": "node-a"})).await;
+    assert!(events(&api, "OwnerChanged").is_empty(), "a first owner is no move: {:?}", events(&api, "OwnerChanged"));
 
     owners_tx.send(owners("node-c")).unwrap();
-    eventually("the new owner in the pool status", || {
-        status_owners(&api) == json!({"198.18.1.10": "node-c"})
-    })
-    .await;
-    eventually("an Event for the move", || {
-        events(&api, "OwnerChanged") == ["web: 198.18.1.10 is now held by node node-c (was node-a)"]
-    })
-    .await;
+    eventually("the new owner in the pool status", || status_owners(&api) == json!({"198.18.1.10": "node-c"})).await;
+    eventually("an Event for the move", || events(&api, "OwnerChanged") == ["web: 198.18.1.10 is now held by node node-c (was node-a)"]).await;
 
     // A new leader starts from the status: it repeats no Event.
     task.abort();
     let (_owners_tx2, view) = controller::AgentView::fixed(owners("node-c"));
     let (_lead2, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(
-        client.clone(),
-        "node-2".into(),
-        leading,
-        Duration::from_millis(200),
-        view,
-    ));
+    let task = tokio::spawn(controller::run(client.clone(), "node-2".into(), leading, Duration::from_millis(200), view));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(
-        events(&api, "OwnerChanged").len(),
-        1,
-        "{:?}",
-        events(&api, "OwnerChanged")
-    );
+    assert_eq!(events(&api, "OwnerChanged").len(), 1, "{:?}", events(&api, "OwnerChanged"));
 
     // The Service goes away: its VIP leaves the owners.
-    Api::<Service>::namespaced(client.clone(), "shop")
-        .delete("web", &Default::default())
-        .await
-        .unwrap();
-    eventually("owners emptied", || {
-        status_owners(&api).as_object().is_none_or(|o| o.is_empty())
-    })
-    .await;
+    Api::<Service>::namespaced(client.clone(), "shop").delete("web", &Default::default()).await.unwrap();
+    eventually("owners emptied", || status_owners(&api).as_object().is_none_or(|o| o.is_empty())).await;
     task.abort();
 }
 
@@ -495,60 +256,29 @@ async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events(ap
 /// `NotProgrammed` Warning on its Service; both clear when it fits again.
 async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Backend) {
     let client = api.client().await;
-    api.insert(
-        "namespaces",
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}),
-    )
-    .unwrap();
+    api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})).unwrap();
     let pp = PostParams::default();
-    Api::<VipPool>::all(client.clone())
-        .create(
-            &pp,
-            &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]})),
-        )
-        .await
-        .unwrap();
+    Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     svcs.create(&pp, &lb("web", 80, json!({}))).await.unwrap();
     let (_owners, mut view) = controller::AgentView::fixed(BTreeMap::new());
     let (unprogrammed, rx) = watch::channel(BTreeMap::new());
     view.unprogrammed = rx;
     let (_lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(
-        client.clone(),
-        "node-1".into(),
-        leading,
-        Duration::from_secs(1),
-        view,
-    ));
-    eventually("web allocated", || ips(&api).get("shop/web").is_some()).await;
-    eventually("programmed", || {
-        condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")
-    })
-    .await;
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
+    eventually("web allocated", || ips(&api).contains_key("shop/web")).await;
+    eventually("programmed", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
     let vip: std::net::Ipv4Addr = ips(&api)["shop/web"].parse().unwrap();
     let why = "80/tcp: lb4_ring is full: no room for a 16381-slot ring in 1048576 slots (raise --ring-capacity)".to_owned();
     unprogrammed.send_replace(BTreeMap::from([(vip, vec![why.clone()])]));
-    eventually("not programmed", || {
-        condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "False")
-    })
-    .await;
+    eventually("not programmed", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "False")).await;
     let (_, msg) = condition(&api, "p", "Programmed").unwrap();
-    assert_eq!(
-        msg,
-        format!("1 service-port(s) not programmed, retried: {vip} {why}")
-    );
+    assert_eq!(msg, format!("1 service-port(s) not programmed, retried: {vip} {why}"));
     eventually("an Event", || events(&api, "NotProgrammed").len() == 1).await;
-    assert_eq!(
-        events(&api, "NotProgrammed"),
-        [format!("web: {vip}: not in the data path, retried: {why}")]
-    );
+    assert_eq!(events(&api, "NotProgrammed"), [format!("web: {vip}: not in the data path, retried: {why}")]);
     // Room again: the condition clears, no further Event.
     unprogrammed.send_replace(BTreeMap::new());
-    eventually("programmed again", || {
-        condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")
-    })
-    .await;
+    eventually("programmed again", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
     assert_eq!(events(&api, "NotProgrammed").len(), 1);
     task.abort();
 }

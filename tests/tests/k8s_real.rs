@@ -34,11 +34,8 @@ async fn eventually(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 }
 
 fn yaml_files(dir: &std::path::Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml")).collect();
     v.sort();
     v
 }
@@ -48,14 +45,8 @@ async fn server_version_and_startup() {
     let Some(b) = Backend::real().await else {
         return;
     };
-    let Backend::Real { server, .. } = &b else {
-        unreachable!()
-    };
-    eprintln!(
-        "kube-apiserver {}: ready {:.2} s after start",
-        server.version(),
-        server.startup().as_secs_f64()
-    );
+    let Backend::Real { server, .. } = &b else { unreachable!() };
+    eprintln!("kube-apiserver {}: ready {:.2} s after start", server.version(), server.startup().as_secs_f64());
     assert!(server.version().starts_with("v1."), "{}", server.version());
     assert!(server.startup() < Duration::from_secs(60));
 }
@@ -65,43 +56,25 @@ async fn deploy_manifests_apply_without_rejection_or_warning() {
     let Some(b) = Backend::real().await else {
         return;
     };
-    let Backend::Real { server, client, .. } = &b else {
-        unreachable!()
-    };
+    let Backend::Real { server, client, .. } = &b else { unreachable!() };
     // The check can see warnings: a deprecated node label in a pod template draws one.
     let probe = json!({ "apiVersion": "apps/v1", "kind": "Deployment", "metadata": { "name": "warning-probe", "namespace": "default" },
         "spec": { "selector": { "matchLabels": { "app": "probe" } }, "template": { "metadata": { "labels": { "app": "probe" } },
             "spec": { "nodeSelector": { "beta.kubernetes.io/arch": "amd64" }, "containers": [{ "name": "c", "image": "probe" }] } } } });
     let w = apply(client, &probe, true).await.unwrap();
-    assert!(
-        w.iter().any(|w| w.contains("beta.kubernetes.io/arch")),
-        "no warning seen for a deprecated label: {w:?}"
-    );
+    assert!(w.iter().any(|w| w.contains("beta.kubernetes.io/arch")), "no warning seen for a deprecated label: {w:?}");
     let deploy = deploy_dir();
     // deploy/ in `kubectl apply -f deploy/` order, then the examples (they need the CRD).
-    let files: Vec<PathBuf> = yaml_files(&deploy)
-        .into_iter()
-        .chain(yaml_files(&deploy.join("examples")))
-        .collect();
+    let files: Vec<PathBuf> = yaml_files(&deploy).into_iter().chain(yaml_files(&deploy.join("examples"))).collect();
     assert!(files.len() >= 6, "{files:?}");
     let (mut rejected, mut warned, mut applied) = (Vec::new(), Vec::new(), 0);
     for f in &files {
-        let name = f
-            .strip_prefix(deploy.parent().unwrap())
-            .unwrap()
-            .display()
-            .to_string();
+        let name = f.strip_prefix(deploy.parent().unwrap()).unwrap().display().to_string();
         for doc in manifests(f).unwrap() {
-            let what = format!(
-                "{name}: {} {}",
-                doc["kind"].as_str().unwrap_or("?"),
-                doc["metadata"]["name"].as_str().unwrap_or("?")
-            );
+            let what = format!("{name}: {} {}", doc["kind"].as_str().unwrap_or("?"), doc["metadata"]["name"].as_str().unwrap_or("?"));
             for dry_run in [true, false] {
                 match apply(client, &doc, dry_run).await {
-                    Ok(w) => warned.extend(w.into_iter().map(|w| {
-                        format!("{what}{}: {w}", if dry_run { " (dry run)" } else { "" })
-                    })),
+                    Ok(w) => warned.extend(w.into_iter().map(|w| format!("{what}{}: {w}", if dry_run { " (dry run)" } else { "" }))),
                     Err(e) => {
                         rejected.push(format!("{what}: {e:#}"));
                         break;
@@ -114,18 +87,8 @@ async fn deploy_manifests_apply_without_rejection_or_warning() {
             server.install_crd(client).await.unwrap();
         }
     }
-    assert!(
-        rejected.is_empty(),
-        "rejected by kube-apiserver {}:\n{}",
-        server.version(),
-        rejected.join("\n")
-    );
-    assert!(
-        warned.is_empty(),
-        "warnings from kube-apiserver {}:\n{}",
-        server.version(),
-        warned.join("\n")
-    );
+    assert!(rejected.is_empty(), "rejected by kube-apiserver {}:\n{}", server.version(), rejected.join("\n"));
+    assert!(warned.is_empty(), "warnings from kube-apiserver {}:\n{}", server.version(), warned.join("\n"));
     eprintln!("{applied} objects applied without a warning");
 }
 
@@ -139,9 +102,7 @@ fn lb(ns: &str, name: &str) -> Value {
 }
 
 fn ip_of(b: &Backend, ns: &str, name: &str) -> Option<String> {
-    b.get("services", Some(ns), name)?["status"]["loadBalancer"]["ingress"][0]["ip"]
-        .as_str()
-        .map(str::to_owned)
+    b.get("services", Some(ns), name)?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,41 +110,15 @@ async fn controller_and_election_work_with_exactly_the_deploy_rbac() {
     let Some(b) = Backend::real().await else {
         return;
     };
-    let Backend::Real {
-        server,
-        client: admin,
-        ..
-    } = &b
-    else {
-        unreachable!()
-    };
+    let Backend::Real { server, client: admin, .. } = &b else { unreachable!() };
     let tmp = TempDir::new("vip-sa-").unwrap();
-    let kc = server
-        .service_account_kubeconfig(admin, "vip-system", "vip-agent", &tmp.0.join("kubeconfig"))
-        .await
-        .unwrap();
+    let kc = server.service_account_kubeconfig(admin, "vip-system", "vip-agent", &tmp.0.join("kubeconfig")).await.unwrap();
     let sa = client_from_kubeconfig(&kc).await.unwrap();
 
     // What the RBAC does not give is refused (so the grants below are really tested).
-    let r = raw(
-        &sa,
-        Method::GET,
-        "/api/v1/namespaces/kube-system/secrets",
-        "",
-        None,
-    )
-    .await
-    .unwrap();
+    let r = raw(&sa, Method::GET, "/api/v1/namespaces/kube-system/secrets", "", None).await.unwrap();
     assert_eq!(r.status, 403, "{}", r.body);
-    let r = raw(
-        &sa,
-        Method::POST,
-        "/api/v1/namespaces/shop/services",
-        "application/json",
-        Some(&lb("shop", "by-agent")),
-    )
-    .await
-    .unwrap();
+    let r = raw(&sa, Method::POST, "/api/v1/namespaces/shop/services", "application/json", Some(&lb("shop", "by-agent"))).await.unwrap();
     assert_eq!(r.status, 403, "{}", r.body);
     let who = raw(
         &sa,
@@ -194,61 +129,28 @@ async fn controller_and_election_work_with_exactly_the_deploy_rbac() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        who.body["status"]["userInfo"]["username"], "system:serviceaccount:vip-system:vip-agent",
-        "{}",
-        who.body
-    );
+    assert_eq!(who.body["status"]["userInfo"]["username"], "system:serviceaccount:vip-system:vip-agent", "{}", who.body);
 
-    b.insert(
-        "vippools.vip.dev",
-        pool("rbac", &["198.18.9.10-198.18.9.11"]),
-    )
-    .unwrap();
+    b.insert("vippools.vip.dev", pool("rbac", &["198.18.9.10-198.18.9.11"])).unwrap();
     b.insert("services", lb("shop", "web")).unwrap();
     let leading = leader::spawn(
         sa.clone(),
-        LeaderConfig {
-            lease_duration: Duration::from_secs(2),
-            retry_period: Duration::from_millis(200),
-            ..LeaderConfig::new("vip-system", "node-1")
-        },
+        LeaderConfig { lease_duration: Duration::from_secs(2), retry_period: Duration::from_millis(200), ..LeaderConfig::new("vip-system", "node-1") },
     );
-    let task = tokio::spawn(controller::run(
-        sa.clone(),
-        "node-1".into(),
-        leading.clone(),
-        Duration::from_secs(1),
-        controller::AgentView::fixed(BTreeMap::new()).1,
-    ));
+    let task =
+        tokio::spawn(controller::run(sa.clone(), "node-1".into(), leading.clone(), Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
     eventually("leading", 15, || *leading.borrow()).await;
-    eventually("web allocated", 15, || {
-        ip_of(&b, "shop", "web").as_deref() == Some("198.18.9.10")
-    })
-    .await;
+    eventually("web allocated", 15, || ip_of(&b, "shop", "web").as_deref() == Some("198.18.9.10")).await;
     eventually("pool Ready with counts", 15, || {
         b.get("vippools.vip.dev", None, "rbac").is_some_and(|p| {
             p["status"]["allocated"] == 1
-                && p["status"]["conditions"].as_array().is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
+                && p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
         })
     })
     .await;
-    eventually("an Allocated Event", 15, || {
-        b.list("events.events.k8s.io", None)
-            .iter()
-            .any(|e| e["reason"] == "Allocated" && e["regarding"]["name"] == "web")
-    })
-    .await;
-    let lease = b
-        .get(
-            "leases.coordination.k8s.io",
-            Some("vip-system"),
-            "vip-controller",
-        )
-        .expect("the Lease");
+    eventually("an Allocated Event", 15, || b.list("events.events.k8s.io", None).iter().any(|e| e["reason"] == "Allocated" && e["regarding"]["name"] == "web"))
+        .await;
+    let lease = b.get("leases.coordination.k8s.io", Some("vip-system"), "vip-controller").expect("the Lease");
     assert_eq!(lease["spec"]["holderIdentity"], "node-1");
     task.abort();
 }
@@ -258,45 +160,24 @@ async fn controller_rides_out_an_api_server_restart() {
     let Some(mut b) = Backend::real().await else {
         return;
     };
-    let Backend::Real { server, .. } = &b else {
-        unreachable!()
-    };
+    let Backend::Real { server, .. } = &b else { unreachable!() };
     let server = *server;
-    b.insert(
-        "vippools.vip.dev",
-        pool("outage", &["198.18.9.20-198.18.9.29"]),
-    )
-    .unwrap();
+    b.insert("vippools.vip.dev", pool("outage", &["198.18.9.20-198.18.9.29"])).unwrap();
     b.insert("services", lb("shop", "before")).unwrap();
     let client = b.client().await;
     let (_lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(
-        client,
-        "node-1".into(),
-        leading,
-        Duration::from_secs(1),
-        controller::AgentView::fixed(BTreeMap::new()).1,
-    ));
-    eventually("allocated before the outage", 15, || {
-        ip_of(&b, "shop", "before").is_some()
-    })
-    .await;
+    let task = tokio::spawn(controller::run(client, "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
+    eventually("allocated before the outage", 15, || ip_of(&b, "shop", "before").is_some()).await;
 
     server.kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let took = tokio::task::block_in_place(|| server.restart()).expect("restarted");
-    eprintln!(
-        "kube-apiserver restarted, ready again after {:.2} s",
-        took.as_secs_f64()
-    );
+    eprintln!("kube-apiserver restarted, ready again after {:.2} s", took.as_secs_f64());
     // A new admin client for the test's own requests (the old connections are gone).
     b.reconnect().await;
     let b2 = b;
     b2.insert("services", lb("shop", "after")).unwrap();
-    eventually("allocated after the restart", 60, || {
-        ip_of(&b2, "shop", "after").is_some()
-    })
-    .await;
+    eventually("allocated after the restart", 60, || ip_of(&b2, "shop", "after").is_some()).await;
     assert_ne!(ip_of(&b2, "shop", "after"), ip_of(&b2, "shop", "before"));
     task.abort();
 }

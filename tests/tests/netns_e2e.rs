@@ -16,7 +16,6 @@ use vip_tests::{
     netns::{arping, hex_mac, privileged, sh, veth, NetNs, PinDir},
 };
 
-
 fn in_ten_s() -> u64 {
     monotonic_ns() + 10_000_000_000
 }
@@ -92,10 +91,7 @@ fn tcp_through_the_vip_reaches_the_ring_choice() {
     accept_vip(&k1, vip).unwrap();
     accept_vip(&k2, vip).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let servers = [
-        name_server(&k1, 8080, "k1".into(), stop.clone()).unwrap(),
-        name_server(&k2, 8080, "k2".into(), stop.clone()).unwrap(),
-    ];
+    let servers = [name_server(&k1, 8080, "k1".into(), stop.clone()).unwrap(), name_server(&k2, 8080, "k2".into(), stop.clone()).unwrap()];
 
     let pins = PinDir::new().unwrap();
     let (mut dp, ifindex) = attach_node(&lb, &pins.path).unwrap();

@@ -147,11 +147,8 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
     for k in [0, 333, 999] {
         let v = vip(k);
         let o = lab.client.cmd("arping").args(["-c", "2", "-w", "2", "-I", "eth0", &v.to_string()]).output().unwrap();
-        let macs: BTreeSet<String> = String::from_utf8_lossy(&o.stdout)
-            .split(['[', ']'])
-            .filter(|w| w.len() == 17 && w.matches(':').count() == 5)
-            .map(str::to_owned)
-            .collect();
+        let macs: BTreeSet<String> =
+            String::from_utf8_lossy(&o.stdout).split(['[', ']']).filter(|w| w.len() == 17 && w.matches(':').count() == 5).map(str::to_owned).collect();
         assert_eq!(macs.len(), 1, "ARP for {v} from {CLIENT}: {macs:?}");
     }
     for a in lab.nodes.iter_mut().filter_map(|n| n.agent.as_mut()) {

@@ -31,13 +31,7 @@ const OTHER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 200);
 const TABLE: u32 = 251;
 
 fn backend(i: u8) -> BackendSpec {
-    BackendSpec {
-        name: format!("node-{i}"),
-        addr: Ipv4Addr::new(198, 18, 0, 10 + i),
-        mac: [0x02, 0, 0, 0, 0x10, i],
-        weight: 1,
-        local: false,
-    }
+    BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
 }
 
 fn svc(vip: Ipv4Addr, port: u16, proto: u8) -> ServiceAddr {
@@ -110,19 +104,64 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     // Fragments hash with zero ports: both go where (src, dst, proto) points.
     let frag_to = ring_choice(dp, svc(VIP, 53, PROTO_UDP), CLIENT, 0, 0);
     vec![
-        Case { name: "arp request for held VIP is answered", input: req(VIP, None), verdict: XDP_TX, output: Some(frames::arp_reply_for(&req(VIP, None), OUR_MAC)) },
-        Case { name: "arp request in VLAN 42 is answered in VLAN 42", input: req(VIP, Some(42)), verdict: XDP_TX, output: Some(frames::arp_reply_for(&req(VIP, Some(42)), OUR_MAC)) },
+        Case {
+            name: "arp request for held VIP is answered",
+            input: req(VIP, None),
+            verdict: XDP_TX,
+            output: Some(frames::arp_reply_for(&req(VIP, None), OUR_MAC)),
+        },
+        Case {
+            name: "arp request in VLAN 42 is answered in VLAN 42",
+            input: req(VIP, Some(42)),
+            verdict: XDP_TX,
+            output: Some(frames::arp_reply_for(&req(VIP, Some(42)), OUR_MAC)),
+        },
         Case { name: "arp request for an unheld address passes", input: req(OTHER, None), verdict: XDP_PASS, output: None },
         Case { name: "arp request for a stale VIP passes (fenced)", input: req(VIP_STALE, None), verdict: XDP_PASS, output: None },
         Case { name: "arp request for a VIP announced from lo: dropped, nobody answers", input: req(VIP_LO, None), verdict: XDP_DROP, output: None },
-        Case { name: "tcp to a VIP announced from lo: balanced all the same", output: Some(forwarded(&fwd_tcp_lo, ring_choice(dp, svc(VIP_LO, 80, PROTO_TCP), CLIENT, 40002, 80))), input: fwd_tcp_lo, verdict: XDP_TX },
+        Case {
+            name: "tcp to a VIP announced from lo: balanced all the same",
+            output: Some(forwarded(&fwd_tcp_lo, ring_choice(dp, svc(VIP_LO, 80, PROTO_TCP), CLIENT, 40002, 80))),
+            input: fwd_tcp_lo,
+            verdict: XDP_TX,
+        },
         Case { name: "arp reply passes", input: frames::arp(OUR_MAC, None, 2, CLIENT_MAC, CLIENT, OUR_MAC, VIP), verdict: XDP_PASS, output: None },
-        Case { name: "gratuitous arp for a held VIP passes", input: frames::arp(frames::BROADCAST, None, 1, CLIENT_MAC, VIP, [0; 6], VIP), verdict: XDP_PASS, output: None },
-        Case { name: "tcp to VIP forwarded to the ring's backend", output: Some(forwarded(&fwd_tcp, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40000, 80))), input: fwd_tcp, verdict: XDP_TX },
-        Case { name: "tcp to VIP in VLAN 42 forwarded", output: Some(forwarded(&fwd_tcp_vlan, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40001, 80))), input: fwd_tcp_vlan, verdict: XDP_TX },
-        Case { name: "tcp with IP options: ports found past them, forwarded", output: Some(forwarded(&fwd_tcp_opts, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40003, 80))), input: fwd_tcp_opts, verdict: XDP_TX },
-        Case { name: "tcp in VLAN 42 with 40 bytes of IP options forwarded", output: Some(forwarded(&fwd_tcp_vlan_opts, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40004, 80))), input: fwd_tcp_vlan_opts, verdict: XDP_TX },
-        Case { name: "udp to VIP forwarded to the ring's backend", output: Some(forwarded(&fwd_udp, ring_choice(dp, svc(VIP, 53, PROTO_UDP), CLIENT, 5353, 53))), input: fwd_udp, verdict: XDP_TX },
+        Case {
+            name: "gratuitous arp for a held VIP passes",
+            input: frames::arp(frames::BROADCAST, None, 1, CLIENT_MAC, VIP, [0; 6], VIP),
+            verdict: XDP_PASS,
+            output: None,
+        },
+        Case {
+            name: "tcp to VIP forwarded to the ring's backend",
+            output: Some(forwarded(&fwd_tcp, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40000, 80))),
+            input: fwd_tcp,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "tcp to VIP in VLAN 42 forwarded",
+            output: Some(forwarded(&fwd_tcp_vlan, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40001, 80))),
+            input: fwd_tcp_vlan,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "tcp with IP options: ports found past them, forwarded",
+            output: Some(forwarded(&fwd_tcp_opts, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40003, 80))),
+            input: fwd_tcp_opts,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "tcp in VLAN 42 with 40 bytes of IP options forwarded",
+            output: Some(forwarded(&fwd_tcp_vlan_opts, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40004, 80))),
+            input: fwd_tcp_vlan_opts,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "udp to VIP forwarded to the ring's backend",
+            output: Some(forwarded(&fwd_udp, ring_choice(dp, svc(VIP, 53, PROTO_UDP), CLIENT, 5353, 53))),
+            input: fwd_udp,
+            verdict: XDP_TX,
+        },
         Case { name: "first fragment hashed on addresses", output: Some(forwarded(&first_frag, frag_to)), input: first_frag, verdict: XDP_TX },
         Case { name: "later fragment follows the first", output: Some(forwarded(&last_frag, frag_to)), input: last_frag, verdict: XDP_TX },
         Case { name: "backend is this node: passed to the stack", input: tcp(VIP_LOCAL, 40000, 80, None), verdict: XDP_PASS, output: None },
@@ -132,7 +171,12 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
         Case { name: "tcp to VIP on a port without service: passed", input: tcp(VIP, 40000, 81, None), verdict: XDP_PASS, output: None },
         Case { name: "tcp to a non-VIP address: passed", input: tcp(OTHER, 40000, 80, None), verdict: XDP_PASS, output: None },
         Case { name: "icmp echo to VIP: local stack", input: frames::icmp_echo(OUR_MAC, CLIENT_MAC, CLIENT, VIP), verdict: XDP_PASS, output: None },
-        Case { name: "ipv6 frame: passed", input: frames::eth(OUR_MAC, CLIENT_MAC, None, 0x86dd).into_iter().chain([0x60, 0, 0, 0]).collect(), verdict: XDP_PASS, output: None },
+        Case {
+            name: "ipv6 frame: passed",
+            input: frames::eth(OUR_MAC, CLIENT_MAC, None, 0x86dd).into_iter().chain([0x60, 0, 0, 0]).collect(),
+            verdict: XDP_PASS,
+            output: None,
+        },
     ]
 }
 
@@ -527,7 +571,8 @@ fn flow_cache_answers_like_the_flow_table_and_is_invalidated_by_changes() {
     let (f, flow) = tcp_flow(44000);
     let (_, out) = run_cached(&mut w, &f, flow);
     let node = [backend(1), backend(2)].into_iter().find(|b| out[0..6] == b.mac).unwrap();
-    let renamed: Vec<_> = [backend(1), backend(2)].into_iter().map(|b| if b.name == node.name { BackendSpec { mac: [0x02, 0, 0, 0, 0x20, 0x01], ..b } } else { b }).collect();
+    let renamed: Vec<_> =
+        [backend(1), backend(2)].into_iter().map(|b| if b.name == node.name { BackendSpec { mac: [0x02, 0, 0, 0, 0x20, 0x01], ..b } } else { b }).collect();
     w.dp.set_service(s, &renamed, TABLE, 0).unwrap();
     assert_eq!(w.dp.test_run(&f, 1, None).unwrap().1[0..6], [0x02, 0, 0, 0, 0x20, 0x01], "cached backend MAC after it changed");
     w.dp.set_service(s, &three, TABLE, 0).unwrap();

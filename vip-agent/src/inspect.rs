@@ -132,21 +132,10 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
         .into_iter()
         .map(|(id, b)| {
             let (packets, bytes) = counters.backends.get(&id).copied().unwrap_or_default();
-            BackendRow {
-                id,
-                addr: Ipv4Addr::from(b.addr),
-                mac: mac_str(&b.mac),
-                local: b.flags & vip_common::BACKEND_LOCAL != 0,
-                packets,
-                bytes,
-            }
+            BackendRow { id, addr: Ipv4Addr::from(b.addr), mac: mac_str(&b.mac), local: b.flags & vip_common::BACKEND_LOCAL != 0, packets, bytes }
         })
         .collect();
-    let reasons = counters
-        .reasons
-        .iter()
-        .map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes })
-        .collect();
+    let reasons = counters.reasons.iter().map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes }).collect();
     let mut r = Report { held, services, backends, reasons, flows: dp.flow_count(), agent: None };
     r.agent = status.map(|st| agent_view(&r, st));
     Ok(r)
@@ -173,7 +162,14 @@ fn agent_view(r: &Report, st: Status) -> AgentView {
         }
         for h in st.health.iter().filter(|h| Some(&h.check) == s.check.as_ref() && !h.healthy) {
             let Some(&addr) = addr_of.get(h.node.as_str()) else { continue };
-            backends.push(HealthRow { service: s.name.clone(), node: h.node.clone(), addr, healthy: false, ring_share_pct: share(addr), detail: h.detail.clone() });
+            backends.push(HealthRow {
+                service: s.name.clone(),
+                node: h.node.clone(),
+                addr,
+                healthy: false,
+                ring_share_pct: share(addr),
+                detail: h.detail.clone(),
+            });
         }
     }
     AgentView {
@@ -189,7 +185,7 @@ fn agent_view(r: &Report, st: Status) -> AgentView {
 
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "HELD VIPS\n  {:<8} {:<16} {:<9} {}", "IFINDEX", "VIP", "ANNOUNCE", "EXPIRES");
+    let _ = writeln!(s, "HELD VIPS\n  {:<8} {:<16} {:<9} EXPIRES", "IFINDEX", "VIP", "ANNOUNCE");
     for h in &r.held {
         let state = if h.expires_in_ms >= 0 { format!("in {} ms", h.expires_in_ms) } else { "STALE (not answered)".into() };
         let _ = writeln!(s, "  {:<8} {:<16} {:<9} {}", h.ifindex, h.vip, h.announce, state);
@@ -198,7 +194,17 @@ pub fn render(r: &Report) -> String {
     for v in &r.services {
         let share: Vec<String> = v.ring_share.iter().map(|(b, n)| format!("{b}:{n}")).collect();
         let port = if v.port == 0 { "*frag".to_string() } else { v.port.to_string() };
-        let _ = writeln!(s, "  {:<22} {:<4} {:<6} {:<10} {:<10} {} / {}", format!("{}:{}", v.vip, port), v.id, v.proto, v.packets, v.bytes, share.join(" "), v.table_size);
+        let _ = writeln!(
+            s,
+            "  {:<22} {:<4} {:<6} {:<10} {:<10} {} / {}",
+            format!("{}:{}", v.vip, port),
+            v.id,
+            v.proto,
+            v.packets,
+            v.bytes,
+            share.join(" "),
+            v.table_size
+        );
     }
     let _ = writeln!(s, "\nBACKENDS\n  {:<4} {:<16} {:<18} {:<6} {:<10} BYTES", "ID", "ADDRESS", "MAC", "LOCAL", "PACKETS");
     for b in &r.backends {

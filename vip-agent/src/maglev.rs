@@ -39,7 +39,7 @@ fn is_prime(n: u32) -> bool {
     }
     let mut d = 2u32;
     while d * d <= n {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             return false;
         }
         d += 1;
@@ -149,12 +149,7 @@ pub fn changed_slots(old: &[u32], new: &[u32]) -> Vec<(u32, u32)> {
     if old.len() != new.len() {
         return new.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
     }
-    old.iter()
-        .zip(new)
-        .enumerate()
-        .filter(|(_, (a, b))| a != b)
-        .map(|(i, (_, &b))| (i as u32, b))
-        .collect()
+    old.iter().zip(new).enumerate().filter(|(_, (a, b))| a != b).map(|(i, (_, &b))| (i as u32, b)).collect()
 }
 
 #[cfg(test)]
@@ -203,18 +198,13 @@ mod tests {
         let mut fewer = all.clone();
         fewer.remove(42);
         let after = build(&fewer, 65537, 0).unwrap();
-        let moved = (0..65537)
-            .filter(|&i| before.member_at(i) != after.member_at(i))
-            .count();
+        let moved = (0..65537).filter(|&i| before.member_at(i) != after.member_at(i)).count();
         // The removed member's ~1% must move; Maglev's extra shift stays small.
         let removed = before.shares()[42] as usize;
         assert!(moved >= removed);
         assert!(moved as f64 / 65537.0 <= 0.02, "moved {moved}");
         // And every slot that did not belong to the removed member mostly stays.
-        let kept = (0..65537)
-            .filter(|&i| before.member_at(i) != "node-0042")
-            .filter(|&i| before.member_at(i) == after.member_at(i))
-            .count();
+        let kept = (0..65537).filter(|&i| before.member_at(i) != "node-0042").filter(|&i| before.member_at(i) == after.member_at(i)).count();
         assert!(kept as f64 / (65537 - removed) as f64 > 0.99);
     }
 

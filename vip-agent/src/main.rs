@@ -106,7 +106,21 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logs(matches!(cli.cmd, Cmd::Run { log_json: true, .. }));
     match cli.cmd {
-        Cmd::Run { config, kubernetes: _, kubeconfig, lease_namespace, node_name, iface, mode, ring_capacity, metrics_addr, status_file, reload_interval, arp_sender, log_json: _ } => {
+        Cmd::Run {
+            config,
+            kubernetes: _,
+            kubeconfig,
+            lease_namespace,
+            node_name,
+            iface,
+            mode,
+            ring_capacity,
+            metrics_addr,
+            status_file,
+            reload_interval,
+            arp_sender,
+            log_json: _,
+        } => {
             let source = match config {
                 Some(path) => agent::Source::File(path),
                 None => agent::Source::Kubernetes { lease_namespace, kubeconfig },
@@ -119,7 +133,18 @@ fn main() -> Result<()> {
                 "off" => None,
                 a => Some(a.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics-addr {a:?}: {e}"))?),
             };
-            let opts = agent::Options { source, node_name, iface, attach_mode: mode, pin_dir: cli.pin_dir, ring_capacity, metrics_addr, status_file: Some(status_file), reload_interval, arp_sender };
+            let opts = agent::Options {
+                source,
+                node_name,
+                iface,
+                attach_mode: mode,
+                pin_dir: cli.pin_dir,
+                ring_capacity,
+                metrics_addr,
+                status_file: Some(status_file),
+                reload_interval,
+                arp_sender,
+            };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }
         Cmd::Crd => print!("{}", vip_agent::k8s::crd::crd_yaml()),

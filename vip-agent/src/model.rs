@@ -1,10 +1,6 @@
 //! The one model of the world the agent acts on. The YAML file source
 //! (`config`) fills it today; the Kubernetes source fills the same types.
-use std::{
-    collections::BTreeMap,
-    net::Ipv4Addr,
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -234,9 +230,6 @@ impl World {
 
     /// Candidate backends of `svc` (before health), in name order.
     pub fn backend_candidates(&self, svc: &Service) -> Vec<&Node> {
-        self.nodes
-            .iter()
-            .filter(|n| selects(&svc.backend_selector, &n.labels) && svc.backend_nodes.as_ref().is_none_or(|b| b.contains(&n.name)))
-            .collect()
+        self.nodes.iter().filter(|n| selects(&svc.backend_selector, &n.labels) && svc.backend_nodes.as_ref().is_none_or(|b| b.contains(&n.name))).collect()
     }
 }

@@ -17,19 +17,7 @@ pub mod map_names {
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
     pub const FLOW_CACHE: &str = "lb4_flow_cache";
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
-    pub const ALL: [&str; 11] = [
-        IFACES,
-        HELD,
-        SERVICES,
-        BACKENDS,
-        RING,
-        FLOWS,
-        STATS,
-        SERVICE_STATS,
-        BACKEND_STATS,
-        FLOW_CACHE,
-        FLOW_CACHE_CTL,
-    ];
+    pub const ALL: [&str; 11] = [IFACES, HELD, SERVICES, BACKENDS, RING, FLOWS, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL];
 }
 
 /// Name of the XDP program inside the object, and of its pin.
@@ -314,9 +302,7 @@ impl Reason {
 pub fn flow_hash(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2], proto: u8) -> u32 {
     let mut a = u32::from_ne_bytes(src);
     let mut b = u32::from_ne_bytes(dst);
-    let mut c = (u32::from(u16::from_ne_bytes(sport)) << 16 | u32::from(u16::from_ne_bytes(dport)))
-        ^ (u32::from(proto) << 8)
-        ^ 0x9e37_79b9;
+    let mut c = (u32::from(u16::from_ne_bytes(sport)) << 16 | u32::from(u16::from_ne_bytes(dport))) ^ (u32::from(proto) << 8) ^ 0x9e37_79b9;
     // Bob Jenkins' final mix (lookup3 `final`).
     c ^= b;
     c = c.wrapping_sub(b.rotate_left(14));

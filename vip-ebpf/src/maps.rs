@@ -101,5 +101,9 @@ pub static lb_scratch: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0
 #[inline(always)]
 pub fn lookup_at<M, T>(map: &M, key: *const u32) -> Option<*mut T> {
     let p = unsafe { aya_ebpf::helpers::bpf_map_lookup_elem(map as *const M as *mut _, key.cast()) };
-    if p.is_null() { None } else { Some(p as *mut T) }
+    if p.is_null() {
+        None
+    } else {
+        Some(p as *mut T)
+    }
 }

@@ -20,7 +20,8 @@ enum Cmd {
     Setup,
     /// Build the XDP object (release, with BTF) with the nightly toolchain.
     BuildEbpf,
-    /// setup + build-ebpf + the whole test suite (BPF and netns tests need root).
+    /// setup + build-ebpf + lint (rustfmt, clippy -D warnings) + the whole test
+    /// suite (BPF and netns tests need root).
     Test {
         /// Extra arguments for `cargo test` (after `--`).
         #[arg(last = true)]
@@ -59,7 +60,16 @@ pub fn cargo(toolchain: Option<&str>) -> Command {
     if let Some(t) = toolchain {
         c.arg(format!("+{t}"));
     }
-    for v in ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"] {
+    for v in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+    ] {
         c.env_remove(v);
     }
     c.current_dir(root());
@@ -110,6 +120,14 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
+/// `cargo fmt --check` (the workspace and the XDP program, width in rustfmt.toml)
+/// and clippy with warnings as errors on every target of the workspace.
+fn lint() -> Result<()> {
+    run(cargo(None).args(["fmt", "--all", "--", "--check"]), "rustfmt --check (run `cargo fmt --all` to fix)")?;
+    run(cargo(None).args(["fmt", "--manifest-path", "vip-ebpf/Cargo.toml", "--", "--check"]), "rustfmt --check on vip-ebpf")?;
+    run(cargo(None).args(["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"]), "clippy -D warnings")
+}
+
 /// The `vip-agent` binary the end-to-end tests and the lab run as real
 /// processes (`cargo test` builds only test harnesses of other packages' bins).
 fn build_agent() -> Result<()> {
@@ -123,6 +141,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => {
             setup::setup()?;
             build_ebpf()?;
+            lint()?;
             build_agent()?;
             let mut c = cargo(None);
             c.args(["test", "--workspace", "--release", "--lib", "--bins", "--tests", "--no-fail-fast"]);

@@ -30,6 +30,7 @@ fn output(cmd: &mut Command) -> Option<String> {
 pub fn setup() -> Result<()> {
     apt_packages()?;
     nightly_rust_src()?;
+    lint_tools()?;
     bpf_linker()?;
     bpffs()?;
     eprintln!("xtask: setup complete");
@@ -63,6 +64,17 @@ fn nightly_rust_src() -> Result<()> {
         return Ok(());
     }
     run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]), "adding rust-src to the nightly toolchain")
+}
+
+/// rustfmt and clippy for the stable toolchain (`cargo xtask test` checks both).
+fn lint_tools() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["component", "list", "--installed"])).unwrap_or_default();
+    let missing: Vec<&str> = ["rustfmt", "clippy"].into_iter().filter(|c| !installed.lines().any(|l| l.starts_with(c))).collect();
+    if missing.is_empty() {
+        eprintln!("xtask: rustfmt and clippy present");
+        return Ok(());
+    }
+    run(Command::new("rustup").args(["component", "add"]).args(&missing), &format!("adding {} to the toolchain", missing.join(" ")))
 }
 
 fn bpf_linker() -> Result<()> {

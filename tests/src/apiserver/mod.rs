@@ -373,9 +373,7 @@ fn resolve(resources: &[ResourceSpec], path: &str) -> Option<Target> {
         _ => return None,
     };
     let find = |plural: &str, namespaced: bool| {
-        resources
-            .iter()
-            .position(|r| r.group == group && r.version == version && r.plural == plural && r.namespaced == namespaced)
+        resources.iter().position(|r| r.group == group && r.version == version && r.plural == plural && r.namespaced == namespaced)
     };
     let (namespace, rest) = match rest {
         ["namespaces", ns, plural, ..] if find(plural, true).is_some() => (Some(ns.to_string()), &rest[2..]),
@@ -468,7 +466,11 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
             count(shared, Verb::Patch);
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
             if !ct.starts_with("application/merge-patch+json") {
-                return Err(ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format ({ct}); only application/merge-patch+json is served here")));
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!("the body of the request was in an unknown format ({ct}); only application/merge-patch+json is served here"),
+                ));
             }
             let patch = parse_body(body)?;
             let mut store = lock();
@@ -496,8 +498,7 @@ fn discovery(resources: &[ResourceSpec], path: &str) -> Option<Value> {
         vs
     };
     let api_group = |g: &str| -> Value {
-        let versions: Vec<Value> =
-            group_versions(g).iter().map(|v| json!({ "groupVersion": format!("{g}/{v}"), "version": v })).collect();
+        let versions: Vec<Value> = group_versions(g).iter().map(|v| json!({ "groupVersion": format!("{g}/{v}"), "version": v })).collect();
         json!({ "kind": "APIGroup", "apiVersion": "v1", "name": g, "preferredVersion": versions[0], "versions": versions })
     };
     let resource_list = |g: &str, v: &str| -> Option<Value> {

@@ -83,16 +83,7 @@ impl Store {
     pub fn new(resources: Vec<ResourceSpec>, history_limit: usize) -> Self {
         // A watcher that falls this far behind gets 410 (as with the real watch cache).
         let (tx, _) = broadcast::channel(history_limit.max(16));
-        Store {
-            resources,
-            rv: 1,
-            objects: BTreeMap::new(),
-            history: VecDeque::new(),
-            history_limit,
-            compacted: 0,
-            tx,
-            uids: 0,
-        }
+        Store { resources, rv: 1, objects: BTreeMap::new(), history: VecDeque::new(), history_limit, compacted: 0, tx, uids: 0 }
     }
 
     fn key(res: usize, ns: Option<&str>, name: &str) -> Key {
@@ -100,22 +91,13 @@ impl Store {
     }
 
     pub fn get(&self, res: usize, ns: Option<&str>, name: &str) -> Result<Value, ApiError> {
-        self.objects
-            .get(&Self::key(res, ns, name))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&self.resources[res], name))
+        self.objects.get(&Self::key(res, ns, name)).cloned().ok_or_else(|| ApiError::not_found(&self.resources[res], name))
     }
 
     /// Objects of `res` (all namespaces when `ns` is None) that `keep` accepts, by namespace and name.
     pub fn list(&self, res: usize, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
         let lo = (res, String::new(), String::new());
-        self.objects
-            .range(lo..)
-            .take_while(|((r, _, _), _)| *r == res)
-            .map(|(_, v)| v)
-            .filter(|v| keep(v))
-            .cloned()
-            .collect()
+        self.objects.range(lo..).take_while(|((r, _, _), _)| *r == res).map(|(_, v)| v).filter(|v| keep(v)).cloned().collect()
     }
 
     /// Events of `res` after `rv` still in the history; None when some were compacted away.
@@ -164,11 +146,7 @@ impl Store {
         let meta = meta_mut(body);
         match (meta.get("namespace").and_then(Value::as_str), ns) {
             (Some(b), Some(p)) if !b.is_empty() && b != p => {
-                return Err(ApiError::new(
-                    400,
-                    "BadRequest",
-                    "the namespace of the provided object does not match the namespace sent on the request".into(),
-                ))
+                return Err(ApiError::new(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request".into()))
             }
             (_, Some(p)) => {
                 meta.insert("namespace".into(), p.into());
@@ -180,11 +158,7 @@ impl Store {
         if let Some(name) = name {
             match meta.get("name").and_then(Value::as_str) {
                 Some(b) if b != name => {
-                    return Err(ApiError::new(
-                        400,
-                        "BadRequest",
-                        format!("the name of the object ({b}) does not match the name on the URL ({name})"),
-                    ))
+                    return Err(ApiError::new(400, "BadRequest", format!("the name of the object ({b}) does not match the name on the URL ({name})")))
                 }
                 _ => {
                     meta.insert("name".into(), name.into());
@@ -219,12 +193,7 @@ impl Store {
         meta.remove("deletionTimestamp");
         meta.remove("managedFields");
         if self.objects.contains_key(&Self::key(res, ns, &name)) {
-            return Err(ApiError::new(
-                409,
-                "AlreadyExists",
-                format!("{} \"{name}\" already exists", spec.qualified()),
-            )
-            .details(&spec, &name));
+            return Err(ApiError::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", spec.qualified())).details(&spec, &name));
         }
         Ok(self.commit(res, EventType::Added, body, None))
     }

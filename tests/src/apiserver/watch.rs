@@ -110,9 +110,7 @@ pub(crate) fn start(shared: &Arc<Shared>, res: usize, filter: Filter, q: WatchQu
     let rx = store.tx.subscribe();
     let rv = match q.resource_version.as_deref() {
         None | Some("") | Some("0") => None,
-        Some(s) => Some(s.parse::<u64>().map_err(|_| {
-            ApiError::new(400, "BadRequest", format!("invalid resourceVersion: {s:?}"))
-        })?),
+        Some(s) => Some(s.parse::<u64>().map_err(|_| ApiError::new(400, "BadRequest", format!("invalid resourceVersion: {s:?}")))?),
     };
     let period = shared.bookmark_interval;
     let mut stream = Stream {
@@ -149,8 +147,6 @@ pub(crate) fn start(shared: &Arc<Shared>, res: usize, filter: Filter, q: WatchQu
         },
     }
     drop(store);
-    let body = futures_util::stream::unfold(stream, |mut s| async move {
-        s.next().await.map(|b| (Ok::<_, Infallible>(b), s))
-    });
+    let body = futures_util::stream::unfold(stream, |mut s| async move { s.next().await.map(|b| (Ok::<_, Infallible>(b), s)) });
     Ok(Body::from_stream(body))
 }

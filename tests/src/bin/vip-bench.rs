@@ -16,8 +16,8 @@ use vip_agent::{
 use vip_common::{PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     agent::{lb_config, wait_for, Check, LbLab},
-    halab::{self, ArpWatch, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
     frames,
+    halab::{self, ArpWatch, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
     netns::{NetNs, PinDir},
 };
 
@@ -243,7 +243,11 @@ fn maglev_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json:
     let after = maglev::build(&members[1..], 65537, 0)?;
     let changed = (0..65537).filter(|&i| before.member_at(i) != after.member_at(i)).count();
     let pct = changed as f64 * 100.0 / 65537.0;
-    writeln!(out, "\nOne of N=100 backends removed at M=65537: {changed} slots changed ({pct:.2}%; the removed backend owned {:.2}%). Target ≤ 2%.", f64::from(before.shares()[0]) * 100.0 / 65537.0)?;
+    writeln!(
+        out,
+        "\nOne of N=100 backends removed at M=65537: {changed} slots changed ({pct:.2}%; the removed backend owned {:.2}%). Target ≤ 2%.",
+        f64::from(before.shares()[0]) * 100.0 / 65537.0
+    )?;
     json.insert("maglev_removal_changed_pct".into(), serde_json::json!(pct));
     Ok(())
 }
@@ -276,25 +280,38 @@ fn health_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json:
         state(&lab, (true, true)).context("b2 never came back")?;
     }
     lab.agent.check_alive()?;
-    let us: Vec<f64> = lab.status().context("status")?["health_to_maps_us"]
-        .as_array()
-        .context("health_to_maps_us")?
-        .iter()
-        .filter_map(|v| v.as_f64())
-        .collect();
+    let us: Vec<f64> =
+        lab.status().context("status")?["health_to_maps_us"].as_array().context("health_to_maps_us")?.iter().filter_map(|v| v.as_f64()).collect();
     anyhow::ensure!(us.len() == 2 * HEALTH_TRIALS, "expected {} health changes, the agent saw {}", 2 * HEALTH_TRIALS, us.len());
     let bound = check.interval_ms * u64::from(check.fall) + check.timeout_ms;
     writeln!(out, "\n## Health change → maps updated (real agent, lab namespaces, {HEALTH_TRIALS} down + {HEALTH_TRIALS} up changes)\n")?;
     writeln!(out, "| figure | median | p95 | max |")?;
     writeln!(out, "|---|---:|---:|---:|")?;
-    writeln!(out, "| health change decided → every affected ring written | {:.0} µs | {:.0} µs | {:.0} µs |", percentile(&us, 0.5), percentile(&us, 0.95), percentile(&us, 1.0))?;
+    writeln!(
+        out,
+        "| health change decided → every affected ring written | {:.0} µs | {:.0} µs | {:.0} µs |",
+        percentile(&us, 0.5),
+        percentile(&us, 0.95),
+        percentile(&us, 1.0)
+    )?;
     writeln!(
         out,
         "| server stopped → out of the ring (interval {}ms × fall {} + timeout {}ms = {bound} ms bound; 5 ms polling) | {:.0} ms | {:.0} ms | {:.0} ms |",
-        check.interval_ms, check.fall, check.timeout_ms, percentile(&detect, 0.5), percentile(&detect, 0.95), percentile(&detect, 1.0)
+        check.interval_ms,
+        check.fall,
+        check.timeout_ms,
+        percentile(&detect, 0.5),
+        percentile(&detect, 0.95),
+        percentile(&detect, 1.0)
     )?;
-    json.insert("health_to_maps_us".into(), serde_json::json!({"median": percentile(&us, 0.5), "p95": percentile(&us, 0.95), "max": percentile(&us, 1.0), "samples": us}));
-    json.insert("health_detect_ms".into(), serde_json::json!({"median": percentile(&detect, 0.5), "p95": percentile(&detect, 0.95), "max": percentile(&detect, 1.0), "bound_ms": bound}));
+    json.insert(
+        "health_to_maps_us".into(),
+        serde_json::json!({"median": percentile(&us, 0.5), "p95": percentile(&us, 0.95), "max": percentile(&us, 1.0), "samples": us}),
+    );
+    json.insert(
+        "health_detect_ms".into(),
+        serde_json::json!({"median": percentile(&detect, 0.5), "p95": percentile(&detect, 0.95), "max": percentile(&detect, 1.0), "bound_ms": bound}),
+    );
     Ok(())
 }
 
@@ -434,7 +451,13 @@ fn failover_bench(out: &mut String, json: &mut serde_json::Map<String, serde_jso
         let take: Vec<f64> = trials.iter().filter_map(|t| t.takeover_ms).collect();
         let failed: usize = trials.iter().map(|t| t.failed_attempts).sum();
         let (conns, broken): (usize, usize) = (trials.iter().map(|t| t.conns).sum(), trials.iter().map(|t| t.broken).sum());
-        let dist = |v: &[f64]| if v.is_empty() { "—".to_owned() } else { format!("{:.0} / {:.0} / {:.0} ms", percentile(v, 0.5), percentile(v, 0.95), percentile(v, 1.0)) };
+        let dist = |v: &[f64]| {
+            if v.is_empty() {
+                "—".to_owned()
+            } else {
+                format!("{:.0} / {:.0} / {:.0} ms", percentile(v, 0.5), percentile(v, 0.95), percentile(v, 1.0))
+            }
+        };
         let name = match fault {
             Fault::AgentKill => "agent SIGKILL",
             Fault::AgentStop => "agent SIGSTOP (hung)",
@@ -494,8 +517,10 @@ fn k8s_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
         }
         s
     };
-    let pool = |addresses: &str| json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "bench" },
-        "spec": { "addresses": [addresses], "nodeSelector": { "lab": "yes" }, "tableSize": 251 } });
+    let pool = |addresses: &str| {
+        json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "bench" },
+        "spec": { "addresses": [addresses], "nodeSelector": { "lab": "yes" }, "tableSize": 251 } })
+    };
     writeln!(out, "\n## Kubernetes\n")?;
 
     // Allocation rate.
@@ -568,7 +593,10 @@ fn k8s_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Va
         "EndpointSlice change (Local policy: the Service's backend nodes change) → the agent's status shows the new ring written, on each of 3 agents, 20 changes: median {:.0} ms, p95 {:.0} ms, max {:.0} ms (2 ms polling of the status files; target ≤ 100 ms median).\n",
         percentile(&lat, 0.5), percentile(&lat, 0.95), percentile(&lat, 1.0)
     )?;
-    json.insert("k8s_endpointslice_to_maps_ms".into(), json!({"median": percentile(&lat, 0.5), "p95": percentile(&lat, 0.95), "max": percentile(&lat, 1.0), "samples": lat}));
+    json.insert(
+        "k8s_endpointslice_to_maps_ms".into(),
+        json!({"median": percentile(&lat, 0.5), "p95": percentile(&lat, 0.95), "max": percentile(&lat, 1.0), "samples": lat}),
+    );
 
     // Memory with 1,000 Services and 100 Nodes.
     api.insert("vippools.vip.dev", pool("198.18.8.0/22"))?;
@@ -687,7 +715,9 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<serde_json::Val
     let vips: Vec<Ipv4Addr> = (0..lab.spec.vips).map(halab::vip).collect();
     let services = lab.spec.vips * lab.spec.ports.len();
     let before: Vec<String> = lab.nodes.iter().map(|n| scrape(&n.ns)).collect();
-    let logs = |lab: &HaLab| -> Vec<usize> { lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap_or_default().matches("peer liveness changed").count()).collect() };
+    let logs = |lab: &HaLab| -> Vec<usize> {
+        lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap_or_default().matches("peer liveness changed").count()).collect()
+    };
     let liveness_before = logs(lab);
     let samples_before: Vec<usize> = all.iter().map(|&i| lab.status(i).and_then(|s| Some(s["health_to_maps_us"].as_array()?.len())).unwrap_or(0)).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -697,7 +727,10 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<serde_json::Val
             .map(|n| {
                 let (stop, ns) = (stop.clone(), n.ns.path());
                 std::thread::spawn(move || {
-                    use std::{io::{Read, Write}, os::fd::AsRawFd};
+                    use std::{
+                        io::{Read, Write},
+                        os::fd::AsRawFd,
+                    };
                     // This thread lives in the node's namespace (its loopback has the agent's port).
                     let f = std::fs::File::open(&ns).expect("node namespace");
                     // SAFETY: setns on an open namespace file, for this thread only.
@@ -733,13 +766,25 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<serde_json::Val
             }
         } else {
             let name = lab.nodes[2].name.clone();
-            lab.nodes[2].server = Some(lab.nodes[2].ns.cmd(std::env::current_exe()?.to_str().context("exe")?).args(["serve", &name, "80"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn()?);
+            lab.nodes[2].server = Some(
+                lab.nodes[2]
+                    .ns
+                    .cmd(std::env::current_exe()?.to_str().context("exe")?)
+                    .args(["serve", &name, "80"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()?,
+            );
         }
         let want = if down { 2 } else { 3 };
         wait_for(Duration::from_secs(30), || {
             all.iter()
                 .all(|&i| {
-                    lab.status(i).is_some_and(|s| s["services"].as_array().is_some_and(|v| v.len() == services && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == want))))
+                    lab.status(i).is_some_and(|s| {
+                        s["services"]
+                            .as_array()
+                            .is_some_and(|v| v.len() == services && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == want)))
+                    })
                 })
                 .then_some(())
         })
@@ -777,17 +822,22 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<serde_json::Val
 
 fn scale_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
     writeln!(out, "\n## Scale (HA lab, three real agents, default timers and table size 16381, every service health-checked)\n")?;
-    writeln!(out, "| service-ports | start → converged (owners agreed, every ring full) | agent RSS (largest) | BPF map memory per node | idle CPU (busiest agent) |")?;
+    writeln!(
+        out,
+        "| service-ports | start → converged (owners agreed, every ring full) | agent RSS (largest) | BPF map memory per node | idle CPU (busiest agent) |"
+    )?;
     writeln!(out, "|---:|---:|---:|---:|---:|")?;
     let mut starts = serde_json::Map::new();
     // 5,000 service-ports first, then the 2,000 the health figures use.
     let (lab, s) = scale_start(2500)?;
     drop(lab);
     writeln!(out, "| 5,000 (2,500 VIPs × 2) | {:.0} ms | {:.1} MiB | {:.1} MiB | {:.1} % |", s.converged_ms, s.rss_mib, s.bpf_mib, s.idle_cpu_pct)?;
-    starts.insert("5000".into(), serde_json::json!({"converged_ms": s.converged_ms, "rss_mib": s.rss_mib, "bpf_mib": s.bpf_mib, "idle_cpu_pct": s.idle_cpu_pct}));
+    starts
+        .insert("5000".into(), serde_json::json!({"converged_ms": s.converged_ms, "rss_mib": s.rss_mib, "bpf_mib": s.bpf_mib, "idle_cpu_pct": s.idle_cpu_pct}));
     let (mut lab, s) = scale_start(1000)?;
     writeln!(out, "| 2,000 (1,000 VIPs × 2) | {:.0} ms | {:.1} MiB | {:.1} MiB | {:.1} % |", s.converged_ms, s.rss_mib, s.bpf_mib, s.idle_cpu_pct)?;
-    starts.insert("2000".into(), serde_json::json!({"converged_ms": s.converged_ms, "rss_mib": s.rss_mib, "bpf_mib": s.bpf_mib, "idle_cpu_pct": s.idle_cpu_pct}));
+    starts
+        .insert("2000".into(), serde_json::json!({"converged_ms": s.converged_ms, "rss_mib": s.rss_mib, "bpf_mib": s.bpf_mib, "idle_cpu_pct": s.idle_cpu_pct}));
     json.insert("scale_start".into(), starts.into());
     let quiet = scale_health(&mut lab, false)?;
     let scraped = scale_health(&mut lab, true)?;
@@ -797,11 +847,28 @@ fn scale_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let h = |v: &serde_json::Value, k: &str| v["health_to_maps_us"][k].as_f64().unwrap_or(f64::NAN) / 1e3;
     writeln!(out, "| health change decided → every affected ring written, median / p95 / max (target: median ≤ 100 ms) | {:.1} / {:.1} / {:.1} ms | {:.1} / {:.1} / {:.1} ms |", h(&quiet, "median"), h(&quiet, "p95"), h(&quiet, "max"), h(&scraped, "median"), h(&scraped, "p95"), h(&scraped, "max"))?;
-    writeln!(out, "| flow-table sweep after the rings (mean; off the liveness path) | {:.0} ms | {:.0} ms |", f(&quiet, "sweep_mean_ms"), f(&scraped, "sweep_mean_ms"))?;
+    writeln!(
+        out,
+        "| flow-table sweep after the rings (mean; off the liveness path) | {:.0} ms | {:.0} ms |",
+        f(&quiet, "sweep_mean_ms"),
+        f(&scraped, "sweep_mean_ms")
+    )?;
     writeln!(out, "| flows evicted (pinned to the backend that left), all agents | {:.0} | {:.0} |", f(&quiet, "flows_evicted"), f(&scraped, "flows_evicted"))?;
-    writeln!(out, "| largest heartbeat gap any peer saw (target: below deadAfter = 300 ms) | {:.0} ms | {:.0} ms |", f(&quiet, "heartbeat_gap_max_ms"), f(&scraped, "heartbeat_gap_max_ms"))?;
+    writeln!(
+        out,
+        "| largest heartbeat gap any peer saw (target: below deadAfter = 300 ms) | {:.0} ms | {:.0} ms |",
+        f(&quiet, "heartbeat_gap_max_ms"),
+        f(&scraped, "heartbeat_gap_max_ms")
+    )?;
     writeln!(out, "| liveness stalls (heartbeats held back) | {:.0} | {:.0} |", f(&quiet, "liveness_stalls"), f(&scraped, "liveness_stalls"))?;
-    writeln!(out, "| false liveness changes / owner moves (target: 0) | {:.0} / {:.0} | {:.0} / {:.0} |", f(&quiet, "false_liveness_changes"), f(&quiet, "owner_changes"), f(&scraped, "false_liveness_changes"), f(&scraped, "owner_changes"))?;
+    writeln!(
+        out,
+        "| false liveness changes / owner moves (target: 0) | {:.0} / {:.0} | {:.0} / {:.0} |",
+        f(&quiet, "false_liveness_changes"),
+        f(&quiet, "owner_changes"),
+        f(&scraped, "false_liveness_changes"),
+        f(&scraped, "owner_changes")
+    )?;
     json.insert("scale_health".into(), serde_json::json!({"no_scrapes": quiet, "scraped": scraped}));
     Ok(())
 }

@@ -30,7 +30,12 @@ fn up() -> Result<HaLab> {
     }
     agent_bin()?;
     let spec = HaSpec::default();
-    println!("== lab up: bridge {FIXED_PREFIX}br, {} nodes, client {FIXED_PREFIX}cl; VIPs {}..{} (one service each, port 80)", spec.nodes, vip(0), vip(spec.vips - 1));
+    println!(
+        "== lab up: bridge {FIXED_PREFIX}br, {} nodes, client {FIXED_PREFIX}cl; VIPs {}..{} (one service each, port 80)",
+        spec.nodes,
+        vip(0),
+        vip(spec.vips - 1)
+    );
     let lab = HaLab::start(spec, Naming::Fixed, &std::env::current_exe()?)?;
     for n in &lab.nodes {
         println!("   {}: {}  mac {}  (namespace {}, agent log {})", n.name, n.addr, mac_str(&n.mac), n.ns.name, n.log.display());
@@ -136,10 +141,7 @@ fn demo_on(lab: &mut HaLab) -> Result<()> {
             conns.push(c);
         }
     }
-    println!(
-        "\n== failover: {victim} owns {v}; {} long-lived connections through it to the other nodes are open",
-        conns.len()
-    );
+    println!("\n== failover: {victim} owns {v}; {} long-lived connections through it to the other nodes are open", conns.len());
     println!("   killing {victim}: its agent gets SIGKILL and its cable is pulled, while the client tries a new connection every 10 ms");
     let watch = FailoverWatch::start(lab, v, lab.nodes[a].mac, conns, Duration::from_millis(2000))?;
     std::thread::sleep(Duration::from_millis(300));

@@ -35,8 +35,7 @@ pub struct Ownership {
 pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership {
     let mut d = Ownership::default();
     for pool in &world.pools {
-        let eligible: Vec<String> =
-            world.eligible(pool).into_iter().filter(|n| live.contains(&n.name)).map(|n| n.name.clone()).collect();
+        let eligible: Vec<String> = world.eligible(pool).into_iter().filter(|n| live.contains(&n.name)).map(|n| n.name.clone()).collect();
         for (vip, owner) in crate::ha::ownership::assign(&pool.addresses, &eligible) {
             if owner == me {
                 d.held.insert(vip);
@@ -116,9 +115,7 @@ pub fn health_targets(w: &World) -> BTreeSet<Target> {
     w.services
         .iter()
         .filter_map(|s| s.health.as_ref().map(|h| (s, h)))
-        .flat_map(|(s, h)| {
-            w.backend_candidates(s).into_iter().map(move |n| Target { node: n.name.clone(), addr: n.addr, check: h.clone() })
-        })
+        .flat_map(|(s, h)| w.backend_candidates(s).into_iter().map(move |n| Target { node: n.name.clone(), addr: n.addr, check: h.clone() }))
         .collect()
 }
 

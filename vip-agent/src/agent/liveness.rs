@@ -199,13 +199,8 @@ impl Liveness {
         let me = self.s.me.clone();
         let f = &self.world.failover;
         let Some(my) = self.world.node(&me) else { return };
-        let peers: Vec<(String, SocketAddr)> = self
-            .world
-            .holders()
-            .into_iter()
-            .filter(|n| n.name != me)
-            .map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port))))
-            .collect();
+        let peers: Vec<(String, SocketAddr)> =
+            self.world.holders().into_iter().filter(|n| n.name != me).map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port)))).collect();
         let want = heartbeat::Options {
             bind: SocketAddr::from((my.addr, f.heartbeat_port)),
             peers,
@@ -215,9 +210,8 @@ impl Liveness {
             gate: Some((self.s.metrics.last_turn_ns.clone(), self.world.announce.hold_time / 2)),
             metrics: Some(self.s.metrics.heartbeat.clone()),
         };
-        let same = |a: &heartbeat::Options, b: &heartbeat::Options| {
-            (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after)
-        };
+        let same =
+            |a: &heartbeat::Options, b: &heartbeat::Options| (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after);
         if self.heartbeat.as_ref().is_some_and(|(cur, _)| same(cur, &want)) {
             return;
         }
@@ -254,8 +248,7 @@ impl Liveness {
     /// again (while it was split, others may have taken ours and moved clients).
     fn decide(&mut self, reassert: bool) {
         let o = ownership(&self.world, &self.s.me, &self.live);
-        let want: BTreeMap<Ipv4Addr, Announce> =
-            o.held.iter().map(|v| (*v, if o.on_lo.contains(v) { Announce::Lo } else { Announce::Arp })).collect();
+        let want: BTreeMap<Ipv4Addr, Announce> = o.held.iter().map(|v| (*v, if o.on_lo.contains(v) { Announce::Lo } else { Announce::Arp })).collect();
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
         let taken: BTreeSet<Ipv4Addr> = want.iter().filter(|(v, a)| self.held.get(v) != Some(a)).map(|(v, _)| *v).collect();
         for vip in &taken {
@@ -345,12 +338,8 @@ impl Liveness {
     /// it was last announced (switch FDB and neighbour entries age out).
     fn refresh_garp(&mut self) {
         let now = Instant::now();
-        let due: BTreeSet<Ipv4Addr> = self
-            .held
-            .keys()
-            .filter(|v| self.last_garp.get(v).is_none_or(|t| now.duration_since(*t) >= self.world.garp(**v).refresh))
-            .copied()
-            .collect();
+        let due: BTreeSet<Ipv4Addr> =
+            self.held.keys().filter(|v| self.last_garp.get(v).is_none_or(|t| now.duration_since(*t) >= self.world.garp(**v).refresh)).copied().collect();
         if !due.is_empty() {
             self.announce(due, false);
         }

@@ -166,15 +166,31 @@ impl Metrics {
         registry.register("vip_owner", "Owner node of each VIP (1 = owns it)", l.vip_owner.clone());
         registry.register("vip_vips_held", "VIPs this node holds", l.vips_held.clone());
         registry.register("vip_pool_vips_held", "VIPs of each pool this node holds", l.pool_held.clone());
-        registry.register("vip_pool_owner_changes", "Owner changes of each pool's VIPs seen by this node (failovers, rebalancing)", l.pool_owner_changes.clone());
+        registry.register(
+            "vip_pool_owner_changes",
+            "Owner changes of each pool's VIPs seen by this node (failovers, rebalancing)",
+            l.pool_owner_changes.clone(),
+        );
         registry.register("vip_arp_conflicts", "ARP replies or gratuitous ARP from another MAC claiming a VIP this node holds", l.arp_conflicts.clone());
-        registry.register("vip_liveness_stalls", "Heartbeat turns held back because the liveness loop or the heartbeat task had stalled (should stay 0)", l.heartbeat.stalls.clone());
+        registry.register(
+            "vip_liveness_stalls",
+            "Heartbeat turns held back because the liveness loop or the heartbeat task had stalled (should stay 0)",
+            l.heartbeat.stalls.clone(),
+        );
         registry.register("vip_heartbeat_gap_max_seconds", "Longest time between two heartbeats received from each peer", l.heartbeat.gap_max.clone());
         registry.register("vip_backend_healthy", "Health of each backend node under each health check (1 healthy, 0 down)", m.backend_healthy.clone());
         registry.register("vip_ring_updates", "Maglev ring changes per service", m.ring_updates.clone());
-        registry.register("vip_ring_slots_written", "Ring slots written per service (0 when it joined a ring another service had)", m.ring_slots_written.clone());
+        registry.register(
+            "vip_ring_slots_written",
+            "Ring slots written per service (0 when it joined a ring another service had)",
+            m.ring_slots_written.clone(),
+        );
         registry.register("vip_map_write_seconds", "Time to write one batch of service changes to the maps (flow sweep excluded)", m.map_write_seconds.clone());
-        registry.register("vip_flow_sweep_seconds", "Time of the flow-table sweep after a batch that took backends from services", m.flow_sweep_seconds.clone());
+        registry.register(
+            "vip_flow_sweep_seconds",
+            "Time of the flow-table sweep after a batch that took backends from services",
+            m.flow_sweep_seconds.clone(),
+        );
         registry.register("vip_flows_evicted", "Flow-table entries evicted because their backend left their service", m.flows_evicted.clone());
         registry.register(
             "vip_health_to_maps_seconds",
@@ -183,7 +199,11 @@ impl Metrics {
         );
         registry.register("vip_config_reloads", "Config file loads by result (ok, error)", m.config_reloads.clone());
         registry.register("vip_config_valid", "1 when the last config file read was valid, 0 when it was rejected", m.config_valid.clone());
-        registry.register("vip_services_unprogrammed", "Service-ports the model wants that could not be programmed (see /status for why); retried", m.services_unprogrammed.clone());
+        registry.register(
+            "vip_services_unprogrammed",
+            "Service-ports the model wants that could not be programmed (see /status for why); retried",
+            m.services_unprogrammed.clone(),
+        );
         registry.register("vip_services_programmed", "Service-ports programmed in the data path", m.services_programmed.clone());
         registry.register("vip_ring_slots_used", "Slots of lb4_ring in use (rings are shared between services with equal rings)", m.ring_slots_used.clone());
         registry.register("vip_ring_slots_capacity", "Slots of lb4_ring (--ring-capacity)", m.ring_slots_capacity.clone());
@@ -224,12 +244,7 @@ impl BpfCounters {
     }
 }
 
-fn const_counter_family<L: EncodeLabelSet>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    rows: impl Iterator<Item = (L, u64)>,
-) -> std::fmt::Result {
+fn const_counter_family<L: EncodeLabelSet>(enc: &mut DescriptorEncoder, name: &str, help: &str, rows: impl Iterator<Item = (L, u64)>) -> std::fmt::Result {
     let mut rows = rows.peekable();
     if rows.peek().is_none() {
         return Ok(());
@@ -269,9 +284,19 @@ impl Collector for BpfCounters {
         const_counter_family(&mut enc, "vip_xdp_packets", "Packets seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, false)))?;
         const_counter_family(&mut enc, "vip_xdp_bytes", "Bytes seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, true)))?;
         let id = |(i, v): (&u32, &(u64, u64)), bytes: bool| (IdLabels { id: i.to_string() }, if bytes { v.1 } else { v.0 });
-        const_counter_family(&mut enc, "vip_service_packets", "Packets balanced per data-path service id (see /status for names)", c.services.iter().map(|x| id(x, false)))?;
+        const_counter_family(
+            &mut enc,
+            "vip_service_packets",
+            "Packets balanced per data-path service id (see /status for names)",
+            c.services.iter().map(|x| id(x, false)),
+        )?;
         const_counter_family(&mut enc, "vip_service_bytes", "Bytes balanced per data-path service id", c.services.iter().map(|x| id(x, true)))?;
-        const_counter_family(&mut enc, "vip_backend_packets", "Packets sent to each backend id (see /status for nodes)", c.backends.iter().map(|x| id(x, false)))?;
+        const_counter_family(
+            &mut enc,
+            "vip_backend_packets",
+            "Packets sent to each backend id (see /status for nodes)",
+            c.backends.iter().map(|x| id(x, false)),
+        )?;
         const_counter_family(&mut enc, "vip_backend_bytes", "Bytes sent to each backend id", c.backends.iter().map(|x| id(x, true)))?;
         Ok(())
     }

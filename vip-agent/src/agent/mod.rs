@@ -202,7 +202,8 @@ pub async fn run(opts: Options) -> Result<()> {
             let rx = crate::k8s::source::watch_world(client.clone(), World::default()).await;
             let world = rx.borrow().clone();
             let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
-            let view = crate::k8s::controller::AgentView { owners: owners_rx, pool_addresses: Some(metrics.pool_addresses.clone()), unprogrammed: unprogrammed_rx };
+            let view =
+                crate::k8s::controller::AgentView { owners: owners_rx, pool_addresses: Some(metrics.pool_addresses.clone()), unprogrammed: unprogrammed_rx };
             tokio::spawn(crate::k8s::controller::run(client, opts.node_name.clone(), leading, Duration::from_secs(30), view));
             (world, None, Feed::Kubernetes(rx), PathBuf::from("kubernetes"))
         }
@@ -490,8 +491,7 @@ impl Agent {
         s.usage = usage;
         s.owners = self.membership.owners.clone();
         s.held = self.membership.held.iter().copied().collect();
-        let checks: BTreeMap<&str, String> =
-            self.world.services.iter().filter_map(|v| Some((v.name.as_str(), check_label(v.health.as_ref()?)))).collect();
+        let checks: BTreeMap<&str, String> = self.world.services.iter().filter_map(|v| Some((v.name.as_str(), check_label(v.health.as_ref()?)))).collect();
         s.services = self
             .applied
             .iter()
@@ -512,7 +512,13 @@ impl Agent {
         s.unprogrammed = self
             .failed
             .iter()
-            .map(|(a, (name, e))| UnprogrammedStatus { name: name.clone(), vip: a.vip, port: a.port, protocol: crate::inspect::proto_name(a.proto).to_owned(), error: e.clone() })
+            .map(|(a, (name, e))| UnprogrammedStatus {
+                name: name.clone(),
+                vip: a.vip,
+                port: a.port,
+                protocol: crate::inspect::proto_name(a.proto).to_owned(),
+                error: e.clone(),
+            })
             .collect();
         s.nodes = self
             .world

@@ -109,7 +109,8 @@ pub fn line_of(text: &str, path: &str) -> Option<usize> {
 mod tests {
     use super::line_of;
 
-    const DOC: &str = "nodes:\n  - name: a\n    address: 1.2.3.4\n  - name: b\n    labels:\n      zone: x\nservices:\n  - name: s\n    healthCheck:\n      rise: 0\n";
+    const DOC: &str =
+        "nodes:\n  - name: a\n    address: 1.2.3.4\n  - name: b\n    labels:\n      zone: x\nservices:\n  - name: s\n    healthCheck:\n      rise: 0\n";
 
     #[test]
     fn finds_nested_fields_and_items() {

@@ -30,9 +30,8 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "line {l}: ")?,
-            None => {}
+        if let Some(l) = self.line {
+            write!(f, "line {l}: ")?;
         }
         if !self.path.is_empty() {
             write!(f, "{}: ", self.path)?;
@@ -266,9 +265,8 @@ impl<'de> Deserialize<'de> for Mac {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         let bytes: Vec<u8> = s.split(':').filter_map(|p| (p.len() == 2).then(|| u8::from_str_radix(p, 16).ok()).flatten()).collect();
-        let mac: [u8; 6] = bytes
-            .try_into()
-            .map_err(|_| de::Error::custom(format!("{s:?} is not a MAC address (expected six hex pairs, aa:bb:cc:dd:ee:ff)")))?;
+        let mac: [u8; 6] =
+            bytes.try_into().map_err(|_| de::Error::custom(format!("{s:?} is not a MAC address (expected six hex pairs, aa:bb:cc:dd:ee:ff)")))?;
         Ok(Mac(mac))
     }
 }
@@ -323,8 +321,8 @@ impl<'de> Deserialize<'de> for AddrEntry {
 
 /// Reads and validates `path`.
 pub fn load(path: &Path) -> Result<World, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError { path: String::new(), line: None, message: format!("cannot read {}: {e}", path.display()) })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ConfigError { path: String::new(), line: None, message: format!("cannot read {}: {e}", path.display()) })?;
     parse(&text)
 }
 
@@ -443,14 +441,27 @@ fn validate(f: File) -> Result<World, Invalid> {
             None => None,
         };
         let backend_selector = fs.backend_selector.unwrap_or_else(|| pools[pool].node_selector.clone());
-        services.push(Service { name: fs.name, vip: fs.vip, ports: fs.ports, protocol: fs.protocol, table_size: fs.table_size, backend_selector, backend_nodes: None, health });
+        services.push(Service {
+            name: fs.name,
+            vip: fs.vip,
+            ports: fs.ports,
+            protocol: fs.protocol,
+            table_size: fs.table_size,
+            backend_selector,
+            backend_nodes: None,
+            health,
+        });
     }
 
     let a = f.announce;
     if a.hold_time < Duration::from_millis(100) {
         return invalid("announce.holdTime", "must be at least 100ms (the agent refreshes held VIPs three times per hold time)");
     }
-    let garp = gratuitous_arp("announce", ["garpCount", "garpInterval", "garpRefresh"], Garp { count: a.garp_count, interval: a.garp_interval, refresh: a.garp_refresh })?;
+    let garp = gratuitous_arp(
+        "announce",
+        ["garpCount", "garpInterval", "garpRefresh"],
+        Garp { count: a.garp_count, interval: a.garp_interval, refresh: a.garp_refresh },
+    )?;
     let announce = Announce { hold_time: a.hold_time, garp };
     let fo = f.failover;
     if fo.heartbeat_port == 0 {
@@ -460,7 +471,10 @@ fn validate(f: File) -> Result<World, Invalid> {
         return invalid("failover.heartbeatInterval", "must be at least 5ms");
     }
     if fo.dead_after < fo.heartbeat_interval * 3 {
-        return invalid("failover.deadAfter", format!("must be at least 3 heartbeat intervals ({:?}), or one lost datagram makes a node look dead", fo.heartbeat_interval * 3));
+        return invalid(
+            "failover.deadAfter",
+            format!("must be at least 3 heartbeat intervals ({:?}), or one lost datagram makes a node look dead", fo.heartbeat_interval * 3),
+        );
     }
     let fence = a.hold_time + a.hold_time / 3;
     if fo.dead_after < fence {
@@ -531,11 +545,8 @@ pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[Ipv4Addr]) -
 /// Parses a pool's address and exclusion strings (as a VipPool carries them) and
 /// expands them; errors name `{p}.addresses[k]` / `{p}.excludedIPs[k]`.
 pub fn pool_addresses_from_strings(p: &str, addresses: &[String], excluded: &[String]) -> Result<BTreeSet<Ipv4Addr>, Invalid> {
-    let entries = addresses
-        .iter()
-        .enumerate()
-        .map(|(k, a)| a.parse::<AddrEntry>().map_err(|m| (format!("{p}.addresses[{k}]"), m)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let entries =
+        addresses.iter().enumerate().map(|(k, a)| a.parse::<AddrEntry>().map_err(|m| (format!("{p}.addresses[{k}]"), m))).collect::<Result<Vec<_>, _>>()?;
     let excluded = excluded
         .iter()
         .enumerate()
@@ -547,11 +558,7 @@ pub fn pool_addresses_from_strings(p: &str, addresses: &[String], excluded: &[St
 /// Pools whose selector matches no node: nobody will answer for their VIPs.
 /// Not an error (labels may come later), but worth a warning.
 pub fn warnings(w: &World) -> Vec<String> {
-    w.pools
-        .iter()
-        .filter(|p| w.eligible(p).is_empty())
-        .map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name))
-        .collect()
+    w.pools.iter().filter(|p| w.eligible(p).is_empty()).map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name)).collect()
 }
 
 #[cfg(test)]

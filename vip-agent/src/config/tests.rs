@@ -49,10 +49,8 @@ fn accepts_the_example_and_fills_the_model() {
     assert_eq!(w.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1", "n2"], "nodes sorted by name");
     assert_eq!(w.nodes[0].mac, Some([2, 0, 0, 0, 0, 0x11]));
     assert_eq!(w.nodes[1].mac, None);
-    let want: Vec<Ipv4Addr> = ["198.18.1.10", "198.18.1.16", "198.18.1.18", "198.18.1.19", "198.18.1.20", "198.18.1.21", "198.18.1.22"]
-        .iter()
-        .map(|s| s.parse().unwrap())
-        .collect();
+    let want: Vec<Ipv4Addr> =
+        ["198.18.1.10", "198.18.1.16", "198.18.1.18", "198.18.1.19", "198.18.1.20", "198.18.1.21", "198.18.1.22"].iter().map(|s| s.parse().unwrap()).collect();
     assert_eq!(w.pools[0].addresses, want);
     let web = &w.services[0];
     assert_eq!(web.addrs().count(), 2);
@@ -114,7 +112,13 @@ fn missing_required_fields() {
 #[test]
 fn node_errors() {
     rejects("name: n2", "name: n1", "nodes[1].name", "name: n1\n    address: 198.18.0.11", "node \"n1\" is already defined at nodes[0]");
-    rejects("address: 198.18.0.11", "address: 198.18.0.12", "nodes[1].address", "address: 198.18.0.12\n    mac", "198.18.0.12 is already the address of nodes[0]");
+    rejects(
+        "address: 198.18.0.11",
+        "address: 198.18.0.12",
+        "nodes[1].address",
+        "address: 198.18.0.12\n    mac",
+        "198.18.0.12 is already the address of nodes[0]",
+    );
     rejects("name: n2", "name: \"\"", "nodes[0].name", "name: \"\"", "must not be empty");
     let err = parse("nodes: []\n").unwrap_err();
     assert_eq!((err.path.as_str(), err.message.as_str()), ("nodes", "at least one node is needed"));
@@ -122,7 +126,13 @@ fn node_errors() {
 
 #[test]
 fn pool_errors() {
-    rejects("excludedIPs: [198.18.1.17]", "excludedIPs: [198.18.1.99]", "pools[0].excludedIPs[0]", "198.18.1.99", "198.18.1.99 is not in this pool's addresses");
+    rejects(
+        "excludedIPs: [198.18.1.17]",
+        "excludedIPs: [198.18.1.99]",
+        "pools[0].excludedIPs[0]",
+        "198.18.1.99",
+        "198.18.1.99 is not in this pool's addresses",
+    );
     rejects(
         "addresses: [198.18.1.10, 198.18.1.16/30, 198.18.1.20-198.18.1.22]\n    excludedIPs: [198.18.1.17]",
         "addresses: [198.18.1.10]\n    excludedIPs: [198.18.1.10]",
@@ -131,10 +141,7 @@ fn pool_errors() {
         "no address left after exclusions",
     );
     rejects("198.18.1.16/30", "198.18.0.0/16", "pools[0].addresses[1]", "198.18.0.0/16", "would exceed 4096 addresses");
-    let overlap = GOOD.replace(
-        "services:",
-        "  - name: other\n    addresses: [198.18.1.21-198.18.1.30]\nservices:",
-    );
+    let overlap = GOOD.replace("services:", "  - name: other\n    addresses: [198.18.1.21-198.18.1.30]\nservices:");
     let err = parse(&overlap).unwrap_err();
     assert_eq!((err.path.as_str(), err.line), ("pools[1].addresses", Some(super::tests::line_with(&overlap, "[198.18.1.21-"))));
     assert!(err.message.contains("198.18.1.21 is also in pools[0] (\"web\"); pools must not overlap"), "{err}");
@@ -192,7 +199,8 @@ fn pool_announce_mode_and_gratuitous_arp() {
     assert_eq!((w.pools[0].announce, w.pools[0].garp), (crate::model::AnnounceMode::Arp, None), "defaults");
     let vip: Ipv4Addr = "198.18.1.10".parse().unwrap();
     assert_eq!(w.garp(vip), crate::model::Garp::default(), "a pool without settings uses announce's");
-    let text = GOOD.replacen("    nodeSelector: {role: lb}", "    nodeSelector: {role: lb}\n    announce: lo\n    gratuitousArp: {count: 5, interval: 20ms}", 1);
+    let text =
+        GOOD.replacen("    nodeSelector: {role: lb}", "    nodeSelector: {role: lb}\n    announce: lo\n    gratuitousArp: {count: 5, interval: 20ms}", 1);
     let w = parse(&text).unwrap();
     assert_eq!(w.announce_mode(vip), crate::model::AnnounceMode::Lo);
     let g = w.garp(vip);

@@ -98,13 +98,8 @@ pub fn update<K: Pod, V: Pod>(map: &MapData, entries: &[(K, V)]) -> io::Result<(
     for part in entries.chunks(CHUNK) {
         let keys: Vec<K> = part.iter().map(|(k, _)| *k).collect();
         let values: Vec<V> = part.iter().map(|(_, v)| *v).collect();
-        let mut attr = BatchAttr {
-            keys: keys.as_ptr() as u64,
-            values: values.as_ptr() as u64,
-            count: part.len() as u32,
-            map_fd: fd(map),
-            ..Default::default()
-        };
+        let mut attr =
+            BatchAttr { keys: keys.as_ptr() as u64, values: values.as_ptr() as u64, count: part.len() as u32, map_fd: fd(map), ..Default::default() };
         sys_bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map_err(|e| io::Error::new(e.kind(), format!("BPF_MAP_UPDATE_BATCH: {e}")))?;
     }
     Ok(())

@@ -78,8 +78,7 @@ impl HeldVips {
     pub(super) fn write_iface(&mut self, ifindex: u32, mac: [u8; 6], flags: Option<u8>) -> Result<()> {
         let flags = flags.unwrap_or_else(|| self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags));
         self.ifaces.insert(ifindex, IfaceConfig { mac, flags, _pad: 0 }, 0)?;
-        let stale: Vec<(HeldKey, HeldVip)> =
-            self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        let stale: Vec<(HeldKey, HeldVip)> = self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
         let changed = !stale.is_empty();
         for (k, h) in stale {
             self.held.insert(k, HeldVip { mac, ..h }, 0)?;
@@ -110,9 +109,9 @@ impl HeldVips {
     pub fn hold(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64, announce: Announce) -> Result<()> {
         let mac = match self.ifaces.get(&ifindex, 0) {
             Ok(cfg) => cfg.mac,
-            Err(aya::maps::MapError::KeyNotFound) => bail!(
-                "cannot hold {vip} on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)"
-            ),
+            Err(aya::maps::MapError::KeyNotFound) => {
+                bail!("cannot hold {vip} on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)")
+            }
             Err(e) => return Err(e).context("reading lb_ifaces"),
         };
         let key = HeldKey { ifindex, vip: vip.octets() };

@@ -23,15 +23,15 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
+pub use attach::{detach, iface_info, AttachMode};
 use aya::{
     maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray},
     programs::{TestRun, TestRunOptions, Xdp},
     Ebpf,
 };
-pub use attach::{detach, iface_info, AttachMode};
 pub use held::{Announce, HeldEntry, HeldVips};
-pub use xmit::XdpXmit;
 use vip_common::{map_names as names, *};
+pub use xmit::XdpXmit;
 
 pub use crate::clock::monotonic_ns;
 use crate::maglev::{self, Member};
@@ -63,12 +63,7 @@ pub struct ServiceAddr {
 
 impl ServiceAddr {
     pub fn key(&self) -> ServiceKey {
-        ServiceKey {
-            vip: self.vip.octets(),
-            port: self.port.to_be_bytes(),
-            proto: self.proto,
-            _pad: 0,
-        }
+        ServiceKey { vip: self.vip.octets(), port: self.port.to_be_bytes(), proto: self.proto, _pad: 0 }
     }
     fn from_key(k: &ServiceKey) -> Self {
         Self { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), proto: k.proto }
@@ -145,6 +140,9 @@ pub struct Counters {
     pub backends: BTreeMap<u32, (u64, u64)>,
 }
 
+/// Maglev builds of one batch: (members as (name, weight), table size) → slots as member indices.
+type Builds = StdHashMap<(Vec<(String, u32)>, u32), Vec<u32>>;
+
 /// A service as programmed: its id and ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Programmed {
@@ -199,13 +197,10 @@ fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &st
 
 fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> Result<T> {
     let path = dir.join(name);
-    let data = MapData::from_pin(&path).with_context(|| {
-        format!("opening pinned map {} (is the program loaded? run `vip-agent attach`)", path.display())
-    })?;
+    let data = MapData::from_pin(&path).with_context(|| format!("opening pinned map {} (is the program loaded? run `vip-agent attach`)", path.display()))?;
     let map = Map::from_map_data(data)?;
     T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
 }
-
 
 macro_rules! maps_from {
     ($src:expr, $get:ident) => {{
@@ -246,10 +241,7 @@ impl Dataplane {
             .map_max_entries(names::RING, ring_capacity)
             .load(OBJECT)
             .context("loading the XDP object (needs root or CAP_BPF)")?;
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROGRAM_NAME)
-            .ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing from the object"))?
-            .try_into()?;
+        let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing from the object"))?.try_into()?;
         prog.load().context("the kernel verifier rejected the XDP program")?;
         xmit::load_and_pin(&mut ebpf, dir)?;
         let m = maps_from!(&mut ebpf, take);
@@ -443,18 +435,11 @@ impl Dataplane {
     /// Backend id for `spec`, re-using the id of a backend with the same address,
     /// else the lowest free slot of `lb4_backends`.
     fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32> {
-        let want = Backend {
-            mac: spec.mac,
-            _pad: [0; 2],
-            addr: spec.addr.octets(),
-            flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 },
-        };
+        let want = Backend { mac: spec.mac, _pad: [0; 2], addr: spec.addr.octets(), flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 } };
         let existing = &self.backend_slots;
         let id = match existing.iter().find(|(_, b)| b.addr == want.addr) {
             Some((&id, _)) => id,
-            None => (0..MAX_BACKENDS)
-                .find(|id| !existing.contains_key(id))
-                .ok_or_else(|| anyhow!("all {MAX_BACKENDS} backend ids are in use"))?,
+            None => (0..MAX_BACKENDS).find(|id| !existing.contains_key(id)).ok_or_else(|| anyhow!("all {MAX_BACKENDS} backend ids are in use"))?,
         };
         if existing.get(&id) != Some(&want) {
             self.backends.set(id, want, 0)?;
@@ -500,7 +485,7 @@ impl Dataplane {
         let start = Instant::now();
         let mut out = Applied::default();
         // Maglev builds are the CPU cost; equal inputs (the common case) build once.
-        let mut built: StdHashMap<(Vec<(String, u32)>, u32), Vec<u32>> = StdHashMap::new();
+        let mut built: Builds = StdHashMap::new();
         // New content → the services that want it.
         let mut groups: BTreeMap<Vec<u32>, Vec<ServiceAddr>> = BTreeMap::new();
         // Services with equal specs (thousands, under one node set) build one ring.
@@ -625,7 +610,7 @@ impl Dataplane {
     }
 
     /// The ring `spec` builds, as backend ids per slot (writing backend entries).
-    fn ring_for(&mut self, spec: &ServiceSpec, seed: u64, built: &mut StdHashMap<(Vec<(String, u32)>, u32), Vec<u32>>) -> Result<Vec<u32>> {
+    fn ring_for(&mut self, spec: &ServiceSpec, seed: u64, built: &mut Builds) -> Result<Vec<u32>> {
         maglev::check_table_size(spec.table_size)?;
         let mut specs: Vec<&BackendSpec> = spec.backends.iter().collect();
         specs.sort_by(|a, b| a.name.cmp(&b.name));
@@ -656,9 +641,11 @@ impl Dataplane {
             return Ok((off, 0, members));
         }
         let moving: BTreeSet<&ServiceAddr> = users.iter().collect();
-        let in_place = users.iter().filter_map(|a| self.programmed.get(a)).map(|p| p.ring).find(|&off| {
-            self.rings.get(off).is_some_and(|r| r.slots.len() == slots.len() && r.users.iter().all(|u| moving.contains(u)))
-        });
+        let in_place = users
+            .iter()
+            .filter_map(|a| self.programmed.get(a))
+            .map(|p| p.ring)
+            .find(|&off| self.rings.get(off).is_some_and(|r| r.slots.len() == slots.len() && r.users.iter().all(|u| moving.contains(u))));
         if let Some(off) = in_place {
             let old = self.rings.get(off).expect("found");
             let members = old.members.clone();
@@ -813,10 +800,7 @@ pub fn ensure_bpffs_dir(dir: &Path) -> Result<()> {
     let c = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes())?;
     // SAFETY: valid C string and out pointer.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 || st.f_type as i64 != 0xcafe4a11 {
-        bail!(
-            "{} is not on a bpffs: mount one with `mount -t bpf bpf /sys/fs/bpf` (or run `cargo xtask setup`)",
-            probe.display()
-        );
+        bail!("{} is not on a bpffs: mount one with `mount -t bpf bpf /sys/fs/bpf` (or run `cargo xtask setup`)", probe.display());
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
 }

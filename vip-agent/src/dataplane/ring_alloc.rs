@@ -32,10 +32,7 @@ impl RingAlloc {
             start = off + l;
         }
         if self.capacity - start < len {
-            bail!(
-                "lb4_ring is full: no room for a {len}-slot ring in {} slots (raise --ring-capacity)",
-                self.capacity
-            );
+            bail!("lb4_ring is full: no room for a {len}-slot ring in {} slots (raise --ring-capacity)", self.capacity);
         }
         self.used.insert(start, len);
         Ok(start)

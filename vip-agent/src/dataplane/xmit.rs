@@ -31,18 +31,13 @@ fn pin_path(dir: &Path) -> PathBuf {
 /// Loads `vip_xmit` and pins it under `dir` (replacing an older pin, so an
 /// upgraded agent sends through its own program).
 pub(super) fn load_and_pin(ebpf: &mut Ebpf, dir: &Path) -> Result<()> {
-    let prog: &mut Xdp = ebpf
-        .program_mut(XMIT_PROGRAM_NAME)
-        .ok_or_else(|| anyhow!("program {XMIT_PROGRAM_NAME} missing from the object"))?
-        .try_into()?;
-    prog.load()
-        .context("the kernel verifier rejected the xmit program")?;
+    let prog: &mut Xdp = ebpf.program_mut(XMIT_PROGRAM_NAME).ok_or_else(|| anyhow!("program {XMIT_PROGRAM_NAME} missing from the object"))?.try_into()?;
+    prog.load().context("the kernel verifier rejected the xmit program")?;
     let pin = pin_path(dir);
     if pin.exists() {
         std::fs::remove_file(&pin).with_context(|| format!("replacing {}", pin.display()))?;
     }
-    prog.pin(&pin)
-        .with_context(|| format!("pinning {}", pin.display()))?;
+    prog.pin(&pin).with_context(|| format!("pinning {}", pin.display()))?;
     Ok(())
 }
 

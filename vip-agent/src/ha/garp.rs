@@ -126,7 +126,8 @@ pub enum ArpSender {
 
 /// The open transmit path.
 pub enum FrameTx {
-    Xdp(crate::dataplane::XdpXmit),
+    /// Boxed: the program handle is large and the socket small.
+    Xdp(Box<crate::dataplane::XdpXmit>),
     Packet(GarpSocket),
 }
 
@@ -134,21 +135,14 @@ impl FrameTx {
     /// Opens `kind` (Auto resolved by the caller); `pin_dir` holds `vip_xmit`.
     pub fn open(kind: ArpSender, pin_dir: &std::path::Path) -> anyhow::Result<Self> {
         Ok(match kind {
-            ArpSender::Packet => FrameTx::Packet(
-                GarpSocket::new()
-                    .map_err(|e| anyhow::anyhow!("packet socket (needs CAP_NET_RAW): {e}"))?,
-            ),
-            ArpSender::Xdp | ArpSender::Auto => {
-                FrameTx::Xdp(crate::dataplane::XdpXmit::open(pin_dir)?)
-            }
+            ArpSender::Packet => FrameTx::Packet(GarpSocket::new().map_err(|e| anyhow::anyhow!("packet socket (needs CAP_NET_RAW): {e}"))?),
+            ArpSender::Xdp | ArpSender::Auto => FrameTx::Xdp(Box::new(crate::dataplane::XdpXmit::open(pin_dir)?)),
         })
     }
 
     pub fn send(&self, ifindex: u32, frame: &[u8]) -> anyhow::Result<()> {
         match self {
-            FrameTx::Xdp(x) => x
-                .send(ifindex, frame)
-                .map_err(|e| anyhow::anyhow!("BPF_PROG_RUN: {e}")),
+            FrameTx::Xdp(x) => x.send(ifindex, frame).map_err(|e| anyhow::anyhow!("BPF_PROG_RUN: {e}")),
             FrameTx::Packet(s) => s.send_frame(ifindex, frame).map_err(Into::into),
         }
     }

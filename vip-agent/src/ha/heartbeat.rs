@@ -52,8 +52,13 @@ impl Heartbeat {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// First heartbeat, heartbeat after being dead, or a new incarnation (restart).
-    Up { node: String, incarnation: u64 },
-    Down { node: String },
+    Up {
+        node: String,
+        incarnation: u64,
+    },
+    Down {
+        node: String,
+    },
 }
 
 /// Incarnations a peer has left behind, remembered so that a delayed datagram from

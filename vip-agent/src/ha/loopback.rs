@@ -18,10 +18,7 @@ pub const LABEL: &str = "lo:vip";
 
 /// VIPs on `lo`: every IPv4 address, and those with our label (with their message,
 /// which deleting them takes).
-async fn addresses(
-    h: &Handle,
-    lo: u32,
-) -> Result<(BTreeSet<Ipv4Addr>, Vec<(Ipv4Addr, AddressMessage)>)> {
+async fn addresses(h: &Handle, lo: u32) -> Result<(BTreeSet<Ipv4Addr>, Vec<(Ipv4Addr, AddressMessage)>)> {
     let mut all = BTreeSet::new();
     let mut ours = Vec::new();
     let mut stream = h.address().get().set_link_index_filter(lo).execute();
@@ -31,9 +28,7 @@ async fn addresses(
         for a in &msg.attributes {
             match a {
                 AddressAttribute::Local(std::net::IpAddr::V4(v)) => addr = Some(*v),
-                AddressAttribute::Address(std::net::IpAddr::V4(v)) if addr.is_none() => {
-                    addr = Some(*v)
-                }
+                AddressAttribute::Address(std::net::IpAddr::V4(v)) if addr.is_none() => addr = Some(*v),
                 AddressAttribute::Label(l) => label = Some(l.clone()),
                 _ => {}
             }
@@ -52,21 +47,13 @@ pub async fn sync(h: &Handle, lo: u32, want: &BTreeSet<Ipv4Addr>) -> Result<()> 
     let (all, ours) = addresses(h, lo).await?;
     for vip in want.difference(&all) {
         let mut req = h.address().add(lo, (*vip).into(), 32);
-        req.message_mut()
-            .attributes
-            .push(AddressAttribute::Label(LABEL.into()));
-        req.execute()
-            .await
-            .with_context(|| format!("adding {vip}/32 to lo"))?;
+        req.message_mut().attributes.push(AddressAttribute::Label(LABEL.into()));
+        req.execute().await.with_context(|| format!("adding {vip}/32 to lo"))?;
         info!(%vip, "VIP added to lo for the routing daemon to announce");
     }
     for (vip, msg) in ours {
         if !want.contains(&vip) {
-            h.address()
-                .del(msg)
-                .execute()
-                .await
-                .with_context(|| format!("removing {vip}/32 from lo"))?;
+            h.address().del(msg).execute().await.with_context(|| format!("removing {vip}/32 from lo"))?;
             info!(%vip, "VIP removed from lo");
         }
     }
@@ -77,9 +64,7 @@ pub async fn sync(h: &Handle, lo: u32, want: &BTreeSet<Ipv4Addr>) -> Result<()> 
 /// case an address was removed by hand). With `want` empty from the start and
 /// nothing of ours on `lo`, it does nothing.
 pub fn spawn(mut want: watch::Receiver<BTreeSet<Ipv4Addr>>) -> Result<()> {
-    let lo = crate::dataplane::iface_info("lo")
-        .map(|(i, _)| i)
-        .map_err(|e| anyhow!("announce: lo: {e:#}"))?;
+    let lo = crate::dataplane::iface_info("lo").map(|(i, _)| i).map_err(|e| anyhow!("announce: lo: {e:#}"))?;
     let (conn, handle, _) = rtnetlink::new_connection().context("netlink socket")?;
     tokio::spawn(conn);
     tokio::spawn(async move {

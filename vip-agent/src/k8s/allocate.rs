@@ -45,8 +45,7 @@ pub fn key(s: &Service) -> String {
 /// Whether we serve this Service's load balancer (type LoadBalancer, class ours or unset).
 pub fn is_ours(s: &Service) -> bool {
     let spec = s.spec.as_ref();
-    spec.and_then(|p| p.type_.as_deref()) == Some("LoadBalancer")
-        && spec.and_then(|p| p.load_balancer_class.as_deref()).is_none_or(|c| c == LB_CLASS)
+    spec.and_then(|p| p.type_.as_deref()) == Some("LoadBalancer") && spec.and_then(|p| p.load_balancer_class.as_deref()).is_none_or(|c| c == LB_CLASS)
 }
 
 pub(super) fn ingress_ips(s: &Service) -> Vec<Ipv4Addr> {
@@ -106,9 +105,9 @@ fn pool_admits(p: &PoolView, s: &Service, ns_labels: &BTreeMap<String, BTreeMap<
 type Usage = BTreeMap<Ipv4Addr, Vec<(String, Option<String>, BTreeSet<(String, i32)>)>>;
 
 fn can_share(usage: &Usage, addr: Ipv4Addr, me: &str, key: Option<&str>, my_ports: &BTreeSet<(String, i32)>) -> bool {
-    usage.get(&addr).is_none_or(|users| {
-        users.iter().filter(|(svc, _, _)| svc != me).all(|(_, k, p)| key.is_some() && k.as_deref() == key && p.is_disjoint(my_ports))
-    })
+    usage
+        .get(&addr)
+        .is_none_or(|users| users.iter().filter(|(svc, _, _)| svc != me).all(|(_, k, p)| key.is_some() && k.as_deref() == key && p.is_disjoint(my_ports)))
 }
 
 /// Decides allocations for every Service. Services are taken in a fixed order
@@ -154,15 +153,20 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
             (None, Some(Err(e))) => Err(e.clone()),
             (None, Some(Ok(r))) => match pool_of(*r) {
                 None => Err(format!("requested address {r} is in no VipPool")),
-                Some(p) if !pool_admits(p, s, ns_labels) => Err(format!("requested address {r} is in pool {:?}, whose selectors do not admit this Service", p.name)),
-                Some(_) if !can_share(&usage, *r, &me, share, &my_ports) => Err(format!("requested address {r} is in use by another Service (share it with a common {ANNOTATION_SHARING_KEY} and distinct ports)")),
+                Some(p) if !pool_admits(p, s, ns_labels) => {
+                    Err(format!("requested address {r} is in pool {:?}, whose selectors do not admit this Service", p.name))
+                }
+                Some(_) if !can_share(&usage, *r, &me, share, &my_ports) => {
+                    Err(format!("requested address {r} is in use by another Service (share it with a common {ANNOTATION_SHARING_KEY} and distinct ports)"))
+                }
                 Some(p) => Ok((*r, Some(p.name.clone()))),
             },
             (None, None) => {
                 let mut found = None;
                 for p in pools.iter().filter(|p| p.auto_assign && pool_admits(p, s, ns_labels)) {
                     // A shareable address already used with our key first, then the lowest free one.
-                    let shared = share.and_then(|_| p.addresses.iter().copied().find(|a| usage.contains_key(a) && can_share(&usage, *a, &me, share, &my_ports)));
+                    let shared =
+                        share.and_then(|_| p.addresses.iter().copied().find(|a| usage.contains_key(a) && can_share(&usage, *a, &me, share, &my_ports)));
                     if let Some(a) = shared.or_else(|| p.addresses.iter().copied().find(|a| !usage.contains_key(a))) {
                         found = Some((a, Some(p.name.clone())));
                         break;

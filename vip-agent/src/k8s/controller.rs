@@ -24,18 +24,17 @@ use kube::{
     },
     Client, Resource, ResourceExt,
 };
+use prometheus_client::metrics::{family::Family, gauge::Gauge};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
-use prometheus_client::metrics::{family::Family, gauge::Gauge};
 use tracing::{info, warn};
 
 use crate::agent::metrics::PoolStateLabels;
 
 use super::{
     allocate::{self, Decision, PoolView},
-    owned, reflect,
     crd::{VipPool, VipPoolStatus},
-    pools,
+    owned, pools, reflect,
 };
 
 /// What the node agent running this controller shares with it.
@@ -118,8 +117,7 @@ impl Controller {
         let mut out = Pass::default();
         let pools: Vec<VipPool> = owned(self.pools.state());
         let services: Vec<Service> = owned(self.services.state());
-        let ns_labels: BTreeMap<String, BTreeMap<String, String>> =
-            self.namespaces.state().iter().map(|n| (n.name_any(), n.labels().clone())).collect();
+        let ns_labels: BTreeMap<String, BTreeMap<String, String>> = self.namespaces.state().iter().map(|n| (n.name_any(), n.labels().clone())).collect();
         let checks = pools::check_pools(&pools);
         let views: Vec<PoolView> = checks
             .iter()
@@ -152,7 +150,8 @@ impl Controller {
         let services_now: Vec<Service> = owned(self.services.state());
         let usage = allocate::pool_usage(&views, &services_now);
         let by_vip = services_by_vip(&services_now);
-        let owners: BTreeMap<Ipv4Addr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
+        let owners: BTreeMap<Ipv4Addr, String> =
+            self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
         let unprogrammed: BTreeMap<Ipv4Addr, Vec<String>> =
             self.view.unprogrammed.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
@@ -163,7 +162,11 @@ impl Controller {
                 None => BTreeMap::new(),
             };
             let bad: Vec<String> = match &c.valid {
-                Some(v) => unprogrammed.iter().filter(|(a, _)| v.addresses.binary_search(a).is_ok()).flat_map(|(a, es)| es.iter().map(move |e| format!("{a} {e}"))).collect(),
+                Some(v) => unprogrammed
+                    .iter()
+                    .filter(|(a, _)| v.addresses.binary_search(a).is_ok())
+                    .flat_map(|(a, es)| es.iter().map(move |e| format!("{a} {e}")))
+                    .collect(),
                 None => Vec::new(),
             };
             match self.write_pool_status(p, c, &bad, usage.get(&c.name).copied(), in_pool).await {
@@ -195,9 +198,20 @@ impl Controller {
                 // Related to the new owner's Node: the recorder folds Events with the
                 // same (reason, regarding, related) into one series keeping the first
                 // note, so each destination keeps its own Event.
-                let node = k8s_openapi::api::core::v1::ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(owner.clone()), ..Default::default() };
+                let node = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(owner.clone()),
+                    ..Default::default()
+                };
                 events.push((
-                    Event { type_: EventType::Normal, reason: "OwnerChanged".into(), note: Some(note.clone()), action: "Announce".into(), secondary: Some(node) },
+                    Event {
+                        type_: EventType::Normal,
+                        reason: "OwnerChanged".into(),
+                        note: Some(note.clone()),
+                        action: "Announce".into(),
+                        secondary: Some(node),
+                    },
                     (*svc).clone(),
                 ));
             }
@@ -235,28 +249,27 @@ impl Controller {
         let api: Api<Service> = Api::namespaced(self.client.clone(), &ns);
         let rv = svc.resource_version();
         let (ingress, event) = match d {
-            Decision::Allocate { addr, pool, .. } => {
-                (json!([{ "ip": addr.to_string() }]), Event {
+            Decision::Allocate { addr, pool, .. } => (
+                json!([{ "ip": addr.to_string() }]),
+                Event {
                     type_: EventType::Normal,
                     reason: "Allocated".into(),
                     note: Some(format!("{addr} from VipPool {pool}")),
                     action: "Allocate".into(),
                     secondary: None,
-                })
-            }
-            Decision::Release { addr, why, .. } => (json!([]), Event {
-                type_: EventType::Normal,
-                reason: "Released".into(),
-                note: Some(format!("{addr}: {why}")),
-                action: "Release".into(),
-                secondary: None,
-            }),
+                },
+            ),
+            Decision::Release { addr, why, .. } => (
+                json!([]),
+                Event { type_: EventType::Normal, reason: "Released".into(), note: Some(format!("{addr}: {why}")), action: "Release".into(), secondary: None },
+            ),
             Decision::Pending { why, .. } => {
                 if self.pending.get(key) == Some(why) {
                     return Ok(false);
                 }
                 self.pending.insert(key.clone(), why.clone());
-                let ev = Event { type_: EventType::Warning, reason: "AllocationFailed".into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
+                let ev =
+                    Event { type_: EventType::Warning, reason: "AllocationFailed".into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
                 self.publish(&ev, svc).await;
                 return Ok(true);
             }
@@ -278,7 +291,14 @@ impl Controller {
     }
 
     /// Writes a pool's status when it differs; Ok(false) when it was already right.
-    async fn write_pool_status(&self, p: &VipPool, c: &pools::PoolCheck, unprogrammed: &[String], usage: Option<(u32, u32)>, owners: BTreeMap<String, String>) -> Result<bool, kube::Error> {
+    async fn write_pool_status(
+        &self,
+        p: &VipPool,
+        c: &pools::PoolCheck,
+        unprogrammed: &[String],
+        usage: Option<(u32, u32)>,
+        owners: BTreeMap<String, String>,
+    ) -> Result<bool, kube::Error> {
         let old = p.status.clone().unwrap_or_default();
         let now = Time(Timestamp::now());
         let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as u32);
@@ -297,8 +317,13 @@ impl Controller {
             }
         }
         let same_conditions = old.conditions.len() == new.conditions.len()
-            && old.conditions.iter().zip(&new.conditions).all(|(a, b)| (&a.type_, &a.status, &a.reason, &a.message, a.observed_generation) == (&b.type_, &b.status, &b.reason, &b.message, b.observed_generation));
-        if same_conditions && (old.total, old.allocated, old.free, old.observed_generation, &old.owners) == (new.total, new.allocated, new.free, new.observed_generation, &new.owners) {
+            && old.conditions.iter().zip(&new.conditions).all(|(a, b)| {
+                (&a.type_, &a.status, &a.reason, &a.message, a.observed_generation) == (&b.type_, &b.status, &b.reason, &b.message, b.observed_generation)
+            });
+        if same_conditions
+            && (old.total, old.allocated, old.free, old.observed_generation, &old.owners)
+                == (new.total, new.allocated, new.free, new.observed_generation, &new.owners)
+        {
             return Ok(false);
         }
         let api: Api<VipPool> = Api::all(self.client.clone());
@@ -310,7 +335,13 @@ impl Controller {
         let patch = json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": status });
         api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
         if c.problem.is_some() {
-            let ev = Event { type_: EventType::Warning, reason: "Invalid".into(), note: c.problem.as_ref().map(|(_, m)| m.clone()), action: "Validate".into(), secondary: None };
+            let ev = Event {
+                type_: EventType::Warning,
+                reason: "Invalid".into(),
+                note: c.problem.as_ref().map(|(_, m)| m.clone()),
+                action: "Validate".into(),
+                secondary: None,
+            };
             if let Err(e) = self.recorder.publish(&ev, &p.object_ref(&())).await {
                 warn!("event: {e}");
             }

@@ -171,7 +171,10 @@ mod tests {
     #[test]
     fn committed_crd_matches_the_types() {
         let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crd.yaml")).unwrap();
-        assert!(committed == crd_yaml(), "deploy/crd.yaml drifted from the VipPool types; regenerate it with `cargo run -p vip-agent -- crd > deploy/crd.yaml`");
+        assert!(
+            committed == crd_yaml(),
+            "deploy/crd.yaml drifted from the VipPool types; regenerate it with `cargo run -p vip-agent -- crd > deploy/crd.yaml`"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod leader;
 pub mod pools;
 pub mod source;
 
+use anyhow::{Context as _, Result};
 use futures::StreamExt;
 use kube::{
     api::Api,
@@ -17,7 +18,6 @@ use kube::{
     },
     Resource,
 };
-use anyhow::{Context as _, Result};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -37,7 +37,6 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::C
     };
     Ok(kube::Client::try_from(config)?)
 }
-
 
 /// Watches `api` into a store; every change pings `changed`.
 pub(crate) fn reflect<K>(api: Api<K>, changed: mpsc::UnboundedSender<()>) -> Store<K>
@@ -62,4 +61,3 @@ where
     });
     reader
 }
-

@@ -122,9 +122,9 @@ mod tests {
         let again = conditions(&ok, &[], Some(4), &first, t1.clone());
         assert_eq!(again[0].last_transition_time, t0, "unchanged status keeps its time");
         assert_eq!(again[0].observed_generation, Some(4));
-        let bad = PoolCheck { problem: Some(("Overlap".into(), "spec.addresses: ...".into())), ..ok };
+        let bad = PoolCheck { problem: Some(("Overlap".into(), "spec.addresses: ...".into())), ..ok.clone() };
         let flipped = conditions(&bad, &[], Some(5), &again, t1.clone());
-        assert_eq!((flipped[0].status.as_str(), flipped[0].last_transition_time.clone()), ("False", t1));
+        assert_eq!((flipped[0].status.as_str(), flipped[0].last_transition_time.clone()), ("False", t1.clone()));
         assert_eq!(flipped[1].message, "spec.addresses: ...");
         assert_eq!((first[2].type_.as_str(), first[2].status.as_str()), ("Programmed", "True"));
         let full: Vec<String> = (0..5).map(|i| format!("198.18.1.{i} 80/tcp: lb4_ring is full")).collect();

@@ -68,7 +68,8 @@ pub async fn watch_world(client: kube::Client, base: World) -> tokio::sync::watc
     let _ = pools.wait_until_ready().await;
     let _ = services.wait_until_ready().await;
     let _ = slices.wait_until_ready().await;
-    let build = move || world_from(&super::owned(nodes.state()), &super::owned(pools.state()), &super::owned(services.state()), &super::owned(slices.state()), &base);
+    let build =
+        move || world_from(&super::owned(nodes.state()), &super::owned(pools.state()), &super::owned(services.state()), &super::owned(slices.state()), &base);
     let (out, rx) = tokio::sync::watch::channel(build());
     tokio::spawn(async move {
         while changed.recv().await.is_some() {
@@ -119,7 +120,13 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
         let spec = svc.spec.clone().unwrap_or_default();
         let mut vips: Vec<Ipv4Addr> = Vec::new();
         if allocate::is_ours(svc) {
-            vips.extend(svc.status.iter().flat_map(|s| s.load_balancer.iter()).flat_map(|lb| lb.ingress.iter().flatten()).filter_map(|i| i.ip.as_deref()?.parse::<Ipv4Addr>().ok()));
+            vips.extend(
+                svc.status
+                    .iter()
+                    .flat_map(|s| s.load_balancer.iter())
+                    .flat_map(|lb| lb.ingress.iter().flatten())
+                    .filter_map(|i| i.ip.as_deref()?.parse::<Ipv4Addr>().ok()),
+            );
         }
         vips.extend(spec.external_ips.iter().flatten().filter_map(|a| a.parse::<Ipv4Addr>().ok()));
         let local = spec.external_traffic_policy.as_deref() == Some("Local");
@@ -180,7 +187,9 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
 mod tests {
     use k8s_openapi::{
         api::{
-            core::v1::{LoadBalancerIngress, LoadBalancerStatus, NodeAddress, NodeCondition, NodeSpec, NodeStatus, ServicePort, ServiceSpec, ServiceStatus, Taint},
+            core::v1::{
+                LoadBalancerIngress, LoadBalancerStatus, NodeAddress, NodeCondition, NodeSpec, NodeStatus, ServicePort, ServiceSpec, ServiceStatus, Taint,
+            },
             discovery::v1::{Endpoint, EndpointConditions},
         },
         apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -190,8 +199,15 @@ mod tests {
 
     fn knode(name: &str, ip: &str, ready: bool, labels: &[(&str, &str)], taint: Option<&str>) -> KNode {
         KNode {
-            metadata: ObjectMeta { name: Some(name.into()), labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()), ..Default::default() },
-            spec: Some(NodeSpec { taints: taint.map(|k| vec![Taint { key: k.into(), effect: "NoSchedule".into(), ..Default::default() }]), ..Default::default() }),
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: taint.map(|k| vec![Taint { key: k.into(), effect: "NoSchedule".into(), ..Default::default() }]),
+                ..Default::default()
+            }),
             status: Some(NodeStatus {
                 addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }]),
                 conditions: Some(vec![NodeCondition { type_: "Ready".into(), status: if ready { "True" } else { "False" }.into(), ..Default::default() }]),
@@ -223,11 +239,21 @@ mod tests {
 
     fn slice(svc: &str, eps: &[(&str, bool)]) -> EndpointSlice {
         EndpointSlice {
-            metadata: ObjectMeta { name: Some(format!("{svc}-x")), namespace: Some("shop".into()), labels: Some([(SERVICE_NAME_LABEL.to_owned(), svc.to_owned())].into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(format!("{svc}-x")),
+                namespace: Some("shop".into()),
+                labels: Some([(SERVICE_NAME_LABEL.to_owned(), svc.to_owned())].into()),
+                ..Default::default()
+            },
             address_type: "IPv4".into(),
             endpoints: eps
                 .iter()
-                .map(|(n, r)| Endpoint { addresses: vec!["10.0.0.1".into()], node_name: Some(n.to_string()), conditions: Some(EndpointConditions { ready: Some(*r), ..Default::default() }), ..Default::default() })
+                .map(|(n, r)| Endpoint {
+                    addresses: vec!["10.0.0.1".into()],
+                    node_name: Some(n.to_string()),
+                    conditions: Some(EndpointConditions { ready: Some(*r), ..Default::default() }),
+                    ..Default::default()
+                })
                 .collect(),
             ports: None,
         }
