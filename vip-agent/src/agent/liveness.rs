@@ -300,10 +300,9 @@ impl Liveness {
         let last = self.deadline;
         let lapsed = last != 0 && now > last;
         let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
-        for (vip, a) in &self.held {
-            if let Err(e) = self.s.held.hold(self.s.ifindex, *vip, deadline, *a) {
-                error!(%vip, "refreshing held VIP: {e:#}");
-            }
+        let all: Vec<(Ipv4Addr, Announce)> = self.held.iter().map(|(v, a)| (*v, *a)).collect();
+        if let Err(e) = self.s.held.hold_all(self.s.ifindex, &all, deadline) {
+            error!("refreshing held VIPs: {e:#}");
         }
         self.deadline = deadline;
         if lapsed && !self.held.is_empty() {

@@ -4,10 +4,10 @@
 use std::{net::Ipv4Addr, path::Path};
 
 use anyhow::{bail, Context as _, Result};
-use aya::maps::{HashMap, MapData, PerCpuArray};
+use aya::maps::{HashMap, IterableMap as _, MapData, PerCpuArray};
 use vip_common::{map_names as names, Counter, HeldKey, HeldVip, IfaceConfig, Reason, HELD_NO_ARP, IFACE_NATIVE};
 
-use super::{coarse_slack_ns, flow_cache, ignore_missing, open_pinned, sum};
+use super::{batch, coarse_slack_ns, flow_cache, ignore_missing, open_pinned, sum};
 
 /// How a held VIP is announced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,17 +107,22 @@ impl HeldVips {
     /// are only for pinned flows, which are forwarded whatever the deadline, and the
     /// MAC only changes through `write_iface`.
     pub fn hold(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64, announce: Announce) -> Result<()> {
+        self.hold_all(ifindex, &[(vip, announce)], deadline_ns)
+    }
+
+    /// [`Self::hold`] for many VIPs in one system call (the refresh of every held VIP).
+    pub fn hold_all(&mut self, ifindex: u32, vips: &[(Ipv4Addr, Announce)], deadline_ns: u64) -> Result<()> {
         let mac = match self.ifaces.get(&ifindex, 0) {
             Ok(cfg) => cfg.mac,
             Err(aya::maps::MapError::KeyNotFound) => {
-                bail!("cannot hold {vip} on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)")
+                bail!("cannot hold VIPs on interface {ifindex}: no MAC recorded for it (attach to the interface, or call set_iface, first)")
             }
             Err(e) => return Err(e).context("reading lb_ifaces"),
         };
-        let key = HeldKey { ifindex, vip: vip.octets() };
         let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
-        self.held.insert(key, HeldVip { deadline_ns, mac, flags: announce.flags(), _pad: 0 }, 0)?;
-        Ok(())
+        let entries: Vec<(HeldKey, HeldVip)> =
+            vips.iter().map(|(vip, a)| (HeldKey { ifindex, vip: vip.octets() }, HeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 })).collect();
+        batch::update(self.held.map(), &entries).context("writing arp_held")
     }
 
     /// Stops holding `vip`: no more ARP answers and no new flows, but the entry
@@ -145,13 +150,12 @@ impl HeldVips {
         self.epoch.bump() // its cached flows must stop being forwarded
     }
 
-    /// Every held-VIP entry, sorted.
+    /// Every held-VIP entry, sorted (one batched read).
     pub fn entries(&self) -> Result<Vec<HeldEntry>> {
-        let mut v = Vec::new();
-        for kv in self.held.iter() {
-            let (k, h) = kv?;
-            v.push(HeldEntry { ifindex: k.ifindex, vip: Ipv4Addr::from(k.vip), deadline_ns: h.deadline_ns, announce: Announce::from_flags(h.flags) });
-        }
+        let mut v: Vec<HeldEntry> = batch::lookup_all::<HeldKey, HeldVip>(self.held.map())?
+            .into_iter()
+            .map(|(k, h)| HeldEntry { ifindex: k.ifindex, vip: Ipv4Addr::from(k.vip), deadline_ns: h.deadline_ns, announce: Announce::from_flags(h.flags) })
+            .collect();
         v.sort_by_key(|e| (e.ifindex, e.vip));
         Ok(v)
     }
