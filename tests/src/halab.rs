@@ -246,6 +246,18 @@ pub struct HaLab {
     remove_dir: bool,
 }
 
+/// The lab's heartbeat key file, in its directory.
+pub const HEARTBEAT_KEY: &str = "heartbeat.key";
+
+/// 32 random bytes as hex: a heartbeat key.
+pub fn random_key() -> String {
+    let mut b = [0u8; 32];
+    // SAFETY: writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    assert_eq!(n, 32, "getrandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// Namespace names: unique per process for tests, fixed for the persistent lab.
 pub enum Naming {
     Unique,
@@ -260,6 +272,16 @@ impl HaLab {
     /// Builds the lab and starts every node's server and agent. `server_exe` is a
     /// program that runs `serve_name` when called as `server_exe serve NAME PORT`.
     pub fn start(spec: HaSpec, naming: Naming, server_exe: &Path) -> Result<Self> {
+        let mut lab = Self::build(spec, naming, server_exe)?;
+        for i in 0..lab.nodes.len() {
+            lab.start_agent(i)?;
+        }
+        Ok(lab)
+    }
+
+    /// Builds the lab and starts every node's server, but no agent: the caller
+    /// starts them ([`Self::start_agent`]) once what they need (an API server) is up.
+    pub fn build(spec: HaSpec, naming: Naming, server_exe: &Path) -> Result<Self> {
         type Layout = (Box<dyn Fn(&str) -> String>, PathBuf, PathBuf, bool);
         let (ns_name, dir, pins_root, remove_dir): Layout = match naming {
             Naming::Unique => {
@@ -276,6 +298,8 @@ impl HaLab {
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("vip.yaml");
         write_atomic(&config, &ha_config(&spec))?;
+        // The lab's heartbeat key: every agent signs and checks heartbeats with it.
+        write_atomic(&dir.join(HEARTBEAT_KEY), &format!("{}\n", random_key()))?;
         let seg = Segment::in_ns(NetNs::create(ns_name("br"))?)?;
         let client = seg.plug(NetNs::create(ns_name("cl"))?, &format!("{CLIENT}/24"))?;
         // VIPs are on-link for the client: it ARPs for them on the segment.
@@ -310,11 +334,7 @@ impl HaLab {
                 .context("starting the name server")?;
             nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), pins, status_file, log });
         }
-        let mut lab = Self { nodes, client, seg, spec, dir, config, pins_root, remove_dir };
-        for i in 0..lab.nodes.len() {
-            lab.start_agent(i)?;
-        }
-        Ok(lab)
+        Ok(Self { nodes, client, seg, spec, dir, config, pins_root, remove_dir })
     }
 
     /// Starts (or restarts) node `i`'s agent, appending to its log.
@@ -336,6 +356,8 @@ impl HaLab {
             "--metrics-addr",
             "127.0.0.1:9472",
         ];
+        let key = self.dir.join(HEARTBEAT_KEY);
+        args.extend(["--heartbeat-key-file", path_str(&key)?]);
         let capacity = self.spec.ring_capacity.map(|c| c.to_string());
         if let Some(c) = &capacity {
             args.extend(["--ring-capacity", c]);

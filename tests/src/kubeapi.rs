@@ -176,20 +176,23 @@ fn make_pki(dir: &Path, host: IpAddr) -> Result<Pki> {
 
 /// Runs `f` to completion on a runtime of its own, on a thread of its own (inside
 /// `netns` when given): usable from synchronous code and from inside other runtimes.
-fn on_own_runtime<T: Send + 'static, F: Future<Output = T> + 'static>(netns: Option<PathBuf>, f: impl FnOnce() -> F + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        if let Some(ns) = netns {
-            let file = File::open(&ns).unwrap_or_else(|e| panic!("{}: {e}", ns.display()));
-            // SAFETY: a valid namespace fd; only this thread changes namespace.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                panic!("setns {}: {}", ns.display(), std::io::Error::last_os_error());
-            }
-        }
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-        rt.block_on(f())
+fn on_own_runtime<T: Send, F: Future<Output = T>>(netns: Option<PathBuf>, f: impl FnOnce() -> F + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                if let Some(ns) = netns {
+                    let file = File::open(&ns).unwrap_or_else(|e| panic!("{}: {e}", ns.display()));
+                    // SAFETY: a valid namespace fd; only this thread changes namespace.
+                    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                        panic!("setns {}: {}", ns.display(), std::io::Error::last_os_error());
+                    }
+                }
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+                rt.block_on(f())
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
     })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// A response: status, the `Warning` headers, the body as JSON (`Null` if it is not).
@@ -474,6 +477,12 @@ impl RealApiServer {
     /// Runs `f` with an admin client on a runtime of its own (inside the server's
     /// network namespace): for synchronous callers.
     pub fn with_admin<T: Send + 'static, F: Future<Output = Result<T>> + 'static>(&self, f: impl FnOnce(Client) -> F + Send + 'static) -> Result<T> {
+        let cfg = self.kubeconfig_admin_text();
+        on_own_runtime(self.opts.netns.clone(), move || async move { f(client_from_kubeconfig(&cfg).await?).await })
+    }
+
+    /// Like [`Self::with_admin`], for futures that borrow (`self`, the caller's data).
+    pub fn block_on<T: Send, F: Future<Output = Result<T>>>(&self, f: impl FnOnce(Client) -> F + Send) -> Result<T> {
         let cfg = self.kubeconfig_admin_text();
         on_own_runtime(self.opts.netns.clone(), move || async move { f(client_from_kubeconfig(&cfg).await?).await })
     }

@@ -1,28 +1,141 @@
-//! The HA lab with Kubernetes as the source: the API stand-in runs in a namespace
-//! of the lab (198.18.0.2:6443) and every node runs `vip-agent run --kubernetes`
-//! with a kubeconfig pointing at it. Shared by the Kubernetes e2e test and bench.
-use std::{net::SocketAddr, path::Path, sync::mpsc};
+//! The HA lab with Kubernetes as the source: an API server runs in a namespace of
+//! the lab (198.18.0.2) and every node runs `vip-agent run --kubernetes` with a
+//! kubeconfig pointing at it. The server is the in-process stand-in
+//! ([`KubeLab::start`], port 6443, no authentication) or a real kube-apiserver with
+//! etcd ([`KubeLab::start_real`], TLS, the agents acting as the deploy/10-rbac.yaml
+//! ServiceAccount). Shared by the Kubernetes e2e test and bench.
+//!
+//! Each node also answers HTTP on [`HEALTH_CHECK_NODE_PORT`], as kube-proxy does
+//! on a Local-policy Service's `healthCheckNodePort`.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    process::{Child, Stdio},
+    sync::mpsc,
+};
 
-use anyhow::Result;
-use serde_json::json;
+use anyhow::{anyhow, Context as _, Result};
+use http::Method;
+use serde_json::{json, Value};
 
 use crate::{
     agent::{write_atomic, TempDir},
     apiserver::{ApiServer, ResourceSpec},
     halab::{node_addr, HaLab, HaSpec, Naming},
+    kubeapi::{apply, ensure_namespace, raw, resource_path, Options, RealApiServer},
     netns::NetNs,
 };
 
 pub const API_ADDR: &str = "198.18.0.2:6443";
+/// The API server's address in the lab (its namespace's eth0).
+pub const API_HOST: &str = "198.18.0.2";
+/// The `healthCheckNodePort` of the tests' Local-policy Services: a real API server
+/// takes only 30000-32767 (nodePort range); every node serves HTTP 200 on it.
+pub const HEALTH_CHECK_NODE_PORT: u16 = 32000;
+
+/// The API server of a lab.
+pub enum LabApi {
+    /// The stand-in; the sender keeps its runtime (in its namespace) running.
+    StandIn(ApiServer, mpsc::Sender<()>),
+    Real(Box<RealApiServer>),
+}
+
+impl LabApi {
+    pub fn is_real(&self) -> bool {
+        matches!(self, LabApi::Real(_))
+    }
+
+    pub fn real(&self) -> Option<&RealApiServer> {
+        match self {
+            LabApi::Real(s) => Some(s),
+            LabApi::StandIn(..) => None,
+        }
+    }
+
+    pub fn get(&self, resource: &str, ns: Option<&str>, name: &str) -> Option<Value> {
+        match self {
+            LabApi::StandIn(api, _) => api.get(resource, ns, name),
+            LabApi::Real(s) => {
+                let path = format!("{}/{name}", resource_path(resource, ns));
+                // An unreachable server (an outage) reads as "not there".
+                s.block_on(|c| async move {
+                    let r = raw(&c, Method::GET, &path, "", None).await?;
+                    Ok(if r.status == 404 { None } else { Some(r.ok()?) })
+                })
+                .ok()
+                .flatten()
+            }
+        }
+    }
+
+    pub fn list(&self, resource: &str, ns: Option<&str>) -> Vec<Value> {
+        match self {
+            LabApi::StandIn(api, _) => api.list(resource, ns),
+            LabApi::Real(s) => {
+                let path = resource_path(resource, ns);
+                let l =
+                    s.block_on(|c| async move { raw(&c, Method::GET, &path, "", None).await?.ok() }).unwrap_or_else(|e| panic!("listing {resource}: {e:#}"));
+                l["items"].as_array().cloned().unwrap_or_default()
+            }
+        }
+    }
+
+    /// Stores `obj` as it is (the stand-in) or applies it (the real server, where
+    /// a `status` is ignored except for Nodes, see [`register_node`]).
+    pub fn insert(&self, resource: &str, obj: Value) -> Result<Value> {
+        match self {
+            LabApi::StandIn(api, _) => api.insert(resource, obj).map_err(|e| anyhow!("{e:?}")),
+            LabApi::Real(s) if resource == "nodes" => s.block_on(|c| async move { register_node(&c, &obj).await }),
+            LabApi::Real(s) => s.block_on(|c| async move {
+                apply(&c, &obj, false).await?;
+                let (ns, name) = (obj["metadata"]["namespace"].as_str(), obj["metadata"]["name"].as_str().unwrap_or_default());
+                raw(&c, Method::GET, &format!("{}/{name}", resource_path(resource, ns)), "", None).await?.ok()
+            }),
+        }
+    }
+}
+
+/// What a kubelet and the node controller do for a Node on a real server: creates
+/// it (admission adds the `node.kubernetes.io/not-ready:NoSchedule` taint), sets
+/// its addresses and conditions through the `status` subresource, and removes
+/// that taint. Returns the Node.
+pub async fn register_node(client: &kube::Client, node: &Value) -> Result<Value> {
+    let name = node["metadata"]["name"].as_str().context("a Node without a name")?;
+    let path = format!("/api/v1/nodes/{name}");
+    let mut meta = node.clone();
+    meta.as_object_mut().unwrap().remove("status");
+    apply(client, &meta, false).await?;
+    let merge = "application/merge-patch+json";
+    raw(client, Method::PATCH, &format!("{path}/status"), merge, Some(&json!({ "status": node["status"] }))).await?.ok().context("Node status")?;
+    let got = raw(client, Method::GET, &path, "", None).await?.ok()?;
+    let taints: Vec<Value> = got["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    let keep: Vec<Value> = taints.iter().filter(|t| t["key"] != "node.kubernetes.io/not-ready").cloned().collect();
+    if keep.len() != taints.len() {
+        let taints = if keep.is_empty() { Value::Null } else { Value::Array(keep) };
+        raw(client, Method::PATCH, &path, merge, Some(&json!({ "spec": { "taints": taints } }))).await?.ok().context("removing the not-ready taint")?;
+    }
+    raw(client, Method::GET, &path, "", None).await?.ok()
+}
 
 pub struct KubeLab {
-    // Drop order: the lab (agents) before the API and its namespace.
+    // Drop order: the health servers and the lab (agents) before the API and its namespace.
+    _health: Children,
     pub lab: HaLab,
-    pub api: ApiServer,
-    /// Keeps the stand-in's runtime (in its namespace) running.
-    _keep: mpsc::Sender<()>,
+    pub api: LabApi,
     pub api_ns: NetNs,
     _tmp: TempDir,
+}
+
+/// Processes killed on Drop.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Runs the stand-in inside `ns` (its runtime's threads live there) until the
@@ -58,25 +171,78 @@ fn kubeconfig(dir: &Path) -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// Starts `server_exe serve NAME HEALTH_CHECK_NODE_PORT` on every node (kube-proxy's
+/// health check server).
+fn health_servers(lab: &HaLab, server_exe: &Path) -> Result<Children> {
+    let mut c = Children(Vec::new());
+    for n in &lab.nodes {
+        let child =
+            n.ns.cmd(server_exe.to_str().context("server path")?)
+                .args(["serve", &n.name, &HEALTH_CHECK_NODE_PORT.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting a health check server")?;
+        c.0.push(child);
+    }
+    Ok(c)
+}
+
 impl KubeLab {
-    /// Starts the lab (agents in Kubernetes mode), the API in its namespace, and
-    /// registers the lab's nodes as Ready Nodes labelled `lab=yes`.
+    /// Starts the lab (agents in Kubernetes mode), the stand-in in its namespace,
+    /// and registers the lab's nodes as Ready Nodes labelled `lab=yes`.
     pub fn start(spec: HaSpec, server_exe: &Path) -> Result<Self> {
         let tmp = TempDir::new("vip-kube-lab-")?;
         let spec = HaSpec { kubeconfig: Some(kubeconfig(&tmp.0)?), ..spec };
         // The agents start and wait for the API (their watches retry) while it comes up.
         let lab = HaLab::start(spec, Naming::Unique, server_exe)?;
-        let api_ns = lab.seg.plug(NetNs::new("vapi")?, "198.18.0.2/24")?;
+        let health = health_servers(&lab, server_exe)?;
+        let api_ns = lab.seg.plug(NetNs::new("vapi")?, &format!("{API_HOST}/24"))?;
         let (api, keep) = api_in(&api_ns, API_ADDR.parse()?)?;
+        let api = LabApi::StandIn(api, keep);
         for (i, n) in lab.nodes.iter().enumerate() {
             api.insert("nodes", node_object(&n.name, &node_addr(i).to_string()))?;
         }
-        Ok(Self { lab, api, _keep: keep, api_ns, _tmp: tmp })
+        Ok(Self { _health: health, lab, api, api_ns, _tmp: tmp })
+    }
+
+    /// The same with a real kube-apiserver and etcd (`None`: no binaries, see
+    /// [`crate::kubeapi::assets`]) in the API namespace on 198.18.0.2: the VipPool
+    /// CRD, deploy/00-namespace.yaml and deploy/10-rbac.yaml applied, the namespace
+    /// `shop` made, the Nodes registered as a kubelet would; then the agents start
+    /// with a kubeconfig holding a token of the `vip-system/vip-agent` ServiceAccount.
+    pub fn start_real(spec: HaSpec, server_exe: &Path) -> Result<Option<Self>> {
+        if crate::kubeapi::assets().is_none() {
+            return Ok(None);
+        }
+        let tmp = TempDir::new("vip-kube-lab-")?;
+        let mut lab = HaLab::build(spec, Naming::Unique, server_exe)?;
+        let health = health_servers(&lab, server_exe)?;
+        let api_ns = lab.seg.plug(NetNs::new("vapi")?, &format!("{API_HOST}/24"))?;
+        let host: IpAddr = API_HOST.parse()?;
+        let server = RealApiServer::start_with(Options { host, netns: Some(api_ns.path()) }).context("no KUBEBUILDER_ASSETS")?;
+        let path = tmp.0.join("kubeconfig");
+        let nodes: Vec<Value> = lab.nodes.iter().enumerate().map(|(i, n)| node_object(&n.name, &node_addr(i).to_string())).collect();
+        let (srv, kc) = (&server, &path);
+        server.block_on(|c| async move {
+            srv.install_crd(&c).await?;
+            ensure_namespace(&c, "shop").await?;
+            srv.service_account_kubeconfig(&c, "vip-system", "vip-agent", kc).await?;
+            for n in &nodes {
+                register_node(&c, n).await?;
+            }
+            Ok(())
+        })?;
+        lab.spec.kubeconfig = Some(path);
+        for i in 0..lab.nodes.len() {
+            lab.start_agent(i)?;
+        }
+        Ok(Some(Self { _health: health, lab, api: LabApi::Real(Box::new(server)), api_ns, _tmp: tmp }))
     }
 }
 
 /// A Ready Node with its InternalIP, labelled `lab=yes`.
-pub fn node_object(name: &str, ip: &str) -> serde_json::Value {
+pub fn node_object(name: &str, ip: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": name, "labels": { "lab": "yes" } },
@@ -88,12 +254,12 @@ pub fn node_object(name: &str, ip: &str) -> serde_json::Value {
 }
 
 /// An EndpointSlice of Service `svc` in `ns` with one ready endpoint on each of `nodes`.
-pub fn endpoint_slice(ns: &str, svc: &str, nodes: &[&str]) -> serde_json::Value {
-    serde_json::json!({
+pub fn endpoint_slice(ns: &str, svc: &str, nodes: &[&str]) -> Value {
+    json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": { "name": format!("{svc}-1"), "namespace": ns, "labels": { "kubernetes.io/service-name": svc } },
         "addressType": "IPv4",
-        "endpoints": nodes.iter().map(|n| serde_json::json!({ "addresses": ["10.0.0.1"], "nodeName": n, "conditions": { "ready": true } })).collect::<Vec<_>>()
+        "endpoints": nodes.iter().map(|n| json!({ "addresses": ["10.0.0.1"], "nodeName": n, "conditions": { "ready": true } })).collect::<Vec<_>>()
     })
 }
 

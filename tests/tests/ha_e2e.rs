@@ -389,3 +389,98 @@ fn a_lower_hold_time_applies_to_deadlines_and_their_refresh_at_once() {
     }
     assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(2)).unwrap(), owners);
 }
+
+/// Heartbeats are signed with the cluster key and bound to the sender's address:
+/// spoofed datagrams from the segment (unsigned, another key, an altered tag, a
+/// name that is not the sender's, an unknown sender, a replayed older
+/// incarnation) change nothing and are each counted; forged heartbeats for a dead
+/// node do not keep it alive; the key is rotated under traffic without moving a VIP.
+#[test]
+fn forged_and_replayed_heartbeats_change_nothing_and_keys_rotate_without_a_move() {
+    use vip_agent::ha::{auth::Keys, heartbeat::Heartbeat};
+    let Some((_g, mut lab, owners)) = setup(HaSpec::default()) else { return };
+    let key_path = lab.dir.join(vip_tests::halab::HEARTBEAT_KEY);
+    let lab_keys = Keys::from_file(&key_path).unwrap();
+    let other_keys = Keys::new(&[vip_tests::halab::random_key().into_bytes()]).unwrap();
+    let node_addr = |i: usize| vip_tests::halab::node_addr(i);
+    let (target_mac, target) = (lab.nodes[0].mac, node_addr(0));
+    let client_mac = lab.client.mac("eth0").unwrap();
+    // Frames from the client with a spoofed source address, to node-1's heartbeat port.
+    let send = |from: std::net::Ipv4Addr, payload: Vec<u8>| {
+        let frame = vip_tests::frames::udp(target_mac, client_mac, (from, 7473), (target, 7473), &payload);
+        lab.client
+            .run(move || {
+                let ifindex = vip_agent::dataplane::iface_info("eth0").unwrap().0;
+                vip_agent::ha::garp::GarpSocket::new().unwrap().send_frame(ifindex, &frame).unwrap();
+            })
+            .unwrap();
+    };
+    let hb = |node: &str, incarnation: u64, seq: u64| Heartbeat { v: Heartbeat::VERSION, node: node.into(), incarnation, seq, sent_ms: 0 }.encode();
+    let far_future = u64::MAX / 2;
+    let changes = |lab: &HaLab| lab.agent_logs().matches("peer liveness changed").count();
+    let before = changes(&lab);
+    send(node_addr(2), hb("node-3", far_future, 1)); // unsigned: malformed
+    send(node_addr(2), other_keys.seal(&hb("node-3", far_future, 1))); // unknown key
+    let mut altered = lab_keys.seal(&hb("node-3", far_future, 1));
+    let last = altered.len() - 2;
+    altered[last] ^= 1;
+    send(node_addr(2), altered); // bad tag
+    send(node_addr(1), lab_keys.seal(&hb("node-3", far_future, 1))); // node-2's address, node-3's name
+    send(std::net::Ipv4Addr::new(198, 18, 0, 99), lab_keys.seal(&hb("node-9", far_future, 1))); // unknown sender
+    send(node_addr(2), lab_keys.seal(&hb("node-3", 1, u64::MAX))); // an old incarnation: a replay
+    let metrics = || {
+        lab.nodes[0]
+            .ns
+            .run(|| {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect("127.0.0.1:9472").unwrap();
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).unwrap();
+                out
+            })
+            .unwrap()
+    };
+    let counted = |m: &str, reason: &str| {
+        m.lines().find_map(|l| l.strip_prefix(&format!("vip_heartbeats_rejected_total{{reason=\"{reason}\"}} "))?.trim().parse::<u64>().ok()).unwrap_or(0)
+    };
+    let reasons = ["malformed", "unknown_key", "bad_tag", "wrong_name", "unknown_sender", "stale"];
+    let all_counted = vip_tests::agent::wait_for(Duration::from_secs(3), || {
+        let m = metrics();
+        reasons.iter().all(|r| counted(&m, r) >= 1).then_some(())
+    });
+    assert!(all_counted.is_some(), "rejections not all counted:\n{}", metrics());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(changes(&lab), before, "a forged datagram changed liveness\n{}", lab.agent_logs());
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(1)).unwrap(), owners);
+
+    // Rotation under traffic: both keys everywhere, then the new one signs, then
+    // the old one goes; each step waits for every agent's re-read (every 5 s).
+    let old = std::fs::read_to_string(&key_path).unwrap().trim().to_owned();
+    let new = vip_tests::halab::random_key();
+    for step in [format!("{old}\n{new}\n"), format!("{new}\n{old}\n"), format!("{new}\n")] {
+        vip_tests::agent::write_atomic(&key_path, &step).unwrap();
+        std::thread::sleep(Duration::from_secs(6));
+        assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(1)).unwrap(), owners, "owners moved during the rotation");
+    }
+    assert_eq!(changes(&lab), before, "a liveness change during the rotation\n{}", lab.agent_logs());
+    assert_eq!(counted(&metrics(), "unknown_key"), 1, "heartbeats refused during the rotation");
+
+    // node-3 dies; heartbeats forged for it (unsigned, and under the retired key)
+    // do not keep it alive.
+    if let Some(mut a) = lab.nodes[2].agent.take() {
+        let _ = a.child.kill();
+        let _ = a.child.wait();
+    }
+    let retired = Keys::new(&[old.into_bytes()]).unwrap();
+    let rest = [0, 1];
+    let t0 = Instant::now();
+    let mut seq = 1;
+    while lab.wait_converged(&rest, Duration::from_millis(50)).is_err() && t0.elapsed() < Duration::from_secs(5) {
+        seq += 1;
+        send(node_addr(2), hb("node-3", far_future, seq));
+        send(node_addr(2), retired.seal(&hb("node-3", far_future, seq)));
+    }
+    let moved = lab.wait_converged(&rest, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert!(moved.values().all(|o| o != "node-3"), "node-3 kept alive by forged heartbeats: {moved:?}");
+}

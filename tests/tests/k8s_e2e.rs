@@ -1,28 +1,134 @@
-//! End to end with Kubernetes as the source: the API stand-in runs in a namespace
-//! of the lab (198.18.0.2), three nodes run the real `vip-agent run --kubernetes`
-//! with a kubeconfig pointing at it. A VipPool and a LoadBalancer Service are
-//! created through the API: the elected agent allocates the Service an address,
-//! the pool reports Ready with its counts, the address answers ARP from exactly
-//! one node and connections to it spread over all three nodes; the pool's status
-//! names that node; then the Service turns `externalTrafficPolicy: Local` and its
-//! EndpointSlice changes move every agent's ring to the nodes with endpoints.
-use std::{collections::BTreeMap, path::Path, time::Duration};
+//! End to end with Kubernetes as the source: an API server runs in a namespace of
+//! the lab (198.18.0.2), three nodes run the real `vip-agent run --kubernetes`
+//! with a kubeconfig pointing at it. The same scenario runs against the in-process
+//! stand-in and against a real kube-apiserver with etcd (the agents then act as the
+//! deploy/10-rbac.yaml ServiceAccount; the test does what a kubelet and the node
+//! controller would: Node status, the not-ready taint, EndpointSlices).
+//!
+//! A VipPool and a LoadBalancer Service are created through the API: the elected
+//! agent allocates the Service an address, the pool reports Ready with its counts,
+//! the address answers ARP from exactly one node and connections to it spread over
+//! all three nodes; the pool's status names that node; then the Service turns
+//! `externalTrafficPolicy: Local` and its EndpointSlice changes move every agent's
+//! ring to the nodes with endpoints.
+//!
+//! On the real server an API outage follows: kube-apiserver SIGKILLed and kept down
+//! 30 s while the client opens a connection to the VIP every 150 ms (none may
+//! fail), then restarted on the same etcd: no address changes, and a new Service
+//! gets one.
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
 
 use serde_json::json;
 use vip_tests::{
     agent::{agent_bin, wait_for},
-    halab::{ask, vip, HaSpec},
-    kubelab::{endpoint_slice, ring_backends, KubeLab},
+    halab::{ask, spawn_probes, vip, HaSpec},
+    kubelab::{endpoint_slice, ring_backends, KubeLab, HEALTH_CHECK_NODE_PORT},
     netns::privileged,
 };
+
+/// One lab at a time (the two tests would share the machine's two cores).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn lab_exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_vip-lab"))
+}
 
 #[test]
 fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
     if !privileged() {
         return;
     }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let kl = KubeLab::start(HaSpec::default(), Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap();
+    let kl = KubeLab::start(HaSpec::default(), lab_exe()).unwrap();
+    scenario(&kl);
+}
+
+#[test]
+fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
+    let Some(kl) = KubeLab::start_real(HaSpec::default(), lab_exe()).unwrap() else {
+        return;
+    };
+    let server = kl.api.real().unwrap();
+    eprintln!("real API server: kube-apiserver {} at {} (ready {:.1} s after start)", server.version(), server.url(), server.startup().as_secs_f64());
+    scenario(&kl);
+    outage(&kl);
+}
+
+/// The addresses of the Services in `shop`, by name.
+fn addresses(kl: &KubeLab) -> BTreeMap<String, Option<String>> {
+    kl.api
+        .list("services", Some("shop"))
+        .iter()
+        .map(|s| (s["metadata"]["name"].as_str().unwrap_or_default().to_owned(), s["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)))
+        .collect()
+}
+
+fn lb_service(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "shop" },
+        "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Cluster", "ports": [{ "port": 80, "protocol": "TCP" }] }
+    })
+}
+
+/// SIGKILL kube-apiserver, 30 s down with new connections to the VIP every 150 ms,
+/// restart on the same etcd; then no address changed and a new Service gets one.
+fn outage(kl: &KubeLab) {
+    let (lab, api) = (&kl.lab, &kl.api);
+    let server = api.real().unwrap();
+    api.insert("services", lb_service("api")).unwrap();
+    let second = wait_for(Duration::from_secs(20), || {
+        api.get("services", Some("shop"), "api")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
+    });
+    assert_eq!(second.as_deref(), Some(vip(1).to_string().as_str()), "the second Service\n{}", lab.agent_logs());
+    let before = addresses(kl);
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert!(ask(&lab.client, vip(0), 47000, Duration::from_secs(2)).is_ok(), "the VIP answers before the outage");
+
+    let down = Duration::from_secs(30);
+    let probes = spawn_probes(&lab.client, vip(0), Duration::from_millis(150), down, Duration::from_secs(1)).unwrap();
+    let t0 = Instant::now();
+    server.kill();
+    std::thread::sleep(down.saturating_sub(t0.elapsed()));
+    let attempts = probes.join().expect("the probe thread");
+    let failed = attempts.iter().filter(|(_, ok)| ok.is_none()).count();
+    eprintln!("API outage: kube-apiserver down {:.1} s; {} connections to {} attempted, {failed} failed", t0.elapsed().as_secs_f64(), attempts.len(), vip(0));
+    let restart = server.restart().unwrap_or_else(|e| panic!("restarting kube-apiserver: {e:#}"));
+    eprintln!("API outage: kube-apiserver restarted on the same etcd, ready in {:.1} s", restart.as_secs_f64());
+    assert!(attempts.len() >= 150, "only {} attempts", attempts.len());
+    assert_eq!(failed, 0, "connections failed while the API server was down");
+
+    // Nothing re-allocated; a Service made after the restart gets the free address.
+    assert_eq!(addresses(kl), before, "addresses changed over the outage");
+    let t1 = Instant::now();
+    api.insert("services", lb_service("late")).unwrap();
+    let late = wait_for(Duration::from_secs(60), || {
+        api.get("services", Some("shop"), "late")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
+    });
+    let took = t1.elapsed();
+    let late = late.unwrap_or_else(|| panic!("the Service made after the restart got no address within 60 s\n{}", lab.agent_logs()));
+    eprintln!("API outage: a Service created after the restart was addressed ({late}) {:.1} s after its creation (resync bound: 30 s)", took.as_secs_f64());
+    assert_eq!(late, vip(2).to_string());
+    let after = addresses(kl);
+    for (name, ip) in &before {
+        assert_eq!(after.get(name), Some(ip), "{name} changed: {before:?} → {after:?}");
+    }
+    let answered = wait_for(Duration::from_secs(20), || ask(&lab.client, vip(2), 47001, Duration::from_secs(1)).ok());
+    assert!(answered.is_some(), "the new Service's address does not answer\n{}", lab.agent_logs());
+}
+
+/// The scenario, on either server.
+fn scenario(kl: &KubeLab) {
     let (lab, api) = (&kl.lab, &kl.api);
     api.insert(
         "vippools.vip.dev",
@@ -81,7 +187,7 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
         "services",
         json!({
             "apiVersion": "v1", "kind": "Service", "metadata": { "name": "web", "namespace": "shop" },
-            "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 80, "ports": [{ "port": 80, "protocol": "TCP" }] },
+            "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": HEALTH_CHECK_NODE_PORT, "ports": [{ "port": 80, "protocol": "TCP" }] },
             "status": { "loadBalancer": { "ingress": [{ "ip": ip }] } }
         }),
     )

@@ -62,6 +62,14 @@ enum Cmd {
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
+        /// The cluster's heartbeat key file: one key per line (at least 32 bytes
+        /// each), the first signs, all are accepted (rotation). Re-read every 5 s.
+        #[arg(long, env = "VIP_HEARTBEAT_KEY_FILE")]
+        heartbeat_key_file: Option<PathBuf>,
+        /// Run without a heartbeat key: heartbeats go unsigned and anyone on the
+        /// segment can forge them. Only for a segment you trust.
+        #[arg(long, env = "VIP_TRUSTED_SEGMENT", conflicts_with = "heartbeat_key_file")]
+        trusted_segment: bool,
     },
     /// Print the VipPool CustomResourceDefinition (YAML), as committed in deploy/crd.yaml.
     Crd,
@@ -120,7 +128,15 @@ fn main() -> Result<()> {
             reload_interval,
             arp_sender,
             log_json: _,
+            heartbeat_key_file,
+            trusted_segment,
         } => {
+            if heartbeat_key_file.is_none() && !trusted_segment {
+                anyhow::bail!(
+                    "heartbeats need a cluster key: --heartbeat-key-file FILE (in Kubernetes, the vip-heartbeat Secret that \
+                     deploy/20-daemonset.yaml mounts), or --trusted-segment to run without authentication on a segment you trust"
+                );
+            }
             let source = match config {
                 Some(path) => agent::Source::File(path),
                 None => agent::Source::Kubernetes { lease_namespace, kubeconfig },
@@ -144,6 +160,7 @@ fn main() -> Result<()> {
                 status_file: Some(status_file),
                 reload_interval,
                 arp_sender,
+                heartbeat_key_file,
             };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }

@@ -53,6 +53,8 @@ pub struct Setup {
     /// The VIPs of `announce: lo` pools we hold, for the loopback task.
     pub on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
     pub metrics: metrics::Liveness,
+    /// Heartbeat keys (None: a trusted segment, unsigned heartbeats).
+    pub keys: Option<ha::auth::SharedKeys>,
 }
 
 /// Starts the thread, which first sweeps `arp_held` (entries of VIPs this node
@@ -209,6 +211,7 @@ impl Liveness {
             dead_after: f.dead_after,
             gate: Some((self.s.metrics.last_turn_ns.clone(), self.world.announce.hold_time / 2)),
             metrics: Some(self.s.metrics.heartbeat.clone()),
+            keys: self.s.keys.clone(),
         };
         let same =
             |a: &heartbeat::Options, b: &heartbeat::Options| (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after);

@@ -178,6 +178,11 @@ impl Metrics {
             l.heartbeat.stalls.clone(),
         );
         registry.register("vip_heartbeat_gap_max_seconds", "Longest time between two heartbeats received from each peer", l.heartbeat.gap_max.clone());
+        registry.register(
+            "vip_heartbeats_rejected",
+            "Heartbeat datagrams that changed nothing, by reason (unknown_sender, malformed, unknown_key, bad_tag, wrong_name, stale)",
+            l.heartbeat.rejected.clone(),
+        );
         registry.register("vip_backend_healthy", "Health of each backend node under each health check (1 healthy, 0 down)", m.backend_healthy.clone());
         registry.register("vip_ring_updates", "Maglev ring changes per service", m.ring_updates.clone());
         registry.register(

@@ -70,6 +70,9 @@ pub struct Options {
     pub reload_interval: Duration,
     /// How gratuitous ARP and ARP requests leave the node.
     pub arp_sender: ArpSender,
+    /// The heartbeat key file (re-read every few seconds: rotation); None: the
+    /// segment is trusted and heartbeats go unsigned.
+    pub heartbeat_key_file: Option<PathBuf>,
 }
 
 /// The agent's view, published as JSON (status file, /status) for `inspect` and humans.
@@ -233,6 +236,13 @@ pub async fn run(opts: Options) -> Result<()> {
         let bound = metrics::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
         info!(%bound, "serving /metrics /healthz /readyz /status");
     }
+    let mut key_file = match &opts.heartbeat_key_file {
+        Some(path) => Some(ha::auth::KeyFile::open(path)?),
+        None => {
+            warn!("heartbeats are not authenticated (--trusted-segment): anyone on the segment can forge them");
+            None
+        }
+    };
     let world = Arc::new(world);
     let (world_tx, world_rx) = watch::channel(world.clone());
     let held = dp.held_handle()?;
@@ -263,7 +273,15 @@ pub async fn run(opts: Options) -> Result<()> {
     // Every node is presumed alive until the heartbeats say otherwise.
     agent.membership.live = agent.world.nodes.iter().map(|n| n.name.clone()).collect();
     agent.reconcile(None);
-    let setup = liveness::Setup { me: agent.opts.node_name.clone(), ifindex, mac, held, on_lo, metrics: agent.metrics.liveness.clone() };
+    let setup = liveness::Setup {
+        me: agent.opts.node_name.clone(),
+        ifindex,
+        mac,
+        held,
+        on_lo,
+        metrics: agent.metrics.liveness.clone(),
+        keys: key_file.as_ref().map(|k| k.keys.clone()),
+    };
     let mut members = liveness::spawn(setup, frame_tx, world_rx)?;
     agent.take_membership(members.borrow_and_update().clone());
     agent.metrics.ready.store(true, Ordering::Relaxed);
@@ -274,6 +292,8 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut resolve = tokio::time::interval(Duration::from_millis(250));
     resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reload = tokio::time::interval(agent.opts.reload_interval);
+    // The key file (a mounted Secret is updated in place) is re-read for rotations.
+    let mut rekey = tokio::time::interval(Duration::from_secs(5));
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
     let mut term = unix::signal(unix::SignalKind::terminate())?;
     let mut int = unix::signal(unix::SignalKind::interrupt())?;
@@ -301,6 +321,15 @@ pub async fn run(opts: Options) -> Result<()> {
             _ = hup.recv(), if matches!(feed, Feed::File) => agent.reload(true),
             _ = resolve.tick(), if !agent.unresolved.is_empty() => agent.reconcile(None),
             _ = retry.tick(), if !agent.failed.is_empty() => agent.reconcile(None),
+            _ = rekey.tick(), if key_file.is_some() => {
+                if let Some(k) = key_file.as_mut() {
+                    match k.reload() {
+                        Ok(true) => info!("heartbeat keys re-read from the key file"),
+                        Ok(false) => {}
+                        Err(e) => warn!("heartbeat key file: {e:#}; keeping the keys read before"),
+                    }
+                }
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }

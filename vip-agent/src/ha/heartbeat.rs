@@ -10,7 +10,7 @@
 //! not authenticated; the node network is assumed to be as trusted as the ARP the
 //! data path already answers on it.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     io,
     net::SocketAddr,
     sync::{
@@ -61,17 +61,12 @@ pub enum Event {
     },
 }
 
-/// Incarnations a peer has left behind, remembered so that a delayed datagram from
-/// before a restart cannot switch the peer back to its old incarnation.
-const RETIRED_KEPT: usize = 4;
-
 #[derive(Debug)]
 struct Peer {
     incarnation: u64,
     seq: u64,
     last_seen: Instant,
     alive: bool,
-    retired: Vec<u64>,
 }
 
 /// Pure liveness state for the other agents. Time is passed in, never read.
@@ -81,42 +76,49 @@ pub struct PeerTable {
     peers: BTreeMap<String, Peer>,
 }
 
+/// What one heartbeat did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Taken; a liveness change when there was one.
+    Fresh(Option<Event>),
+    /// An older incarnation, or a sequence number not above the last: a replay, a
+    /// duplicate or a datagram overtaken by newer ones. Changes nothing.
+    Stale,
+}
+
 impl PeerTable {
     pub fn new(dead_after: Duration) -> Self {
         Self { dead_after, peers: BTreeMap::new() }
     }
 
-    /// Records a heartbeat received at `now`. Stale or duplicate sequence numbers
-    /// (same incarnation, `seq` not above the last one) and retired incarnations
-    /// are ignored: they neither refresh liveness nor produce events.
-    pub fn observe(&mut self, node: &str, incarnation: u64, seq: u64, now: Instant) -> Option<Event> {
+    /// Records a heartbeat received at `now`. Incarnations only go forward (an
+    /// agent's incarnation is its start time): an older one, or the same one with
+    /// a sequence number not above the last, is [`Seen::Stale`] and neither
+    /// refreshes liveness nor produces events.
+    pub fn observe(&mut self, node: &str, incarnation: u64, seq: u64, now: Instant) -> Seen {
         let up = Some(Event::Up { node: node.to_owned(), incarnation });
         let Some(p) = self.peers.get_mut(node) else {
-            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true, retired: Vec::new() });
-            return up;
+            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true });
+            return Seen::Fresh(up);
         };
-        if incarnation == p.incarnation {
-            if seq <= p.seq {
-                return None;
-            }
-        } else if p.retired.contains(&incarnation) {
-            return None;
-        } else {
-            // Restarted: a new incarnation starts its own sequence.
-            if p.retired.len() == RETIRED_KEPT {
-                p.retired.remove(0);
-            }
-            p.retired.push(p.incarnation);
+        if incarnation < p.incarnation || (incarnation == p.incarnation && seq <= p.seq) {
+            return Seen::Stale;
+        }
+        if incarnation > p.incarnation {
+            // Restarted: a new incarnation starts its own sequence, reported as Up
+            // below; a peer presumed alive (incarnation 0) that is heard for the
+            // first time is no change.
+            let presumed = p.incarnation == 0 && p.alive;
             p.incarnation = incarnation;
-            p.alive = false; // so that the restart is reported as Up below
+            p.alive = presumed;
         }
         p.seq = seq;
         p.last_seen = now;
         if p.alive {
-            return None;
+            return Seen::Fresh(None);
         }
         p.alive = true;
-        up
+        Seen::Fresh(up)
     }
 
     /// Counts `node` alive as of `now` without having heard it: an agent that
@@ -124,7 +126,7 @@ impl PeerTable {
     /// not grab their VIPs before their first heartbeats can arrive. Incarnation 0
     /// is "unknown": the first real heartbeat replaces it.
     pub fn presume(&mut self, node: &str, now: Instant) {
-        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, retired: Vec::new() });
+        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true });
     }
 
     /// After this agent itself was not running (stopped, starved), silence from
@@ -154,13 +156,14 @@ impl PeerTable {
     }
 }
 
-/// A random incarnation for this agent start (a "boot id").
+/// This agent start's incarnation: the wall clock in nanoseconds, so that a
+/// restarted agent's incarnation is above its last one and a replayed datagram of
+/// an earlier run is recognised as old. (A node whose clock went back across a
+/// restart is taken for a replay by its peers until its clock passes its last
+/// start; its log and `vip_heartbeats_rejected_total{reason="stale"}` on the
+/// peers say so.)
 pub fn new_incarnation() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    assert_eq!(n, 8, "getrandom: {}", io::Error::last_os_error());
-    u64::from_ne_bytes(b)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
 }
 
 fn unix_ms() -> u64 {
@@ -183,6 +186,44 @@ pub struct Options {
     pub gate: Option<(Arc<AtomicU64>, Duration)>,
     /// Where the task reports on itself (None in unit tests).
     pub metrics: Option<Metrics>,
+    /// The cluster keys heartbeats are signed and checked with; None: the segment
+    /// is trusted (`--trusted-segment`): plain datagrams, filtered by address only.
+    pub keys: Option<super::auth::SharedKeys>,
+}
+
+/// Why a received datagram changed nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rejected {
+    /// From an address that is no configured peer's.
+    UnknownSender,
+    /// Not a heartbeat (or unsigned where keys are set).
+    Malformed,
+    /// Signed with a key we do not have.
+    UnknownKey,
+    /// A bad tag: forged or altered.
+    BadTag,
+    /// A name that is not the one the model gives the sender's address.
+    WrongName,
+    /// An older incarnation or a sequence number already seen: a replay.
+    Stale,
+}
+
+impl Rejected {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rejected::UnknownSender => "unknown_sender",
+            Rejected::Malformed => "malformed",
+            Rejected::UnknownKey => "unknown_key",
+            Rejected::BadTag => "bad_tag",
+            Rejected::WrongName => "wrong_name",
+            Rejected::Stale => "stale",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct RejectLabels {
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -199,6 +240,8 @@ pub struct Metrics {
     /// The longest time between two heartbeats received from each peer (same
     /// incarnation), in seconds: how close the peer came to being declared dead.
     pub gap_max: prometheus_client::metrics::family::Family<PeerLabels, prometheus_client::metrics::gauge::Gauge<f64, AtomicU64>>,
+    /// Datagrams that changed nothing, by reason.
+    pub rejected: prometheus_client::metrics::family::Family<RejectLabels, prometheus_client::metrics::counter::Counter>,
 }
 
 /// Binds `bind` and spawns the heartbeat task on the current tokio runtime. The
@@ -232,6 +275,26 @@ fn gate_open(gate: &Option<(Arc<AtomicU64>, Duration)>) -> bool {
     }
 }
 
+/// The heartbeat in a datagram from `from`, if it is one we take: from a known
+/// peer's address, signed with one of our keys (when we have keys), carrying
+/// the name the model gives that address.
+fn accept(datagram: &[u8], from: SocketAddr, known: &HashMap<SocketAddr, String>, keys: Option<&super::auth::Keys>) -> Result<Heartbeat, Rejected> {
+    let name = known.get(&from).ok_or(Rejected::UnknownSender)?;
+    let payload = match keys {
+        Some(k) => k.open(datagram).map_err(|r| match r {
+            super::auth::Reject::Malformed => Rejected::Malformed,
+            super::auth::Reject::UnknownKey => Rejected::UnknownKey,
+            super::auth::Reject::BadTag => Rejected::BadTag,
+        })?,
+        None => datagram,
+    };
+    let hb = Heartbeat::decode(payload).ok_or(Rejected::Malformed)?;
+    if hb.node != *name {
+        return Err(Rejected::WrongName);
+    }
+    Ok(hb)
+}
+
 async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<BTreeSet<String>>) {
     let Options { ref peers, ref me, interval, ref gate, ref metrics, .. } = o;
     let (peers, me, gate, metrics) = (peers.clone(), me.clone(), gate.clone(), metrics.clone());
@@ -243,7 +306,20 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
     // Last heartbeat received per peer (name, incarnation), for the gap metric.
     let mut last_heard: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
     let incarnation = new_incarnation();
-    let known: HashSet<SocketAddr> = peers.iter().map(|(_, a)| *a).collect();
+    // A sender is the peer the model puts at its address, and no one else.
+    let known: HashMap<SocketAddr, String> = peers.iter().map(|(n, a)| (*a, n.clone())).collect();
+    let keys = o.keys.clone();
+    // Rejections are counted always and logged at most once per reason every 10 s.
+    let mut last_logged: BTreeMap<Rejected, Instant> = BTreeMap::new();
+    let mut reject = |why: Rejected, from: SocketAddr, now: Instant| {
+        if let Some(m) = &metrics {
+            m.rejected.get_or_create(&RejectLabels { reason: why.name().into() }).inc();
+        }
+        if last_logged.get(&why).is_none_or(|t| now.duration_since(*t) >= Duration::from_secs(10)) {
+            last_logged.insert(why, now);
+            tracing::warn!(%from, reason = why.name(), "heartbeat datagram rejected (further ones of this kind are counted in vip_heartbeats_rejected_total, logged every 10 s)");
+        }
+    };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0u64;
@@ -266,6 +342,10 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 if gate_open(&gate) {
                     seq += 1;
                     let hb = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms() }.encode();
+                    let hb = match &keys {
+                        Some(k) => k.read().unwrap_or_else(|e| e.into_inner()).seal(&hb),
+                        None => hb,
+                    };
                     for (_, p) in &peers {
                         // A peer that is down may refuse (ICMP unreachable): that is what
                         // the protocol detects, not an error of ours.
@@ -287,29 +367,26 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 last_turn = now;
                 let mut ev = Vec::new();
                 match r {
-                    Ok((n, from)) if known.contains(&from) => match Heartbeat::decode(&buf[..n]) {
-                        Some(hb) if hb.node == me => {
-                            if hb.incarnation != incarnation {
-                                tracing::warn!(%from, node = %hb.node, "another agent uses our node name; ignored");
-                            }
-                        }
-                        Some(hb) => {
-                            if let Some(m) = &metrics {
-                                if let Some((inc, at)) = last_heard.insert(hb.node.clone(), (hb.incarnation, now)) {
-                                    if inc == hb.incarnation {
-                                        let g = m.gap_max.get_or_create(&PeerLabels { peer: hb.node.clone() });
-                                        let gap = now.duration_since(at).as_secs_f64();
-                                        if gap > g.get() {
-                                            g.set(gap);
+                    Ok((n, from)) => match accept(&buf[..n], from, &known, keys.as_ref().map(|k| k.read().unwrap_or_else(|e| e.into_inner()).clone()).as_deref()) {
+                        Err(why) => reject(why, from, now),
+                        Ok(hb) => match table.observe(&hb.node, hb.incarnation, hb.seq, now) {
+                            Seen::Stale => reject(Rejected::Stale, from, now),
+                            Seen::Fresh(e) => {
+                                if let Some(m) = &metrics {
+                                    if let Some((inc, at)) = last_heard.insert(hb.node.clone(), (hb.incarnation, now)) {
+                                        if inc == hb.incarnation {
+                                            let g = m.gap_max.get_or_create(&PeerLabels { peer: hb.node.clone() });
+                                            let gap = now.duration_since(at).as_secs_f64();
+                                            if gap > g.get() {
+                                                g.set(gap);
+                                            }
                                         }
                                     }
                                 }
+                                ev.extend(e);
                             }
-                            ev.extend(table.observe(&hb.node, hb.incarnation, hb.seq, now))
-                        }
-                        None => tracing::debug!(%from, "not a heartbeat; ignored"),
+                        },
                     },
-                    Ok((_, from)) => tracing::debug!(%from, "datagram from an unknown address; ignored"),
                     // Linux reports an earlier send's ICMP error on the next receive.
                     Err(e) => tracing::debug!(error = %e, "heartbeat receive error"),
                 }
@@ -340,16 +417,18 @@ mod tests {
 
     const DEAD: Duration = Duration::from_secs(3);
 
-    fn up(n: &str, inc: u64) -> Option<Event> {
-        Some(Event::Up { node: n.into(), incarnation: inc })
+    fn up(n: &str, inc: u64) -> Seen {
+        Seen::Fresh(Some(Event::Up { node: n.into(), incarnation: inc }))
     }
+
+    const QUIET: Seen = Seen::Fresh(None);
 
     #[test]
     fn up_then_down_after_dead_after_without_heartbeat() {
         let t0 = Instant::now();
         let mut t = PeerTable::new(DEAD);
         assert_eq!(t.observe("a", 7, 1, t0), up("a", 7));
-        assert_eq!(t.observe("a", 7, 2, t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.observe("a", 7, 2, t0 + Duration::from_secs(1)), QUIET);
         // 3 s after the last heartbeat (t0+1), not after the first.
         assert!(t.expire(t0 + Duration::from_millis(3999)).is_empty());
         assert_eq!(t.live(), BTreeSet::from(["a".to_string()]));
@@ -366,12 +445,12 @@ mod tests {
         let t0 = Instant::now();
         let mut t = PeerTable::new(DEAD);
         t.observe("a", 7, 5, t0);
-        assert_eq!(t.observe("a", 7, 5, t0 + Duration::from_secs(2)), None);
-        assert_eq!(t.observe("a", 7, 4, t0 + Duration::from_secs(2)), None);
+        assert_eq!(t.observe("a", 7, 5, t0 + Duration::from_secs(2)), Seen::Stale);
+        assert_eq!(t.observe("a", 7, 4, t0 + Duration::from_secs(2)), Seen::Stale);
         // Had either refreshed last_seen, "a" would still be alive at t0+3.
         assert_eq!(t.expire(t0 + DEAD).len(), 1);
         // A replayed old seq does not resurrect it either.
-        assert_eq!(t.observe("a", 7, 5, t0 + Duration::from_secs(4)), None);
+        assert_eq!(t.observe("a", 7, 5, t0 + Duration::from_secs(4)), Seen::Stale);
         assert!(t.live().is_empty());
     }
 
@@ -383,10 +462,33 @@ mod tests {
         // New incarnation restarts its seq at 1: accepted and reported as Up.
         assert_eq!(t.observe("a", 2, 1, t0 + Duration::from_secs(1)), up("a", 2));
         assert!(t.expire(t0 + Duration::from_secs(2)).is_empty());
-        // A late datagram from the old incarnation is ignored (no flip back).
-        assert_eq!(t.observe("a", 1, 101, t0 + Duration::from_secs(2)), None);
-        assert_eq!(t.observe("a", 2, 2, t0 + Duration::from_secs(2)), None);
+        // A late (or replayed) datagram from the old incarnation is ignored (no flip back).
+        assert_eq!(t.observe("a", 1, 101, t0 + Duration::from_secs(2)), Seen::Stale);
+        assert_eq!(t.observe("a", 2, 2, t0 + Duration::from_secs(2)), QUIET);
         assert!(t.expire(t0 + Duration::from_millis(4999)).is_empty(), "seq 2 at t0+2 refreshed it");
+    }
+
+    /// The wire path a receiver applies: unknown senders, unsigned or badly
+    /// signed datagrams and names other than the sender's are refused with their
+    /// reason, before the table sees them.
+    #[test]
+    fn accept_checks_sender_key_and_name() {
+        use crate::ha::auth::Keys;
+        let keys = Keys::new(&[vec![b'k'; 32]]).unwrap();
+        let a: SocketAddr = "198.18.0.11:7473".parse().unwrap();
+        let b: SocketAddr = "198.18.0.12:7473".parse().unwrap();
+        let known: HashMap<SocketAddr, String> = [(a, "n1".to_owned()), (b, "n2".to_owned())].into();
+        let hb = |node: &str| Heartbeat { v: 1, node: node.into(), incarnation: 5, seq: 1, sent_ms: 0 }.encode();
+        assert_eq!(accept(&keys.seal(&hb("n1")), a, &known, Some(&keys)).map(|h| h.node), Ok("n1".to_owned()));
+        assert_eq!(accept(&keys.seal(&hb("n1")), "198.18.0.99:7473".parse().unwrap(), &known, Some(&keys)).err(), Some(Rejected::UnknownSender));
+        assert_eq!(accept(&hb("n1"), a, &known, Some(&keys)).err(), Some(Rejected::Malformed));
+        assert_eq!(accept(&keys.seal(&hb("n2")), a, &known, Some(&keys)).err(), Some(Rejected::WrongName));
+        assert_eq!(accept(&keys.seal(&hb("n9")), a, &known, Some(&keys)).err(), Some(Rejected::WrongName));
+        let other = Keys::new(&[vec![b'o'; 32]]).unwrap();
+        assert_eq!(accept(&other.seal(&hb("n1")), a, &known, Some(&keys)).err(), Some(Rejected::UnknownKey));
+        // A trusted segment: plain datagrams, the name still bound to the address.
+        assert!(accept(&hb("n1"), a, &known, None).is_ok());
+        assert_eq!(accept(&hb("n2"), a, &known, None).err(), Some(Rejected::WrongName));
     }
 
     #[test]
@@ -419,7 +521,7 @@ mod tests {
 
     fn opts(addrs: &[SocketAddr], i: usize) -> Options {
         let peers = addrs.iter().enumerate().filter(|(j, _)| *j != i).map(|(j, a)| (format!("n{j}"), *a)).collect();
-        Options { bind: addrs[i], peers, me: format!("n{i}"), interval: INTERVAL, dead_after: DEAD_AFTER, gate: None, metrics: None }
+        Options { bind: addrs[i], peers, me: format!("n{i}"), interval: INTERVAL, dead_after: DEAD_AFTER, gate: None, metrics: None, keys: None }
     }
 
     async fn start(addrs: &[SocketAddr], i: usize) -> watch::Receiver<BTreeSet<String>> {
@@ -443,7 +545,8 @@ mod tests {
         t.presume("a", t0);
         t.presume("b", t0);
         assert_eq!(t.live(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
-        assert_eq!(t.observe("a", 7, 1, t0 + ms(50)), Some(Event::Up { node: "a".into(), incarnation: 7 }));
+        // Heard for the first time: no change (it was presumed alive).
+        assert_eq!(t.observe("a", 7, 1, t0 + ms(50)), QUIET);
         assert_eq!(t.expire(t0 + ms(100)), vec![Event::Down { node: "b".into() }]);
         assert_eq!(t.live(), BTreeSet::from(["a".to_owned()]));
     }
@@ -464,7 +567,7 @@ mod tests {
         let mut t = table();
         t.forgive(t0 + ms(500));
         assert!(t.expire(t0 + ms(550)).is_empty());
-        assert_eq!(t.observe("a", 1, 2, t0 + ms(560)), None, "still alive: no event");
+        assert_eq!(t.observe("a", 1, 2, t0 + ms(560)), QUIET, "still alive: no event");
         assert_eq!(t.expire(t0 + ms(600)), vec![Event::Down { node: "b".into() }]);
     }
 

@@ -2,6 +2,7 @@
 //! `ownership` (which live node holds each VIP), `heartbeat` (which agents are
 //! alive, over UDP, without the API server), `garp` (gratuitous ARP on takeover)
 //! and `loopback` (the VIPs of `announce: lo` pools on the holder's `lo`).
+pub mod auth;
 pub mod garp;
 pub mod heartbeat;
 pub mod loopback;
