@@ -484,3 +484,35 @@ fn forged_and_replayed_heartbeats_change_nothing_and_keys_rotate_without_a_move(
     let moved = lab.wait_converged(&rest, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
     assert!(moved.values().all(|o| o != "node-3"), "node-3 kept alive by forged heartbeats: {moved:?}");
 }
+
+/// A node removed from the model while its agent runs stops holding VIPs (it
+/// does not keep the last model and answer beside the new owners); a node whose
+/// configured address is not on its host (its peers cannot hear it) holds none.
+#[test]
+fn a_node_out_of_the_model_or_off_its_address_holds_nothing() {
+    let Some((_g, mut lab, _)) = setup(HaSpec::default()) else { return };
+    // node-3 leaves the file every agent reads.
+    lab.spec.nodes = 2;
+    vip_tests::agent::write_atomic(&lab.config, &vip_tests::halab::ha_config(&lab.spec)).unwrap();
+    let owners = lab.wait_converged(&[0, 1], Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let empty = vip_tests::halab::time_until(Duration::from_secs(3), || lab.held_by(2).is_empty());
+    assert!(empty.is_some(), "node-3 still holds {:?}\n{}", lab.held_by(2), lab.agent_logs());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(lab.held_by(2).is_empty(), "node-3 took VIPs back: {:?}", lab.held_by(2));
+    one_answer_each(&lab, &owners, "with node-3 out of the model");
+    assert!(lab.status(2).unwrap()["config"]["error"].as_str().unwrap_or("").contains("not listed"), "node-3 does not say why");
+
+    // Back in the model, but its agent restarts on a host without its address.
+    lab.kill_agent(2);
+    lab.spec.nodes = 3;
+    vip_tests::agent::write_atomic(&lab.config, &vip_tests::halab::ha_config(&lab.spec)).unwrap();
+    let ns = &lab.nodes[2].ns;
+    ns.ip(&["addr", "del", "198.18.0.13/24", "dev", "eth0"]).unwrap();
+    ns.ip(&["addr", "add", "198.18.0.23/24", "dev", "eth0"]).unwrap();
+    lab.start_agent(2).unwrap();
+    let owners = lab.wait_converged(&[0, 1], Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert!(owners.values().all(|o| o != "node-3"));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(lab.held_by(2).is_empty(), "node-3 holds {:?} without its address\n{}", lab.held_by(2), lab.agent_logs());
+    one_answer_each(&lab, &owners, "with node-3 off its address");
+}

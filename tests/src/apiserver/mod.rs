@@ -165,6 +165,8 @@ pub(crate) struct Shared {
     store: Mutex<Store>,
     bookmark_interval: Duration,
     requests: [AtomicU64; 7],
+    /// Every User-Agent requests came with.
+    user_agents: Mutex<std::collections::BTreeSet<String>>,
 }
 
 pub struct ApiServerBuilder {
@@ -207,13 +209,25 @@ impl ApiServerBuilder {
             store: Mutex::new(Store::new(self.resources, self.history_limit)),
             bookmark_interval: self.bookmark_interval,
             requests: Default::default(),
+            user_agents: Default::default(),
         });
-        let app = axum::Router::new().fallback(handle).with_state(shared.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(ApiServer { addr, shared, task })
+        let (task, shutdown) = serve_on(listener, shared.clone());
+        Ok(ApiServer { addr, shared, task, shutdown: Some(shutdown) })
     }
+}
+
+/// Serves `shared` on `listener` until the sender fires (or is dropped).
+fn serve_on(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let app = axum::Router::new().fallback(handle).with_state(shared);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    (task, tx)
 }
 
 /// A running stand-in; stops (ending every watch) when dropped.
@@ -221,6 +235,8 @@ pub struct ApiServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
+    /// Stops `task` gracefully (None while stopped).
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Drop for ApiServer {
@@ -305,6 +321,51 @@ impl ApiServer {
     /// Watches open now.
     pub fn open_watches(&self) -> usize {
         self.store().tx.receiver_count()
+    }
+
+    /// An outage, as when the API server process goes away: the listener closes (new
+    /// connections are refused) and every connection, open watches included, ends.
+    /// The store stays; [`ApiServer::restart`] serves it again on the same address.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        // Graceful shutdown waits for the connections to close: end the watches (again,
+        // for one that started while the shutdown spread), then give up on stragglers.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while !self.task.is_finished() && tokio::time::Instant::now() < deadline {
+            self.close_watches();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.task.abort();
+    }
+
+    /// Serves again after [`ApiServer::stop`], on the same address, from the same store
+    /// (call [`ApiServer::compact`] first to have resumed watches get 410, as from
+    /// the fresh watch cache of a restarted server).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.shutdown.is_none(), "the server is running");
+        // The port may take a moment to be free again.
+        let mut tries = 0;
+        let listener = loop {
+            match tokio::net::TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(_) if tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let (task, shutdown) = serve_on(listener, self.shared.clone());
+        self.task = task;
+        self.shutdown = Some(shutdown);
+        Ok(())
+    }
+
+    /// The User-Agents requests came with so far.
+    pub fn user_agents(&self) -> std::collections::BTreeSet<String> {
+        self.shared.user_agents.lock().expect("user agents").clone()
     }
 
     /// Requests served of one kind (failed ones included).
@@ -395,6 +456,8 @@ fn resolve(resources: &[ResourceSpec], path: &str) -> Option<Target> {
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let agent = headers.get(header::USER_AGENT).map_or("(none)".into(), |v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    shared.user_agents.lock().expect("user agents").insert(agent);
     match serve(&shared, &method, &uri, &headers, &body) {
         Ok(r) => r,
         Err(e) => e.into_response(),

@@ -161,6 +161,8 @@ impl Liveness {
         // Each pool's refresh (at least 1 s) is checked against this finer tick.
         let mut garp_refresh = tokio::time::interval(Duration::from_millis(250));
         let mut watch_conflicts = tokio::time::interval(Duration::from_millis(100));
+        // Heartbeats that could not start (our address missing) are tried again.
+        let mut rebind = tokio::time::interval(Duration::from_secs(1));
         loop {
             self.s.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
             tokio::select! {
@@ -187,6 +189,12 @@ impl Liveness {
                     self.decide(true);
                 }
                 _ = refresh.tick() => self.refresh(),
+                _ = rebind.tick(), if self.heartbeat.is_none() && self.live.is_empty() => {
+                    self.sync_heartbeat().await;
+                    if !self.live.is_empty() {
+                        self.decide(true);
+                    }
+                }
                 _ = garp_refresh.tick() => self.refresh_garp(),
                 _ = watch_conflicts.tick() => self.watch_conflicts(),
             }
@@ -200,7 +208,16 @@ impl Liveness {
     async fn sync_heartbeat(&mut self) {
         let me = self.s.me.clone();
         let f = &self.world.failover;
-        let Some(my) = self.world.node(&me) else { return };
+        let Some(my) = self.world.node(&me) else {
+            // Not in the model (removed from the file, Node gone): not a member, so
+            // no heartbeats and no VIP; peers take ours.
+            if self.heartbeat.take().is_some() || !self.live.is_empty() {
+                warn!(node = %me, "this node is not in the model: it sends no heartbeats and holds no VIP");
+            }
+            self.tracked = BTreeSet::from([me]);
+            self.live = BTreeSet::new();
+            return;
+        };
         let peers: Vec<(String, SocketAddr)> =
             self.world.holders().into_iter().filter(|n| n.name != me).map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port)))).collect();
         let want = heartbeat::Options {
@@ -236,8 +253,11 @@ impl Liveness {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 49 => tokio::time::sleep(Duration::from_millis(20)).await,
                 Err(e) => {
-                    error!(bind = %want.bind, "cannot start heartbeats: {e}; peers will see this node as dead");
-                    self.live = self.tracked.clone();
+                    // Peers cannot hear us (the address is not ours, or the port is
+                    // taken): they count us dead and take our VIPs, so we hold none.
+                    // Retried every second.
+                    error!(bind = %want.bind, "cannot start heartbeats: {e}; peers see this node as dead, so it holds no VIP until they can hear it");
+                    self.live = BTreeSet::new();
                     return;
                 }
             }

@@ -205,6 +205,12 @@ impl Metrics {
         registry.register("vip_config_reloads", "Config file loads by result (ok, error)", m.config_reloads.clone());
         registry.register("vip_config_valid", "1 when the last config file read was valid, 0 when it was rejected", m.config_valid.clone());
         registry.register(
+            "vip_kube_api_reachable",
+            "1 while the Kubernetes API answers this agent's watches and lease requests, 0 while they fail",
+            crate::k8s::api_health().reachable.clone(),
+        );
+        registry.register("vip_kube_api_errors", "Failed Kubernetes API requests (watches, lease)", crate::k8s::api_health().errors.clone());
+        registry.register(
             "vip_services_unprogrammed",
             "Service-ports the model wants that could not be programmed (see /status for why); retried",
             m.services_unprogrammed.clone(),

@@ -378,10 +378,6 @@ impl Agent {
         }
         self.config_text = Some(text.clone());
         let world = match config::parse(&text) {
-            Ok(w) if w.node(&self.opts.node_name).is_none() => {
-                self.reject(format!("nodes: this node ({:?}) is not listed", self.opts.node_name));
-                return;
-            }
             Ok(w) => w,
             Err(e) => {
                 self.reject(e.to_string());
@@ -394,6 +390,12 @@ impl Agent {
         info!(path = %self.status.config.path.display(), "config changed; applying");
         self.status.config.generation += 1;
         self.status.config.error = None;
+        if world.node(&self.opts.node_name).is_none() {
+            // Applied all the same: a node removed from the model must stop holding
+            // VIPs, not keep the last model and answer beside their new owners.
+            warn!(node = %self.opts.node_name, "nodes: this node is not listed any more: it holds no VIP until it is");
+            self.status.config.error = Some(format!("nodes: this node ({:?}) is not listed: it holds no VIP", self.opts.node_name));
+        }
         self.metrics.config_valid.set(1);
         self.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
         self.adopt(Arc::new(world));

@@ -23,7 +23,7 @@ use kube::{
     Client,
 };
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::info;
 
 #[derive(Clone, Debug)]
 pub struct LeaderConfig {
@@ -64,12 +64,25 @@ pub fn spawn(client: Client, cfg: LeaderConfig) -> watch::Receiver<bool> {
         let mut seen = Observed::default();
         // Until this instant our hold is certain (last successful write + duration − a margin).
         let mut sure_until: Option<Instant> = None;
+        let what = format!("lease {}", cfg.name);
+        // After an outage the next round comes within `retry_period` (2 s) of the
+        // server being back: the holder renews then (and leads again if it had
+        // stopped); a candidate, whose requests failed too, starts its clock on the
+        // Lease afresh, so it does not take a Lease the holder is about to renew.
         loop {
             let attempt = Instant::now();
             match try_lead(&api, &cfg, &mut seen).await {
-                Ok(true) => sure_until = Some(attempt + cfg.lease_duration.saturating_sub(cfg.retry_period)),
-                Ok(false) => sure_until = None,
-                Err(e) => warn!(lease = %cfg.name, "lease: {e}"),
+                Ok(held) => {
+                    super::api_health().ok(&what);
+                    sure_until = held.then(|| attempt + cfg.lease_duration.saturating_sub(cfg.retry_period));
+                }
+                Err(e) => {
+                    // Logged (rate-limited) and counted with the watches' errors.
+                    super::api_health().failed(&what, &e);
+                    // What we saw before the failure is forgotten: the holder's renewals
+                    // we could not see must not count as its silence.
+                    seen.record = None;
+                }
             }
             let leading = sure_until.is_some_and(|t| Instant::now() < t);
             if tx.send_if_modified(|cur| std::mem::replace(cur, leading) != leading) {

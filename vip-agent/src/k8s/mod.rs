@@ -8,23 +8,33 @@ pub mod leader;
 pub mod pools;
 pub mod source;
 
+use std::{
+    fmt::Display,
+    sync::{Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
 use anyhow::{Context as _, Result};
 use futures::StreamExt;
 use kube::{
     api::Api,
     runtime::{
         reflector::{self, Store},
-        watcher, WatchStreamExt,
+        watcher,
     },
     Resource,
 };
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use tokio::sync::mpsc;
-use tracing::warn;
+use tracing::{debug, info, warn};
 
 /// A reflector store's objects, owned (the pure functions take slices).
 pub(crate) fn owned<K: Clone>(v: Vec<std::sync::Arc<K>>) -> Vec<K> {
     v.into_iter().map(|x| (*x).clone()).collect()
 }
+
+/// What requests to the API server say they are (`vip-agent/0.1.0`).
+pub const USER_AGENT: &str = concat!("vip-agent/", env!("CARGO_PKG_VERSION"));
 
 /// A client from `kubeconfig`, else in-cluster config or $KUBECONFIG.
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
@@ -35,29 +45,232 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::C
         }
         None => kube::Config::infer().await.context("no Kubernetes config: not in a cluster, and no KUBECONFIG")?,
     };
+    client_from_config(config)
+}
+
+/// A client for `config` as the agent uses it: its User-Agent, and a connect timeout
+/// short enough that a watch retrying against an unreachable server notices it is
+/// back within seconds (kube's default waits 30 s for a TCP connection).
+pub fn client_from_config(mut config: kube::Config) -> Result<kube::Client> {
+    config.headers.retain(|(name, _)| name != axum::http::header::USER_AGENT);
+    config.headers.push((axum::http::header::USER_AGENT, axum::http::HeaderValue::from_static(USER_AGENT)));
+    config.connect_timeout = Some(config.connect_timeout.map_or(CONNECT_TIMEOUT, |t| t.min(CONNECT_TIMEOUT)));
     Ok(kube::Client::try_from(config)?)
 }
 
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Retry delays of a failing watch: exponential from 100 ms, at most ~1 s, with jitter
+/// (each delay is 50–100 % of the nominal one, so the watches of many agents do not
+/// hit a server that is coming back in lockstep). kube-runtime's `default_backoff`
+/// (client-go's: up to 30 s, and its delay applies to the 410 Expired that follows a
+/// restart too) made a new Service wait ~50 s for its address after an outage.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const CAP: Duration = Duration::from_millis(1000);
+
+    pub(crate) fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+
+    /// The delay before the next attempt.
+    pub(crate) fn delay(&mut self) -> Duration {
+        let nominal = self.next;
+        self.next = (self.next * 2).min(Self::CAP);
+        nominal.mul_f64(0.5 + 0.5 * jitter())
+    }
+}
+
+/// A number in [0, 1), different on every call (std's RandomState is seeded randomly).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Whether this process reaches the Kubernetes API, from what its watches and its
+/// lease loop see: `vip_kube_api_reachable` (1 while requests succeed, 0 from the
+/// first failure until one succeeds again) and `vip_kube_api_errors` (failed
+/// requests). One process-wide instance ([`api_health`]); the agent registers its
+/// two metrics. Errors are logged as one WARN when the API becomes unreachable, then
+/// at most one WARN every 30 s (with the count since), and one INFO when it is back.
+pub struct ApiHealth {
+    pub reachable: Gauge,
+    pub errors: Counter,
+    state: Mutex<HealthState>,
+}
+
+#[derive(Default)]
+struct HealthState {
+    /// Since when requests fail (None: the last one succeeded).
+    down_since: Option<Instant>,
+    /// The last WARN, and the errors not logged since.
+    last_warn: Option<Instant>,
+    unlogged: u64,
+    /// Whether this outage was logged (its end is then logged too).
+    warned: bool,
+}
+
+const WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// The process's [`ApiHealth`].
+pub fn api_health() -> &'static ApiHealth {
+    static HEALTH: OnceLock<ApiHealth> = OnceLock::new();
+    HEALTH.get_or_init(ApiHealth::new)
+}
+
+impl ApiHealth {
+    fn new() -> Self {
+        Self { reachable: Gauge::default(), errors: Counter::default(), state: Mutex::new(HealthState::default()) }
+    }
+
+    /// A request (of `what`) succeeded.
+    pub(crate) fn ok(&self, what: &str) {
+        self.reachable.set(1);
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(since) = s.down_since.take() {
+            if std::mem::take(&mut s.warned) {
+                info!(what, "Kubernetes API reachable again after {:.1} s", since.elapsed().as_secs_f64());
+            }
+        }
+    }
+
+    /// A request (of `what`) failed with `e`.
+    pub(crate) fn failed(&self, what: &str, e: &dyn Display) {
+        self.errors.inc();
+        self.reachable.set(0);
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let since = *s.down_since.get_or_insert(now);
+        if s.last_warn.is_none_or(|t| now.duration_since(t) >= WARN_EVERY) {
+            let unlogged = std::mem::take(&mut s.unlogged);
+            if since == now || !s.warned {
+                warn!(what, "Kubernetes API request failed: {e} (retrying; further errors are logged at most every {} s)", WARN_EVERY.as_secs());
+            } else {
+                warn!(what, unlogged, "Kubernetes API still failing after {:.0} s: {e}", now.duration_since(since).as_secs_f64());
+            }
+            s.last_warn = Some(now);
+            s.warned = true;
+        } else {
+            s.unlogged += 1;
+            debug!(what, "Kubernetes API request failed: {e}");
+        }
+    }
+}
+
 /// Watches `api` into a store; every change pings `changed`.
+///
+/// A failed request is retried after [`Backoff`] (≤ ~1 s). A 410 Expired (the
+/// server lost the history the watch would resume from, as after a restart) leads
+/// straight to a re-list: kube's watcher does that itself for a 410 ERROR event (we
+/// only skip the delay), and a watcher whose re-watch request itself got a 410 is
+/// replaced by a new one (it would retry the expired resourceVersion forever).
 pub(crate) fn reflect<K>(api: Api<K>, changed: mpsc::UnboundedSender<()>) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+    let (reader, mut writer) = reflector::store();
+    let what = format!("watch {}", K::plural(&Default::default()));
     tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => {
-                    if changed.send(()).is_err() {
-                        return;
+        let health = api_health();
+        let mut backoff = Backoff::new();
+        loop {
+            let mut stream = std::pin::pin!(watcher(api.clone(), watcher::Config::default()));
+            let mut gone_before = false;
+            loop {
+                let Some(ev) = stream.next().await else { return };
+                match ev {
+                    Ok(ev) => {
+                        backoff.reset();
+                        gone_before = false;
+                        // `Init` is the watcher's own marker before it lists: no request behind it.
+                        if !matches!(ev, watcher::Event::Init) {
+                            health.ok(&what);
+                        }
+                        writer.apply_watcher_event(&ev);
+                        if changed.send(()).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        health.failed(&what, &e);
+                        match &e {
+                            // The watcher is back to listing: do it now (once; a second 410 in a row waits).
+                            watcher::Error::WatchError(s) if s.code == 410 && !gone_before => gone_before = true,
+                            watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410 => break,
+                            _ => tokio::time::sleep(backoff.delay()).await,
+                        }
                     }
                 }
-                Err(e) => warn!("watch: {e}"),
             }
         }
     });
     reader
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_about_a_second_with_jitter_and_resets() {
+        let mut b = Backoff::new();
+        let d: Vec<Duration> = (0..8).map(|_| b.delay()).collect();
+        assert!(d[0] >= Duration::from_millis(50) && d[0] <= Duration::from_millis(100), "{d:?}");
+        assert!(d.iter().all(|x| *x <= Backoff::CAP), "{d:?}");
+        assert!(d[7] >= Backoff::CAP / 2, "{d:?}");
+        b.reset();
+        assert!(b.delay() <= Duration::from_millis(100));
+        let j: std::collections::BTreeSet<u64> = (0..20).map(|_| (jitter() * 1e9) as u64).collect();
+        assert!(j.len() > 15, "jitter varies: {j:?}");
+    }
+
+    /// An outage is one WARN (not one per failed request), then one INFO when it ends.
+    #[test]
+    fn api_errors_are_counted_and_logged_once_per_outage() {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let w = buf.clone();
+        let subscriber = tracing_subscriber::fmt().with_max_level(tracing::Level::INFO).with_ansi(false).with_writer(move || w.clone()).finish();
+        let h = ApiHealth::new();
+        tracing::subscriber::with_default(subscriber, || {
+            for i in 0..50 {
+                h.failed(if i % 2 == 0 { "watch services" } else { "lease vip-controller" }, &"connection refused");
+            }
+            assert_eq!((h.reachable.get(), h.errors.get()), (0, 50));
+            h.ok("watch services");
+            h.ok("lease vip-controller");
+        });
+        assert_eq!(h.reachable.get(), 1);
+        let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(log.matches("WARN").count(), 1, "{log}");
+        assert_eq!(log.matches("INFO").count(), 1, "{log}");
+        assert!(log.contains("reachable again"), "{log}");
+    }
+
+    #[test]
+    fn user_agent_names_vip_and_its_version() {
+        assert_eq!(USER_AGENT, format!("vip-agent/{}", env!("CARGO_PKG_VERSION")));
+    }
 }
