@@ -873,6 +873,34 @@ fn scale_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::
     Ok(())
 }
 
+/// Heartbeat authentication: signing and checking one heartbeat (HMAC-SHA256),
+/// median of 7 rounds of 100,000.
+fn auth_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
+    use vip_agent::ha::{auth::Keys, heartbeat::Heartbeat};
+    let keys = Keys::new(&[halab::random_key().into_bytes()])?;
+    let hb = Heartbeat { v: Heartbeat::VERSION, node: "node-123".into(), incarnation: 1_795_391_020_187_672_419, seq: 123_456, sent_ms: 1_795_391_020_187 }.encode();
+    let n = 100_000u32;
+    let (mut seal, mut open) = (Vec::new(), Vec::new());
+    let sealed = keys.seal(&hb);
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(keys.seal(std::hint::black_box(&hb)));
+        }
+        seal.push(t.elapsed().as_nanos() as f64 / f64::from(n));
+        let t = Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(keys.open(std::hint::black_box(&sealed)).is_ok());
+        }
+        open.push(t.elapsed().as_nanos() as f64 / f64::from(n));
+    }
+    let (s, o) = (median(seal), median(open));
+    writeln!(out, "\n## Heartbeat authentication (HMAC-SHA256, {} bytes signed; median of {ROUNDS} rounds of {n})\n", sealed.len())?;
+    writeln!(out, "| operation | ns per heartbeat |\n|---|---:|\n| sign (sender, once per interval for all peers) | {s:.0} |\n| check (receiver) | {o:.0} |")?;
+    json.insert("heartbeat_auth_ns".into(), serde_json::json!({"seal": s, "open": o, "bytes": sealed.len()}));
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("serve") {
@@ -911,6 +939,9 @@ fn main() -> Result<()> {
     }
     if wanted("k8s") {
         k8s_bench(&mut out, &mut json)?;
+    }
+    if wanted("auth") {
+        auth_bench(&mut out, &mut json)?;
     }
     if wanted("scale") {
         scale_bench(&mut out, &mut json)?;
