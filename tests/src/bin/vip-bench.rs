@@ -878,7 +878,8 @@ fn scale_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::
 fn auth_bench(out: &mut String, json: &mut serde_json::Map<String, serde_json::Value>) -> Result<()> {
     use vip_agent::ha::{auth::Keys, heartbeat::Heartbeat};
     let keys = Keys::new(&[halab::random_key().into_bytes()])?;
-    let hb = Heartbeat { v: Heartbeat::VERSION, node: "node-123".into(), incarnation: 1_795_391_020_187_672_419, seq: 123_456, sent_ms: 1_795_391_020_187 }.encode();
+    let hb =
+        Heartbeat { v: Heartbeat::VERSION, node: "node-123".into(), incarnation: 1_795_391_020_187_672_419, seq: 123_456, sent_ms: 1_795_391_020_187 }.encode();
     let n = 100_000u32;
     let (mut seal, mut open) = (Vec::new(), Vec::new());
     let sealed = keys.seal(&hb);
