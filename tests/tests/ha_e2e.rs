@@ -176,7 +176,9 @@ fn link_down_fails_over_and_partition_heal_leaves_one_answer() {
 
 #[test]
 fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
-    let Some((_g, lab, owners)) = setup(HaSpec::default()) else { return };
+    // Six VIPs: the owner of the contested one holds another, which it must not
+    // re-announce.
+    let Some((_g, lab, owners)) = setup(HaSpec { vips: 6, ..Default::default() }) else { return };
     let v = vip(0);
     let a = owner_index(&lab, &owners, v);
     let intruder = [0x02, 0xde, 0xad, 0, 0, 1];
@@ -207,6 +209,7 @@ fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
     assert!(quiet.is_some(), "{}'s conflict counter kept moving before any foreign frame:\n{}", lab.nodes[a].name, lab.agent_logs());
     let offsets: Vec<usize> = lab.nodes.iter().map(|n| std::fs::metadata(&n.log).map_or(0, |m| m.len() as usize)).collect();
     let new_log = |i: usize| String::from_utf8_lossy(std::fs::read(&lab.nodes[i].log).unwrap_or_default().get(offsets[i]..).unwrap_or_default()).into_owned();
+    let watch = vip_tests::halab::ArpWatch::start(&lab.client).unwrap();
     lab.client
         .run(move || {
             let ifindex = vip_agent::dataplane::iface_info("eth0").unwrap().0;
@@ -221,6 +224,10 @@ fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
     // ...each once: nothing more follows (our re-announcement draws no answer).
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(conflicts(), base + 2, "conflicts counted after the two frames:\n{}", lab.agent_logs());
+    // The owner re-announced the contested VIP, and only it.
+    let owner_mac = lab.nodes[a].mac;
+    let announced: BTreeSet<Ipv4Addr> = watch.finish().into_iter().filter(|(_, m, _)| *m == owner_mac).map(|(_, _, ip)| ip).collect();
+    assert_eq!(announced, BTreeSet::from([v]), "{} re-announced {announced:?} after a conflict on {v}", lab.nodes[a].name);
     // The other nodes do not hold the VIP: nothing to count there.
     for i in (0..lab.nodes.len()).filter(|i| *i != a) {
         assert!(!new_log(i).contains("ARP conflict"), "node {i} logged a conflict:\n{}", lab.agent_logs());

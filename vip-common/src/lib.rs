@@ -8,6 +8,7 @@
 pub mod map_names {
     pub const IFACES: &str = "lb_ifaces";
     pub const HELD: &str = "arp_held";
+    pub const CONFLICTS: &str = "arp_conflicts";
     pub const SERVICES: &str = "lb4_services";
     pub const BACKENDS: &str = "lb4_backends";
     pub const RING: &str = "lb4_ring";
@@ -17,7 +18,7 @@ pub mod map_names {
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
     pub const FLOW_CACHE: &str = "lb4_flow_cache";
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
-    pub const ALL: [&str; 11] = [IFACES, HELD, SERVICES, BACKENDS, RING, FLOWS, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL];
+    pub const ALL: [&str; 12] = [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL];
 }
 
 /// Name of the XDP program inside the object, and of its pin.

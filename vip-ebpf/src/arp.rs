@@ -6,7 +6,7 @@ use network_types::arp::ArpHdr;
 use vip_common::{HeldKey, HeldVip, Reason, HELD_NO_ARP};
 
 use crate::{
-    maps::{arp_held, lb_key0, lb_scratch, lookup_at, Scratch},
+    maps::{arp_conflicts, arp_held, lb_key0, lb_scratch, lookup_at, Scratch},
     parse::{ptr_at, Verdict},
 };
 
@@ -55,6 +55,19 @@ fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<*const HeldVip, Reason> 
     Ok(h)
 }
 
+/// Counts a conflict on (`ifindex`, `vip`) in `arp_conflicts`. Not atomic: two
+/// CPUs counting at once may count one; the agent only looks for an increase.
+#[inline(always)]
+fn arp_conflict_record(ifindex: u32, vip: [u8; 4]) {
+    let key = HeldKey { ifindex, vip };
+    match arp_conflicts.get_ptr_mut(&key) {
+        Some(c) => unsafe { *c = (*c).wrapping_add(1) },
+        None => {
+            let _ = arp_conflicts.insert(&key, &1, 0);
+        }
+    }
+}
+
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and
 /// sends it back out. Everything else (replies, gratuitous ARP, other targets,
 /// non-Ethernet/IPv4 ARP) passes untouched; a reply or gratuitous ARP in which
@@ -72,7 +85,10 @@ pub fn arp_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
         // interface and sha is not our MAC, two nodes claim the VIP: count it, and
         // let the stack see the frame as it is.
         return Ok(match arp_held_fresh(ifindex, a.spa) {
-            Ok(h) if a.sha != unsafe { (*h).mac } => (xdp_action::XDP_PASS, Reason::ArpConflict),
+            Ok(h) if a.sha != unsafe { (*h).mac } => {
+                arp_conflict_record(ifindex, a.spa);
+                (xdp_action::XDP_PASS, Reason::ArpConflict)
+            }
             _ => (xdp_action::XDP_PASS, Reason::ArpOther),
         });
     }

@@ -17,6 +17,11 @@ pub static lb_ifaces: HashMap<u32, IfaceConfig> = HashMap::pinned(MAX_IFACES, 0)
 #[map]
 pub static arp_held: HashMap<HeldKey, HeldVip> = HashMap::pinned(MAX_HELD, 0);
 
+/// (ifindex, VIP) → ARP replies or gratuitous ARP seen from another MAC claiming
+/// a VIP we hold there (`arp_conflict`): the agent re-announces those VIPs alone.
+#[map]
+pub static arp_conflicts: LruHashMap<HeldKey, u64> = LruHashMap::pinned(MAX_HELD, 0);
+
 /// (VIP, port, protocol) → the service's id and its ring's place in `lb4_ring`.
 #[map]
 pub static lb4_services: HashMap<ServiceKey, Service> = HashMap::pinned(MAX_SERVICES, 0);

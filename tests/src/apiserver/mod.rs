@@ -33,6 +33,7 @@
 //! labels, but a namespaced object may name any namespace).
 
 mod select;
+mod services;
 mod store;
 mod watch;
 

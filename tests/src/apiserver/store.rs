@@ -239,6 +239,9 @@ impl Store {
             meta.insert(f.into(), om[f].clone());
         }
         meta.remove("managedFields");
+        if spec.group.is_empty() && spec.plural == "services" {
+            super::services::prepare_update(&old, &mut new, part)?;
+        }
         if new == old {
             // A write that changes nothing is not a write: no new RV, no event.
             return Ok(old);

@@ -108,6 +108,8 @@ struct Liveness {
     last_garp: BTreeMap<Ipv4Addr, Instant>,
     /// `arp_conflict` packets counted so far (to log new ones).
     conflicts: u64,
+    /// Conflicting claims counted per VIP so far (`arp_conflicts`).
+    contested: BTreeMap<Ipv4Addr, u64>,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -134,6 +136,7 @@ impl Liveness {
             deadline: 0,
             last_garp: BTreeMap::new(),
             conflicts: 0,
+            contested: BTreeMap::new(),
         }
     }
 
@@ -142,6 +145,7 @@ impl Liveness {
     async fn start(&mut self) -> Result<()> {
         // Conflicts counted before this start are not news.
         self.conflicts = self.s.held.reason_count(vip_common::Reason::ArpConflict).map_or(0, |c| c.0);
+        self.contested = self.s.held.conflicts(self.s.ifindex).unwrap_or_default();
         let now = monotonic_ns();
         // Fresh entries are ours from before a restart: start from them, so that
         // those we no longer own are released (and those we keep are not
@@ -384,11 +388,17 @@ impl Liveness {
     fn watch_conflicts(&mut self) {
         let Ok((n, _)) = self.s.held.reason_count(vip_common::Reason::ArpConflict) else { return };
         if n > self.conflicts {
-            warn!(new = n - self.conflicts, held = self.held.len(), "ARP conflict: another MAC claims a VIP this node holds; re-announcing ours");
             self.s.metrics.arp_conflicts.inc_by(n - self.conflicts);
-            // Whoever claimed it (a partitioned node, a node that woke up) may have
-            // pulled clients away; the holder's announcement brings them back.
-            self.announce(self.held.keys().copied().collect(), false);
+            // Which VIPs: those whose count in arp_conflicts went up (a new entry
+            // counts from 0). Whoever claimed them (a partitioned node, a node that
+            // woke up) may have pulled clients away; the holder's announcement of
+            // those VIPs, and only those, brings them back.
+            let now = self.s.held.conflicts(self.s.ifindex).unwrap_or_default();
+            let contested: BTreeSet<Ipv4Addr> =
+                now.iter().filter(|(v, c)| **c > self.contested.get(v).copied().unwrap_or(0) && self.held.contains_key(v)).map(|(v, _)| *v).collect();
+            warn!(new = n - self.conflicts, vips = ?contested, "ARP conflict: another MAC claims a VIP this node holds; re-announcing it");
+            self.contested = now;
+            self.announce(contested, false);
         }
         self.conflicts = n;
     }

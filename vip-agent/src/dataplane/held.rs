@@ -1,7 +1,7 @@
 //! The ARP side of the data path: interfaces (`lb_ifaces`) and held VIPs
 //! (`arp_held`). A handle of its own, so that the liveness thread refreshes
 //! deadlines through file descriptors no ring write ever waits behind.
-use std::{net::Ipv4Addr, path::Path};
+use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap, IterableMap as _, MapData, PerCpuArray};
@@ -49,28 +49,27 @@ pub struct HeldEntry {
 pub struct HeldVips {
     ifaces: HashMap<MapData, u32, IfaceConfig>,
     held: HashMap<MapData, HeldKey, HeldVip>,
+    /// (ifindex, VIP) → conflicting claims the data path saw.
+    conflicts: HashMap<MapData, HeldKey, u64>,
     stats: PerCpuArray<MapData, Counter>,
     epoch: flow_cache::Ctl,
 }
 
 impl HeldVips {
-    pub(super) fn new(
-        ifaces: HashMap<MapData, u32, IfaceConfig>,
-        held: HashMap<MapData, HeldKey, HeldVip>,
-        stats: PerCpuArray<MapData, Counter>,
-        epoch: flow_cache::Ctl,
-    ) -> Self {
-        Self { ifaces, held, stats, epoch }
+    /// The maps pinned under `dir`, with the epoch lock shared with the ring side.
+    pub(super) fn open(dir: &Path, epoch: flow_cache::Ctl) -> Result<Self> {
+        Ok(Self {
+            ifaces: open_pinned(dir, names::IFACES)?,
+            held: open_pinned(dir, names::HELD)?,
+            conflicts: open_pinned(dir, names::CONFLICTS)?,
+            stats: open_pinned(dir, names::STATS)?,
+            epoch,
+        })
     }
 
     /// A second handle on the same pinned maps (own descriptors, shared epoch lock).
     pub(super) fn reopen(&self, dir: &Path) -> Result<Self> {
-        Ok(Self {
-            ifaces: open_pinned(dir, names::IFACES)?,
-            held: open_pinned(dir, names::HELD)?,
-            stats: open_pinned(dir, names::STATS)?,
-            epoch: self.epoch.clone(),
-        })
+        Self::open(dir, self.epoch.clone())
     }
 
     /// Records the MAC of an interface the program runs on, with its flags set to
@@ -163,6 +162,12 @@ impl HeldVips {
     /// How `vip` is announced on `ifindex` (`Arp` when it is not held).
     pub fn announce(&self, ifindex: u32, vip: Ipv4Addr) -> Announce {
         self.held.get(&HeldKey { ifindex, vip: vip.octets() }, 0).map_or(Announce::Arp, |h| Announce::from_flags(h.flags))
+    }
+
+    /// Conflicting claims seen per VIP on `ifindex` (counts since the entry
+    /// appeared; one batched read).
+    pub fn conflicts(&self, ifindex: u32) -> Result<BTreeMap<Ipv4Addr, u64>> {
+        Ok(batch::lookup_all::<HeldKey, u64>(self.conflicts.map())?.into_iter().filter(|(k, _)| k.ifindex == ifindex).map(|(k, n)| (Ipv4Addr::from(k.vip), n)).collect())
     }
 
     /// One reason's counter (packets, bytes) summed over CPUs: cheap enough to poll.

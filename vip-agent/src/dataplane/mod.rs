@@ -206,7 +206,6 @@ macro_rules! maps_from {
     ($src:expr, $get:ident) => {{
         let s = $src;
         (
-            ($get(s, names::IFACES)?, $get(s, names::HELD)?),
             $get(s, names::SERVICES)?,
             $get(s, names::BACKENDS)?,
             $get(s, names::RING)?,
@@ -218,9 +217,7 @@ macro_rules! maps_from {
     }};
 }
 
-type HeldMaps = (HashMap<MapData, u32, IfaceConfig>, HashMap<MapData, HeldKey, HeldVip>);
 type MapSet = (
-    HeldMaps,
     HashMap<MapData, ServiceKey, Service>,
     Array<MapData, Backend>,
     Array<MapData, u32>,
@@ -258,11 +255,11 @@ impl Dataplane {
     }
 
     fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl) -> Result<Self> {
-        let ((ifaces, held), services, backends, ring, flows, stats, service_stats, backend_stats) = m;
+        let (services, backends, ring, flows, stats, service_stats, backend_stats) = m;
         let mut dp = Self {
             dir: dir.to_owned(),
             ebpf,
-            held: HeldVips::new(ifaces, held, open_pinned(dir, names::STATS)?, epoch.clone()),
+            held: HeldVips::open(dir, epoch.clone())?,
             rings: rings::Rings::new(ring.len()),
             services,
             backends,

@@ -35,6 +35,10 @@ pub enum Decision {
     Release { service: String, addr: Ipv4Addr, why: String },
     /// Cannot allocate now; reported as an event and retried on the next change.
     Pending { service: String, why: String },
+    /// The Service keeps `addr` although the selectors of its pool no longer admit
+    /// it: an edited pool does not take the address of a running Service (its
+    /// configuration goes stale rather than broken). Reported, nothing written.
+    Stale { service: String, addr: Ipv4Addr, pool: String, why: String },
 }
 
 /// `namespace/name`.
@@ -46,6 +50,15 @@ pub fn key(s: &Service) -> String {
 pub fn is_ours(s: &Service) -> bool {
     let spec = s.spec.as_ref();
     spec.and_then(|p| p.type_.as_deref()) == Some("LoadBalancer") && spec.and_then(|p| p.load_balancer_class.as_deref()).is_none_or(|c| c == LB_CLASS)
+}
+
+/// Why a Service is not ours (for a `Released` Event): its type or its class.
+pub fn why_not_ours(s: &Service) -> String {
+    let spec = s.spec.as_ref();
+    match (spec.and_then(|p| p.type_.as_deref()), spec.and_then(|p| p.load_balancer_class.as_deref())) {
+        (Some("LoadBalancer"), Some(c)) => format!("no longer a LoadBalancer of ours (loadBalancerClass {c})"),
+        (t, _) => format!("no longer a LoadBalancer of ours (type {})", t.unwrap_or("ClusterIP")),
+    }
 }
 
 pub(super) fn ingress_ips(s: &Service) -> Vec<Ipv4Addr> {
@@ -126,7 +139,7 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
         let share = sharing_key(s);
         if !is_ours(s) {
             for a in held {
-                out.push(Decision::Release { service: me.clone(), addr: a, why: "no longer a LoadBalancer of ours".into() });
+                out.push(Decision::Release { service: me.clone(), addr: a, why: why_not_ours(s) });
             }
             continue;
         }
@@ -136,15 +149,26 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
             out.push(Decision::Release { service: me.clone(), addr: a, why: "the address is in no VipPool".into() });
         }
         let want = requested(s);
-        // Keep a held address that still fits (requested one, admitted by its pool, not taken).
+        // Keep a held address that still fits (requested one, not taken). One its
+        // pool's selectors no longer admit (the pool, the Service's labels or its
+        // namespace's changed) is kept too, and reported: a running Service does not
+        // lose its address to an edit elsewhere.
         let keep = held.iter().copied().find(|a| {
             let fits_request = match &want {
                 Some(Ok(r)) => r == a,
                 Some(Err(_)) => false,
                 None => true,
             };
-            fits_request && pool_of(*a).is_some_and(|p| pool_admits(p, s, ns_labels)) && can_share(&usage, *a, &me, share, &my_ports)
+            fits_request && can_share(&usage, *a, &me, share, &my_ports)
         });
+        if let Some(p) = keep.and_then(pool_of).filter(|p| !pool_admits(p, s, ns_labels)) {
+            let addr = keep.expect("kept");
+            let why = format!(
+                "{addr} kept although the selectors of VipPool {:?} no longer admit this Service; recreate it or ask for another address ({ANNOTATION_ADDRESS}) to move it",
+                p.name
+            );
+            out.push(Decision::Stale { service: me.clone(), addr, pool: p.name.clone(), why });
+        }
         for a in held.iter().filter(|a| Some(**a) != keep) {
             out.push(Decision::Release { service: me.clone(), addr: *a, why: "the address no longer fits the Service or its pool".into() });
         }
@@ -310,8 +334,16 @@ mod tests {
         other_class.spec.as_mut().unwrap().load_balancer_class = Some("example.com/other".into());
         let foreign = with_ip(svc("foreign", 2, &[80]), "203.0.113.5");
         let d = allocate(&pools, &[cluster_ip, other_class, foreign], &BTreeMap::new());
-        let released: Vec<String> = d.iter().filter_map(|x| if let Decision::Release { addr, .. } = x { Some(addr.to_string()) } else { None }).collect();
-        assert_eq!(released, ["198.18.1.10", "198.18.1.11", "203.0.113.5"]);
+        let released: Vec<String> =
+            d.iter().filter_map(|x| if let Decision::Release { addr, why, .. } = x { Some(format!("{addr} {why}")) } else { None }).collect();
+        assert_eq!(
+            released,
+            [
+                "198.18.1.10 no longer a LoadBalancer of ours (type ClusterIP)",
+                "198.18.1.11 no longer a LoadBalancer of ours (loadBalancerClass example.com/other)",
+                "203.0.113.5 the address is in no VipPool"
+            ]
+        );
         // Ours with an address in no pool: that one goes, one of ours comes.
         assert_eq!(alloc(&d), [("default/foreign".into(), "198.18.1.10".into())]);
     }
@@ -326,6 +358,24 @@ mod tests {
         let ns: BTreeMap<String, BTreeMap<String, String>> = [("shop".to_owned(), [("env".to_owned(), "prod".to_owned())].into())].into();
         assert_eq!(alloc(&allocate(&pools, &[s.clone()], &ns)), [("shop/web".into(), "198.18.1.10".into())]);
         assert_eq!(alloc(&allocate(&pools, &[s], &BTreeMap::new())), [("shop/web".into(), "198.18.1.20".into())]);
+    }
+
+    #[test]
+    fn narrowed_selectors_keep_a_running_services_address() {
+        let mut only_prod = pool("prod", 10, 2, true);
+        only_prod.namespace_selector = Some(LabelSelector { match_labels: Some([("env".to_owned(), "prod".to_owned())].into()), ..Default::default() });
+        let pools = [only_prod];
+        let running = with_ip(svc("running", 0, &[80]), "198.18.1.10");
+        let d = allocate(&pools, &[running.clone(), svc("new", 1, &[80])], &BTreeMap::new());
+        assert!(
+            matches!(&d[0], Decision::Stale { service, addr, pool, why } if service == "default/running" && addr.to_string() == "198.18.1.10" && pool == "prod" && why.contains("no longer admit")),
+            "{d:?}"
+        );
+        assert!(!d.iter().any(|x| matches!(x, Decision::Release { .. })), "{d:?}");
+        assert!(matches!(&d[1], Decision::Pending { service, .. } if service == "default/new"), "{d:?}");
+        // Admitted again: nothing to say.
+        let ns: BTreeMap<String, BTreeMap<String, String>> = [("default".to_owned(), [("env".to_owned(), "prod".to_owned())].into())].into();
+        assert!(allocate(&pools, &[running], &ns).is_empty());
     }
 
     #[test]

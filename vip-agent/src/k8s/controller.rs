@@ -74,6 +74,8 @@ pub struct Pass {
     pub allocated: usize,
     pub released: usize,
     pub pending: usize,
+    /// Services that keep an address their pool's selectors no longer admit (newly reported).
+    pub stale: usize,
     pub conflicts: usize,
     pub pool_statuses: usize,
     pub owner_events: usize,
@@ -93,6 +95,13 @@ pub struct Controller {
     reported: Option<BTreeMap<Ipv4Addr, String>>,
     /// Unprogrammed service-ports already reported (Events), by VIP.
     reported_unprogrammed: BTreeMap<Ipv4Addr, Vec<String>>,
+    /// The addresses each of our Services held when last seen (with its uid): the
+    /// server clears `status.loadBalancer` itself when a Service's type leaves
+    /// LoadBalancer, so a release is only seen as a Service that held an address
+    /// and no longer does. Started from this term's first view.
+    held: BTreeMap<String, (String, BTreeSet<Ipv4Addr>)>,
+    /// Last stale-address message per Service: an Event only when it changes.
+    stale: BTreeMap<String, String>,
 }
 
 impl Controller {
@@ -103,7 +112,22 @@ impl Controller {
         let services = reflect(Api::<Service>::all(client.clone()), tx.clone());
         let namespaces = reflect(Api::<Namespace>::all(client.clone()), tx);
         let recorder = Recorder::new(client.clone(), Reporter { controller: "vip-controller".into(), instance: Some(identity.into()) });
-        (Self { client, pools, services, namespaces, recorder, pending: BTreeMap::new(), view, reported: None, reported_unprogrammed: BTreeMap::new() }, rx)
+        (
+            Self {
+                client,
+                pools,
+                services,
+                namespaces,
+                recorder,
+                pending: BTreeMap::new(),
+                view,
+                reported: None,
+                reported_unprogrammed: BTreeMap::new(),
+                held: BTreeMap::new(),
+                stale: BTreeMap::new(),
+            },
+            rx,
+        )
     }
 
     pub async fn wait_ready(&self) {
@@ -133,12 +157,23 @@ impl Controller {
                 })
             })
             .collect();
-        for d in allocate::allocate(&views, &services, &ns_labels) {
+        out.released += self.notice_released(&services).await;
+        let decisions = allocate::allocate(&views, &services, &ns_labels);
+        // Pool → its Services keeping an address the selectors no longer admit.
+        let mut stale: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for d in &decisions {
+            if let Decision::Stale { service, addr, pool, .. } = d {
+                stale.entry(pool.clone()).or_default().push(format!("{service} {addr}"));
+            }
+        }
+        self.stale.retain(|k, _| decisions.iter().any(|d| matches!(d, Decision::Stale { service, .. } if service == k)));
+        for d in decisions {
             match self.apply(&d, &services).await {
                 Ok(true) => match d {
                     Decision::Allocate { .. } => out.allocated += 1,
                     Decision::Release { .. } => out.released += 1,
                     Decision::Pending { .. } => out.pending += 1,
+                    Decision::Stale { .. } => out.stale += 1,
                 },
                 Ok(false) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
@@ -169,7 +204,8 @@ impl Controller {
                     .collect(),
                 None => Vec::new(),
             };
-            match self.write_pool_status(p, c, &bad, usage.get(&c.name).copied(), in_pool).await {
+            let stale = stale.get(&c.name).map_or(&[][..], Vec::as_slice);
+            match self.write_pool_status(p, c, &bad, stale, usage.get(&c.name).copied(), in_pool).await {
                 Ok(true) => out.pool_statuses += 1,
                 Ok(false) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
@@ -239,10 +275,44 @@ impl Controller {
         self.reported_unprogrammed = now.clone();
     }
 
+    /// Records a `Released` Event for each address one of our Services held and no
+    /// longer holds now that it is not ours: the server cleared its status when its
+    /// type left LoadBalancer (kube-apiserver v1.36 behaviour, checked against the
+    /// real server in tests), so there is nothing to write, only to say. An address
+    /// still in the status is released by `allocate` (a status write, then the Event).
+    async fn notice_released(&mut self, services: &[Service]) -> usize {
+        let mut events = Vec::new();
+        let mut held = BTreeMap::new();
+        for s in services {
+            let key = allocate::key(s);
+            let uid = s.uid().unwrap_or_default();
+            let now: BTreeSet<Ipv4Addr> = allocate::ingress_ips(s).into_iter().collect();
+            let before = self.held.remove(&key).filter(|(u, _)| *u == uid).map(|(_, a)| a).unwrap_or_default();
+            if allocate::is_ours(s) {
+                // Without an address in this view: keep what we last knew (the view
+                // may not show our own write yet).
+                held.insert(key, (uid, if now.is_empty() { before } else { now }));
+                continue;
+            }
+            for a in before.difference(&now) {
+                let note = format!("{a}: {}", allocate::why_not_ours(s));
+                events.push((Event { type_: EventType::Normal, reason: "Released".into(), note: Some(note), action: "Release".into(), secondary: None }, s));
+            }
+        }
+        self.held = held;
+        for (ev, svc) in &events {
+            info!(service = %allocate::key(svc), note = ?ev.note, "released by the server");
+            self.publish(ev, svc).await;
+        }
+        events.len()
+    }
+
     /// Applies one decision; Ok(false) when there was nothing to write.
     async fn apply(&mut self, d: &Decision, services: &[Service]) -> Result<bool, kube::Error> {
         let key = match d {
-            Decision::Allocate { service, .. } | Decision::Release { service, .. } | Decision::Pending { service, .. } => service,
+            Decision::Allocate { service, .. } | Decision::Release { service, .. } | Decision::Pending { service, .. } | Decision::Stale { service, .. } => {
+                service
+            }
         };
         let Some(svc) = services.iter().find(|s| allocate::key(s) == *key) else { return Ok(false) };
         let (ns, name) = (svc.namespace().unwrap_or_else(|| "default".into()), svc.name_any());
@@ -273,6 +343,16 @@ impl Controller {
                 self.publish(&ev, svc).await;
                 return Ok(true);
             }
+            Decision::Stale { why, .. } => {
+                if self.stale.get(key) == Some(why) {
+                    return Ok(false);
+                }
+                self.stale.insert(key.clone(), why.clone());
+                let ev =
+                    Event { type_: EventType::Warning, reason: "StaleAllocation".into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
+                self.publish(&ev, svc).await;
+                return Ok(true);
+            }
         };
         self.pending.remove(key);
         // The resourceVersion makes this a compare-and-swap: a Service changed since
@@ -280,6 +360,18 @@ impl Controller {
         let patch = json!({ "metadata": { "resourceVersion": rv }, "status": { "loadBalancer": { "ingress": ingress } } });
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         info!(service = %key, decision = ?d, "service status written");
+        let uid = svc.uid().unwrap_or_default();
+        match d {
+            Decision::Allocate { addr, .. } => {
+                self.held.insert(key.clone(), (uid, [*addr].into()));
+            }
+            Decision::Release { addr, .. } => {
+                if let Some((_, a)) = self.held.get_mut(key) {
+                    a.remove(addr);
+                }
+            }
+            _ => {}
+        }
         self.publish(&event, svc).await;
         Ok(true)
     }
@@ -296,6 +388,7 @@ impl Controller {
         p: &VipPool,
         c: &pools::PoolCheck,
         unprogrammed: &[String],
+        stale: &[String],
         usage: Option<(u32, u32)>,
         owners: BTreeMap<String, String>,
     ) -> Result<bool, kube::Error> {
@@ -304,7 +397,7 @@ impl Controller {
         let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as u32);
         let (allocated, free) = usage.unwrap_or((0, total));
         let new = VipPoolStatus {
-            conditions: pools::conditions(c, unprogrammed, p.metadata.generation, &old.conditions, now),
+            conditions: pools::conditions(c, unprogrammed, stale, p.metadata.generation, &old.conditions, now),
             observed_generation: p.metadata.generation,
             total,
             allocated,
@@ -366,8 +459,11 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
                 info!(?p, "controller pass");
             }
         } else {
-            // A later term starts again from what the pools' statuses report.
+            // A later term starts again from what the pools' statuses report, and
+            // from the Services as they are then (another leader reported meanwhile).
             c.reported = None;
+            c.held.clear();
+            c.stale.clear();
         }
         tokio::select! {
             Some(()) = changed.recv() => {

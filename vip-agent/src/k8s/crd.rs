@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::{self, GratuitousArpSpec, HealthCheckSpec, Invalid},
+    config::{self, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Invalid},
     maglev,
     model::{AnnounceMode, Garp, HealthCheck},
 };
@@ -40,6 +40,13 @@ pub struct VipPoolSpec {
     /// Addresses of the pool never handed out (each must be in `addresses`).
     #[serde(default, rename = "excludedIPs")]
     pub excluded_ips: Vec<String>,
+    /// Hand out the network (first) and broadcast (last) address of each CIDR in
+    /// `addresses` too. Off (the default), they are skipped for blocks larger than a
+    /// /31 (a /24 gives .1 to .254): many hosts and routers treat them as the
+    /// subnet's own and drop or broadcast traffic to them (MetalLB's `avoidBuggyIPs`).
+    /// Single addresses and ranges are always taken as written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_network_and_broadcast: bool,
     /// Allocate from this pool to Services that do not ask for an address. Off: only
     /// Services that name an address of the pool (`loadBalancerIP`, annotation) get one.
     #[serde(default = "default_true")]
@@ -81,7 +88,10 @@ fn default_true() -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct VipPoolStatus {
     /// `Ready` (the spec is valid and in use) and `Conflicting` (it overlaps another
-    /// pool or has bad entries), each with the field path in its message.
+    /// pool or has bad entries), each with the field path in its message;
+    /// `Programmed` (every service-port of the pool is in the data path) and
+    /// `StaleAllocations` (Services keep addresses of the pool its selectors no
+    /// longer admit: an edited pool does not take a running Service's address).
     #[serde(default)]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,7 +122,30 @@ pub struct ValidPool {
 /// the way the pool's `Ready=False` condition shows them. `first_port` is the port a
 /// health check defaults to when it names none.
 pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, Invalid> {
-    let addresses = config::pool_addresses_from_strings("spec", &spec.addresses, &spec.excluded_ips)?;
+    let mut addresses = config::pool_addresses_from_strings("spec", &spec.addresses, &spec.excluded_ips)?;
+    if !spec.include_network_and_broadcast {
+        let entries: Vec<AddrEntry> = spec.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+        // An address some other entry names on its own (or in a range) stays.
+        let named = |a: Ipv4Addr| {
+            entries.iter().any(|e| match *e {
+                AddrEntry::One(x) => x == a,
+                AddrEntry::Range(lo, hi) => (lo..=hi).contains(&a),
+                AddrEntry::Net(_) => false,
+            })
+        };
+        for e in &entries {
+            if let AddrEntry::Net(n) = e {
+                if n.prefix_len() < 31 {
+                    for a in [n.network(), n.broadcast()].into_iter().filter(|a| !named(*a)) {
+                        addresses.remove(&a);
+                    }
+                }
+            }
+        }
+        if addresses.is_empty() {
+            return Err(("spec.addresses".into(), "the pool has no address left after exclusions and network/broadcast addresses".into()));
+        }
+    }
     let table_size = spec.table_size.unwrap_or(maglev::DEFAULT_TABLE_SIZE);
     maglev::check_table_size(table_size).map_err(|e| ("spec.tableSize".to_owned(), e.to_string()))?;
     let health = match &spec.health_check {
@@ -213,9 +246,25 @@ mod tests {
         assert!(s.auto_assign, "autoAssign defaults to true");
         assert_eq!(s.announce, AnnounceMode::Arp);
         let v = validate(&s, 443).unwrap();
-        assert_eq!(v.addresses.len(), 4);
+        // .16/30 is .16 to .19: its network (.16) and broadcast (.19) are skipped, .17 excluded.
+        assert_eq!(v.addresses, ["198.18.1.10", "198.18.1.18"].map(|a| a.parse::<Ipv4Addr>().unwrap()));
         assert_eq!(v.table_size, 251);
         assert_eq!(v.health.unwrap().probe, crate::model::Probe::Tcp { port: 443 });
+    }
+
+    #[test]
+    fn cidrs_skip_network_and_broadcast_unless_asked() {
+        let ips = |y: &str| validate(&spec(y), 80).map(|v| v.addresses.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        let v = ips("addresses: [198.18.1.0/24]\n").unwrap();
+        assert_eq!((v.len(), v[0].as_str(), v[253].as_str()), (254, "198.18.1.1", "198.18.1.254"));
+        assert_eq!(ips("addresses: [198.18.1.0/24]\nincludeNetworkAndBroadcast: true\n").unwrap().len(), 256);
+        // /31 and /32 have no network or broadcast address to skip.
+        assert_eq!(ips("addresses: [198.18.1.0/31, 198.18.1.7/32]\n").unwrap(), ["198.18.1.0", "198.18.1.1", "198.18.1.7"]);
+        // Named on its own or in a range: kept.
+        assert_eq!(ips("addresses: [198.18.1.0/30, 198.18.1.3, 198.18.1.0-198.18.1.0]\n").unwrap(), ["198.18.1.0", "198.18.1.1", "198.18.1.2", "198.18.1.3"]);
+        let (path, msg) = ips("addresses: [198.18.1.0/30]\nexcludedIPs: [198.18.1.1, 198.18.1.2]\n").unwrap_err();
+        assert_eq!(path, "spec.addresses");
+        assert!(msg.contains("network/broadcast"), "{msg}");
     }
 
     #[test]
@@ -290,7 +339,17 @@ mod tests {
     #[test]
     fn crd_has_status_subresource_and_conditions() {
         let y = crd_yaml();
-        for want in ["name: vippools.vip.dev", "scope: Cluster", "status: {}", "conditions:", "excludedIPs:", "autoAssign:", "nodeSelector:", "tolerations:"] {
+        for want in [
+            "name: vippools.vip.dev",
+            "scope: Cluster",
+            "status: {}",
+            "conditions:",
+            "excludedIPs:",
+            "autoAssign:",
+            "includeNetworkAndBroadcast:",
+            "nodeSelector:",
+            "tolerations:",
+        ] {
             assert!(y.contains(want), "CRD lacks {want:?}:\n{y}");
         }
     }

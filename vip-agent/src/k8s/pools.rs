@@ -44,24 +44,37 @@ pub fn check_pools(pools: &[VipPool]) -> Vec<PoolCheck> {
     out
 }
 
-/// The `Ready`, `Conflicting` and `Programmed` conditions for a pool's status.
-/// `unprogrammed`: the pool's service-ports the data path could not take (as
-/// the leader's agent reports them, "VIP port/proto: why"). A condition's
-/// `lastTransitionTime` is kept from `previous` when its status did not change.
-pub fn conditions(check: &PoolCheck, unprogrammed: &[String], generation: Option<i64>, previous: &[Condition], now: Time) -> Vec<Condition> {
+/// Up to three items, then how many more.
+fn some_of(items: &[String]) -> String {
+    let shown: Vec<&str> = items.iter().take(3).map(String::as_str).collect();
+    let more = if items.len() > 3 { format!(" (and {} more)", items.len() - 3) } else { String::new() };
+    format!("{}{more}", shown.join("; "))
+}
+
+/// The `Ready`, `Conflicting`, `Programmed` and `StaleAllocations` conditions for a
+/// pool's status. `unprogrammed`: the pool's service-ports the data path could not
+/// take (as the leader's agent reports them, "VIP port/proto: why"). `stale`: the
+/// Services that keep an address of the pool its selectors no longer admit
+/// ("namespace/name VIP"). A condition's `lastTransitionTime` is kept from
+/// `previous` when its status did not change.
+pub fn conditions(check: &PoolCheck, unprogrammed: &[String], stale: &[String], generation: Option<i64>, previous: &[Condition], now: Time) -> Vec<Condition> {
     let (ready, conflicting) = match &check.problem {
         None => (("True", "Valid", "the pool is valid and in use".to_owned()), ("False", "NoConflict", "no overlap and no bad entry".to_owned())),
         Some((reason, msg)) => (("False", reason.as_str(), msg.clone()), ("True", reason.as_str(), msg.clone())),
     };
     let programmed = match unprogrammed {
         [] => ("True", "AllProgrammed", "every service-port of the pool is in the data path".to_owned()),
-        some => {
-            let shown: Vec<&str> = some.iter().take(3).map(String::as_str).collect();
-            let more = if some.len() > 3 { format!(" (and {} more)", some.len() - 3) } else { String::new() };
-            ("False", "CapacityExceeded", format!("{} service-port(s) not programmed, retried: {}{more}", some.len(), shown.join("; ")))
-        }
+        some => ("False", "CapacityExceeded", format!("{} service-port(s) not programmed, retried: {}", some.len(), some_of(some))),
     };
-    [("Ready", ready), ("Conflicting", conflicting), ("Programmed", (programmed.0, programmed.1, programmed.2))]
+    let stale = match stale {
+        [] => ("False", "AllAdmitted", "every Service with an address of the pool is admitted by its selectors".to_owned()),
+        some => (
+            "True",
+            "SelectorsChanged",
+            format!("{} Service(s) keep an address the pool's selectors no longer admit (kept, not moved): {}", some.len(), some_of(some)),
+        ),
+    };
+    [("Ready", ready), ("Conflicting", conflicting), ("Programmed", (programmed.0, programmed.1, programmed.2)), ("StaleAllocations", stale)]
         .into_iter()
         .map(|(type_, (status, reason, message))| {
             let since = previous.iter().find(|c| c.type_ == type_ && c.status == status).map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
@@ -116,21 +129,25 @@ mod tests {
         let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
         let t1 = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_100).unwrap());
         let ok = PoolCheck { name: "p".into(), valid: None, problem: None };
-        let first = conditions(&ok, &[], Some(3), &[], t0.clone());
+        let first = conditions(&ok, &[], &[], Some(3), &[], t0.clone());
         assert_eq!((first[0].type_.as_str(), first[0].status.as_str()), ("Ready", "True"));
         assert_eq!((first[1].type_.as_str(), first[1].status.as_str()), ("Conflicting", "False"));
-        let again = conditions(&ok, &[], Some(4), &first, t1.clone());
+        let again = conditions(&ok, &[], &[], Some(4), &first, t1.clone());
         assert_eq!(again[0].last_transition_time, t0, "unchanged status keeps its time");
         assert_eq!(again[0].observed_generation, Some(4));
         let bad = PoolCheck { problem: Some(("Overlap".into(), "spec.addresses: ...".into())), ..ok.clone() };
-        let flipped = conditions(&bad, &[], Some(5), &again, t1.clone());
+        let flipped = conditions(&bad, &[], &[], Some(5), &again, t1.clone());
         assert_eq!((flipped[0].status.as_str(), flipped[0].last_transition_time.clone()), ("False", t1.clone()));
         assert_eq!(flipped[1].message, "spec.addresses: ...");
         assert_eq!((first[2].type_.as_str(), first[2].status.as_str()), ("Programmed", "True"));
         let full: Vec<String> = (0..5).map(|i| format!("198.18.1.{i} 80/tcp: lb4_ring is full")).collect();
-        let c = conditions(&ok, &full, Some(5), &first, t1.clone());
+        let c = conditions(&ok, &full, &[], Some(5), &first, t1.clone());
         assert_eq!((c[2].status.as_str(), c[2].reason.as_str()), ("False", "CapacityExceeded"));
         assert_eq!(c[2].message, "5 service-port(s) not programmed, retried: 198.18.1.0 80/tcp: lb4_ring is full; 198.18.1.1 80/tcp: lb4_ring is full; 198.18.1.2 80/tcp: lb4_ring is full (and 2 more)");
         assert_eq!(c[0].last_transition_time, t0, "Ready did not change");
+        assert_eq!((first[3].type_.as_str(), first[3].status.as_str()), ("StaleAllocations", "False"));
+        let c = conditions(&ok, &[], &["shop/web 198.18.1.10".to_owned()], Some(5), &first, t1.clone());
+        assert_eq!((c[3].status.as_str(), c[3].reason.as_str()), ("True", "SelectorsChanged"));
+        assert_eq!(c[3].message, "1 Service(s) keep an address the pool's selectors no longer admit (kept, not moved): shop/web 198.18.1.10");
     }
 }

@@ -23,19 +23,52 @@ use crate::model::{self, HealthCheck, Probe, Protocol, World};
 /// The label EndpointSlices carry with their Service's name.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// The label with which cloud controllers leave a node out of every load
+/// balancer (`node.kubernetes.io/exclude-from-external-load-balancers`, any value).
+/// Such a node neither holds VIPs nor is a backend.
+pub const EXCLUDE_FROM_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+/// Taints the node lifecycle controller keeps on a node while the control plane
+/// does not consider it ready (admission puts `not-ready:NoSchedule` on every new
+/// Node; the controller lifts it once it has seen `Ready=True`).
+const NOT_READY_TAINTS: [&str; 3] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.kubernetes.io/network-unavailable"];
+
+/// The taint of a cordoned node (`kubectl cordon`: `spec.unschedulable: true`).
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// kube-proxy's health server on every node (`--healthz-bind-address`, default
+/// `0.0.0.0:10256`): `/healthz` answers 200 while its rules are in sync and the
+/// node is not being deleted (KEP-3458), which is what cloud load balancers probe
+/// for `externalTrafficPolicy: Cluster`.
+pub const KUBE_PROXY_HEALTHZ_PORT: u16 = 10256;
+
+/// A Node as the model sees it; `None` when it is not ready or excluded.
+///
+/// Ready means the `Ready` condition is `True`, `NetworkUnavailable` is not `True`
+/// (the CNI has not set up its routes: nothing reaches pods from there), and none
+/// of the node controller's not-ready taints is left. A Ready node still carrying
+/// `node.kubernetes.io/not-ready` (a new node for up to a node-monitor period, or
+/// one whose `Ready` flaps) is deliberately left out until the controller lifts the
+/// taint: the control plane, kube-proxy and the scheduler do not yet count it
+/// either, and the taint gives the flapping node a hysteresis. Pool tolerations do
+/// not change this: they are about which ready nodes may hold VIPs.
+///
+/// A cordon is not a reason to move VIPs: see `UNSCHEDULABLE_TAINT` in `world_from`.
 fn node_from(n: &KNode) -> Option<model::Node> {
+    if n.labels().contains_key(EXCLUDE_FROM_LB_LABEL) {
+        return None;
+    }
     let status = n.status.as_ref()?;
-    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
-    if !ready {
+    let condition = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).map(|c| c.status.as_str());
+    if condition("Ready") != Some("True") || condition("NetworkUnavailable") == Some("True") {
+        return None;
+    }
+    let taints = n.spec.as_ref().and_then(|s| s.taints.as_ref()).into_iter().flatten();
+    if taints.clone().any(|t| NOT_READY_TAINTS.contains(&t.key.as_str())) {
         return None;
     }
     let addr: Ipv4Addr = status.addresses.iter().flatten().find(|a| a.type_ == "InternalIP").and_then(|a| a.address.parse().ok())?;
-    let taints = n
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .into_iter()
-        .flatten()
+    let taints = taints
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .map(|t| model::Taint { key: t.key.clone(), value: t.value.clone().unwrap_or_default(), effect: t.effect.clone() })
         .collect();
@@ -105,6 +138,20 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                 value: t.value.clone().unwrap_or_default(),
                 effect: t.effect.clone().unwrap_or_default(),
             })
+            .collect::<Vec<_>>();
+        // A cordon (`kubectl cordon`/`drain`: `spec.unschedulable` and the
+        // `node.kubernetes.io/unschedulable:NoSchedule` taint) is about new pods.
+        // The node keeps forwarding through kube-proxy and stays a backend, so it
+        // keeps its VIPs too, as cloud load balancers keep cordoned nodes since
+        // Kubernetes 1.19 (kubernetes/kubernetes#90823). MetalLB went back and forth:
+        // metallb/metallb#2470 stopped announcing from cordoned nodes, which cut
+        // traffic for users who cordon without draining (or tolerate the taint),
+        // and metallb/metallb#2715 reverts it. Every pool tolerates the taint; a
+        // pool setting that makes cordoned nodes ineligible to hold VIPs would only
+        // leave this toleration out (cordoned nodes would still be backends).
+        let tolerations = tolerations
+            .into_iter()
+            .chain([model::Toleration { key: UNSCHEDULABLE_TAINT.into(), exists: true, value: String::new(), effect: String::new() }])
             .collect();
         w.pools.push(model::Pool {
             name: c.name.clone(),
@@ -151,12 +198,19 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                         rise: v.health.as_ref().map_or(2, |h| h.rise),
                         fall: v.health.as_ref().map_or(2, |h| h.fall),
                     }),
+                    // A pool's check that names a port probes that port. Without one,
+                    // `type: http` probes kube-proxy's health server on the node (as
+                    // cloud load balancers do; `/healthz` unless a path is named), since
+                    // with kube-proxy nothing listens on NodeIP:<service port>; `type:
+                    // tcp` connects to the Service's first port (for data paths where
+                    // something does listen there, e.g. without kube-proxy).
                     _ => v.health.clone().map(|mut h| {
-                        // A pool's check without a port probes each Service's first port.
-                        if pool.spec.health_check.as_ref().is_some_and(|c| c.port.is_none()) {
+                        if let Some(c) = pool.spec.health_check.as_ref().filter(|c| c.port.is_none()) {
                             h.probe = match h.probe {
                                 Probe::Tcp { .. } => Probe::Tcp { port: ports[0] },
-                                Probe::Http { path, .. } => Probe::Http { port: ports[0], path },
+                                Probe::Http { path, .. } => {
+                                    Probe::Http { port: KUBE_PROXY_HEALTHZ_PORT, path: if c.path.is_some() { path } else { "/healthz".into() } }
+                                }
                             };
                         }
                         h
@@ -294,5 +348,126 @@ mod tests {
         let pools = [kpool("p", "addresses: [198.18.1.10]\ntolerations: [{key: dedicated, operator: Exists}]\n")];
         let w = world_from(&nodes, &pools, &[], &[], &World::default());
         assert_eq!(w.eligible(&w.pools[0]).len(), 1);
+    }
+
+    /// A Node as the API server returns it for a kubeadm cluster: kubelet labels,
+    /// `Ready` and the other conditions, addresses, and `extra` merged into it.
+    fn api_node(name: &str, ip: &str, extra: serde_json::Value) -> KNode {
+        let mut v = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": name, "labels": {
+                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64" } },
+            "spec": { "podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"] },
+            "status": {
+                "addresses": [{ "type": "InternalIP", "address": ip }, { "type": "Hostname", "address": name }],
+                "conditions": [
+                    { "type": "NetworkUnavailable", "status": "False", "reason": "CalicoIsUp", "message": "Calico is running on this node" },
+                    { "type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory" },
+                    { "type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure" },
+                    { "type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID" },
+                    { "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status" }
+                ]
+            }
+        });
+        merge(&mut v, extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// JSON merge patch (RFC 7386), as `kubectl patch --type merge` applies it.
+    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn names<'a>(nodes: impl IntoIterator<Item = &'a model::Node>) -> Vec<&'a str> {
+        nodes.into_iter().map(|n| n.name.as_str()).collect()
+    }
+
+    #[test]
+    fn node_readiness_cordon_and_exclusion_follow_the_cluster() {
+        use serde_json::json;
+        let conditions_with = |t: &str, status: &str| {
+            let mut c = api_node("x", "198.18.0.1", json!({}))
+                .status
+                .unwrap()
+                .conditions
+                .unwrap()
+                .into_iter()
+                .map(|c| json!({ "type": c.type_, "status": c.status }))
+                .collect::<Vec<_>>();
+            c.iter_mut().filter(|c| c["type"] == t).for_each(|c| c["status"] = status.into());
+            json!({ "status": { "conditions": c } })
+        };
+        let nodes = [
+            api_node("plain", "198.18.0.11", json!({})),
+            // Ready, but the node controller has not lifted the taint admission put on the new Node.
+            api_node("new", "198.18.0.12", json!({ "spec": { "taints": [{ "key": "node.kubernetes.io/not-ready", "effect": "NoSchedule" }] } })),
+            // The CNI has not set up the node's routes yet.
+            api_node("no-network", "198.18.0.13", conditions_with("NetworkUnavailable", "True")),
+            api_node("down", "198.18.0.14", conditions_with("Ready", "Unknown")),
+            // `kubectl cordon`: the flag, and the taint the node controller adds for it.
+            api_node(
+                "cordoned",
+                "198.18.0.15",
+                json!({ "spec": { "unschedulable": true, "taints": [{ "key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "timeAdded": "2025-01-01T00:00:00Z" }] } }),
+            ),
+            // kubeadm's control-plane node: excluded from load balancers and tainted.
+            api_node(
+                "cp",
+                "198.18.0.16",
+                json!({
+                    "metadata": { "labels": { "node-role.kubernetes.io/control-plane": "", "node.kubernetes.io/exclude-from-external-load-balancers": "" } },
+                    "spec": { "taints": [{ "key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule" }] }
+                }),
+            ),
+            // Excluded without any taint: still neither holder nor backend.
+            api_node("excluded", "198.18.0.17", json!({ "metadata": { "labels": { "node.kubernetes.io/exclude-from-external-load-balancers": "true" } } })),
+            // A pool toleration does not make a not-ready node ready.
+            api_node("unreachable", "198.18.0.18", json!({ "spec": { "taints": [{ "key": "node.kubernetes.io/unreachable", "effect": "NoExecute" }] } })),
+        ];
+        let pools = [
+            kpool("p", "addresses: [198.18.1.10-198.18.1.20]\nnodeSelector: {kubernetes.io/os: linux}\n"),
+            kpool("all", "addresses: [198.18.2.10]\ntolerations: [{operator: Exists}]\n"),
+        ];
+        let svcs = [ksvc("web", Some("198.18.1.10"), false, &[("TCP", 80)])];
+        let w = world_from(&nodes, &pools, &svcs, &[], &World::default());
+        assert_eq!(names(&w.nodes), ["cordoned", "plain"], "not ready, no network, not-ready taints and the exclusion label leave nodes out");
+        assert_eq!(names(w.eligible(&w.pools[0])), ["cordoned", "plain"], "a cordoned node keeps holding VIPs");
+        assert_eq!(names(w.eligible(&w.pools[1])), ["cordoned", "plain"], "tolerating everything does not bring back not-ready or excluded nodes");
+        assert_eq!(names(w.backend_candidates(&w.services[0])), ["cordoned", "plain"], "a cordoned node stays a backend");
+        let pool = &w.pools[0];
+        let cordoned = w.node("cordoned").unwrap();
+        assert!(cordoned.taints.iter().any(|t| t.key == UNSCHEDULABLE_TAINT), "the taint stays in the model, tolerated by the pool");
+        assert!(pool.admits(cordoned));
+    }
+
+    #[test]
+    fn health_checks_default_to_kube_proxy_on_the_node() {
+        let probe = |check: &str, local: bool| {
+            let nodes = [knode("n1", "198.18.0.11", true, &[], None)];
+            let pools = [kpool("p", &format!("addresses: [198.18.1.10]\nhealthCheck: {check}\n"))];
+            let svcs = [ksvc("web", Some("198.18.1.10"), local, &[("TCP", 443), ("TCP", 80)])];
+            let w = world_from(&nodes, &pools, &svcs, &[], &World::default());
+            w.services[0].health.clone().unwrap().probe
+        };
+        let http = |port: u16, path: &str| Probe::Http { port, path: path.into() };
+        // externalTrafficPolicy: Cluster: kube-proxy's own health server, not NodeIP:443 where nothing listens.
+        assert_eq!(probe("{type: http}", false), http(KUBE_PROXY_HEALTHZ_PORT, "/healthz"));
+        assert_eq!(probe("{type: http, interval: 1s, timeout: 500ms, rise: 2, fall: 3}", false), http(10256, "/healthz"));
+        assert_eq!(probe("{type: http, path: /livez}", false), http(10256, "/livez"));
+        // Local: the Service's healthCheckNodePort, whatever the pool says.
+        assert_eq!(probe("{type: http}", true), http(32000, "/healthz"));
+        assert_eq!(probe("{type: tcp, port: 9000}", true), http(32000, "/healthz"));
+        // Named explicitly: as written; `type: tcp` without a port keeps probing the Service's first port.
+        assert_eq!(probe("{type: http, port: 8080, path: /ready}", false), http(8080, "/ready"));
+        assert_eq!(probe("{type: tcp, port: 9000}", false), Probe::Tcp { port: 9000 });
+        assert_eq!(probe("{type: tcp}", false), Probe::Tcp { port: 443 });
     }
 }
