@@ -17,7 +17,7 @@ use vip_agent::{
     },
     model::{Probe, World},
 };
-use vip_tests::kubeapi::{raw, Backend};
+use vip_tests::kubeapi::{apply, raw, Backend};
 
 const MERGE: &str = "application/merge-patch+json";
 
@@ -68,11 +68,11 @@ async fn real_nodes_and_services_become_the_model() {
     let pool = json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "sem" },
         "spec": { "addresses": ["198.18.8.10-198.18.8.20"], "nodeSelector": { "kubernetes.io/os": "linux" },
                   "healthCheck": { "type": "http", "interval": "1s", "timeout": "500ms" } } });
-    b.insert("vippools", pool).unwrap();
+    apply(client, &pool, false).await.unwrap();
     for (name, policy, ip) in [("web", "Cluster", "198.18.8.10"), ("local", "Local", "198.18.8.11")] {
         let svc = json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "shop" },
             "spec": { "type": "LoadBalancer", "externalTrafficPolicy": policy, "ports": [{ "port": 443, "protocol": "TCP" }] } });
-        b.insert("services", svc).unwrap();
+        apply(client, &svc, false).await.unwrap();
         let ingress = json!({ "status": { "loadBalancer": { "ingress": [{ "ip": ip }] } } });
         call(client, Method::PATCH, &format!("/api/v1/namespaces/shop/services/{name}/status"), Some(ingress)).await;
     }

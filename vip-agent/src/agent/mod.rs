@@ -268,11 +268,12 @@ pub async fn run(opts: Options) -> Result<()> {
     agent.metrics.config_valid.set(1);
     agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
     agent.adopt(world);
-    // Mark and sweep before anything is answered: services in the maps that the
-    // model no longer has (deleted while no agent ran) go, with their rings.
-    // Every node is presumed alive until the heartbeats say otherwise.
-    agent.membership.live = agent.world.nodes.iter().map(|n| n.name.clone()).collect();
-    agent.reconcile(None);
+    // Heartbeats first: a restarted agent must be heard again within deadAfter of
+    // its predecessor's last heartbeat, whatever the programming below costs. The
+    // liveness thread sweeps arp_held and takes what it owns before it returns;
+    // then the first programming pass sweeps lb4_services (services deleted while
+    // no agent ran go, with their rings), with every node presumed alive until the
+    // heartbeats say otherwise.
     let setup = liveness::Setup {
         me: agent.opts.node_name.clone(),
         ifindex,
@@ -283,7 +284,9 @@ pub async fn run(opts: Options) -> Result<()> {
         keys: key_file.as_ref().map(|k| k.keys.clone()),
     };
     let mut members = liveness::spawn(setup, frame_tx, world_rx)?;
-    agent.take_membership(members.borrow_and_update().clone());
+    agent.membership = members.borrow_and_update().clone();
+    agent.owners_tx.send_replace(agent.membership.owners.clone());
+    agent.reconcile(None);
     agent.metrics.ready.store(true, Ordering::Relaxed);
 
     // Backends without a known MAC and services that did not fit are retried.

@@ -93,6 +93,44 @@ pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
     }
 }
 
+/// Slots `start..start + len` of an array map (not per-CPU), in order: a ring
+/// read back without reading the whole array.
+pub fn array_range<V: Pod>(map: &MapData, start: u32, len: u32) -> io::Result<Vec<V>> {
+    let mut out: Vec<V> = Vec::with_capacity(len as usize);
+    while (out.len() as u32) < len {
+        let next = start + out.len() as u32;
+        let want = (len - out.len() as u32).min(CHUNK as u32);
+        // The kernel starts after the key in `in_batch` (from the first without one).
+        let prev = next.wrapping_sub(1);
+        let mut token = 0u32;
+        let mut keys: Vec<MaybeUninit<u32>> = Vec::with_capacity(want as usize);
+        let mut values: Vec<MaybeUninit<V>> = Vec::with_capacity(want as usize);
+        let mut attr = BatchAttr {
+            in_batch: if next == 0 { 0 } else { &prev as *const u32 as u64 },
+            out_batch: &mut token as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: want,
+            map_fd: fd(map),
+            ..Default::default()
+        };
+        let r = sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let n = attr.count as usize;
+        if let Err(e) = &r {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(io::Error::new(e.kind(), format!("BPF_MAP_LOOKUP_BATCH: {e}")));
+            }
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("slots {next}.. are outside the array")));
+        }
+        // SAFETY: the kernel wrote `n` values (Pod: any bytes are valid).
+        unsafe { values.set_len(n) };
+        out.extend(values.into_iter().map(|v| unsafe { v.assume_init() }));
+    }
+    Ok(out)
+}
+
 /// Writes `entries` (key, value) in as few calls as the chunk size allows.
 pub fn update<K: Pod, V: Pod>(map: &MapData, entries: &[(K, V)]) -> io::Result<()> {
     for part in entries.chunks(CHUNK) {

@@ -167,7 +167,11 @@ impl HeldVips {
     /// Conflicting claims seen per VIP on `ifindex` (counts since the entry
     /// appeared; one batched read).
     pub fn conflicts(&self, ifindex: u32) -> Result<BTreeMap<Ipv4Addr, u64>> {
-        Ok(batch::lookup_all::<HeldKey, u64>(self.conflicts.map())?.into_iter().filter(|(k, _)| k.ifindex == ifindex).map(|(k, n)| (Ipv4Addr::from(k.vip), n)).collect())
+        Ok(batch::lookup_all::<HeldKey, u64>(self.conflicts.map())?
+            .into_iter()
+            .filter(|(k, _)| k.ifindex == ifindex)
+            .map(|(k, n)| (Ipv4Addr::from(k.vip), n))
+            .collect())
     }
 
     /// One reason's counter (packets, bytes) summed over CPUs: cheap enough to poll.

@@ -289,16 +289,10 @@ impl Dataplane {
         let entries = batch::lookup_all::<ServiceKey, Service>(self.services.map())?;
         let regions: BTreeSet<(u32, u32)> =
             entries.iter().filter(|(k, s)| k.port != [0, 0] && s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
-        if !regions.is_empty() {
-            let ring: Vec<u32> = {
-                let mut all = batch::lookup_all::<u32, u32>(self.ring.map())?;
-                all.sort_unstable_by_key(|(i, _)| *i);
-                all.into_iter().map(|(_, b)| b).collect()
-            };
-            for (off, size) in regions {
-                let slots = ring.get(off as usize..(off + size) as usize).ok_or_else(|| anyhow!("ring region {off}+{size} outside lb4_ring"))?;
-                self.rings.insert(off, slots.to_vec(), true)?;
-            }
+        // Only the regions in use are read (shared rings: usually a few).
+        for (off, size) in regions {
+            let slots = batch::array_range::<u32>(self.ring.map(), off, size).with_context(|| format!("reading ring region {off}+{size} of lb4_ring"))?;
+            self.rings.insert(off, slots, true)?;
         }
         for (key, svc) in entries {
             if key.port == [0, 0] {

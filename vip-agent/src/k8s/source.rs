@@ -198,19 +198,19 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                         rise: v.health.as_ref().map_or(2, |h| h.rise),
                         fall: v.health.as_ref().map_or(2, |h| h.fall),
                     }),
-                    // A pool's check that names a port probes that port. Without one,
-                    // `type: http` probes kube-proxy's health server on the node (as
-                    // cloud load balancers do; `/healthz` unless a path is named), since
-                    // with kube-proxy nothing listens on NodeIP:<service port>; `type:
-                    // tcp` connects to the Service's first port (for data paths where
-                    // something does listen there, e.g. without kube-proxy).
+                    // A pool's check that names a port probes that port. A bare `type:
+                    // http` (no port, no path) probes kube-proxy's health server on the
+                    // node at `/healthz`, as cloud load balancers do: with kube-proxy
+                    // nothing listens on NodeIP:<service port>. Any other check without
+                    // a port (`type: tcp`, or http with a path) probes the Service's first
+                    // port, for data paths where something listens there (hostNetwork
+                    // backends, no kube-proxy).
                     _ => v.health.clone().map(|mut h| {
                         if let Some(c) = pool.spec.health_check.as_ref().filter(|c| c.port.is_none()) {
                             h.probe = match h.probe {
                                 Probe::Tcp { .. } => Probe::Tcp { port: ports[0] },
-                                Probe::Http { path, .. } => {
-                                    Probe::Http { port: KUBE_PROXY_HEALTHZ_PORT, path: if c.path.is_some() { path } else { "/healthz".into() } }
-                                }
+                                Probe::Http { .. } if c.path.is_none() => Probe::Http { port: KUBE_PROXY_HEALTHZ_PORT, path: "/healthz".into() },
+                                Probe::Http { path, .. } => Probe::Http { port: ports[0], path },
                             };
                         }
                         h
@@ -461,11 +461,12 @@ mod tests {
         // externalTrafficPolicy: Cluster: kube-proxy's own health server, not NodeIP:443 where nothing listens.
         assert_eq!(probe("{type: http}", false), http(KUBE_PROXY_HEALTHZ_PORT, "/healthz"));
         assert_eq!(probe("{type: http, interval: 1s, timeout: 500ms, rise: 2, fall: 3}", false), http(10256, "/healthz"));
-        assert_eq!(probe("{type: http, path: /livez}", false), http(10256, "/livez"));
         // Local: the Service's healthCheckNodePort, whatever the pool says.
         assert_eq!(probe("{type: http}", true), http(32000, "/healthz"));
         assert_eq!(probe("{type: tcp, port: 9000}", true), http(32000, "/healthz"));
-        // Named explicitly: as written; `type: tcp` without a port keeps probing the Service's first port.
+        // Named explicitly: as written; without a port, `type: tcp` or a path keep probing the Service's first port.
+        assert_eq!(probe("{type: http, port: 10256, path: /livez}", false), http(10256, "/livez"));
+        assert_eq!(probe("{type: http, path: /ready}", false), http(443, "/ready"));
         assert_eq!(probe("{type: http, port: 8080, path: /ready}", false), http(8080, "/ready"));
         assert_eq!(probe("{type: tcp, port: 9000}", false), Probe::Tcp { port: 9000 });
         assert_eq!(probe("{type: tcp}", false), Probe::Tcp { port: 443 });
