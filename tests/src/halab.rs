@@ -246,6 +246,56 @@ pub struct HaLab {
     remove_dir: bool,
 }
 
+/// GET `path` from the agent's HTTP port (127.0.0.1:9472) in the calling
+/// thread's namespace; "" when it does not answer.
+pub fn agent_http(path: &str) -> String {
+    use std::io::Read;
+    let Ok(mut s) = TcpStream::connect("127.0.0.1:9472") else { return String::new() };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// The value of the sample `series` (name and labels exactly, e.g.
+/// `vip_heartbeats_rejected_total{reason="stale"}`) in a scrape.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The sum and the largest of the samples of a family (every label set).
+pub fn metric_sum_max(text: &str, family: &str) -> (f64, f64) {
+    let v: Vec<f64> = text
+        .lines()
+        .filter(|l| l.strip_prefix(family).is_some_and(|r| r.starts_with(' ') || r.starts_with('{')))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (v.iter().sum(), v.iter().copied().fold(0.0, f64::max))
+}
+
+/// Threads scraping every node's `/metrics` every `every` until `stop`: a load of
+/// scrapes on the agents. Each returns how many scrapes answered.
+pub fn scrape_every(lab: &HaLab, every: Duration, stop: &std::sync::Arc<std::sync::atomic::AtomicBool>) -> Vec<std::thread::JoinHandle<u32>> {
+    lab.nodes
+        .iter()
+        .map(|n| {
+            let stop = stop.clone();
+            n.ns.spawn(move || {
+                let mut ok = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if agent_http("/metrics").contains("vip_xdp_packets") {
+                        ok += 1;
+                    }
+                    std::thread::sleep(every);
+                }
+                ok
+            })
+            .expect("a scraper thread in the node's namespace")
+        })
+        .collect()
+}
+
 /// The lab's heartbeat key file, in its directory.
 pub const HEARTBEAT_KEY: &str = "heartbeat.key";
 
@@ -388,6 +438,11 @@ impl HaLab {
     /// Node `i`'s agent status.
     pub fn status(&self, i: usize) -> Option<Value> {
         serde_json::from_str(&std::fs::read_to_string(&self.nodes[i].status_file).ok()?).ok()
+    }
+
+    /// Node `i`'s agent's `/metrics`.
+    pub fn metrics(&self, i: usize) -> String {
+        self.nodes[i].ns.run(|| agent_http("/metrics")).unwrap_or_default()
     }
 
     /// VIP → owner as node `i` sees it.

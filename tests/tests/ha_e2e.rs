@@ -14,7 +14,7 @@ use std::{
 
 use vip_tests::{
     agent::agent_bin,
-    halab::{ask, vip, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
+    halab::{ask, metric, vip, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
     netns::privileged,
 };
 
@@ -182,20 +182,8 @@ fn foreign_gratuitous_arp_for_a_held_vip_is_a_counted_conflict() {
     let v = vip(0);
     let a = owner_index(&lab, &owners, v);
     let intruder = [0x02, 0xde, 0xad, 0, 0, 1];
-    let metrics = || {
-        lab.nodes[a]
-            .ns
-            .run(|| {
-                use std::io::{Read, Write};
-                let mut s = std::net::TcpStream::connect("127.0.0.1:9472").unwrap();
-                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-                let mut out = String::new();
-                s.read_to_string(&mut out).unwrap();
-                out
-            })
-            .unwrap()
-    };
-    let conflicts = || metrics().lines().find_map(|l| l.strip_prefix("vip_arp_conflicts_total ")?.trim().parse::<u64>().ok()).unwrap_or(0);
+    let metrics = || lab.metrics(a);
+    let conflicts = || metric(&metrics(), "vip_arp_conflicts_total").unwrap_or(0.0) as u64;
     // Start-up may have counted conflicts of its own: a VIP that moved while the
     // agents came up, its previous holder's gratuitous ARP still in flight (the
     // takeover rounds are not cancelled on release). Count from a quiet baseline,
@@ -435,22 +423,8 @@ fn forged_and_replayed_heartbeats_change_nothing_and_keys_rotate_without_a_move(
     send(node_addr(1), lab_keys.seal(&hb("node-3", far_future, 1))); // node-2's address, node-3's name
     send(std::net::Ipv4Addr::new(198, 18, 0, 99), lab_keys.seal(&hb("node-9", far_future, 1))); // unknown sender
     send(node_addr(2), lab_keys.seal(&hb("node-3", 1, u64::MAX))); // an old incarnation: a replay
-    let metrics = || {
-        lab.nodes[0]
-            .ns
-            .run(|| {
-                use std::io::{Read, Write};
-                let mut s = std::net::TcpStream::connect("127.0.0.1:9472").unwrap();
-                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-                let mut out = String::new();
-                s.read_to_string(&mut out).unwrap();
-                out
-            })
-            .unwrap()
-    };
-    let counted = |m: &str, reason: &str| {
-        m.lines().find_map(|l| l.strip_prefix(&format!("vip_heartbeats_rejected_total{{reason=\"{reason}\"}} "))?.trim().parse::<u64>().ok()).unwrap_or(0)
-    };
+    let metrics = || lab.metrics(0);
+    let counted = |m: &str, reason: &str| metric(m, &format!("vip_heartbeats_rejected_total{{reason=\"{reason}\"}}")).unwrap_or(0.0) as u64;
     let reasons = ["malformed", "unknown_key", "bad_tag", "wrong_name", "unknown_sender", "stale"];
     let all_counted = vip_tests::agent::wait_for(Duration::from_secs(3), || {
         let m = metrics();

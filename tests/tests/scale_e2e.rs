@@ -6,7 +6,6 @@
 //! declared dead, no VIP moved, one ARP answer per VIP.
 use std::{
     collections::BTreeSet,
-    io::{Read, Write},
     net::Ipv4Addr,
     path::Path,
     sync::{
@@ -21,31 +20,9 @@ use vip_common::MAX_FLOWS;
 use vip_tests::{
     agent::{agent_bin, wait_for},
     flows,
-    halab::{vip, HaLab, HaSpec, Naming, CLIENT},
-    netns::{privileged, NetNs},
+    halab::{metric, metric_sum_max, scrape_every, vip, HaLab, HaSpec, Naming, CLIENT},
+    netns::privileged,
 };
-
-fn get(ns: &NetNs, path: &'static str) -> String {
-    ns.run(move || {
-        let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") else { return String::new() };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-        let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    })
-    .unwrap_or_default()
-}
-
-/// The value of the first sample of `name` (with any labels) in a scrape.
-fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-/// The largest sample of a metric family.
-fn max_sample(text: &str, name: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).fold(0.0, f64::max)
-}
 
 #[test]
 fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness() {
@@ -70,32 +47,11 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
         assert!(count as u32 >= MAX_FLOWS * 9 / 10, "flow table of {} not full: {count}", n.name);
     }
 
-    let before: Vec<String> = lab.nodes.iter().map(|n| get(&n.ns, "/metrics")).collect();
+    let before: Vec<String> = (0..3).map(|i| lab.metrics(i)).collect();
     let logs_before: Vec<usize> = lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap().matches("peer liveness changed").count()).collect();
     // Scrapers: every agent's /metrics five times a second until the end.
     let stop = Arc::new(AtomicBool::new(false));
-    let scrapers: Vec<_> = lab
-        .nodes
-        .iter()
-        .map(|n| {
-            let stop = stop.clone();
-            n.ns.spawn(move || {
-                let mut ok = 0u32;
-                while !stop.load(Ordering::Relaxed) {
-                    if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") {
-                        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-                        let mut out = String::new();
-                        if s.read_to_string(&mut out).is_ok() && out.contains("vip_xdp_packets") {
-                            ok += 1;
-                        }
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                ok
-            })
-            .unwrap()
-        })
-        .collect();
+    let scrapers = scrape_every(&lab, Duration::from_millis(200), &stop);
 
     // node-3's server stops: its health check fails on every agent, and every
     // service's ring loses it.
@@ -120,17 +76,17 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
     assert!(scrapes.iter().all(|&n| n >= 5), "scrapes that succeeded: {scrapes:?}");
 
     for (i, n) in lab.nodes.iter().enumerate() {
-        let m = get(&n.ns, "/metrics");
-        let stalls = sample(&m, "vip_liveness_stalls_total").unwrap();
-        let gap = max_sample(&m, "vip_heartbeat_gap_max_seconds");
-        let evicted = sample(&m, "vip_flows_evicted_total").unwrap();
+        let m = lab.metrics(i);
+        let stalls = metric(&m, "vip_liveness_stalls_total").unwrap();
+        let gap = metric_sum_max(&m, "vip_heartbeat_gap_max_seconds").1;
+        let evicted = metric(&m, "vip_flows_evicted_total").unwrap();
         let to_maps = lab.status(i).unwrap()["health_to_maps_us"].as_array().unwrap().iter().filter_map(|v| v.as_u64()).max().unwrap_or(0);
         eprintln!(
             "{}: health change → rings written {to_maps} µs; flows evicted {evicted}; largest heartbeat gap {:.0} ms; stalls {stalls}",
             n.name,
             gap * 1000.0
         );
-        assert_eq!(stalls, sample(&before[i], "vip_liveness_stalls_total").unwrap(), "{}: liveness stalled\n{}", n.name, lab.agent_logs());
+        assert_eq!(stalls, metric(&before[i], "vip_liveness_stalls_total").unwrap(), "{}: liveness stalled\n{}", n.name, lab.agent_logs());
         // deadAfter is 300 ms by default.
         assert!(gap < 0.3, "{}: a peer's heartbeats were {gap} s apart", n.name);
         assert!(evicted > 0.0, "{}: flows pinned to node-3 were not evicted", n.name);
@@ -140,7 +96,8 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
         }
         let changes = log.matches("peer liveness changed").count();
         assert_eq!(changes, logs_before[i], "{}: a peer was declared dead or came back\n{}", n.name, lab.agent_logs());
-        assert_eq!(sample(&m, "vip_pool_owner_changes_total"), sample(&before[i], "vip_pool_owner_changes_total"), "{}: VIPs moved", n.name);
+        let moved = |m: &str| metric_sum_max(m, "vip_pool_owner_changes_total").0;
+        assert_eq!(moved(&m), moved(&before[i]), "{}: VIPs moved", n.name);
     }
     assert_eq!(lab.wait_converged(&all, Duration::from_secs(5)).unwrap(), owners, "owners changed");
     // A sample of VIPs: each answered by its owner alone.

@@ -658,27 +658,6 @@ fn bpf_map_bytes(dir: &std::path::Path) -> Result<u64> {
     Ok(total)
 }
 
-fn scrape(ns: &NetNs) -> String {
-    ns.run(|| {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") else { return String::new() };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    })
-    .unwrap_or_default()
-}
-
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-}
-
-fn metric_max(text: &str, name: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).fold(0.0, f64::max)
-}
-
 struct ScaleStart {
     converged_ms: f64,
     rss_mib: f64,
@@ -714,45 +693,14 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<serde_json::Val
     let all = [0, 1, 2];
     let vips: Vec<Ipv4Addr> = (0..lab.spec.vips).map(halab::vip).collect();
     let services = lab.spec.vips * lab.spec.ports.len();
-    let before: Vec<String> = lab.nodes.iter().map(|n| scrape(&n.ns)).collect();
+    let before: Vec<String> = (0..lab.nodes.len()).map(|i| lab.metrics(i)).collect();
     let logs = |lab: &HaLab| -> Vec<usize> {
         lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap_or_default().matches("peer liveness changed").count()).collect()
     };
     let liveness_before = logs(lab);
     let samples_before: Vec<usize> = all.iter().map(|&i| lab.status(i).and_then(|s| Some(s["health_to_maps_us"].as_array()?.len())).unwrap_or(0)).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let scrapers: Vec<_> = if scrape_every_s {
-        lab.nodes
-            .iter()
-            .map(|n| {
-                let (stop, ns) = (stop.clone(), n.ns.path());
-                std::thread::spawn(move || {
-                    use std::{
-                        io::{Read, Write},
-                        os::fd::AsRawFd,
-                    };
-                    // This thread lives in the node's namespace (its loopback has the agent's port).
-                    let f = std::fs::File::open(&ns).expect("node namespace");
-                    // SAFETY: setns on an open namespace file, for this thread only.
-                    assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
-                    let mut n = 0u32;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:9472") {
-                            let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-                            let mut out = String::new();
-                            if s.read_to_string(&mut out).is_ok() && out.contains("vip_xdp_packets") {
-                                n += 1;
-                            }
-                        }
-                        std::thread::sleep(Duration::from_secs(1));
-                    }
-                    n
-                })
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let scrapers = if scrape_every_s { halab::scrape_every(lab, Duration::from_secs(1), &stop) } else { Vec::new() };
     for trial in 0..SCALE_TRIALS {
         for n in &lab.nodes {
             let ids: Vec<u32> = Dataplane::open(&n.pins.path)?.backends()?.into_keys().collect();
@@ -795,16 +743,17 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<serde_json::Val
     let scrapes: Vec<u32> = scrapers.into_iter().filter_map(|h| h.join().ok()).collect();
     let mut us = Vec::new();
     let (mut gap, mut stalls, mut moved, mut evicted, mut sweep_s, mut sweeps) = (0f64, 0f64, 0f64, 0f64, 0f64, 0f64);
-    for (i, n) in lab.nodes.iter().enumerate() {
+    for i in 0..lab.nodes.len() {
         let s = lab.status(i).context("status")?;
         us.extend(s["health_to_maps_us"].as_array().context("samples")?.iter().skip(samples_before[i]).filter_map(|v| v.as_f64()));
-        let m = scrape(&n.ns);
-        gap = gap.max(metric_max(&m, "vip_heartbeat_gap_max_seconds"));
-        stalls += metric_sum(&m, "vip_liveness_stalls_total") - metric_sum(&before[i], "vip_liveness_stalls_total");
-        moved += metric_sum(&m, "vip_pool_owner_changes_total") - metric_sum(&before[i], "vip_pool_owner_changes_total");
-        evicted += metric_sum(&m, "vip_flows_evicted_total") - metric_sum(&before[i], "vip_flows_evicted_total");
-        sweep_s += metric_sum(&m, "vip_flow_sweep_seconds_sum") - metric_sum(&before[i], "vip_flow_sweep_seconds_sum");
-        sweeps += metric_sum(&m, "vip_flow_sweep_seconds_count") - metric_sum(&before[i], "vip_flow_sweep_seconds_count");
+        let m = lab.metrics(i);
+        let delta = |family: &str| halab::metric_sum_max(&m, family).0 - halab::metric_sum_max(&before[i], family).0;
+        gap = gap.max(halab::metric_sum_max(&m, "vip_heartbeat_gap_max_seconds").1);
+        stalls += delta("vip_liveness_stalls_total");
+        moved += delta("vip_pool_owner_changes_total");
+        evicted += delta("vip_flows_evicted_total");
+        sweep_s += delta("vip_flow_sweep_seconds_sum");
+        sweeps += delta("vip_flow_sweep_seconds_count");
     }
     let liveness: usize = logs(lab).iter().zip(&liveness_before).map(|(a, b)| a - b).sum();
     anyhow::ensure!(!us.is_empty(), "no health change samples");

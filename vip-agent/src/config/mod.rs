@@ -147,7 +147,7 @@ pub struct HealthCheckSpec {
     /// tcp (connect) or http (GET, 2xx/3xx is healthy).
     #[serde(rename = "type")]
     pub kind: ProbeKind,
-    /// Defaults to the service's first port.
+    /// Defaults to the service's first port. In a VipPool, a bare `{type: http}` (no port, no path) probes kube-proxy's health endpoint (`:10256/healthz`) for `externalTrafficPolicy: Cluster` Services and `healthCheckNodePort` (`/healthz`) for `Local` ones.
     #[serde(default)]
     pub port: Option<u16>,
     /// URL path for http (default /).
