@@ -4,6 +4,7 @@ pub mod flows;
 pub mod frames;
 pub mod halab;
 pub mod kubeapi;
+pub mod kubefix;
 pub mod kubelab;
 pub mod lab;
 pub mod netns;

@@ -15,33 +15,14 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 use vip_agent::k8s::{controller, crd::VipPool};
-use vip_tests::kubeapi::Backend;
+use vip_tests::{
+    kubeapi::Backend,
+    kubefix::{events, eventually, pool_condition, vip_pool},
+};
 
-macro_rules! scenario {
-    ($name:ident) => {
-        mod $name {
-            use vip_tests::kubeapi::Backend;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stand_in() {
-                super::$name(Backend::stand_in().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn real() {
-                if let Some(b) = Backend::real().await {
-                    super::$name(b).await
-                }
-            }
-        }
-    };
-}
-
-scenario!(a_service_that_stops_being_ours_releases_its_address);
-scenario!(cidr_pools_skip_network_and_broadcast_unless_asked);
-scenario!(edited_selectors_keep_a_running_services_address);
-
-fn pool(name: &str, spec: Value) -> VipPool {
-    serde_json::from_value(json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": name }, "spec": spec })).unwrap()
-}
+vip_tests::both_api_servers!(a_service_that_stops_being_ours_releases_its_address);
+vip_tests::both_api_servers!(cidr_pools_skip_network_and_broadcast_unless_asked);
+vip_tests::both_api_servers!(edited_selectors_keep_a_running_services_address);
 
 fn lb(name: &str, extra_spec: Value, labels: Value) -> Service {
     let mut spec = json!({ "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] });
@@ -63,32 +44,8 @@ fn ips(api: &Backend) -> BTreeMap<String, String> {
         .collect()
 }
 
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("not reached within 10 s: {what}");
-}
-
-fn events(api: &Backend, reason: &str) -> Vec<String> {
-    api.list("events.events.k8s.io", None)
-        .into_iter()
-        .filter(|e| e["reason"] == reason)
-        .map(|e| format!("{}: {}", e["regarding"]["name"].as_str().unwrap_or(""), e["note"].as_str().unwrap_or("")))
-        .collect()
-}
-
 fn pool_status(api: &Backend, name: &str) -> Value {
     api.get("vippools.vip.dev", None, name).map(|p| p["status"].clone()).unwrap_or(Value::Null)
-}
-
-fn condition(api: &Backend, pool: &str, type_: &str) -> Option<(String, String)> {
-    let st = pool_status(api, pool);
-    let c = st["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?.clone();
-    Some((c["status"].as_str()?.to_owned(), c["message"].as_str()?.to_owned()))
 }
 
 fn start(client: kube::Client) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
@@ -104,7 +61,7 @@ async fn a_service_that_stops_being_ours_releases_its_address(api: Backend) {
     let client = api.client().await;
     let pp = PostParams::default();
     let mp = PatchParams::default();
-    Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    Api::<VipPool>::all(client.clone()).create(&pp, &vip_pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     svcs.create(&pp, &lb("web", json!({"loadBalancerClass": "vip.dev/vip"}), json!({}))).await.unwrap();
     svcs.create(&pp, &lb("api", json!({}), json!({}))).await.unwrap();
@@ -158,7 +115,7 @@ async fn cidr_pools_skip_network_and_broadcast_unless_asked(api: Backend) {
     let client = api.client().await;
     let pp = PostParams::default();
     let pools: Api<VipPool> = Api::all(client.clone());
-    pools.create(&pp, &pool("net", json!({"addresses": ["198.18.5.0/30"]}))).await.unwrap();
+    pools.create(&pp, &vip_pool("net", json!({"addresses": ["198.18.5.0/30"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     for n in ["s1", "s2", "s3"] {
         svcs.create(&pp, &lb(n, json!({}), json!({}))).await.unwrap();
@@ -185,17 +142,17 @@ async fn edited_selectors_keep_a_running_services_address(api: Backend) {
     let client = api.client().await;
     let pp = PostParams::default();
     let pools: Api<VipPool> = Api::all(client.clone());
-    pools.create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    pools.create(&pp, &vip_pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     svcs.create(&pp, &lb("web", json!({}), json!({"tier": "bronze"}))).await.unwrap();
     let (_lead, task) = start(client.clone());
     eventually("web allocated", || ips(&api).get("web").map(String::as_str) == Some("198.18.1.10")).await;
-    eventually("nothing stale", || condition(&api, "p", "StaleAllocations").is_some_and(|c| c.0 == "False")).await;
+    eventually("nothing stale", || pool_condition(&api, "p", "StaleAllocations").is_some_and(|c| c.0 == "False")).await;
 
     let gold = json!({"spec": {"serviceSelector": {"matchLabels": {"tier": "gold"}}}});
     pools.patch("p", &PatchParams::default(), &Patch::Merge(gold)).await.unwrap();
-    eventually("stale condition", || condition(&api, "p", "StaleAllocations").is_some_and(|c| c.0 == "True")).await;
-    let (_, msg) = condition(&api, "p", "StaleAllocations").unwrap();
+    eventually("stale condition", || pool_condition(&api, "p", "StaleAllocations").is_some_and(|c| c.0 == "True")).await;
+    let (_, msg) = pool_condition(&api, "p", "StaleAllocations").unwrap();
     assert!(msg.contains("shop/web 198.18.1.10"), "{msg}");
     eventually("an Event", || !events(&api, "StaleAllocation").is_empty()).await;
     svcs.create(&pp, &lb("new", json!({}), json!({"tier": "bronze"}))).await.unwrap();
@@ -209,7 +166,7 @@ async fn edited_selectors_keep_a_running_services_address(api: Backend) {
 
     // web is relabelled to fit: nothing stale any more.
     svcs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "gold"}}}))).await.unwrap();
-    eventually("stale cleared", || condition(&api, "p", "StaleAllocations").is_some_and(|c| c.0 == "False")).await;
+    eventually("stale cleared", || pool_condition(&api, "p", "StaleAllocations").is_some_and(|c| c.0 == "False")).await;
     assert_eq!(ips(&api).get("web").map(String::as_str), Some("198.18.1.10"));
     task.abort();
 }

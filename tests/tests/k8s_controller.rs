@@ -22,35 +22,15 @@ use vip_agent::k8s::{
     crd::VipPool,
     leader::{self, LeaderConfig},
 };
-use vip_tests::kubeapi::Backend;
+use vip_tests::{
+    kubeapi::Backend,
+    kubefix::{events, eventually, ingress_ips, pool_condition, vip_pool},
+};
 
-/// `scenario!(name)`: `name::stand_in` and `name::real` run `async fn name(Backend)`.
-macro_rules! scenario {
-    ($name:ident) => {
-        mod $name {
-            use vip_tests::kubeapi::Backend;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stand_in() {
-                super::$name(Backend::stand_in().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn real() {
-                if let Some(b) = Backend::real().await {
-                    super::$name(b).await
-                }
-            }
-        }
-    };
-}
-
-scenario!(allocates_reports_pools_and_follows_live_edits);
-scenario!(leader_change_mid_allocation_hands_out_no_address_twice);
-scenario!(pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events);
-scenario!(unprogrammed_services_are_reported_on_the_pool_and_the_service);
-
-fn pool(name: &str, spec: Value) -> VipPool {
-    serde_json::from_value(json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": name }, "spec": spec })).unwrap()
-}
+vip_tests::both_api_servers!(allocates_reports_pools_and_follows_live_edits);
+vip_tests::both_api_servers!(leader_change_mid_allocation_hands_out_no_address_twice);
+vip_tests::both_api_servers!(pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events);
+vip_tests::both_api_servers!(unprogrammed_services_are_reported_on_the_pool_and_the_service);
 
 fn lb(name: &str, port: i32, annotations: Value) -> Service {
     serde_json::from_value(json!({
@@ -61,51 +41,15 @@ fn lb(name: &str, port: i32, annotations: Value) -> Service {
     .unwrap()
 }
 
-/// namespace/name → ingress IP, from the server's own store.
-fn ips(api: &Backend) -> BTreeMap<String, String> {
-    api.list("services", None)
-        .into_iter()
-        .filter_map(|s| {
-            let ip = s["status"]["loadBalancer"]["ingress"][0]["ip"].as_str()?.to_owned();
-            Some((format!("{}/{}", s["metadata"]["namespace"].as_str()?, s["metadata"]["name"].as_str()?), ip))
-        })
-        .collect()
-}
-
-/// Polls `f` every 20 ms for up to 10 s.
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("not reached within 10 s: {what}");
-}
-
-fn condition(api: &Backend, pool: &str, type_: &str) -> Option<(String, String)> {
-    let p = api.get("vippools.vip.dev", None, pool)?;
-    let c = p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)?.clone();
-    Some((c["status"].as_str()?.to_owned(), c["message"].as_str()?.to_owned()))
-}
-
-fn events(api: &Backend, reason: &str) -> Vec<String> {
-    api.list("events.events.k8s.io", None)
-        .into_iter()
-        .filter(|e| e["reason"] == reason)
-        .map(|e| format!("{}: {}", e["regarding"]["name"].as_str().unwrap_or(""), e["note"].as_str().unwrap_or("")))
-        .collect()
-}
-
 async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
     let client = api.client().await;
     api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"env": "prod"}}})).unwrap();
     let pools: Api<VipPool> = Api::all(client.clone());
     let pp = PostParams::default();
-    pools.create(&pp, &pool("auto", json!({"addresses": ["198.18.1.10-198.18.1.12"], "excludedIPs": ["198.18.1.11"]}))).await.unwrap();
-    pools.create(&pp, &pool("manual", json!({"addresses": ["198.18.1.20/31"], "autoAssign": false}))).await.unwrap();
-    pools.create(&pp, &pool("broken", json!({"addresses": ["198.18.2.1", "198.18.2.300"]}))).await.unwrap();
-    pools.create(&pp, &pool("overlapping", json!({"addresses": ["198.18.1.12-198.18.1.13"]}))).await.unwrap();
+    pools.create(&pp, &vip_pool("auto", json!({"addresses": ["198.18.1.10-198.18.1.12"], "excludedIPs": ["198.18.1.11"]}))).await.unwrap();
+    pools.create(&pp, &vip_pool("manual", json!({"addresses": ["198.18.1.20/31"], "autoAssign": false}))).await.unwrap();
+    pools.create(&pp, &vip_pool("broken", json!({"addresses": ["198.18.2.1", "198.18.2.300"]}))).await.unwrap();
+    pools.create(&pp, &vip_pool("overlapping", json!({"addresses": ["198.18.1.12-198.18.1.13"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     // Created within one second: creationTimestamp ties (it has second resolution,
     // as on a real server), so the allocator orders them by name: api, asks, third, web.
@@ -123,19 +67,19 @@ async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    eventually(&format!("api, third and asks allocated: {want:?}"), || ips(&api) == want).await;
+    eventually(&format!("api, third and asks allocated: {want:?}"), || ingress_ips(&api) == want).await;
     eventually("auto pool status counts", || {
         api.get("vippools.vip.dev", None, "auto")
             .is_some_and(|p| (p["status"]["total"].clone(), p["status"]["allocated"].clone(), p["status"]["free"].clone()) == (json!(2), json!(2), json!(0)))
     })
     .await;
-    assert_eq!(condition(&api, "auto", "Ready").unwrap().0, "True");
-    eventually("broken pool not ready", || condition(&api, "broken", "Ready").is_some()).await;
-    let (status, msg) = condition(&api, "broken", "Ready").unwrap();
+    assert_eq!(pool_condition(&api, "auto", "Ready").unwrap().0, "True");
+    eventually("broken pool not ready", || pool_condition(&api, "broken", "Ready").is_some()).await;
+    let (status, msg) = pool_condition(&api, "broken", "Ready").unwrap();
     assert_eq!(status, "False");
     assert!(msg.starts_with("spec.addresses[1]: "), "{msg}");
-    eventually("overlapping pool conflicting", || condition(&api, "overlapping", "Conflicting").is_some()).await;
-    let (status, msg) = condition(&api, "overlapping", "Conflicting").unwrap();
+    eventually("overlapping pool conflicting", || pool_condition(&api, "overlapping", "Conflicting").is_some()).await;
+    let (status, msg) = pool_condition(&api, "overlapping", "Conflicting").unwrap();
     assert_eq!(status, "True");
     assert!(msg.contains("198.18.1.12 is also in VipPool \"auto\""), "{msg}");
     eventually("events", || !events(&api, "AllocationFailed").is_empty() && events(&api, "Allocated").len() == 3).await;
@@ -143,28 +87,28 @@ async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
 
     // The pool grows: the waiting Service gets the new address.
     pools.patch("auto", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["198.18.1.10-198.18.1.12", "198.18.1.30"]}}))).await.unwrap();
-    eventually("web allocated after the pool grew", || ips(&api).get("shop/web").map(String::as_str) == Some("198.18.1.30")).await;
+    eventually("web allocated after the pool grew", || ingress_ips(&api).get("shop/web").map(String::as_str) == Some("198.18.1.30")).await;
     // The pool narrows: .12 leaves it, so the overlapping pool stops conflicting and
     // now holds .12; third keeps its address (no needless move).
     pools
         .patch("auto", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["198.18.1.10", "198.18.1.30"], "excludedIPs": []}})))
         .await
         .unwrap();
-    eventually("overlapping pool ready", || condition(&api, "overlapping", "Ready").is_some_and(|c| c.0 == "True")).await;
-    assert_eq!(ips(&api).get("shop/third").map(String::as_str), Some("198.18.1.12"));
+    eventually("overlapping pool ready", || pool_condition(&api, "overlapping", "Ready").is_some_and(|c| c.0 == "True")).await;
+    assert_eq!(ingress_ips(&api).get("shop/third").map(String::as_str), Some("198.18.1.12"));
     // That pool goes: .12 is in no pool now, third is released and waits.
     pools.delete("overlapping", &Default::default()).await.unwrap();
-    eventually("third released", || !ips(&api).contains_key("shop/third")).await;
+    eventually("third released", || !ingress_ips(&api).contains_key("shop/third")).await;
     // The controller records the Event after the status write: wait for it too.
     eventually("Released event for third", || events(&api, "Released").iter().any(|e| e.starts_with("third: 198.18.1.12"))).await;
     // A Service that stops being a LoadBalancer gives its address back; third takes it.
     svcs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"type": "ClusterIP"}}))).await.unwrap();
     eventually("web released, third gets .30", || {
-        let now = ips(&api);
+        let now = ingress_ips(&api);
         !now.contains_key("shop/web") && now.get("shop/third").map(String::as_str) == Some("198.18.1.30")
     })
     .await;
-    let all = ips(&api);
+    let all = ingress_ips(&api);
     let distinct: std::collections::BTreeSet<&String> = all.values().collect();
     assert_eq!(distinct.len(), all.len(), "an address handed out twice: {all:?}");
     task.abort();
@@ -173,7 +117,7 @@ async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
 async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
     let client = api.client().await;
     let pools: Api<VipPool> = Api::all(client.clone());
-    pools.create(&PostParams::default(), &pool("big", json!({"addresses": ["198.18.4.0/26"]}))).await.unwrap();
+    pools.create(&PostParams::default(), &vip_pool("big", json!({"addresses": ["198.18.4.0/26"]}))).await.unwrap();
     let cfg = |id: &str| LeaderConfig {
         lease_duration: Duration::from_millis(1500),
         retry_period: Duration::from_millis(100),
@@ -197,7 +141,7 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
     for i in 0..20 {
         svcs.create(&PostParams::default(), &lb(&format!("s{i:02}"), 80, json!({}))).await.unwrap();
     }
-    eventually("some allocated", || ips(&api).len() >= 5).await;
+    eventually("some allocated", || ingress_ips(&api).len() >= 5).await;
     // The leader dies (its controller and, with it, its lease renewals stop).
     let (dead, dead_lead, task) = agents.remove(first);
     task.abort();
@@ -206,8 +150,8 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
         svcs.create(&PostParams::default(), &lb(&format!("s{i:02}"), 80, json!({}))).await.unwrap();
     }
     eventually("the other agent leads", || *agents[0].1.borrow()).await;
-    eventually("all 40 allocated", || ips(&api).len() == 40).await;
-    let all = ips(&api);
+    eventually("all 40 allocated", || ingress_ips(&api).len() == 40).await;
+    let all = ingress_ips(&api);
     let distinct: std::collections::BTreeSet<&String> = all.values().collect();
     assert_eq!(distinct.len(), 40, "an address handed out twice: {all:?}");
     let lease = api.get("leases.coordination.k8s.io", Some("vip-system"), "vip-controller").unwrap();
@@ -221,7 +165,7 @@ async fn leader_change_mid_allocation_hands_out_no_address_twice(api: Backend) {
 async fn pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events(api: Backend) {
     let client = api.client().await;
     let pp = PostParams::default();
-    Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    Api::<VipPool>::all(client.clone()).create(&pp, &vip_pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
     Api::<Service>::namespaced(client.clone(), "shop").create(&pp, &lb("web", 80, json!({}))).await.unwrap();
     // The agent's view: every address of the pool has an owner; only .10 is in use.
     let owners = |a: &str| [("198.18.1.10".parse().unwrap(), a.to_owned()), ("198.18.1.11".parse().unwrap(), "node-b".to_owned())].into();
@@ -258,7 +202,7 @@ async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Bac
     let client = api.client().await;
     api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})).unwrap();
     let pp = PostParams::default();
-    Api::<VipPool>::all(client.clone()).create(&pp, &pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    Api::<VipPool>::all(client.clone()).create(&pp, &vip_pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     svcs.create(&pp, &lb("web", 80, json!({}))).await.unwrap();
     let (_owners, mut view) = controller::AgentView::fixed(BTreeMap::new());
@@ -266,19 +210,19 @@ async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Bac
     view.unprogrammed = rx;
     let (_lead, leading) = watch::channel(true);
     let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
-    eventually("web allocated", || ips(&api).contains_key("shop/web")).await;
-    eventually("programmed", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
-    let vip: std::net::Ipv4Addr = ips(&api)["shop/web"].parse().unwrap();
+    eventually("web allocated", || ingress_ips(&api).contains_key("shop/web")).await;
+    eventually("programmed", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
+    let vip: std::net::Ipv4Addr = ingress_ips(&api)["shop/web"].parse().unwrap();
     let why = "80/tcp: lb4_ring is full: no room for a 16381-slot ring in 1048576 slots (raise --ring-capacity)".to_owned();
     unprogrammed.send_replace(BTreeMap::from([(vip, vec![why.clone()])]));
-    eventually("not programmed", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "False")).await;
-    let (_, msg) = condition(&api, "p", "Programmed").unwrap();
+    eventually("not programmed", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "False")).await;
+    let (_, msg) = pool_condition(&api, "p", "Programmed").unwrap();
     assert_eq!(msg, format!("1 service-port(s) not programmed, retried: {vip} {why}"));
     eventually("an Event", || events(&api, "NotProgrammed").len() == 1).await;
     assert_eq!(events(&api, "NotProgrammed"), [format!("web: {vip}: not in the data path, retried: {why}")]);
     // Room again: the condition clears, no further Event.
     unprogrammed.send_replace(BTreeMap::new());
-    eventually("programmed again", || condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
+    eventually("programmed again", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
     assert_eq!(events(&api, "NotProgrammed").len(), 1);
     task.abort();
 }

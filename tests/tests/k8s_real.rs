@@ -20,18 +20,8 @@ use vip_agent::k8s::{
 use vip_tests::{
     agent::TempDir,
     kubeapi::{apply, client_from_kubeconfig, deploy_dir, manifests, raw, Backend},
+    kubefix::eventually_within,
 };
-
-async fn eventually(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while std::time::Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("not reached within {secs} s: {what}");
-}
 
 fn yaml_files(dir: &std::path::Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> =
@@ -139,17 +129,19 @@ async fn controller_and_election_work_with_exactly_the_deploy_rbac() {
     );
     let task =
         tokio::spawn(controller::run(sa.clone(), "node-1".into(), leading.clone(), Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
-    eventually("leading", 15, || *leading.borrow()).await;
-    eventually("web allocated", 15, || ip_of(&b, "shop", "web").as_deref() == Some("198.18.9.10")).await;
-    eventually("pool Ready with counts", 15, || {
+    eventually_within(Duration::from_secs(15), "leading", || *leading.borrow()).await;
+    eventually_within(Duration::from_secs(15), "web allocated", || ip_of(&b, "shop", "web").as_deref() == Some("198.18.9.10")).await;
+    eventually_within(Duration::from_secs(15), "pool Ready with counts", || {
         b.get("vippools.vip.dev", None, "rbac").is_some_and(|p| {
             p["status"]["allocated"] == 1
                 && p["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
         })
     })
     .await;
-    eventually("an Allocated Event", 15, || b.list("events.events.k8s.io", None).iter().any(|e| e["reason"] == "Allocated" && e["regarding"]["name"] == "web"))
-        .await;
+    eventually_within(Duration::from_secs(15), "an Allocated Event", || {
+        b.list("events.events.k8s.io", None).iter().any(|e| e["reason"] == "Allocated" && e["regarding"]["name"] == "web")
+    })
+    .await;
     let lease = b.get("leases.coordination.k8s.io", Some("vip-system"), "vip-controller").expect("the Lease");
     assert_eq!(lease["spec"]["holderIdentity"], "node-1");
     task.abort();
@@ -167,7 +159,7 @@ async fn controller_rides_out_an_api_server_restart() {
     let client = b.client().await;
     let (_lead, leading) = watch::channel(true);
     let task = tokio::spawn(controller::run(client, "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
-    eventually("allocated before the outage", 15, || ip_of(&b, "shop", "before").is_some()).await;
+    eventually_within(Duration::from_secs(15), "allocated before the outage", || ip_of(&b, "shop", "before").is_some()).await;
 
     server.kill();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -177,7 +169,7 @@ async fn controller_rides_out_an_api_server_restart() {
     b.reconnect().await;
     let b2 = b;
     b2.insert("services", lb("shop", "after")).unwrap();
-    eventually("allocated after the restart", 60, || ip_of(&b2, "shop", "after").is_some()).await;
+    eventually_within(Duration::from_secs(60), "allocated after the restart", || ip_of(&b2, "shop", "after").is_some()).await;
     assert_ne!(ip_of(&b2, "shop", "after"), ip_of(&b2, "shop", "before"));
     task.abort();
 }

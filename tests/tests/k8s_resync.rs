@@ -15,7 +15,10 @@ use vip_agent::k8s::{
     self, controller,
     leader::{self, LeaderConfig},
 };
-use vip_tests::apiserver::{ApiServer, ResourceSpec};
+use vip_tests::{
+    apiserver::{ApiServer, ResourceSpec},
+    kubefix::eventually_within,
+};
 
 fn lb(name: &str) -> serde_json::Value {
     json!({
@@ -27,16 +30,6 @@ fn lb(name: &str) -> serde_json::Value {
 
 fn ingress_ip(api: &ApiServer, name: &str) -> Option<String> {
     api.get("services", Some("shop"), name)?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
-}
-
-/// Polls `f` every 20 ms for up to `limit`; how long it took.
-async fn until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "not reached within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    t0.elapsed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +52,7 @@ async fn new_service_is_addressed_within_5s_of_the_api_server_coming_back() {
         controller::AgentView::fixed(BTreeMap::new()).1,
     ));
     api.insert("services", lb("before")).unwrap();
-    until(Duration::from_secs(10), "the first Service addressed", || ingress_ip(&api, "before").is_some()).await;
+    eventually_within(Duration::from_secs(10), "the first Service addressed", || ingress_ip(&api, "before").is_some()).await;
     let health = k8s::api_health();
     assert_eq!(health.reachable.get(), 1);
     let errors_before = health.errors.get();
@@ -78,12 +71,12 @@ async fn new_service_is_addressed_within_5s_of_the_api_server_coming_back() {
     api.restart().await.unwrap();
     let back = Instant::now();
     api.insert("services", lb("after")).unwrap();
-    let took = until(Duration::from_secs(30), "the new Service addressed", || ingress_ip(&api, "after").is_some()).await;
+    let took = eventually_within(Duration::from_secs(30), "the new Service addressed", || ingress_ip(&api, "after").is_some()).await;
     println!("resync: new Service addressed {:.2} s after the API server came back ({outage:?} outage, {errors} errors counted)", took.as_secs_f64());
     assert!(took <= Duration::from_secs(5), "new Service addressed {took:?} after the server came back (want ≤ 5 s)");
     assert_ne!(ingress_ip(&api, "after"), ingress_ip(&api, "before"));
-    until(Duration::from_secs(5), "leading again", || *leading.borrow()).await;
-    until(Duration::from_secs(5), "vip_kube_api_reachable back to 1", || health.reachable.get() == 1).await;
+    eventually_within(Duration::from_secs(5), "leading again", || *leading.borrow()).await;
+    eventually_within(Duration::from_secs(5), "vip_kube_api_reachable back to 1", || health.reachable.get() == 1).await;
     println!("leading again and reachable {:.2} s after the server came back", back.elapsed().as_secs_f64());
 
     let agents = api.user_agents();
