@@ -458,11 +458,17 @@ impl HaLab {
     /// Waits until the nodes in `up` agree on owners, each VIP is owned by one of
     /// them and held by exactly its owner; returns the owners.
     pub fn wait_converged(&self, up: &[usize], limit: Duration) -> Result<BTreeMap<Ipv4Addr, String>> {
+        self.wait_converged_on(up, self.spec.vips, limit)
+    }
+
+    /// [`Self::wait_converged`] with `vips` VIPs owned (in Kubernetes mode only the
+    /// allocated addresses of a pool are).
+    pub fn wait_converged_on(&self, up: &[usize], vips: usize, limit: Duration) -> Result<BTreeMap<Ipv4Addr, String>> {
         let names: Vec<&str> = up.iter().map(|&i| self.nodes[i].name.as_str()).collect();
         let r = wait_for(limit, || {
             let views: Vec<_> = up.iter().map(|&i| self.owners_seen_by(i)).collect::<Option<Vec<_>>>()?;
             let first = views[0].clone();
-            if first.len() != self.spec.vips || views.iter().any(|v| *v != first) || first.values().any(|o| !names.contains(&o.as_str())) {
+            if first.len() != vips || views.iter().any(|v| *v != first) || first.values().any(|o| !names.contains(&o.as_str())) {
                 return None;
             }
             for &i in up {

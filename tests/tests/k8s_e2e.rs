@@ -165,7 +165,13 @@ fn scenario(kl: &KubeLab) {
 
     // Every agent built the same model and agrees on the owners; the VIP answers.
     let all: Vec<usize> = (0..lab.nodes.len()).collect();
-    let owners = lab.wait_converged(&all, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    // Only the allocated address is held: the pool's two free ones are answered by nobody.
+    let owners = lab.wait_converged_on(&all, 1, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert_eq!(owners.keys().copied().collect::<Vec<_>>(), [vip(0)]);
+    for free in [vip(1), vip(2)] {
+        let (answered, out) = vip_tests::netns::arping(&lab.client, "eth0", free);
+        assert!(!answered, "free address {free} answered:\n{out}");
+    }
     let v = vip(0);
     let mut seen = BTreeMap::<String, u32>::new();
     for p in 0..30 {

@@ -120,6 +120,21 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
+/// Names the real API server the Kubernetes tests will run against (from
+/// `KUBEBUILDER_ASSETS`), so that the log says which one.
+fn report_api_server() {
+    match std::env::var_os("KUBEBUILDER_ASSETS") {
+        Some(dir) => {
+            let bin = PathBuf::from(dir).join("kube-apiserver");
+            match Command::new(&bin).arg("--version").output() {
+                Ok(o) => eprintln!("xtask: Kubernetes tests run against {} ({})", String::from_utf8_lossy(&o.stdout).trim(), bin.display()),
+                Err(e) => eprintln!("xtask: KUBEBUILDER_ASSETS is set but {} does not run: {e}", bin.display()),
+            }
+        }
+        None => eprintln!("xtask: KUBEBUILDER_ASSETS is not set: the real-API-server tests skip (and fail with CI=true)"),
+    }
+}
+
 /// `cargo fmt --check` (the workspace and the XDP program, width in rustfmt.toml)
 /// and clippy with warnings as errors on every target of the workspace.
 fn lint() -> Result<()> {
@@ -142,6 +157,7 @@ fn main() -> Result<()> {
             setup::setup()?;
             build_ebpf()?;
             lint()?;
+            report_api_server();
             build_agent()?;
             let mut c = cargo(None);
             c.args(["test", "--workspace", "--release", "--lib", "--bins", "--tests", "--no-fail-fast"]);

@@ -234,6 +234,14 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
             }
         }
     }
+    // Only addresses in use are held and answered: a free address of a pool may be
+    // used by something else on the segment until it is allocated, and answering
+    // ARP for it would draw that traffic (the file source, where the operator lists
+    // each VIP on purpose, holds every address of its pools).
+    let in_use: std::collections::BTreeSet<Ipv4Addr> = w.services.iter().map(|s| s.vip).collect();
+    for p in &mut w.pools {
+        p.addresses.retain(|a| in_use.contains(a));
+    }
     w
 }
 
@@ -340,6 +348,10 @@ mod tests {
         assert_eq!(local.backend_nodes, Some(["n1".to_owned(), "n4".to_owned()].into()), "ready endpoints only");
         assert_eq!(w.backend_candidates(local).iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1"], "and only eligible nodes");
         assert_eq!(local.health.as_ref().unwrap().probe, Probe::Http { port: 32000, path: "/healthz".into() });
+        // Only the pool's addresses in use are held (answered by ARP), not the 11 of its range.
+        let used: Vec<Ipv4Addr> = w.services.iter().map(|s| s.vip).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        assert_eq!(w.pools[0].addresses, used);
+        assert!(used.len() < 11);
     }
 
     #[test]
