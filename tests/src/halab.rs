@@ -389,6 +389,13 @@ impl HaLab {
 
     /// Starts (or restarts) node `i`'s agent, appending to its log.
     pub fn start_agent(&mut self, i: usize) -> Result<()> {
+        let config = self.config.clone();
+        self.start_agent_with(i, &config)
+    }
+
+    /// [`Self::start_agent`] reading `config` instead of the lab's shared file
+    /// (file mode only).
+    pub fn start_agent_with(&mut self, i: usize, config: &Path) -> Result<()> {
         let n = &mut self.nodes[i];
         let mut args = vec![
             "--node-name",
@@ -415,7 +422,7 @@ impl HaLab {
         let kubeconfig = self.spec.kubeconfig.as_deref().map(path_str).transpose()?;
         match kubeconfig {
             Some(k) => args.extend(["--kubernetes", "--kubeconfig", k]),
-            None => args.extend(["--config", path_str(&self.config)?]),
+            None => args.extend(["--config", path_str(config)?]),
         }
         n.agent = Some(AgentProc::start_appending(&n.ns, &args, &n.log)?);
         Ok(())

@@ -497,3 +497,39 @@ fn a_node_out_of_the_model_or_off_its_address_holds_nothing() {
     assert!(lab.held_by(2).is_empty(), "node-3 holds {:?} without its address\n{}", lab.held_by(2), lab.agent_logs());
     one_answer_each(&lab, &owners, "with node-3 off its address");
 }
+
+/// Scale-out while running: two agents on a two-node file, a third started on the
+/// three-node file, then the first two get the three-node file; and back in. After
+/// each step every agent agrees on the owners, each VIP held by exactly its owner
+/// and answered by its MAC alone.
+#[test]
+fn scale_out_and_back_in_leave_one_answer_per_vip() {
+    let Some((_g, mut lab, owners3)) = setup(HaSpec { vips: 6, ..Default::default() }) else { return };
+    for i in all(&lab) {
+        lab.kill_agent(i);
+    }
+    let three_nodes = vip_tests::halab::ha_config(&lab.spec);
+    let two_nodes = vip_tests::halab::ha_config(&HaSpec { nodes: 2, ..lab.spec.clone() });
+    let file = lab.dir.join("first-two.yaml");
+    vip_tests::agent::write_atomic(&file, &two_nodes).unwrap();
+    lab.start_agent_with(0, &file).unwrap();
+    lab.start_agent_with(1, &file).unwrap();
+    let owners2 = lab.wait_converged(&[0, 1], Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    one_answer_each(&lab, &owners2, "with two nodes");
+    // node-3 joins on the three-node file (the lab's shared one); the first two
+    // still have the two-node file: node-3 sees them, they do not see it.
+    lab.start_agent(2).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // Now the first two get the three-node file.
+    vip_tests::agent::write_atomic(&file, &three_nodes).unwrap();
+    let owners = lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert_eq!(owners, owners3, "the same owners as a three-node start");
+    one_answer_each(&lab, &owners, "after the scale-out");
+    // Back in: node-3 leaves every file.
+    vip_tests::agent::write_atomic(&file, &two_nodes).unwrap();
+    vip_tests::agent::write_atomic(&lab.config, &two_nodes).unwrap();
+    let back = lab.wait_converged(&[0, 1], Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert_eq!(back, owners2);
+    assert!(vip_tests::halab::time_until(Duration::from_secs(3), || lab.held_by(2).is_empty()).is_some(), "node-3 still holds VIPs");
+    one_answer_each(&lab, &back, "after the scale-in");
+}
