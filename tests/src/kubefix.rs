@@ -8,7 +8,10 @@ use std::{
 use serde_json::{json, Value};
 use vip_agent::k8s::crd::VipPool;
 
-use crate::kubeapi::Backend;
+use crate::{
+    apiserver::{ApiServer, ResourceSpec},
+    kubeapi::Backend,
+};
 
 /// `both_api_servers!(name)`: `name::stand_in` and `name::real` run
 /// `async fn name(Backend)` against the in-process stand-in and a real
@@ -77,4 +80,71 @@ pub fn events(api: &Backend, reason: &str) -> Vec<String> {
         .filter(|e| e["reason"] == reason)
         .map(|e| format!("{}: {}", e["regarding"]["name"].as_str().unwrap_or(""), e["note"].as_str().unwrap_or("")))
         .collect()
+}
+
+/// What [`outage_then_new_service`] saw.
+#[derive(Debug)]
+pub struct Outage {
+    /// The first Service's address, before the outage.
+    pub before: Option<String>,
+    /// The Service created right after the restart: its address, and how long after
+    /// the server was back it was written.
+    pub after: Option<String>,
+    pub addressed_after: Duration,
+    /// During the outage: the election let go, `vip_kube_api_reachable` was 0, and
+    /// how many errors `vip_kube_api_errors` counted.
+    pub lost_leadership: bool,
+    pub unreachable: bool,
+    pub errors: u64,
+    /// After the restart, until leading again and reachable again.
+    pub leading_again_after: Duration,
+    /// User-Agents the stand-in saw.
+    pub user_agents: std::collections::BTreeSet<String>,
+}
+
+/// The agent's Kubernetes side (its election at default timing, 15 s lease and
+/// 2 s retry, and its controller) against the stand-in: a first Service is
+/// addressed; the server is stopped (listener closed) for `outage`, then served
+/// again on the same address with its watch history compacted (a restarted
+/// server's fresh watch cache: resumed watches get 410); a Service is created at
+/// once. Fails only when the first Service never gets an address.
+pub async fn outage_then_new_service(outage: Duration) -> anyhow::Result<Outage> {
+    use vip_agent::k8s::{self, controller, leader};
+    let lb = |name: &str| json!({"apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "shop" }, "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] }});
+    let mut api = ApiServer::builder().resources(ResourceSpec::VIP).bookmark_interval(Duration::from_millis(500)).start().await?;
+    let ip = |api: &ApiServer, name: &str| api.get("services", Some("shop"), name)?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned);
+    let client = k8s::client_from_config(kube::Config::new(api.url().parse()?))?;
+    api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}))?;
+    api.insert(
+        "vippools.vip.dev",
+        json!({"apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": {"name": "pool"}, "spec": {"addresses": ["198.18.1.10-198.18.1.20"]}}),
+    )?;
+    let leading = leader::spawn(client.clone(), leader::LeaderConfig::new("vip-system", "node-1"));
+    let task =
+        tokio::spawn(controller::run(client, "node-1".into(), leading.clone(), Duration::from_secs(30), controller::AgentView::fixed(BTreeMap::new()).1));
+    api.insert("services", lb("before"))?;
+    eventually_within(Duration::from_secs(20), "the first Service addressed", || ip(&api, "before").is_some()).await;
+    let health = k8s::api_health();
+    let errors_before = health.errors.get();
+    api.stop().await;
+    tokio::time::sleep(outage).await;
+    let (lost_leadership, unreachable, errors) = (!*leading.borrow(), health.reachable.get() == 0, health.errors.get() - errors_before);
+    api.compact();
+    api.restart().await?;
+    let back = Instant::now();
+    api.insert("services", lb("after"))?;
+    let addressed_after = eventually_within(Duration::from_secs(60), "the new Service addressed", || ip(&api, "after").is_some()).await;
+    eventually_within(Duration::from_secs(20), "leading and reachable again", || *leading.borrow() && health.reachable.get() == 1).await;
+    let leading_again_after = back.elapsed();
+    task.abort();
+    Ok(Outage {
+        before: ip(&api, "before"),
+        after: ip(&api, "after"),
+        addressed_after,
+        lost_leadership,
+        unreachable,
+        errors,
+        leading_again_after,
+        user_agents: api.user_agents(),
+    })
 }
