@@ -159,11 +159,6 @@ impl HeldVips {
         Ok(v)
     }
 
-    /// How `vip` is announced on `ifindex` (`Arp` when it is not held).
-    pub fn announce(&self, ifindex: u32, vip: Ipv4Addr) -> Announce {
-        self.held.get(&HeldKey { ifindex, vip: vip.octets() }, 0).map_or(Announce::Arp, |h| Announce::from_flags(h.flags))
-    }
-
     /// Conflicting claims seen per VIP on `ifindex` (counts since the entry
     /// appeared; one batched read).
     pub fn conflicts(&self, ifindex: u32) -> Result<BTreeMap<Ipv4Addr, u64>> {

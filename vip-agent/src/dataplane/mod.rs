@@ -68,10 +68,6 @@ impl ServiceAddr {
     fn from_key(k: &ServiceKey) -> Self {
         Self { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), proto: k.proto }
     }
-    /// The entry fragments of this VIP and protocol use (port 0).
-    fn alias(&self) -> Self {
-        Self { port: 0, ..*self }
-    }
 }
 
 /// What a service should be: its backends and ring size.
@@ -139,9 +135,6 @@ pub struct Counters {
     pub services: BTreeMap<u32, (u64, u64)>,
     pub backends: BTreeMap<u32, (u64, u64)>,
 }
-
-/// Maglev builds of one batch: (members as (name, weight), table size) → slots as member indices.
-type Builds = StdHashMap<(Vec<(String, u32)>, u32), Vec<u32>>;
 
 /// A service as programmed: its id and ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -475,17 +468,16 @@ impl Dataplane {
     pub fn apply(&mut self, set: &BTreeMap<ServiceAddr, &ServiceSpec>, remove: &[ServiceAddr], seed: u64) -> Result<Applied> {
         let start = Instant::now();
         let mut out = Applied::default();
-        // Maglev builds are the CPU cost; equal inputs (the common case) build once.
-        let mut built: Builds = StdHashMap::new();
         // New content → the services that want it.
         let mut groups: BTreeMap<Vec<u32>, Vec<ServiceAddr>> = BTreeMap::new();
-        // Services with equal specs (thousands, under one node set) build one ring.
+        // Maglev builds are the CPU cost: services with equal specs (thousands,
+        // under one node set) build one ring.
         let mut by_spec: StdHashMap<&ServiceSpec, Vec<ServiceAddr>> = StdHashMap::new();
         for (&addr, spec) in set {
             by_spec.entry(*spec).or_default().push(addr);
         }
         for (spec, addrs) in by_spec {
-            match self.ring_for(spec, seed, &mut built) {
+            match self.ring_for(spec, seed) {
                 Ok(slots) => groups.entry(slots).or_default().extend(addrs),
                 Err(e) => {
                     for addr in addrs {
@@ -588,7 +580,7 @@ impl Dataplane {
         for (a, kept) in lost {
             by_vip.entry((a.vip.octets(), a.proto)).or_default().push(kept);
         }
-        self.sweep_flows(|k, f| {
+        self.evict_flows(|k, f| {
             if gone.contains(&f.backend) {
                 return true;
             }
@@ -601,25 +593,21 @@ impl Dataplane {
     }
 
     /// The ring `spec` builds, as backend ids per slot (writing backend entries).
-    fn ring_for(&mut self, spec: &ServiceSpec, seed: u64, built: &mut Builds) -> Result<Vec<u32>> {
+    fn ring_for(&mut self, spec: &ServiceSpec, seed: u64) -> Result<Vec<u32>> {
         maglev::check_table_size(spec.table_size)?;
-        let mut specs: Vec<&BackendSpec> = spec.backends.iter().collect();
-        specs.sort_by(|a, b| a.name.cmp(&b.name));
-        let key: (Vec<(String, u32)>, u32) = (specs.iter().map(|b| (b.name.clone(), b.weight.max(1))).collect(), spec.table_size);
-        if !built.contains_key(&key) {
-            let members: Vec<Member> = key.0.iter().map(|(n, w)| Member { id: n.clone(), weight: *w }).collect();
-            built.insert(key.clone(), maglev::build(&members, spec.table_size, seed)?.slots);
-        }
-        let idx = &built[&key];
-        if specs.is_empty() {
+        if spec.backends.is_empty() {
             return Ok(vec![NO_BACKEND; spec.table_size as usize]);
         }
+        let mut specs: Vec<&BackendSpec> = spec.backends.iter().collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let members: Vec<Member> = specs.iter().map(|b| Member { id: b.name.clone(), weight: b.weight.max(1) }).collect();
+        let built = maglev::build(&members, spec.table_size, seed)?;
         // Backend ids in sorted-name order, as maglev::build sorts its members.
         let mut ids = Vec::with_capacity(specs.len());
         for b in specs {
             ids.push(self.backend_id(b)?);
         }
-        Ok(idx.iter().map(|&i| ids[i as usize]).collect())
+        Ok(built.slots.iter().map(|&i| ids[i as usize]).collect())
     }
 
     /// Where `slots` goes for `users`: (offset, slots written, the members the
@@ -663,15 +651,11 @@ impl Dataplane {
     /// lowest port of that VIP and protocol (or removes it when there is none).
     fn update_fragment_alias(&mut self, vip: Ipv4Addr, proto: u8) -> Result<()> {
         let alias = ServiceAddr { vip, port: 0, proto };
-        let first = self
-            .programmed
-            .range(alias..=ServiceAddr { vip, port: u16::MAX, proto: u8::MAX })
-            .find(|(a, _)| a.proto == proto && a.port != 0)
-            .map(|(a, p)| (*a, *p));
+        let first =
+            self.programmed.range(alias..=ServiceAddr { vip, port: u16::MAX, proto: u8::MAX }).find(|(a, _)| a.proto == proto && a.port != 0).map(|(_, p)| *p);
         match first {
-            Some((a, p)) => {
+            Some(p) => {
                 let size = self.rings.get(p.ring).map_or(0, |r| r.size());
-                debug_assert_eq!(a.alias(), alias);
                 self.services.insert(alias.key(), Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
             }
             None => ignore_missing(self.services.remove(&alias.key()))?,
@@ -695,7 +679,7 @@ impl Dataplane {
 
     /// Removes flow-table entries matching `pred` (one batched walk, batched
     /// deletes); returns how many.
-    fn sweep_flows(&mut self, pred: impl Fn(&FlowKey, &Flow) -> bool) -> Result<usize> {
+    pub fn evict_flows(&mut self, pred: impl Fn(&FlowKey, &Flow) -> bool) -> Result<usize> {
         let stale: Vec<FlowKey> = batch::lookup_all::<FlowKey, Flow>(self.flows.map())?.into_iter().filter(|(k, f)| pred(k, f)).map(|(k, _)| k).collect();
         let n = if stale.is_empty() { 0 } else { batch::delete(self.flows.map(), &stale)? };
         self.epoch.bump()?; // cached copies of the removed flows
@@ -707,11 +691,6 @@ impl Dataplane {
     /// million packets.
     pub fn insert_flows(&mut self, flows: &[(FlowKey, Flow)]) -> Result<()> {
         batch::update(self.flows.map(), flows).context("writing lb4_flows")
-    }
-
-    /// Removes flow-table entries matching `pred`; returns how many.
-    pub fn evict_flows(&mut self, pred: impl Fn(&FlowKey, &Flow) -> bool) -> Result<usize> {
-        self.sweep_flows(pred)
     }
 
     /// The flow cache's epoch (`lb4_flow_cache_ctl`): bumped each time cached answers are invalidated.

@@ -333,23 +333,17 @@ impl Controller {
                 json!([]),
                 Event { type_: EventType::Normal, reason: "Released".into(), note: Some(format!("{addr}: {why}")), action: "Release".into(), secondary: None },
             ),
-            Decision::Pending { why, .. } => {
-                if self.pending.get(key) == Some(why) {
+            // Nothing to write: a Warning, once per message.
+            Decision::Pending { why, .. } | Decision::Stale { why, .. } => {
+                let (said, reason) = match d {
+                    Decision::Pending { .. } => (&mut self.pending, "AllocationFailed"),
+                    _ => (&mut self.stale, "StaleAllocation"),
+                };
+                if said.get(key) == Some(why) {
                     return Ok(false);
                 }
-                self.pending.insert(key.clone(), why.clone());
-                let ev =
-                    Event { type_: EventType::Warning, reason: "AllocationFailed".into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
-                self.publish(&ev, svc).await;
-                return Ok(true);
-            }
-            Decision::Stale { why, .. } => {
-                if self.stale.get(key) == Some(why) {
-                    return Ok(false);
-                }
-                self.stale.insert(key.clone(), why.clone());
-                let ev =
-                    Event { type_: EventType::Warning, reason: "StaleAllocation".into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
+                said.insert(key.clone(), why.clone());
+                let ev = Event { type_: EventType::Warning, reason: reason.into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
                 self.publish(&ev, svc).await;
                 return Ok(true);
             }
