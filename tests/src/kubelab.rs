@@ -107,14 +107,7 @@ pub async fn register_node(client: &kube::Client, node: &Value) -> Result<Value>
     apply(client, &meta, false).await?;
     let merge = "application/merge-patch+json";
     raw(client, Method::PATCH, &format!("{path}/status"), merge, Some(&json!({ "status": node["status"] }))).await?.ok().context("Node status")?;
-    let got = raw(client, Method::GET, &path, "", None).await?.ok()?;
-    let taints: Vec<Value> = got["spec"]["taints"].as_array().cloned().unwrap_or_default();
-    let keep: Vec<Value> = taints.iter().filter(|t| t["key"] != "node.kubernetes.io/not-ready").cloned().collect();
-    if keep.len() != taints.len() {
-        let taints = if keep.is_empty() { Value::Null } else { Value::Array(keep) };
-        raw(client, Method::PATCH, &path, merge, Some(&json!({ "spec": { "taints": taints } }))).await?.ok().context("removing the not-ready taint")?;
-    }
-    raw(client, Method::GET, &path, "", None).await?.ok()
+    crate::kubefix::lift_not_ready_taint(client, name).await
 }
 
 pub struct KubeLab {
@@ -251,6 +244,29 @@ pub fn node_object(name: &str, ip: &str) -> Value {
             "conditions": [{ "type": "Ready", "status": "True" }]
         }
     })
+}
+
+/// A LoadBalancer Service `ns/name` on TCP 80; `local`: `externalTrafficPolicy: Local`
+/// with [`HEALTH_CHECK_NODE_PORT`] as its `healthCheckNodePort`.
+pub fn lb_service(ns: &str, name: &str, local: bool) -> Value {
+    let mut s = json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": ns },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }],
+                  "externalTrafficPolicy": if local { "Local" } else { "Cluster" } }
+    });
+    if local {
+        s["spec"]["healthCheckNodePort"] = json!(HEALTH_CHECK_NODE_PORT);
+    }
+    s
+}
+
+/// Server-side apply of `obj` at its path under `resource` (named as
+/// [`resource_path`] takes it): one request, without the discovery round trip of
+/// [`apply`], for writes that are timed.
+pub async fn apply_at(client: &kube::Client, resource: &str, obj: &Value) -> Result<Value> {
+    let name = obj["metadata"]["name"].as_str().context("an object without a name")?;
+    let path = format!("{}/{name}?fieldManager=vip-tests&force=true", resource_path(resource, obj["metadata"]["namespace"].as_str()));
+    raw(client, Method::PATCH, &path, "application/apply-patch+yaml", Some(obj)).await?.ok().with_context(|| format!("applying {resource} {name}"))
 }
 
 /// An EndpointSlice of Service `svc` in `ns` with one ready endpoint on each of `nodes`.

@@ -1,0 +1,61 @@
+//! `cargo xtask bench`: one module per section, each measuring into one
+//! [`report::Report`] that is written as OUT_DIR/bench.md and OUT_DIR/bench.json.
+//! `VIP_BENCH_ONLY=xdp,maglev,health,failover,k8s,auth,scale` runs a subset (for
+//! quick iteration; BENCHMARKS.md quotes full runs).
+mod auth;
+mod failover;
+mod health;
+mod k8s;
+mod maglev;
+mod measure;
+mod report;
+mod scale;
+mod xdp;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use vip_tests::{halab, netns::NetNs};
+
+/// A section's measurements.
+type Bench = fn() -> Result<report::Section>;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        // The HA lab runs this binary as each node's name server.
+        return halab::serve_name(args[3].parse()?, &args[2]);
+    }
+    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bench-results".into()));
+    std::fs::create_dir_all(&dir)?;
+    let only = std::env::var("VIP_BENCH_ONLY").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == name));
+    let mut report = report::Report::default();
+    if wanted("xdp") {
+        // Live-frames XDP_TX really transmits: do it inside a namespace of our own, on
+        // its lo. VIP_BENCH_NETNS=caller: the caller has put us in one (to bench the
+        // program as the DaemonSet loads it, with CAP_BPF and CAP_NET_ADMIN only, which
+        // cannot make namespaces: `nsenter --net=... setpriv ... vip-bench`).
+        let section = if std::env::var("VIP_BENCH_NETNS").as_deref() == Ok("caller") { xdp::section()? } else { NetNs::new("vbench")?.run(xdp::section)?? };
+        report.push(section);
+    }
+    let sections: [(&str, Bench); 6] = [
+        ("maglev", maglev::section),
+        ("health", health::section),
+        ("failover", failover::section),
+        ("k8s", k8s::section),
+        ("auth", auth::section),
+        ("scale", scale::section),
+    ];
+    for (name, section) in sections {
+        if wanted(name) {
+            report.push(section()?);
+        }
+    }
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let md = format!("Run on {} cores, kernel {}\n\n{}", std::thread::available_parallelism()?.get(), kernel.trim(), report.markdown());
+    std::fs::write(dir.join("bench.md"), &md)?;
+    std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(&report.json()?)?)?;
+    println!("{md}\nwritten to {}", dir.join("bench.md").display());
+    Ok(())
+}
