@@ -8,9 +8,11 @@ use std::{
 use serde_json::{json, Value};
 use vip_agent::k8s::crd::VipPool;
 
+use http::Method;
+
 use crate::{
-    apiserver::{ApiServer, ResourceSpec},
-    kubeapi::Backend,
+    apiserver::{ApiServer, ResourceSpec, NOT_READY},
+    kubeapi::{raw, Backend},
 };
 
 /// `both_api_servers!(name)`: `name::stand_in` and `name::real` run
@@ -33,6 +35,23 @@ macro_rules! both_api_servers {
             }
         }
     };
+}
+
+/// What the node lifecycle controller does once a Node is Ready: removes the
+/// `node.kubernetes.io/not-ready` taint that admission put on it at creation (the
+/// stand-in as the real server, see `apiserver/nodes.rs`), through the API. Returns the Node.
+pub async fn lift_not_ready_taint(client: &kube::Client, node: &str) -> anyhow::Result<Value> {
+    use anyhow::Context as _;
+    let path = format!("/api/v1/nodes/{node}");
+    let got = raw(client, Method::GET, &path, "", None).await?.ok()?;
+    let taints = got["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    let keep: Vec<Value> = taints.iter().filter(|t| t["key"] != NOT_READY).cloned().collect();
+    if keep.len() == taints.len() {
+        return Ok(got);
+    }
+    let taints = if keep.is_empty() { Value::Null } else { Value::Array(keep) };
+    let patch = json!({ "metadata": { "resourceVersion": got["metadata"]["resourceVersion"] }, "spec": { "taints": taints } });
+    raw(client, Method::PATCH, &path, "application/merge-patch+json", Some(&patch)).await?.ok().context("removing the not-ready taint")
 }
 
 /// Polls `f` every 20 ms until it holds, at most `limit`; how long it took.

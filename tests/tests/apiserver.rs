@@ -4,7 +4,7 @@
 
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::Client;
@@ -332,4 +332,47 @@ async fn apiserver_discovery_and_cluster_scoped_crd() {
     assert_eq!(stored["status"]["allocated"], 1);
     assert_eq!(stored["metadata"]["generation"], 1);
     assert!(stored["metadata"].get("namespace").is_none(), "cluster-scoped");
+}
+
+#[tokio::test]
+async fn apiserver_taints_nodes_created_through_the_api_unless_turned_off() {
+    let node = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": "n1" } });
+    for on in [true, false] {
+        let srv = ApiServer::builder().resources(ResourceSpec::VIP).taint_new_nodes(on).start().await.unwrap();
+        let nodes: Api<Node> = Api::all(client(&srv));
+        let created = nodes.create(&PostParams::default(), &serde_json::from_value(node.clone()).unwrap()).await.unwrap();
+        let keys: Vec<String> = created.spec.and_then(|s| s.taints).unwrap_or_default().into_iter().map(|t| format!("{}:{}", t.key, t.effect)).collect();
+        let want: &[&str] = if on { &["node.kubernetes.io/not-ready:NoSchedule"] } else { &[] };
+        assert_eq!(keys, want, "taint_new_nodes({on})");
+        // A fixture is a Node already registered and lifted: no admission.
+        let fixture = srv.insert("nodes", json!({ "metadata": { "name": "n2" } })).unwrap();
+        assert_eq!(fixture["spec"].get("taints"), None, "{fixture}");
+    }
+}
+
+#[tokio::test]
+async fn apiserver_fixtures_follow_the_registry_rules() {
+    let srv = server().await;
+    let svc = |name: &str, spec: serde_json::Value| json!({ "metadata": { "name": name, "namespace": "shop" }, "spec": spec });
+    let lb = srv.insert("services", svc("lb", json!({ "type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": [{ "port": 80 }] }))).unwrap();
+    let np = lb["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+    let hc = lb["spec"]["healthCheckNodePort"].as_i64().unwrap();
+    assert!(vip_tests::apiserver::NODE_PORTS.contains(&np) && vip_tests::apiserver::NODE_PORTS.contains(&hc) && np != hc, "{lb}");
+    let err = srv
+        .insert(
+            "services",
+            svc("hc80", json!({ "type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 80, "ports": [{ "port": 80 }] })),
+        )
+        .unwrap_err();
+    assert_eq!((err.code, err.reason), (500, "InternalError"), "{err}");
+    let err = srv.insert("services", svc("taken", json!({ "type": "NodePort", "ports": [{ "port": 80, "nodePort": np }] }))).unwrap_err();
+    assert_eq!(err.message, format!("Service \"taken\" is invalid: spec.ports[0].nodePort: Invalid value: {np}: provided port is already allocated"));
+    let pool = json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "p" }, "spec": { "addresses": [], "announce": "bgp" } });
+    let err = srv.insert("vippools.vip.dev", pool).unwrap_err();
+    assert_eq!(err.message, "VipPool.vip.dev \"p\" is invalid: spec.announce: Unsupported value: \"bgp\": supported values: \"arp\", \"lo\"");
+    // Status is the fixture's to set, and checked like a status write.
+    let pool =
+        json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "p" }, "spec": { "addresses": [] }, "status": { "total": 3 } });
+    let stored = srv.insert("vippools.vip.dev", pool).unwrap();
+    assert_eq!(stored["status"], json!({ "total": 3, "allocated": 0, "free": 0, "conditions": [] }));
 }

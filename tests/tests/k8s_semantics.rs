@@ -5,8 +5,9 @@
 //! a Service gets (kube-proxy's health server for `externalTrafficPolicy: Cluster`,
 //! the allocated `healthCheckNodePort` for `Local`).
 //!
-//! Runs against the binary's real server (`vip_tests::kubeapi`); skipped without
-//! `KUBEBUILDER_ASSETS` unless CI=true.
+//! Runs against the in-process stand-in (`NAME::stand_in`), which taints new Nodes
+//! and allocates `healthCheckNodePort`s as the real server does, and a real
+//! kube-apiserver (`NAME::real`, skipped without `KUBEBUILDER_ASSETS` unless CI=true).
 use http::Method;
 use k8s_openapi::api::core::v1::{Node, Service};
 use serde_json::{json, Value};
@@ -17,7 +18,10 @@ use vip_agent::{
     },
     model::{Probe, World},
 };
-use vip_tests::kubeapi::{apply, raw, Backend};
+use vip_tests::{
+    kubeapi::{raw, Backend},
+    kubefix::lift_not_ready_taint,
+};
 
 const MERGE: &str = "application/merge-patch+json";
 
@@ -40,10 +44,10 @@ fn items<T: serde::de::DeserializeOwned>(list: Value, keep: impl Fn(&Value) -> b
     list["items"].as_array().unwrap().iter().filter(|v| keep(v)).map(|v| serde_json::from_value(v.clone()).unwrap()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_nodes_and_services_become_the_model() {
-    let Some(b) = Backend::real().await else { return };
-    let Backend::Real { client, .. } = &b else { unreachable!() };
+vip_tests::both_api_servers!(nodes_and_services_become_the_model);
+
+async fn nodes_and_services_become_the_model(api: Backend) {
+    let client = &api.client().await;
     let nodes = ["sem-fresh", "sem-ready", "sem-cordoned", "sem-nonet", "sem-excluded"];
     for n in nodes {
         let _ = raw(client, Method::DELETE, &format!("/api/v1/nodes/{n}"), "", None).await;
@@ -58,21 +62,23 @@ async fn real_nodes_and_services_become_the_model() {
         let got = call(client, Method::GET, &format!("/api/v1/nodes/{n}"), None).await;
         assert_eq!(got["spec"]["taints"][0]["key"], "node.kubernetes.io/not-ready", "admission taints every new Node: {got}");
         // The node controller lifts the taint once it has seen Ready, and taints a cordoned node.
-        let taints = match *n {
+        match *n {
             "sem-fresh" => continue,
-            "sem-cordoned" => json!({ "spec": { "unschedulable": true, "taints": [{ "key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule" }] } }),
-            _ => json!({ "spec": { "taints": null } }),
+            "sem-cordoned" => {
+                let cordon = json!({ "spec": { "unschedulable": true, "taints": [{ "key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule" }] } });
+                call(client, Method::PATCH, &format!("/api/v1/nodes/{n}"), Some(cordon)).await
+            }
+            _ => lift_not_ready_taint(client, n).await.unwrap(),
         };
-        call(client, Method::PATCH, &format!("/api/v1/nodes/{n}"), Some(taints)).await;
     }
     let pool = json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "sem" },
         "spec": { "addresses": ["198.18.8.10-198.18.8.20"], "nodeSelector": { "kubernetes.io/os": "linux" },
                   "healthCheck": { "type": "http", "interval": "1s", "timeout": "500ms" } } });
-    apply(client, &pool, false).await.unwrap();
+    call(client, Method::POST, "/apis/vip.dev/v1alpha1/vippools", Some(pool)).await;
     for (name, policy, ip) in [("web", "Cluster", "198.18.8.10"), ("local", "Local", "198.18.8.11")] {
         let svc = json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "shop" },
             "spec": { "type": "LoadBalancer", "externalTrafficPolicy": policy, "ports": [{ "port": 443, "protocol": "TCP" }] } });
-        apply(client, &svc, false).await.unwrap();
+        call(client, Method::POST, "/api/v1/namespaces/shop/services", Some(svc)).await;
         let ingress = json!({ "status": { "loadBalancer": { "ingress": [{ "ip": ip }] } } });
         call(client, Method::PATCH, &format!("/api/v1/namespaces/shop/services/{name}/status"), Some(ingress)).await;
     }
@@ -94,7 +100,7 @@ async fn real_nodes_and_services_become_the_model() {
     assert_eq!(local.health.as_ref().unwrap().probe, Probe::Http { port: hcnp as u16, path: "/healthz".into() });
 
     // The node controller lifts the fresh node's taint: it joins.
-    call(client, Method::PATCH, "/api/v1/nodes/sem-fresh", Some(json!({ "spec": { "taints": null } }))).await;
+    lift_not_ready_taint(client, "sem-fresh").await.unwrap();
     let k_nodes: Vec<Node> = items(call(client, Method::GET, "/api/v1/nodes", None).await, ours);
     let w = world_from(&k_nodes, &k_pools, &k_svcs, &[], &World::default());
     assert_eq!(names(w.eligible(&w.pools[0])), ["sem-cordoned", "sem-fresh", "sem-ready"]);

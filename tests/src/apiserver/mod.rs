@@ -1,5 +1,5 @@
-//! An in-process stand-in for the Kubernetes API server (DESIGN.md, "Kubernetes in
-//! tests"): the agent's real kube-rs client code runs against it in CI.
+//! An in-process stand-in for the Kubernetes API server (README, "Kubernetes tests:
+//! the real API server and the stand-in"): the agent's real kube-rs client code runs against it in CI.
 //!
 //! Objects are `serde_json::Value`s of any registered resource (group, version,
 //! plural; namespaced or cluster-scoped), kept in memory with one global
@@ -21,10 +21,18 @@
 //!   watches turning MODIFIED into ADDED/DELETED as objects enter or leave the
 //!   selection, `sendInitialEvents` (streaming lists);
 //! - errors as `Status` bodies; minimal discovery (`/api`, `/apis`, `/version`,
-//!   resource lists).
+//!   resource lists);
+//! - what the server does to the objects vip uses before storing them (each checked
+//!   against a real kube-apiserver v1.36 in tests/tests/k8s_strict.rs): Services'
+//!   defaults, clusterIP and nodePort allocation, validation and update rules
+//!   (services.rs); custom resources pruned, defaulted and validated against their
+//!   CRD's structural schema from deploy/crd.yaml, with `Warning` headers for
+//!   pruned fields (crd.rs); the admission plugin that taints new Nodes not-ready
+//!   (nodes.rs, [`ApiServerBuilder::taint_new_nodes`]). [`ApiServer::insert`] goes
+//!   through the same registry rules as a client's write but not through admission.
 //!
-//! Not covered: authentication and authorization, admission and validation of
-//! object schemas, defaulting, finalizers and graceful deletion (a delete removes at
+//! Not covered: authentication and authorization, other admission plugins,
+//! validation and defaulting of other kinds, finalizers and graceful deletion (a delete removes at
 //! once), owner references and garbage collection, strategic merge, JSON and
 //! server-side apply patches (415), delete-collection, `resourceVersion` on lists
 //! (always the current state), pagination, field selectors are any dotted path
@@ -32,10 +40,15 @@
 //! namespace lifecycle (Namespace objects can be stored and watched for their
 //! labels, but a namespaced object may name any namespace).
 
+mod crd;
+mod nodes;
 mod select;
 mod services;
 mod store;
 mod watch;
+
+pub use nodes::NOT_READY;
+pub use services::NODE_PORTS;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -100,6 +113,22 @@ impl ResourceSpec {
     }
 }
 
+/// One entry of a 422's `details.causes`: what the real server reports per field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// `FieldValueInvalid`, `FieldValueRequired`, ...
+    pub reason: &'static str,
+    pub message: String,
+    /// `spec.ports[0].nodePort` (`<nil>` where the real server names none).
+    pub field: String,
+}
+
+impl Cause {
+    pub(crate) fn invalid(field: &str, message: &str) -> Self {
+        Cause { reason: "FieldValueInvalid", message: message.into(), field: field.into() }
+    }
+}
+
 /// A failed request, sent as a `Status` body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
@@ -129,6 +158,24 @@ impl ApiError {
     }
     fn expired(message: String) -> Self {
         Self::new(410, "Expired", message)
+    }
+    /// 422 Invalid worded as the real server words it: `Service "web" is invalid:
+    /// spec.x: ...`, several causes as `[a, b]`; custom kinds as `VipPool.vip.dev`.
+    pub(crate) fn invalid(spec: &ResourceSpec, name: &str, causes: Vec<Cause>) -> Self {
+        let kind = if spec.group.is_empty() { spec.kind.to_owned() } else { format!("{}.{}", spec.kind, spec.group) };
+        let each: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+        let what = if each.len() == 1 { each[0].clone() } else { format!("[{}]", each.join(", ")) };
+        let mut e = Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {what}"));
+        let causes: Vec<Value> = causes.iter().map(|c| json!({ "reason": c.reason, "message": c.message, "field": c.field })).collect();
+        let mut details = json!({ "name": name, "kind": spec.kind, "causes": causes });
+        if !spec.group.is_empty() {
+            details["group"] = spec.group.into();
+        }
+        e.details = Some(details);
+        e
+    }
+    pub(crate) fn invalid_service(name: &str, causes: Vec<Cause>) -> Self {
+        Self::invalid(&ResourceSpec::SERVICES, name, causes)
     }
     pub fn to_json(&self) -> Value {
         let mut v = json!({
@@ -175,6 +222,7 @@ pub struct ApiServerBuilder {
     resources: Vec<ResourceSpec>,
     bookmark_interval: Duration,
     history_limit: usize,
+    taint_new_nodes: bool,
 }
 
 impl ApiServerBuilder {
@@ -197,6 +245,13 @@ impl ApiServerBuilder {
         self.bookmark_interval = every;
         self
     }
+    /// Whether Nodes created through the API get the `node.kubernetes.io/not-ready:NoSchedule`
+    /// taint, as from the real server's TaintNodesByCondition admission plugin (default
+    /// on, as there; see nodes.rs). Off is a server run with that plugin disabled.
+    pub fn taint_new_nodes(mut self, on: bool) -> Self {
+        self.taint_new_nodes = on;
+        self
+    }
     /// How many events (of all resources) watches can be resumed over (default 1000).
     pub fn history_limit(mut self, events: usize) -> Self {
         self.history_limit = events.max(1);
@@ -207,7 +262,7 @@ impl ApiServerBuilder {
         let listener = tokio::net::TcpListener::bind(self.bind).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::new(self.resources, self.history_limit)),
+            store: Mutex::new(Store::new(self.resources, self.history_limit, self.taint_new_nodes)),
             bookmark_interval: self.bookmark_interval,
             requests: Default::default(),
             user_agents: Default::default(),
@@ -249,7 +304,13 @@ impl Drop for ApiServer {
 
 impl ApiServer {
     pub fn builder() -> ApiServerBuilder {
-        ApiServerBuilder { bind: ([127, 0, 0, 1], 0).into(), resources: Vec::new(), bookmark_interval: Duration::from_secs(5), history_limit: 1000 }
+        ApiServerBuilder {
+            bind: ([127, 0, 0, 1], 0).into(),
+            resources: Vec::new(),
+            bookmark_interval: Duration::from_secs(5),
+            history_limit: 1000,
+            taint_new_nodes: true,
+        }
     }
 
     /// `http://ADDR:PORT` (127.0.0.1 unless bound elsewhere), for `kube::Config::new`.
@@ -271,17 +332,21 @@ impl ApiServer {
 
     /// Creates or replaces an object as given, status included (a fixture, not a
     /// client write: no precondition unless the object carries a resourceVersion).
+    /// The registry's own rules apply (defaults, allocation, validation: a fixture
+    /// the real server would refuse is refused), admission does not (a fixture Node
+    /// is one whose kubelet registered it and whose not-ready taint is gone).
     /// Watches see it like any write. Panics if the resource is not registered.
     pub fn insert(&self, resource: &str, obj: Value) -> Result<Value, ApiError> {
         let mut store = self.store();
         let i = Self::index(&store, resource);
         let ns = obj["metadata"]["namespace"].as_str().map(str::to_owned);
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        if store.get(i, ns.as_deref(), &name).is_ok() {
+        let written = if store.get(i, ns.as_deref(), &name).is_ok() {
             store.update(i, ns.as_deref(), &name, obj, Part::Whole)
         } else {
             store.create(i, ns.as_deref(), obj, Part::Whole)
-        }
+        };
+        written.map(|w| w.object)
     }
 
     pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
@@ -378,6 +443,19 @@ impl ApiServer {
 fn json_response(code: u16, v: &Value) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, [(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(v).expect("serializable")).into_response()
+}
+
+/// A written object, with the server's warnings as the real server sends them
+/// (`Warning: 299 - "unknown field \"spec.foo\""`).
+fn written_response(code: u16, w: &store::Written) -> Response {
+    let mut r = json_response(code, &w.object);
+    for text in &w.warnings {
+        let quoted = format!("299 - \"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""));
+        if let Ok(v) = header::HeaderValue::from_str(&quoted) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
 }
 
 impl IntoResponse for ApiError {
@@ -515,8 +593,8 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
         }
         (Method::POST, None) if !t.status => {
             count(shared, Verb::Create);
-            let obj = lock().create(t.res, ns, parse_body(body)?, part)?;
-            return Ok(json_response(201, &obj));
+            let w = lock().create(t.res, ns, parse_body(body)?, part)?;
+            return Ok(written_response(201, &w));
         }
         (Method::GET, Some(name)) => {
             count(shared, Verb::Get);
@@ -524,7 +602,8 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
         }
         (Method::PUT, Some(name)) => {
             count(shared, Verb::Update);
-            lock().update(t.res, ns, name, parse_body(body)?, part)?
+            let w = lock().update(t.res, ns, name, parse_body(body)?, part)?;
+            return Ok(written_response(200, &w));
         }
         (Method::PATCH, Some(name)) => {
             count(shared, Verb::Patch);
@@ -541,7 +620,8 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
             let mut obj = store.get(t.res, ns, name)?;
             merge_patch(&mut obj, &patch);
             // The patch's own resourceVersion, if any, is the precondition (as for PUT).
-            store.update(t.res, ns, name, obj, part)?
+            let w = store.update(t.res, ns, name, obj, part)?;
+            return Ok(written_response(200, &w));
         }
         (Method::DELETE, Some(name)) if !t.status => {
             count(shared, Verb::Delete);

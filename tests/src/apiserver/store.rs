@@ -1,6 +1,6 @@
 //! Objects, the global resourceVersion and the bounded event history.
 
-use super::{ApiError, ResourceSpec};
+use super::{crd, nodes, services, ApiError, ResourceSpec};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -46,6 +46,12 @@ pub(crate) enum Part {
 
 type Key = (usize, String, String);
 
+/// A stored object and the warnings the write earned (pruned unknown fields).
+pub(crate) struct Written {
+    pub object: Value,
+    pub warnings: Vec<String>,
+}
+
 pub(crate) struct Store {
     pub resources: Vec<ResourceSpec>,
     pub rv: u64,
@@ -56,6 +62,9 @@ pub(crate) struct Store {
     pub compacted: u64,
     pub tx: broadcast::Sender<Msg>,
     uids: u64,
+    /// The structural schema of each resource a CRD in deploy/ defines.
+    schemas: Vec<Option<crd::Schema>>,
+    taint_new_nodes: bool,
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
@@ -80,10 +89,41 @@ fn spec_of(obj: &Value) -> Value {
 }
 
 impl Store {
-    pub fn new(resources: Vec<ResourceSpec>, history_limit: usize) -> Self {
+    pub fn new(resources: Vec<ResourceSpec>, history_limit: usize, taint_new_nodes: bool) -> Self {
         // A watcher that falls this far behind gets 410 (as with the real watch cache).
         let (tx, _) = broadcast::channel(history_limit.max(16));
-        Store { resources, rv: 1, objects: BTreeMap::new(), history: VecDeque::new(), history_limit, compacted: 0, tx, uids: 0 }
+        let schemas = resources.iter().map(|r| if r.group.is_empty() { None } else { crd::Schema::find(r.group, r.version, r.plural) }).collect();
+        Store { resources, rv: 1, objects: BTreeMap::new(), history: VecDeque::new(), history_limit, compacted: 0, tx, uids: 0, schemas, taint_new_nodes }
+    }
+
+    /// What other Services (all namespaces, not `key`) hold.
+    fn services_used(&self, res: usize, key: &Key) -> services::Used {
+        services::Used::of(self.objects.range((res, String::new(), String::new())..).take_while(|(k, _)| k.0 == res).filter(|(k, _)| *k != key).map(|(_, v)| v))
+    }
+
+    /// The registry's own work on an object about to be stored (and admission's, for
+    /// a client's create): defaults, allocation, validation. `old` on update.
+    fn prepare(&self, res: usize, key: &Key, old: Option<&Value>, obj: &mut Value, part: Part) -> Result<Vec<String>, ApiError> {
+        let spec = &self.resources[res];
+        let name = key.2.as_str();
+        if *spec == ResourceSpec::SERVICES {
+            // A status write allocates nothing: no need to look at every Service.
+            let used = if part == Part::Status { services::Used::default() } else { self.services_used(res, key) };
+            match old {
+                None => services::prepare_create(name, obj, &used)?,
+                Some(old) => services::prepare_update(old, obj, part, &used)?,
+            }
+        }
+        if *spec == ResourceSpec::NODES && old.is_none() && part == Part::Main && self.taint_new_nodes {
+            nodes::taint_not_ready(obj);
+        }
+        match &self.schemas[res] {
+            Some(schema) => {
+                let scope = if part == Part::Status { crd::Scope::Status } else { crd::Scope::Object };
+                crd::prepare(schema, obj, scope).map_err(|causes| ApiError::invalid(spec, name, causes))
+            }
+            None => Ok(Vec::new()),
+        }
     }
 
     fn key(res: usize, ns: Option<&str>, name: &str) -> Key {
@@ -168,11 +208,12 @@ impl Store {
         Ok(())
     }
 
-    pub fn create(&mut self, res: usize, ns: Option<&str>, mut body: Value, part: Part) -> Result<Value, ApiError> {
+    pub fn create(&mut self, res: usize, ns: Option<&str>, mut body: Value, part: Part) -> Result<Written, ApiError> {
         self.normalize(res, ns, None, &mut body)?;
         let spec = self.resources[res];
-        if part != Part::Whole && spec.status {
-            // Like the real registry strategies: status is not set through the main resource.
+        // Like the real registry strategies: status is not set through the main
+        // resource, except on a Node (a kubelet registers it with its status).
+        if part != Part::Whole && spec.status && spec != ResourceSpec::NODES {
             body.as_object_mut().expect("object").remove("status");
         }
         self.uids += 1;
@@ -192,13 +233,15 @@ impl Store {
         meta.insert("generation".into(), 1.into());
         meta.remove("deletionTimestamp");
         meta.remove("managedFields");
-        if self.objects.contains_key(&Self::key(res, ns, &name)) {
+        let key = Self::key(res, ns, &name);
+        let warnings = self.prepare(res, &key, None, &mut body, part)?;
+        if self.objects.contains_key(&key) {
             return Err(ApiError::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", spec.qualified())).details(&spec, &name));
         }
-        Ok(self.commit(res, EventType::Added, body, None))
+        Ok(Written { object: self.commit(res, EventType::Added, body, None), warnings })
     }
 
-    pub fn update(&mut self, res: usize, ns: Option<&str>, name: &str, mut body: Value, part: Part) -> Result<Value, ApiError> {
+    pub fn update(&mut self, res: usize, ns: Option<&str>, name: &str, mut body: Value, part: Part) -> Result<Written, ApiError> {
         self.normalize(res, ns, Some(name), &mut body)?;
         let spec = self.resources[res];
         let old = self.get(res, ns, name)?;
@@ -239,18 +282,16 @@ impl Store {
             meta.insert(f.into(), om[f].clone());
         }
         meta.remove("managedFields");
-        if spec.group.is_empty() && spec.plural == "services" {
-            super::services::prepare_update(&old, &mut new, part)?;
-        }
+        let warnings = self.prepare(res, &Self::key(res, ns, name), Some(&old), &mut new, part)?;
         if new == old {
             // A write that changes nothing is not a write: no new RV, no event.
-            return Ok(old);
+            return Ok(Written { object: old, warnings });
         }
         if spec_of(&new) != spec_of(&old) {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
             meta_mut(&mut new).insert("generation".into(), g.into());
         }
-        Ok(self.commit(res, EventType::Modified, new, Some(old)))
+        Ok(Written { object: self.commit(res, EventType::Modified, new, Some(old)), warnings })
     }
 
     pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str, pre: &Value) -> Result<Value, ApiError> {
