@@ -4,7 +4,10 @@
 use std::net::Ipv4Addr;
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use vip_agent::dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr};
+use vip_agent::{
+    dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
+    model::Protocol,
+};
 use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, FlowCacheEntry, FlowKey, PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     frames::{self, Ip4, Mac},
@@ -35,7 +38,7 @@ fn backend(i: u8) -> BackendSpec {
 }
 
 fn svc(vip: Ipv4Addr, port: u16, proto: u8) -> ServiceAddr {
-    ServiceAddr { vip, port, proto }
+    ServiceAddr { vip, port, protocol: Protocol::from_number(proto).expect("tcp or udp") }
 }
 
 struct World {
@@ -66,7 +69,7 @@ fn world() -> World {
 /// The backend MAC the ring gives a new flow, computed from the maps in userspace.
 fn ring_choice(dp: &Dataplane, s: ServiceAddr, src: Ipv4Addr, sport: u16, dport: u16) -> Mac {
     let (_, entry, ring) = dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap();
-    let h = flow_hash(src.octets(), s.vip.octets(), sport.to_be_bytes(), dport.to_be_bytes(), s.proto);
+    let h = flow_hash(src.octets(), s.vip.octets(), sport.to_be_bytes(), dport.to_be_bytes(), s.protocol.number());
     let id = ring[(h % entry.ring_size) as usize];
     dp.backends().unwrap()[&id].mac
 }

@@ -5,9 +5,10 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    agent::Status,
     clock::monotonic_ns,
     dataplane::{Announce, Dataplane},
+    spec::Mac,
+    status::Status,
 };
 
 #[derive(Serialize)]
@@ -30,7 +31,7 @@ pub struct AgentView {
     pub owners: std::collections::BTreeMap<Ipv4Addr, String>,
     pub backends: Vec<HealthRow>,
     /// Service-ports the agent could not program, with why.
-    pub unprogrammed: Vec<crate::agent::UnprogrammedStatus>,
+    pub unprogrammed: Vec<crate::status::UnprogrammedStatus>,
     pub usage: crate::dataplane::Usage,
 }
 
@@ -85,18 +86,6 @@ pub struct CounterRow {
     pub bytes: u64,
 }
 
-pub fn mac_str(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-pub fn proto_name(p: u8) -> &'static str {
-    match p {
-        vip_common::PROTO_TCP => "tcp",
-        vip_common::PROTO_UDP => "udp",
-        _ => "?",
-    }
-}
-
 pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
     let now = monotonic_ns() as i64;
     let counters = dp.counters()?;
@@ -119,7 +108,7 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
         services.push(ServiceRow {
             vip: a.vip,
             port: a.port,
-            proto: proto_name(a.proto),
+            proto: a.protocol.name(),
             id: s.id,
             table_size: s.ring_size,
             packets,
@@ -132,7 +121,7 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
         .into_iter()
         .map(|(id, b)| {
             let (packets, bytes) = counters.backends.get(&id).copied().unwrap_or_default();
-            BackendRow { id, addr: Ipv4Addr::from(b.addr), mac: mac_str(&b.mac), local: b.flags & vip_common::BACKEND_LOCAL != 0, packets, bytes }
+            BackendRow { id, addr: Ipv4Addr::from(b.addr), mac: Mac(b.mac).to_string(), local: b.flags & vip_common::BACKEND_LOCAL != 0, packets, bytes }
         })
         .collect();
     let reasons = counters.reasons.iter().map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes }).collect();

@@ -14,3 +14,5 @@ pub mod k8s;
 pub mod maglev;
 pub mod model;
 pub mod neighbour;
+pub mod spec;
+pub mod status;

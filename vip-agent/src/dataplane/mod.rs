@@ -34,7 +34,11 @@ use vip_common::{map_names as names, *};
 pub use xmit::XdpXmit;
 
 pub use crate::clock::monotonic_ns;
-use crate::maglev::{self, Member};
+pub use crate::model::ServiceAddr;
+use crate::{
+    maglev::{self, Member},
+    model::Protocol,
+};
 
 /// The XDP object built by `cargo xtask build-ebpf`, embedded at build time.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vip.bpf.o"));
@@ -53,21 +57,14 @@ pub struct BackendSpec {
     pub local: bool,
 }
 
-/// (VIP, port, protocol) of a service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceAddr {
-    pub vip: Ipv4Addr,
-    pub port: u16,
-    pub proto: u8,
+/// The `lb4_services` key of a service-port.
+fn service_key(a: &ServiceAddr) -> ServiceKey {
+    ServiceKey { vip: a.vip.octets(), port: a.port.to_be_bytes(), proto: a.protocol.number(), _pad: 0 }
 }
 
-impl ServiceAddr {
-    pub fn key(&self) -> ServiceKey {
-        ServiceKey { vip: self.vip.octets(), port: self.port.to_be_bytes(), proto: self.proto, _pad: 0 }
-    }
-    fn from_key(k: &ServiceKey) -> Self {
-        Self { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), proto: k.proto }
-    }
+/// The service-port of an `lb4_services` key (None: a protocol we never write).
+fn service_addr(k: &ServiceKey) -> Option<ServiceAddr> {
+    Some(ServiceAddr { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), protocol: Protocol::from_number(k.proto)? })
 }
 
 /// What a service should be: its backends and ring size.
@@ -291,7 +288,7 @@ impl Dataplane {
             if key.port == [0, 0] {
                 continue; // fragment alias: shares its service's entry
             }
-            let addr = ServiceAddr::from_key(&key);
+            let Some(addr) = service_addr(&key) else { continue };
             self.ids.insert(svc.id);
             self.rings.add_user(svc.ring_offset, addr);
             self.programmed.insert(addr, Programmed { id: svc.id, ring: svc.ring_offset });
@@ -529,7 +526,7 @@ impl Dataplane {
                     },
                 };
                 let entry = Service { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
-                if let Err(e) = self.services.insert(addr.key(), entry, 0) {
+                if let Err(e) = self.services.insert(service_key(&addr), entry, 0) {
                     out.failed.insert(addr, format!("writing lb4_services: {e}"));
                     continue;
                 }
@@ -548,16 +545,16 @@ impl Dataplane {
         }
         for &addr in remove {
             let Some(p) = self.programmed.remove(&addr) else { continue };
-            ignore_missing(self.services.remove(&addr.key()))?;
+            ignore_missing(self.services.remove(&service_key(&addr)))?;
             self.rings.drop_user(p.ring, addr);
             self.ids.remove(&p.id);
             reset_counter(&mut self.service_stats, p.id)?;
             touched.insert(addr);
             out.removed.push(addr);
         }
-        let aliases: BTreeSet<(Ipv4Addr, u8)> = touched.iter().map(|a| (a.vip, a.proto)).collect();
-        for (vip, proto) in aliases {
-            self.update_fragment_alias(vip, proto)?;
+        let aliases: BTreeSet<(Ipv4Addr, Protocol)> = touched.iter().map(|a| (a.vip, a.protocol)).collect();
+        for (vip, protocol) in aliases {
+            self.update_fragment_alias(vip, protocol)?;
         }
         let gone = self.collect_backends()?;
         self.epoch.bump()?;
@@ -578,7 +575,7 @@ impl Dataplane {
         // Fragment flows (port 0) of a VIP follow its services' kept sets.
         let mut by_vip: StdHashMap<([u8; 4], u8), Vec<&BTreeSet<u32>>> = StdHashMap::new();
         for (a, kept) in lost {
-            by_vip.entry((a.vip.octets(), a.proto)).or_default().push(kept);
+            by_vip.entry((a.vip.octets(), a.protocol.number())).or_default().push(kept);
         }
         self.evict_flows(|k, f| {
             if gone.contains(&f.backend) {
@@ -587,7 +584,8 @@ impl Dataplane {
             if k.dport == [0, 0] {
                 return by_vip.get(&(k.dst, k.proto)).is_some_and(|v| v.iter().any(|kept| !kept.contains(&f.backend)));
             }
-            let addr = ServiceAddr { vip: Ipv4Addr::from(k.dst), port: u16::from_be_bytes(k.dport), proto: k.proto };
+            let Some(protocol) = Protocol::from_number(k.proto) else { return false };
+            let addr = ServiceAddr { vip: Ipv4Addr::from(k.dst), port: u16::from_be_bytes(k.dport), protocol };
             lost.get(&addr).is_some_and(|kept| !kept.contains(&f.backend))
         })
     }
@@ -649,16 +647,19 @@ impl Dataplane {
 
     /// Points (vip, port 0, proto), the entry fragments use, at the service with the
     /// lowest port of that VIP and protocol (or removes it when there is none).
-    fn update_fragment_alias(&mut self, vip: Ipv4Addr, proto: u8) -> Result<()> {
-        let alias = ServiceAddr { vip, port: 0, proto };
-        let first =
-            self.programmed.range(alias..=ServiceAddr { vip, port: u16::MAX, proto: u8::MAX }).find(|(a, _)| a.proto == proto && a.port != 0).map(|(_, p)| *p);
+    fn update_fragment_alias(&mut self, vip: Ipv4Addr, protocol: Protocol) -> Result<()> {
+        let alias = ServiceAddr { vip, port: 0, protocol };
+        let first = self
+            .programmed
+            .range(alias..=ServiceAddr { vip, port: u16::MAX, protocol: Protocol::Udp })
+            .find(|(a, _)| a.protocol == protocol && a.port != 0)
+            .map(|(_, p)| *p);
         match first {
             Some(p) => {
                 let size = self.rings.get(p.ring).map_or(0, |r| r.size());
-                self.services.insert(alias.key(), Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
+                self.services.insert(service_key(&alias), Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
             }
-            None => ignore_missing(self.services.remove(&alias.key()))?,
+            None => ignore_missing(self.services.remove(&service_key(&alias)))?,
         }
         Ok(())
     }

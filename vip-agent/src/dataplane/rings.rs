@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     fn svc(port: u16) -> ServiceAddr {
-        ServiceAddr { vip: "198.18.1.1".parse().unwrap(), port, proto: vip_common::PROTO_TCP }
+        ServiceAddr { vip: "198.18.1.1".parse().unwrap(), port, protocol: crate::model::Protocol::Tcp }
     }
 
     #[test]
