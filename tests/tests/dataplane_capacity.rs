@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use vip_agent::{
-    dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr, ServiceSpec},
+    dataplane::{monotonic_ns, BackendSpec, Dataplane, DataplaneError, ServiceAddr, ServiceSpec},
     maglev::DEFAULT_TABLE_SIZE,
     model::Protocol,
 };
@@ -103,7 +103,8 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     assert_eq!(done.written.len(), 3, "{done:?}");
     assert_eq!(done.failed.len(), 2, "{done:?}");
     for e in done.failed.values() {
-        assert!(e.contains("lb4_ring is full") && e.contains("--ring-capacity"), "unclear error: {e}");
+        assert!(matches!(e, DataplaneError::RingFull { .. }) && e.is_capacity(), "not a full ring: {e:?}");
+        assert!(e.to_string().contains("--ring-capacity"), "the message must say what to raise: {e}");
     }
     // The services that fit forward; those that did not are absent (passed), not half-written.
     for (a, s) in addrs.iter().zip(&specs) {

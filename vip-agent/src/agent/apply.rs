@@ -94,7 +94,7 @@ impl Agent {
             match done.failed.get(addr) {
                 Some(e) => {
                     if self.failed.get(addr).map(|(_, old)| old) != Some(e) {
-                        error!(service = %d.name, vip = %addr.vip, port = addr.port, error = %e, "service not programmed; it is retried, every other service goes on");
+                        error!(service = %d.name, vip = %addr.vip, port = addr.port, error = %e, capacity = e.is_capacity(), "service not programmed; it is retried, every other service goes on");
                     }
                     self.failed.insert(*addr, (d.name.clone(), e.clone()));
                 }

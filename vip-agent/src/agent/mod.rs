@@ -88,7 +88,7 @@ struct Agent {
     /// What the service maps hold (services that failed are absent: retried).
     applied: BTreeMap<ServiceAddr, DesiredService>,
     /// Services the model wants that could not be programmed, with why.
-    failed: BTreeMap<ServiceAddr, (String, String)>,
+    failed: BTreeMap<ServiceAddr, (String, dataplane::DataplaneError)>,
     unresolved: BTreeSet<String>,
     metrics: metrics::Metrics,
     status: Status,

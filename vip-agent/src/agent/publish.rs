@@ -44,7 +44,13 @@ impl Agent {
         s.unprogrammed = self
             .failed
             .iter()
-            .map(|(a, (name, e))| UnprogrammedStatus { name: name.clone(), vip: a.vip, port: a.port, protocol: a.protocol.name().to_owned(), error: e.clone() })
+            .map(|(a, (name, e))| UnprogrammedStatus {
+                name: name.clone(),
+                vip: a.vip,
+                port: a.port,
+                protocol: a.protocol.name().to_owned(),
+                error: e.to_string(),
+            })
             .collect();
         s.nodes = self
             .world

@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap, IterableMap as _, MapData, PerCpuArray};
 use vip_common::{map_names as names, Counter, HeldKey, HeldVip, IfaceConfig, Reason, HELD_NO_ARP, IFACE_NATIVE};
 
-use super::{batch, coarse_slack_ns, flow_cache, ignore_missing, open_pinned, sum};
+use super::{batch, coarse_slack_ns, counters::sum, flow_cache, ignore_missing, open_pinned};
 
 /// How a held VIP is announced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -92,10 +92,6 @@ impl HeldVips {
     /// or an earlier agent attached it (the driver can then transmit XDP frames).
     pub fn iface_native(&self, ifindex: u32) -> bool {
         self.ifaces.get(&ifindex, 0).is_ok_and(|c| c.flags & IFACE_NATIVE != 0)
-    }
-
-    pub fn remove_iface(&mut self, ifindex: u32) -> Result<()> {
-        ignore_missing(self.ifaces.remove(&ifindex))
     }
 
     /// Holds `vip` on `ifindex` until `deadline_ns` (CLOCK_MONOTONIC). Call again
