@@ -8,7 +8,7 @@ use vip_agent::{
     dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
     model::Protocol,
 };
-use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, FlowCacheEntry, FlowKey, PROTO_TCP, PROTO_UDP};
+use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     frames::{self, Ip4, Mac},
     netns::{privileged, PinDir},
@@ -492,8 +492,8 @@ fn stay_on_cpu0() {
 fn cached_to(w: &World, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Option<Mac> {
     use aya::maps::{Map, MapData, PerCpuArray};
     let data = MapData::from_pin(w._pins.path.join(map_names::FLOW_CACHE)).unwrap();
-    let cache: PerCpuArray<_, FlowCacheEntry> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
-    let key = FlowKey { src: src.octets(), dst: dst.octets(), sport: sport.to_be_bytes(), dport: dport.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    let cache: PerCpuArray<_, Lb4FlowCacheEntry> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let key = Lb4FlowKey { src: src.octets(), dst: dst.octets(), sport: sport.to_be_bytes(), dport: dport.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
     let words: [u64; 2] = unsafe { std::mem::transmute(key) };
     let cpus = aya::util::nr_cpus().unwrap() as u32;
     let slot = flow_cache_slot(words[0], words[1]) & (flow_cache_slots_for(cpus) - 1);
@@ -640,7 +640,8 @@ fn flow_cache_slot_collisions_and_local_backends() {
     let cpus = aya::util::nr_cpus().unwrap() as u32;
     let mask = flow_cache_slots_for(cpus) - 1;
     let slot_of = |sport: u16| {
-        let key = FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: sport.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+        let key =
+            Lb4FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: sport.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
         let words: [u64; 2] = unsafe { std::mem::transmute(key) };
         flow_cache_slot(words[0], words[1]) & mask
     };
@@ -688,8 +689,8 @@ fn flow_cache_rechecks_the_flow_table() {
     let (f, flow) = tcp_flow(47000);
     run_cached(&mut w, &f, flow);
     let data = MapData::from_pin(w._pins.path.join(map_names::FLOWS)).unwrap();
-    let mut flows: HashMap<_, FlowKey, vip_common::Flow> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
-    let key = FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: 47000u16.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    let mut flows: HashMap<_, Lb4FlowKey, vip_common::Lb4Flow> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let key = Lb4FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: 47000u16.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
     flows.remove(&key).unwrap();
     let mut runs = 0;
     while flows.get(&key, 0).is_err() {

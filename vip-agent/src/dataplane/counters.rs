@@ -25,11 +25,11 @@ impl Dataplane {
         // From the maps, not the mirrors: a handle opened for reading (the metrics
         // endpoint, inspect) sees services another handle programmed since. Two
         // batched reads, then one read per id.
-        let ids: BTreeSet<u32> = batch::lookup_all::<ServiceKey, Service>(self.services.map())?.into_iter().map(|(_, s)| s.id).collect();
+        let ids: BTreeSet<u32> = batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?.into_iter().map(|(_, s)| s.id).collect();
         for id in ids {
             c.services.insert(id, sum(&self.service_stats, id)?);
         }
-        for (id, b) in batch::lookup_all::<u32, Backend>(self.backends.map())? {
+        for (id, b) in batch::lookup_all::<u32, Lb4Backend>(self.backends.map())? {
             if b.flags & BACKEND_PRESENT != 0 {
                 c.backends.insert(id, sum(&self.backend_stats, id)?);
             }

@@ -2,15 +2,16 @@
 //! benchmarks.
 use anyhow::{Context as _, Result};
 use aya::maps::IterableMap as _;
-use vip_common::{Flow, FlowKey};
+use vip_common::{Lb4Flow, Lb4FlowKey};
 
 use super::{batch, Dataplane};
 
 impl Dataplane {
     /// Removes flow-table entries matching `pred` (one batched walk, batched
     /// deletes); returns how many.
-    pub fn evict_flows(&mut self, pred: impl Fn(&FlowKey, &Flow) -> bool) -> Result<usize> {
-        let stale: Vec<FlowKey> = batch::lookup_all::<FlowKey, Flow>(self.flows.map())?.into_iter().filter(|(k, f)| pred(k, f)).map(|(k, _)| k).collect();
+    pub fn evict_flows(&mut self, pred: impl Fn(&Lb4FlowKey, &Lb4Flow) -> bool) -> Result<usize> {
+        let stale: Vec<Lb4FlowKey> =
+            batch::lookup_all::<Lb4FlowKey, Lb4Flow>(self.flows.map())?.into_iter().filter(|(k, f)| pred(k, f)).map(|(k, _)| k).collect();
         let n = if stale.is_empty() { 0 } else { batch::delete(self.flows.map(), &stale)? };
         self.epoch.bump()?; // cached copies of the removed flows
         Ok(n)
@@ -19,7 +20,7 @@ impl Dataplane {
     /// Writes flow-table entries as the data path would on first packets: how
     /// tests and benchmarks fill `lb4_flows` to real scale without sending a
     /// million packets.
-    pub fn insert_flows(&mut self, flows: &[(FlowKey, Flow)]) -> Result<()> {
+    pub fn insert_flows(&mut self, flows: &[(Lb4FlowKey, Lb4Flow)]) -> Result<()> {
         batch::update(self.flows.map(), flows).context("writing lb4_flows")
     }
 
@@ -29,6 +30,6 @@ impl Dataplane {
     }
 
     pub fn flow_count(&self) -> usize {
-        batch::lookup_all::<FlowKey, Flow>(self.flows.map()).map_or(0, |v| v.len())
+        batch::lookup_all::<Lb4FlowKey, Lb4Flow>(self.flows.map()).map_or(0, |v| v.len())
     }
 }

@@ -61,10 +61,10 @@ pub struct Dataplane {
     /// Present when this process loaded the object (attach, tests, bench).
     ebpf: Option<Ebpf>,
     held: HeldVips,
-    services: HashMap<MapData, ServiceKey, Service>,
-    backends: Array<MapData, Backend>,
+    services: HashMap<MapData, Lb4ServiceKey, Lb4Service>,
+    backends: Array<MapData, Lb4Backend>,
     ring: Array<MapData, u32>,
-    flows: HashMap<MapData, FlowKey, Flow>,
+    flows: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
@@ -77,7 +77,7 @@ pub struct Dataplane {
     /// Service ids in use.
     ids: BTreeSet<u32>,
     /// The slots of lb4_backends in use (a mirror of the array, rebuilt on open).
-    backend_slots: BTreeMap<u32, Backend>,
+    backend_slots: BTreeMap<u32, Lb4Backend>,
 }
 
 /// How much earlier than asked a held VIP goes stale in `arp_held`: two ticks of
@@ -124,10 +124,10 @@ macro_rules! maps_from {
 }
 
 type MapSet = (
-    HashMap<MapData, ServiceKey, Service>,
-    Array<MapData, Backend>,
+    HashMap<MapData, Lb4ServiceKey, Lb4Service>,
+    Array<MapData, Lb4Backend>,
     Array<MapData, u32>,
-    HashMap<MapData, FlowKey, Flow>,
+    HashMap<MapData, Lb4FlowKey, Lb4Flow>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
@@ -187,12 +187,12 @@ impl Dataplane {
     /// maps with batched reads, so that a restarted agent diffs against what
     /// packets see now.
     fn recover(&mut self) -> Result<()> {
-        for (id, b) in batch::lookup_all::<u32, Backend>(self.backends.map())? {
+        for (id, b) in batch::lookup_all::<u32, Lb4Backend>(self.backends.map())? {
             if b.flags & BACKEND_PRESENT != 0 {
                 self.backend_slots.insert(id, b);
             }
         }
-        let entries = batch::lookup_all::<ServiceKey, Service>(self.services.map())?;
+        let entries = batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?;
         let regions: BTreeSet<(u32, u32)> =
             entries.iter().filter(|(k, s)| k.port != [0, 0] && s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
         // Only the regions in use are read (shared rings: usually a few).

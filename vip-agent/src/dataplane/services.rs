@@ -29,12 +29,12 @@ pub struct BackendSpec {
 }
 
 /// The `lb4_services` key of a service-port.
-fn service_key(a: &ServiceAddr) -> ServiceKey {
-    ServiceKey { vip: a.vip.octets(), port: a.port.to_be_bytes(), proto: a.protocol.number(), _pad: 0 }
+fn service_key(a: &ServiceAddr) -> Lb4ServiceKey {
+    Lb4ServiceKey { vip: a.vip.octets(), port: a.port.to_be_bytes(), proto: a.protocol.number(), _pad: 0 }
 }
 
 /// The service-port of an `lb4_services` key (None: a protocol we never write).
-pub(super) fn service_addr(k: &ServiceKey) -> Option<ServiceAddr> {
+pub(super) fn service_addr(k: &Lb4ServiceKey) -> Option<ServiceAddr> {
     Some(ServiceAddr { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), protocol: Protocol::from_number(k.proto)? })
 }
 
@@ -98,13 +98,13 @@ pub struct Usage {
 
 impl Dataplane {
     /// Services as (address, entry, ring) for inspection, from the mirrors.
-    pub fn services(&self) -> Result<Vec<(ServiceAddr, Service, Vec<u32>)>> {
+    pub fn services(&self) -> Result<Vec<(ServiceAddr, Lb4Service, Vec<u32>)>> {
         Ok(self
             .programmed
             .iter()
             .map(|(a, p)| {
                 let ring = self.rings.get(p.ring).map(|r| r.slots.clone()).unwrap_or_default();
-                (*a, Service { id: p.id, ring_offset: p.ring, ring_size: ring.len() as u32, _pad: 0 }, ring)
+                (*a, Lb4Service { id: p.id, ring_offset: p.ring, ring_size: ring.len() as u32, _pad: 0 }, ring)
             })
             .collect())
     }
@@ -115,7 +115,7 @@ impl Dataplane {
     }
 
     /// Backends in use (slots of `lb4_backends` with `BACKEND_PRESENT`), by id.
-    pub fn backends(&self) -> Result<BTreeMap<u32, Backend>> {
+    pub fn backends(&self) -> Result<BTreeMap<u32, Lb4Backend>> {
         Ok(self.backend_slots.clone())
     }
 
@@ -228,7 +228,7 @@ impl Dataplane {
                         }
                     },
                 };
-                let entry = Service { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
+                let entry = Lb4Service { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
                 if let Err(e) = self.services.insert(service_key(&addr), entry, 0) {
                     out.failed.insert(addr, DataplaneError::kernel("lb4_services", e));
                     continue;
@@ -347,7 +347,7 @@ impl Dataplane {
     /// Backend id for `spec`, re-using the id of a backend with the same address,
     /// else the lowest free slot of `lb4_backends`.
     fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32, DataplaneError> {
-        let want = Backend { mac: spec.mac, _pad: [0; 2], addr: spec.addr.octets(), flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 } };
+        let want = Lb4Backend { mac: spec.mac, _pad: [0; 2], addr: spec.addr.octets(), flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 } };
         let existing = &self.backend_slots;
         let id = match existing.iter().find(|(_, b)| b.addr == want.addr) {
             Some((&id, _)) => id,
@@ -376,7 +376,7 @@ impl Dataplane {
         match first {
             Some(p) => {
                 let size = self.rings.get(p.ring).map_or(0, |r| r.size());
-                self.services.insert(service_key(&alias), Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
+                self.services.insert(service_key(&alias), Lb4Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
             }
             None => ignore_missing(self.services.remove(&service_key(&alias)))?,
         }
@@ -390,7 +390,7 @@ impl Dataplane {
         let gone: BTreeSet<u32> = self.backend_slots.keys().copied().filter(|id| !used.contains(id)).collect();
         for id in &gone {
             // A zeroed slot (no BACKEND_PRESENT) is no backend: flows to it re-hash.
-            self.backends.set(*id, Backend::default(), 0)?;
+            self.backends.set(*id, Lb4Backend::default(), 0)?;
             self.backend_slots.remove(id);
             reset_counter(&mut self.backend_stats, *id)?;
         }
