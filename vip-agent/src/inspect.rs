@@ -19,12 +19,12 @@ pub struct Report {
     pub reasons: Vec<CounterRow>,
     pub flows: usize,
     /// From the agent's status file, when there is one.
-    pub agent: Option<AgentView>,
+    pub agent: Option<AgentSection>,
 }
 
 /// What only the agent knows: owners, backend health, config state.
 #[derive(Serialize)]
-pub struct AgentView {
+pub struct AgentSection {
     pub node: String,
     pub config_generation: u64,
     pub config_error: Option<String>,
@@ -126,13 +126,13 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
         .collect();
     let reasons = counters.reasons.iter().map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes }).collect();
     let mut r = Report { held, services, backends, reasons, flows: dp.flow_count(), agent: None };
-    r.agent = status.map(|st| agent_view(&r, st));
+    r.agent = status.map(|st| agent_section(&r, st));
     Ok(r)
 }
 
 /// Rows per service (first port of each) and backend: the nodes in its ring with
 /// their share (from the maps), and the nodes its health check has down.
-fn agent_view(r: &Report, st: Status) -> AgentView {
+fn agent_section(r: &Report, st: Status) -> AgentSection {
     let addr_of: std::collections::BTreeMap<&str, Ipv4Addr> = st.nodes.iter().map(|n| (n.node.as_str(), n.addr)).collect();
     let mut backends = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -161,7 +161,7 @@ fn agent_view(r: &Report, st: Status) -> AgentView {
             });
         }
     }
-    AgentView {
+    AgentSection {
         node: st.node,
         config_generation: st.config.generation,
         config_error: st.config.error,

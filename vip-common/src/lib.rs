@@ -43,6 +43,9 @@ pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
 /// Ring slot value meaning "no backend" (a service whose backends are all gone).
 pub const NO_BACKEND: u32 = u32::MAX;
 
+/// EtherType of ARP (the data path parses it; the agent sends it).
+pub const ETH_P_ARP: u16 = 0x0806;
+
 /// IP protocol numbers used in [`Lb4ServiceKey::proto`].
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;

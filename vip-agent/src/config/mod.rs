@@ -309,8 +309,13 @@ fn validate(f: File) -> Result<World, FieldError> {
 
 /// Pools whose selector matches no node: nobody will answer for their VIPs.
 /// Not an error (labels may come later), but worth a warning.
-pub fn warnings(w: &World) -> Vec<String> {
-    w.pools.iter().filter(|p| w.eligible(p).is_empty()).map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name)).collect()
+pub fn warnings(world: &World) -> Vec<String> {
+    world
+        .pools
+        .iter()
+        .filter(|p| world.eligible(p).is_empty())
+        .map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name))
+        .collect()
 }
 
 #[cfg(test)]
