@@ -254,10 +254,11 @@ pub enum Reason {
     PassedOther = 13,
     ArpConflict = 14,
     ArpNotAnnounced = 15,
+    DropGroupNotOwner = 16,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 17;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -275,6 +276,7 @@ impl Reason {
         Reason::PassedOther,
         Reason::ArpConflict,
         Reason::ArpNotAnnounced,
+        Reason::DropGroupNotOwner,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -295,6 +297,7 @@ impl Reason {
             Reason::PassedOther => "passed_other",
             Reason::ArpConflict => "arp_conflict",
             Reason::ArpNotAnnounced => "arp_not_announced",
+            Reason::DropGroupNotOwner => "drop_group_not_owner",
         }
     }
 }

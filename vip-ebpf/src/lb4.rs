@@ -3,7 +3,7 @@
 use core::ptr::{read_unaligned, write_unaligned, write_volatile};
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_load_bytes, programs::XdpContext};
-use network_types::ip::Ipv4Hdr;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vip_common::*;
 
 use crate::{
@@ -78,11 +78,16 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
     };
     unsafe { write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports, proto)) };
 
+    // A frame to a broadcast or multicast MAC reaches every node: only the VIP's
+    // fresh holder may handle it (checked below, past the cache), or every
+    // node's stack would answer it too.
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let group = unsafe { (*eth).dst_addr[0] } & 1 != 0;
     // The flow cache first: a hit is the whole answer, with no map helper call
     // (array lookups are inlined by the verifier).
     let cached = lb4_cache_lookup(s);
     if let Some(p) = cached {
-        if lb4_cache_hit(p, s) {
+        if !group && lb4_cache_hit(p, s) {
             return lb4_cached(ctx, p, s);
         }
     }
@@ -101,8 +106,12 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
         Some(h) => h,
         // Not ours to balance (another node owns it): the frame was sent to this
         // node as a backend, or is stray; the stack decides.
+        None if group => return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
     };
+    if group && !fresh {
+        return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
+    }
     let fkey: Lb4FlowKey = unsafe { core::mem::transmute(words) };
     let (backend_id, backend) = match lb4_flow_backend(&fkey) {
         Some(b) => b,

@@ -139,6 +139,7 @@ impl Dataplane {
     /// `ring_capacity` is only used when the ring map does not exist yet.
     pub fn load(dir: &Path, ring_capacity: u32) -> Result<Self> {
         ensure_bpffs_dir(dir)?;
+        replace_outgrown_stats(dir)?;
         let mut ebpf = aya::EbpfLoader::new()
             .default_map_pin_directory(dir)
             .map_max_entries(names::RING, ring_capacity)
@@ -280,6 +281,21 @@ fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<()> {
         Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `lb_stats` is indexed by [`Reason`], which grows between versions: a pinned
+/// one left by an older version with fewer slots is replaced (its counts restart;
+/// the running program keeps the old one until the new one is attached). Kept, it
+/// would leave the new reasons uncounted and make reading them fail.
+fn replace_outgrown_stats(dir: &Path) -> Result<()> {
+    let path = dir.join(names::STATS);
+    let Ok(pinned) = MapData::from_pin(&path) else { return Ok(()) };
+    let slots = pinned.info().with_context(|| format!("reading {}", path.display()))?.max_entries();
+    if slots < Reason::COUNT {
+        tracing::info!(map = names::STATS, slots, wanted = Reason::COUNT, "replacing a counter map from an older version (its counts restart)");
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// Makes sure `dir` is on a mounted bpffs and exists.
