@@ -28,6 +28,10 @@ pub struct Status {
     pub health: Vec<HealthStatus>,
     /// Recent health change → maps updated latencies, microseconds (newest last, at most 256).
     pub health_to_maps_us: Vec<u64>,
+    /// What is wrong with this host for the VIP traffic it gets (VIP not on `lo`,
+    /// loose ARP sysctls); empty when ready. See `vip-agent check`.
+    #[serde(default)]
+    pub host_problems: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -40,6 +40,7 @@ use crate::{
     ha::{self, garp::ArpSender},
     health::{self, Target},
     model::World,
+    preflight,
     spec::Mac,
     status::{ConfigStatus, Status},
 };
@@ -206,6 +207,8 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut reload = tokio::time::interval(agent.opts.reload_interval);
     // The key file (a mounted Secret is updated in place) is re-read for rotations.
     let mut rekey = tokio::time::interval(Duration::from_secs(5));
+    // The host may be set up (or broken) after the agent starts.
+    let mut host_check = tokio::time::interval(Duration::from_secs(30));
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
     let mut term = unix::signal(unix::SignalKind::terminate())?;
     let mut int = unix::signal(unix::SignalKind::interrupt())?;
@@ -242,6 +245,7 @@ pub async fn run(opts: Options) -> Result<()> {
                     }
                 }
             }
+            _ = host_check.tick() => agent.check_host(),
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
@@ -258,8 +262,30 @@ impl Agent {
         let targets = health_targets(&world);
         self.health.retain(|t, _| targets.contains(t));
         self.monitor.sync(targets);
-        self.world = world.clone();
+        let world_before = std::mem::replace(&mut self.world, world.clone());
+        if preflight::backed_vips(&world, &self.opts.node_name) != preflight::backed_vips(&world_before, &self.opts.node_name) {
+            self.check_host();
+        }
         self.world_tx.send_replace(world);
+    }
+
+    /// Logs what is wrong with this host for `world` when that changes (it never
+    /// stops the agent: the node may be set up after it starts).
+    fn check_host(&mut self) {
+        let world = &self.world;
+        let intake = match self.opts.source {
+            Source::File(_) => preflight::Intake::VipOnLo,
+            Source::Kubernetes { .. } => preflight::Intake::KubeProxy,
+        };
+        let facts = preflight::HostFacts::read(&self.opts.iface, preflight::backed_vips(world, &self.opts.node_name));
+        let problems = preflight::problems(world, &self.opts.node_name, intake, &self.opts.iface, &facts);
+        for p in problems.iter().filter(|p| !self.status.host_problems.contains(p)) {
+            warn!("this host is not ready for its VIP traffic: {p}");
+        }
+        if problems != self.status.host_problems {
+            self.status.host_problems = problems;
+            self.publish();
+        }
     }
 
     /// A new decision of the liveness thread: rings follow the live set.
