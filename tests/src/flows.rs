@@ -5,14 +5,14 @@ use std::{net::Ipv4Addr, path::Path};
 
 use anyhow::{Context as _, Result};
 use vip_agent::dataplane::Dataplane;
-use vip_common::{Flow, FlowKey, PROTO_TCP};
+use vip_common::{Lb4Flow, Lb4FlowKey, PROTO_TCP};
 
 /// `n` distinct TCP flows from 198.19.0.0/16 to `vips` (round robin) on `dport`,
 /// pinned to `backends` (round robin).
-pub fn synthetic(n: usize, vips: &[Ipv4Addr], dport: u16, backends: &[u32]) -> Vec<(FlowKey, Flow)> {
+pub fn synthetic(n: usize, vips: &[Ipv4Addr], dport: u16, backends: &[u32]) -> Vec<(Lb4FlowKey, Lb4Flow)> {
     (0..n)
         .map(|i| {
-            let key = FlowKey {
+            let key = Lb4FlowKey {
                 src: Ipv4Addr::new(198, 19, (i >> 16) as u8, (i >> 8) as u8).octets(),
                 dst: vips[i % vips.len()].octets(),
                 sport: ((i & 0xff) as u16 + 1024).to_be_bytes(),
@@ -20,7 +20,7 @@ pub fn synthetic(n: usize, vips: &[Ipv4Addr], dport: u16, backends: &[u32]) -> V
                 proto: PROTO_TCP,
                 _pad: [0; 3],
             };
-            (key, Flow { backend: backends[i % backends.len()], _pad: 0 })
+            (key, Lb4Flow { backend: backends[i % backends.len()], _pad: 0 })
         })
         .collect()
 }
@@ -28,7 +28,7 @@ pub fn synthetic(n: usize, vips: &[Ipv4Addr], dport: u16, backends: &[u32]) -> V
 /// Writes `flows` into the flow table pinned under `pins`, spread over every CPU:
 /// the table keeps a free list per CPU (`BPF_F_NO_COMMON_LRU`), so writes from
 /// one CPU could fill only that CPU's share. Returns the entries in the table after.
-pub fn fill(pins: &Path, flows: &[(FlowKey, Flow)]) -> Result<usize> {
+pub fn fill(pins: &Path, flows: &[(Lb4FlowKey, Lb4Flow)]) -> Result<usize> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = flows.len().div_ceil(cpus);
     std::thread::scope(|s| -> Result<()> {

@@ -7,10 +7,11 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use vip_agent::{
-    dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr, ServiceSpec},
+    dataplane::{monotonic_ns, BackendSpec, Dataplane, DataplaneError, ServiceAddr, ServiceSpec},
     maglev::DEFAULT_TABLE_SIZE,
+    model::Protocol,
 };
-use vip_common::{DEFAULT_RING_CAPACITY, PROTO_TCP};
+use vip_common::DEFAULT_RING_CAPACITY;
 use vip_tests::{
     frames::{self, Mac},
     netns::{privileged, PinDir},
@@ -47,7 +48,7 @@ fn five_thousand_service_ports_share_one_ring_at_default_settings() {
     let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
     let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE };
-    let addrs: Vec<ServiceAddr> = (0..2500).flat_map(|k| [80, 443].map(|port| ServiceAddr { vip: vip(k), port, proto: PROTO_TCP })).collect();
+    let addrs: Vec<ServiceAddr> = (0..2500).flat_map(|k| [80, 443].map(|port| ServiceAddr { vip: vip(k), port, protocol: Protocol::Tcp })).collect();
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &three)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
     assert!(done.failed.is_empty(), "{} failed, first: {:?}", done.failed.len(), done.failed.iter().next());
@@ -93,7 +94,7 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     let hour = monotonic_ns() + 3_600_000_000_000;
     // Five services, each with its own backend set (externalTrafficPolicy: Local).
     let specs: Vec<ServiceSpec> = (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251 }).collect();
-    let addrs: Vec<ServiceAddr> = (0..5).map(|k| ServiceAddr { vip: vip(k), port: 80, proto: PROTO_TCP }).collect();
+    let addrs: Vec<ServiceAddr> = (0..5).map(|k| ServiceAddr { vip: vip(k), port: 80, protocol: Protocol::Tcp }).collect();
     for a in &addrs {
         dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
     }
@@ -102,7 +103,8 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     assert_eq!(done.written.len(), 3, "{done:?}");
     assert_eq!(done.failed.len(), 2, "{done:?}");
     for e in done.failed.values() {
-        assert!(e.contains("lb4_ring is full") && e.contains("--ring-capacity"), "unclear error: {e}");
+        assert!(matches!(e, DataplaneError::RingFull { .. }) && e.is_capacity(), "not a full ring: {e:?}");
+        assert!(e.to_string().contains("--ring-capacity"), "the message must say what to raise: {e}");
     }
     // The services that fit forward; those that did not are absent (passed), not half-written.
     for (a, s) in addrs.iter().zip(&specs) {

@@ -9,7 +9,10 @@ use std::{
     },
 };
 
-use vip_agent::dataplane::{self, monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr};
+use vip_agent::{
+    dataplane::{self, monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr},
+    model::Protocol,
+};
 use vip_common::{flow_hash, PROTO_TCP};
 use vip_tests::{
     lab::{accept_vip, attach_node, fetch, name_server, Segment},
@@ -103,7 +106,7 @@ fn tcp_through_the_vip_reaches_the_ring_choice() {
         weight: 1,
         local: false,
     };
-    let s = ServiceAddr { vip, port: 8080, proto: PROTO_TCP };
+    let s = ServiceAddr { vip, port: 8080, protocol: Protocol::Tcp };
     dp.set_service(s, &[spec("k1", &k1, 11), spec("k2", &k2, 12)], 251, 0).unwrap();
     let (_, entry, ring) = dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap();
     let backends = dp.backends().unwrap();

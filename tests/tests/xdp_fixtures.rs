@@ -4,8 +4,11 @@
 use std::net::Ipv4Addr;
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use vip_agent::dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr};
-use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, FlowCacheEntry, FlowKey, PROTO_TCP, PROTO_UDP};
+use vip_agent::{
+    dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
+    model::Protocol,
+};
+use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     frames::{self, Ip4, Mac},
     netns::{privileged, PinDir},
@@ -35,7 +38,7 @@ fn backend(i: u8) -> BackendSpec {
 }
 
 fn svc(vip: Ipv4Addr, port: u16, proto: u8) -> ServiceAddr {
-    ServiceAddr { vip, port, proto }
+    ServiceAddr { vip, port, protocol: Protocol::from_number(proto).expect("tcp or udp") }
 }
 
 struct World {
@@ -66,7 +69,7 @@ fn world() -> World {
 /// The backend MAC the ring gives a new flow, computed from the maps in userspace.
 fn ring_choice(dp: &Dataplane, s: ServiceAddr, src: Ipv4Addr, sport: u16, dport: u16) -> Mac {
     let (_, entry, ring) = dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap();
-    let h = flow_hash(src.octets(), s.vip.octets(), sport.to_be_bytes(), dport.to_be_bytes(), s.proto);
+    let h = flow_hash(src.octets(), s.vip.octets(), sport.to_be_bytes(), dport.to_be_bytes(), s.protocol.number());
     let id = ring[(h % entry.ring_size) as usize];
     dp.backends().unwrap()[&id].mac
 }
@@ -95,6 +98,10 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     let fwd_tcp_opts = frames::with_ip_options(&tcp(VIP, 40003, 80, None), 2);
     let fwd_tcp_vlan_opts = frames::with_ip_options(&tcp(VIP, 40004, 80, Some(42)), 10);
     let fwd_udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 5353), (VIP, 53), b"query");
+    // Frames to a group MAC reach every node: only the VIP's fresh holder handles them.
+    const MULTICAST: Mac = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
+    let bcast_udp = frames::udp(frames::BROADCAST, CLIENT_MAC, (CLIENT, 5354), (VIP, 53), b"query");
+    let mcast_tcp = frames::tcp(MULTICAST, CLIENT_MAC, None, (CLIENT, 40005), (VIP, 80));
     let mut frag1 = Ip4::new(CLIENT, VIP, PROTO_UDP);
     frag1.more_fragments = true;
     frag1.id = 77;
@@ -162,6 +169,36 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
             input: fwd_udp,
             verdict: XDP_TX,
         },
+        Case {
+            name: "udp to a held VIP with a broadcast destination MAC: the holder forwards it",
+            output: Some(forwarded(&bcast_udp, ring_choice(dp, svc(VIP, 53, PROTO_UDP), CLIENT, 5354, 53))),
+            input: bcast_udp,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "tcp to a held VIP with a multicast destination MAC: the holder forwards it",
+            output: Some(forwarded(&mcast_tcp, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40005, 80))),
+            input: mcast_tcp,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "broadcast tcp to a VIP held elsewhere: dropped, not answered by this node's stack",
+            input: frames::tcp(frames::BROADCAST, CLIENT_MAC, None, (CLIENT, 40007), (VIP_NOT_HELD, 80)),
+            verdict: XDP_DROP,
+            output: None,
+        },
+        Case {
+            name: "multicast tcp to a stale VIP: dropped (only a fresh holder handles group frames)",
+            input: frames::tcp(MULTICAST, CLIENT_MAC, None, (CLIENT, 40006), (VIP_STALE, 80)),
+            verdict: XDP_DROP,
+            output: None,
+        },
+        Case {
+            name: "broadcast udp to a non-VIP address: passed (DHCP and the like)",
+            input: frames::udp(frames::BROADCAST, CLIENT_MAC, (CLIENT, 68), (OTHER, 67), b"x"),
+            verdict: XDP_PASS,
+            output: None,
+        },
         Case { name: "first fragment hashed on addresses", output: Some(forwarded(&first_frag, frag_to)), input: first_frag, verdict: XDP_TX },
         Case { name: "later fragment follows the first", output: Some(forwarded(&last_frag, frag_to)), input: last_frag, verdict: XDP_TX },
         Case { name: "backend is this node: passed to the stack", input: tcp(VIP_LOCAL, 40000, 80, None), verdict: XDP_PASS, output: None },
@@ -200,6 +237,7 @@ fn fixtures_byte_for_byte() {
     assert!(counters.reasons["arp_not_announced"].0 >= 1);
     assert!(counters.reasons["passed_local_backend"].0 >= 1);
     assert!(counters.reasons["passed_icmp"].0 >= 1);
+    assert_eq!(counters.reasons["drop_group_not_owner"].0, 2);
     // Per-service and per-backend counters saw the forwarded packets.
     assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
     assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
@@ -489,8 +527,8 @@ fn stay_on_cpu0() {
 fn cached_to(w: &World, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Option<Mac> {
     use aya::maps::{Map, MapData, PerCpuArray};
     let data = MapData::from_pin(w._pins.path.join(map_names::FLOW_CACHE)).unwrap();
-    let cache: PerCpuArray<_, FlowCacheEntry> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
-    let key = FlowKey { src: src.octets(), dst: dst.octets(), sport: sport.to_be_bytes(), dport: dport.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    let cache: PerCpuArray<_, Lb4FlowCacheEntry> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let key = Lb4FlowKey { src: src.octets(), dst: dst.octets(), sport: sport.to_be_bytes(), dport: dport.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
     let words: [u64; 2] = unsafe { std::mem::transmute(key) };
     let cpus = aya::util::nr_cpus().unwrap() as u32;
     let slot = flow_cache_slot(words[0], words[1]) & (flow_cache_slots_for(cpus) - 1);
@@ -637,7 +675,8 @@ fn flow_cache_slot_collisions_and_local_backends() {
     let cpus = aya::util::nr_cpus().unwrap() as u32;
     let mask = flow_cache_slots_for(cpus) - 1;
     let slot_of = |sport: u16| {
-        let key = FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: sport.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+        let key =
+            Lb4FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: sport.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
         let words: [u64; 2] = unsafe { std::mem::transmute(key) };
         flow_cache_slot(words[0], words[1]) & mask
     };
@@ -685,8 +724,8 @@ fn flow_cache_rechecks_the_flow_table() {
     let (f, flow) = tcp_flow(47000);
     run_cached(&mut w, &f, flow);
     let data = MapData::from_pin(w._pins.path.join(map_names::FLOWS)).unwrap();
-    let mut flows: HashMap<_, FlowKey, vip_common::Flow> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
-    let key = FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: 47000u16.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    let mut flows: HashMap<_, Lb4FlowKey, vip_common::Lb4Flow> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let key = Lb4FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: 47000u16.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
     flows.remove(&key).unwrap();
     let mut runs = 0;
     while flows.get(&key, 0).is_err() {
@@ -725,4 +764,32 @@ fn flows_opened_with_and_without_syn_are_pinned() {
         let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, *sport), (VIP, 80));
         assert_eq!(&w.dp.test_run(&syn, 1, None).unwrap().1[0..6], pinned, "a SYN of recorded flow {sport} re-hashed it");
     }
+}
+
+/// A pinned `lb_stats` left by an older version with fewer reasons is replaced on
+/// load: every reason is counted and readable afterwards.
+#[test]
+fn an_outgrown_stats_map_from_an_older_version_is_replaced() {
+    if !privileged() {
+        return;
+    }
+    let pins = PinDir::new().unwrap();
+    let path = pins.path.join(map_names::STATS);
+    let old = vip_common::Reason::COUNT - 1;
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&path)
+        .args(["type", "percpu_array", "key", "4", "value", "16", "entries", &old.to_string(), "name", map_names::STATS])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bpftool map create: {}", String::from_utf8_lossy(&out.stderr));
+    let mut dp = Dataplane::load(&pins.path, 1 << 16).unwrap();
+    dp.set_service(svc(VIP, 53, PROTO_UDP), &[backend(1)], TABLE, 0).unwrap();
+    let show = std::process::Command::new("bpftool").args(["-j", "map", "show", "pinned"]).arg(&path).output().unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(info["max_entries"], vip_common::Reason::COUNT, "{info}");
+    let frame = frames::udp(frames::BROADCAST, CLIENT_MAC, (CLIENT, 5355), (VIP, 53), b"x");
+    let (verdict, _, _) = dp.test_run(&frame, 1, None).unwrap();
+    assert_eq!(verdict, XDP_DROP, "a group frame to a VIP not held here");
+    assert_eq!(dp.counters().unwrap().reasons["drop_group_not_owner"].0, 1);
 }

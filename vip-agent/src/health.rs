@@ -28,7 +28,7 @@ pub struct Target {
 
 /// A backend went up or down, at `at` (when the deciding probe finished).
 #[derive(Clone, Debug)]
-pub struct Event {
+pub struct HealthChange {
     pub target: Target,
     pub up: bool,
     pub at: Instant,
@@ -120,12 +120,12 @@ async fn http_get_status(s: &mut TcpStream, host: Ipv4Addr, path: &str) -> Resul
 /// Runs one probe task per target; `sync` starts and stops them as the
 /// configuration changes. Targets kept across a sync keep their state.
 pub struct Monitor {
-    events: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedSender<HealthChange>,
     tasks: BTreeMap<Target, JoinHandle<()>>,
 }
 
 impl Monitor {
-    pub fn new(events: mpsc::UnboundedSender<Event>) -> Self {
+    pub fn new(events: mpsc::UnboundedSender<HealthChange>) -> Self {
         Self { events, tasks: BTreeMap::new() }
     }
 
@@ -162,7 +162,7 @@ impl Drop for Monitor {
     }
 }
 
-async fn run_target(target: Target, tx: mpsc::UnboundedSender<Event>) {
+async fn run_target(target: Target, tx: mpsc::UnboundedSender<HealthChange>) {
     let check = &target.check;
     let mut state = Thresholds::new();
     let mut tick = tokio::time::interval(check.interval);
@@ -180,7 +180,7 @@ async fn run_target(target: Target, tx: mpsc::UnboundedSender<Event>) {
             } else {
                 warn!(node = %target.node, addr = %target.addr, %detail, "backend down");
             }
-            if tx.send(Event { target: target.clone(), up, at: Instant::now(), detail }).is_err() {
+            if tx.send(HealthChange { target: target.clone(), up, at: Instant::now(), detail }).is_err() {
                 return;
             }
         }

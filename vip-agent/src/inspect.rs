@@ -5,9 +5,10 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    agent::Status,
     clock::monotonic_ns,
     dataplane::{Announce, Dataplane},
+    spec::Mac,
+    status::Status,
 };
 
 #[derive(Serialize)]
@@ -18,19 +19,19 @@ pub struct Report {
     pub reasons: Vec<CounterRow>,
     pub flows: usize,
     /// From the agent's status file, when there is one.
-    pub agent: Option<AgentView>,
+    pub agent: Option<AgentSection>,
 }
 
 /// What only the agent knows: owners, backend health, config state.
 #[derive(Serialize)]
-pub struct AgentView {
+pub struct AgentSection {
     pub node: String,
     pub config_generation: u64,
     pub config_error: Option<String>,
     pub owners: std::collections::BTreeMap<Ipv4Addr, String>,
     pub backends: Vec<HealthRow>,
     /// Service-ports the agent could not program, with why.
-    pub unprogrammed: Vec<crate::agent::UnprogrammedStatus>,
+    pub unprogrammed: Vec<crate::status::UnprogrammedStatus>,
     pub usage: crate::dataplane::Usage,
 }
 
@@ -85,18 +86,6 @@ pub struct CounterRow {
     pub bytes: u64,
 }
 
-pub fn mac_str(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-pub fn proto_name(p: u8) -> &'static str {
-    match p {
-        vip_common::PROTO_TCP => "tcp",
-        vip_common::PROTO_UDP => "udp",
-        _ => "?",
-    }
-}
-
 pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
     let now = monotonic_ns() as i64;
     let counters = dp.counters()?;
@@ -119,7 +108,7 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
         services.push(ServiceRow {
             vip: a.vip,
             port: a.port,
-            proto: proto_name(a.proto),
+            proto: a.protocol.name(),
             id: s.id,
             table_size: s.ring_size,
             packets,
@@ -132,18 +121,18 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
         .into_iter()
         .map(|(id, b)| {
             let (packets, bytes) = counters.backends.get(&id).copied().unwrap_or_default();
-            BackendRow { id, addr: Ipv4Addr::from(b.addr), mac: mac_str(&b.mac), local: b.flags & vip_common::BACKEND_LOCAL != 0, packets, bytes }
+            BackendRow { id, addr: Ipv4Addr::from(b.addr), mac: Mac(b.mac).to_string(), local: b.flags & vip_common::BACKEND_LOCAL != 0, packets, bytes }
         })
         .collect();
     let reasons = counters.reasons.iter().map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes }).collect();
     let mut r = Report { held, services, backends, reasons, flows: dp.flow_count(), agent: None };
-    r.agent = status.map(|st| agent_view(&r, st));
+    r.agent = status.map(|st| agent_section(&r, st));
     Ok(r)
 }
 
 /// Rows per service (first port of each) and backend: the nodes in its ring with
 /// their share (from the maps), and the nodes its health check has down.
-fn agent_view(r: &Report, st: Status) -> AgentView {
+fn agent_section(r: &Report, st: Status) -> AgentSection {
     let addr_of: std::collections::BTreeMap<&str, Ipv4Addr> = st.nodes.iter().map(|n| (n.node.as_str(), n.addr)).collect();
     let mut backends = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -172,7 +161,7 @@ fn agent_view(r: &Report, st: Status) -> AgentView {
             });
         }
     }
-    AgentView {
+    AgentSection {
         node: st.node,
         config_generation: st.config.generation,
         config_error: st.config.error,

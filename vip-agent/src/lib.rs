@@ -14,3 +14,6 @@ pub mod k8s;
 pub mod maglev;
 pub mod model;
 pub mod neighbour;
+pub mod preflight;
+pub mod spec;
+pub mod status;

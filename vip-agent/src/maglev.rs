@@ -14,7 +14,7 @@ pub const DEFAULT_TABLE_SIZE: u32 = 16381;
 pub const MIN_TABLE_SIZE: u32 = 251;
 pub const MAX_TABLE_SIZE: u32 = 131071;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MaglevError {
     #[error("table size {0} is not a prime between {MIN_TABLE_SIZE} and {MAX_TABLE_SIZE}")]
     BadTableSize(u32),

@@ -5,11 +5,17 @@ use clap::{Parser, Subcommand};
 use vip_agent::{
     agent,
     dataplane::{self, AttachMode, Dataplane},
-    inspect,
+    inspect, preflight,
 };
 
 #[derive(Parser)]
-#[command(name = "vip-agent", version, about = "vip: bare-metal virtual IP load balancer, node agent")]
+#[command(
+    name = "vip-agent",
+    version,
+    about = "vip: bare-metal virtual IP load balancer, node agent",
+    after_help = "The config file format, an example (deploy/examples/file/vip.yaml), a systemd unit (deploy/systemd/vip-agent.service) and \
+                  what each node needs: README, \"Run it on your machines\". Check a file and a host with `vip-agent check FILE --node-name NAME`."
+)]
 struct Cli {
     /// bpffs directory holding the pinned program, links and maps.
     #[arg(long, global = true, env = "VIP_PIN_DIR", default_value = dataplane::DEFAULT_PIN_DIR)]
@@ -70,6 +76,18 @@ enum Cmd {
         /// segment can forge them. Only for a segment you trust.
         #[arg(long, env = "VIP_TRUSTED_SEGMENT", conflicts_with = "heartbeat_key_file")]
         trusted_segment: bool,
+    },
+    /// Check a config file (and, with --node-name, this host for that node) without
+    /// running anything. Exit status: 0 ready, 1 invalid file, 2 host not ready.
+    Check {
+        /// The YAML config (see deploy/examples/file/vip.yaml).
+        file: PathBuf,
+        /// Also check this host as that node: VIPs it backs on lo, ARP sysctls.
+        #[arg(long, env = "VIP_NODE_NAME")]
+        node_name: Option<String>,
+        /// The uplink whose ARP sysctls count (with --node-name).
+        #[arg(long, env = "VIP_IFACE", default_value = "all")]
+        iface: String,
     },
     /// Print the VipPool CustomResourceDefinition (YAML), as committed in deploy/crd.yaml.
     Crd,
@@ -164,6 +182,7 @@ fn main() -> Result<()> {
             };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }
+        Cmd::Check { file, node_name, iface } => std::process::exit(check(&file, node_name.as_deref(), &iface)),
         Cmd::Crd => print!("{}", vip_agent::k8s::crd::crd_yaml()),
         Cmd::Attach { iface, mode, ring_capacity } => {
             let mut dp = Dataplane::load(&cli.pin_dir, ring_capacity)?;
@@ -195,6 +214,45 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `vip-agent check`: the exit status (0 ready, 1 invalid file, 2 host not ready).
+fn check(file: &std::path::Path, node_name: Option<&str>, iface: &str) -> i32 {
+    let world = match std::fs::read_to_string(file).map_err(|e| e.to_string()).and_then(|t| vip_agent::config::parse(&t).map_err(|e| e.to_string())) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            return 1;
+        }
+    };
+    let ports: usize = world.services.iter().map(|s| s.ports.len()).sum();
+    let addresses: usize = world.pools.iter().map(|p| p.addresses.len()).sum();
+    println!(
+        "{}: valid: {} nodes, {} pools ({addresses} addresses), {} services ({ports} service-ports)",
+        file.display(),
+        world.nodes.len(),
+        world.pools.len(),
+        world.services.len()
+    );
+    for w in vip_agent::config::warnings(&world) {
+        println!("warning: {w}");
+    }
+    let Some(me) = node_name else { return 0 };
+    if world.node(me).is_none() {
+        eprintln!("{}: nodes: this node ({me:?}) is not listed", file.display());
+        return 1;
+    }
+    let facts = preflight::HostFacts::read(iface, preflight::backed_vips(&world, me));
+    let problems = preflight::problems(&world, me, preflight::Intake::VipOnLo, iface, &facts);
+    for p in &problems {
+        println!("host: {p}");
+    }
+    if problems.is_empty() {
+        println!("host: ready as node {me:?}");
+        0
+    } else {
+        2
+    }
 }
 
 fn hostname() -> Result<String> {

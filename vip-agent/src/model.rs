@@ -5,8 +5,6 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::dataplane::ServiceAddr;
-
 /// Label selector (matchLabels): every pair must be on the node; empty selects all.
 pub type Selector = BTreeMap<String, String>;
 
@@ -79,12 +77,42 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// The IP protocol number (the data path's key).
     pub fn number(self) -> u8 {
         match self {
             Protocol::Tcp => vip_common::PROTO_TCP,
             Protocol::Udp => vip_common::PROTO_UDP,
         }
     }
+
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            vip_common::PROTO_TCP => Some(Protocol::Tcp),
+            vip_common::PROTO_UDP => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One balanced service-port: (VIP, port, protocol). A `Service` has one per port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceAddr {
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    pub protocol: Protocol,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -123,7 +151,7 @@ pub struct Service {
 impl Service {
     /// One data-path service per port.
     pub fn addrs(&self) -> impl Iterator<Item = ServiceAddr> + '_ {
-        self.ports.iter().map(|&port| ServiceAddr { vip: self.vip, port, proto: self.protocol.number() })
+        self.ports.iter().map(|&port| ServiceAddr { vip: self.vip, port, protocol: self.protocol })
     }
 }
 

@@ -43,7 +43,10 @@ pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
 /// Ring slot value meaning "no backend" (a service whose backends are all gone).
 pub const NO_BACKEND: u32 = u32::MAX;
 
-/// IP protocol numbers used in [`ServiceKey::proto`].
+/// EtherType of ARP (the data path parses it; the agent sends it).
+pub const ETH_P_ARP: u16 = 0x0806;
+
+/// IP protocol numbers used in [`Lb4ServiceKey::proto`].
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
@@ -52,7 +55,7 @@ pub const PROTO_UDP: u8 = 17;
 /// reads the copy in each `arp_held` entry instead.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct IfaceConfig {
+pub struct LbIface {
     pub mac: [u8; 6],
     /// `IFACE_NATIVE` when the program is attached in native (driver) mode.
     pub flags: u8,
@@ -65,7 +68,7 @@ pub const IFACE_NATIVE: u8 = 1;
 /// `arp_held` key: a VIP held on one interface.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct HeldKey {
+pub struct ArpHeldKey {
     pub ifindex: u32,
     /// IPv4 address, network byte order.
     pub vip: [u8; 4],
@@ -76,7 +79,7 @@ pub struct HeldKey {
 /// and forwards need this one lookup only.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct HeldVip {
+pub struct ArpHeldVip {
     /// CLOCK_MONOTONIC nanoseconds, compared with `bpf_ktime_get_coarse_ns` (the
     /// agent stores it two coarse ticks early to cover that clock's lag). Past it
     /// the VIP is neither answered nor load-balanced: a wedged agent loses its VIPs
@@ -96,7 +99,7 @@ pub const HELD_NO_ARP: u8 = 1;
 /// `lb4_services` key: (VIP, port, protocol). Fragments look up port 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct ServiceKey {
+pub struct Lb4ServiceKey {
     pub vip: [u8; 4],
     /// Network byte order; 0 is the entry fragments of this VIP/protocol use.
     pub port: [u8; 2],
@@ -107,7 +110,7 @@ pub struct ServiceKey {
 /// `lb4_services` value: where the service's Maglev ring lives in `lb4_ring`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Service {
+pub struct Lb4Service {
     /// Index into `lb4_service_stats`.
     pub id: u32,
     /// First slot of the ring in `lb4_ring`.
@@ -127,7 +130,7 @@ pub const BACKEND_PRESENT: u32 = 2;
 /// → where to send. Array slot; see [`BACKEND_PRESENT`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Backend {
+pub struct Lb4Backend {
     pub mac: [u8; 6],
     pub _pad: [u8; 2],
     /// Node address, network byte order (for humans and `inspect`).
@@ -138,7 +141,7 @@ pub struct Backend {
 /// `lb4_flows` key: the 5-tuple (ports 0 for fragments).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct FlowKey {
+pub struct Lb4FlowKey {
     pub src: [u8; 4],
     pub dst: [u8; 4],
     pub sport: [u8; 2],
@@ -150,7 +153,7 @@ pub struct FlowKey {
 /// `lb4_flows` value: the backend chosen for the flow when it was first seen.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Flow {
+pub struct Lb4Flow {
     pub backend: u32,
     pub _pad: u32,
 }
@@ -165,10 +168,10 @@ pub const FLOW_CACHE_LOCAL: u16 = 1;
 /// that could make an answer wrong).
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct FlowCacheEntry {
+pub struct Lb4FlowCacheEntry {
     /// The flow, as in `lb4_flows` (compared as two u64 words).
-    pub key: FlowKey,
-    /// [`FlowCacheCtl::epoch`] when the answer was computed.
+    pub key: Lb4FlowKey,
+    /// [`Lb4FlowCacheCtl::epoch`] when the answer was computed.
     pub epoch: u64,
     /// Receiving interface (our MAC differs per interface).
     pub ifindex: u32,
@@ -195,7 +198,7 @@ pub const FLOW_CACHE_RECHECK_HITS: u16 = 64;
 /// `lb4_flow_cache_ctl` value (one entry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct FlowCacheCtl {
+pub struct Lb4FlowCacheCtl {
     /// Cached answers with another epoch are not used; the agent bumps it.
     pub epoch: u64,
     /// Slots in use − 1 (a power of two − 1, at most `FLOW_CACHE_SLOTS − 1`).
@@ -216,7 +219,7 @@ pub fn flow_cache_slots_for(cpus: u32) -> u32 {
 }
 
 /// Slot of a flow in `lb4_flow_cache`: a multiplicative (Fibonacci) hash of the
-/// FlowKey's two words as the data path loads them (native-endian u64s); the top
+/// Lb4FlowKey's two words as the data path loads them (native-endian u64s); the top
 /// bits of the product depend on every input bit.
 #[inline(always)]
 pub fn flow_cache_slot(w0: u64, w1: u64) -> u32 {
@@ -251,10 +254,11 @@ pub enum Reason {
     PassedOther = 13,
     ArpConflict = 14,
     ArpNotAnnounced = 15,
+    DropGroupNotOwner = 16,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 17;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -272,6 +276,7 @@ impl Reason {
         Reason::PassedOther,
         Reason::ArpConflict,
         Reason::ArpNotAnnounced,
+        Reason::DropGroupNotOwner,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -292,6 +297,7 @@ impl Reason {
             Reason::PassedOther => "passed_other",
             Reason::ArpConflict => "arp_conflict",
             Reason::ArpNotAnnounced => "arp_not_announced",
+            Reason::DropGroupNotOwner => "drop_group_not_owner",
         }
     }
 }
@@ -326,15 +332,15 @@ pub fn flow_hash(src: [u8; 4], dst: [u8; 4], sport: [u8; 2], dport: [u8; 2], pro
 mod pod {
     use super::*;
     // SAFETY: all of these are repr(C), Copy, with explicit padding and no pointers.
-    unsafe impl aya::Pod for IfaceConfig {}
-    unsafe impl aya::Pod for HeldKey {}
-    unsafe impl aya::Pod for HeldVip {}
-    unsafe impl aya::Pod for ServiceKey {}
-    unsafe impl aya::Pod for Service {}
-    unsafe impl aya::Pod for Backend {}
-    unsafe impl aya::Pod for FlowKey {}
-    unsafe impl aya::Pod for Flow {}
+    unsafe impl aya::Pod for LbIface {}
+    unsafe impl aya::Pod for ArpHeldKey {}
+    unsafe impl aya::Pod for ArpHeldVip {}
+    unsafe impl aya::Pod for Lb4ServiceKey {}
+    unsafe impl aya::Pod for Lb4Service {}
+    unsafe impl aya::Pod for Lb4Backend {}
+    unsafe impl aya::Pod for Lb4FlowKey {}
+    unsafe impl aya::Pod for Lb4Flow {}
     unsafe impl aya::Pod for Counter {}
-    unsafe impl aya::Pod for FlowCacheEntry {}
-    unsafe impl aya::Pod for FlowCacheCtl {}
+    unsafe impl aya::Pod for Lb4FlowCacheEntry {}
+    unsafe impl aya::Pod for Lb4FlowCacheCtl {}
 }

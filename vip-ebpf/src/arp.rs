@@ -3,7 +3,7 @@ use core::ptr::{read_unaligned, write_unaligned};
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use network_types::arp::ArpHdr;
-use vip_common::{HeldKey, HeldVip, Reason, HELD_NO_ARP};
+use vip_common::{ArpHeldKey, ArpHeldVip, Reason, HELD_NO_ARP};
 
 use crate::{
     maps::{arp_conflicts, arp_held, lb_key0, lb_scratch, lookup_at, Scratch},
@@ -30,11 +30,11 @@ pub fn arp_held_entry(ifindex: u32, vip: [u8; 4]) -> Option<([u8; 6], bool)> {
 /// The `arp_held` entry for (`ifindex`, `vip`), its key built in this CPU's
 /// scratch rather than on the stack (see maps::LB_KEY0).
 #[inline(always)]
-fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<*const HeldVip> {
+fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<*const ArpHeldVip> {
     let s = lookup_at::<_, Scratch>(&lb_scratch, lb_key0())?;
     unsafe {
-        (*s).held = HeldKey { ifindex, vip };
-        lookup_at::<_, HeldVip>(&arp_held, (&raw const (*s).held).cast()).map(|h| h as *const HeldVip)
+        (*s).held = ArpHeldKey { ifindex, vip };
+        lookup_at::<_, ArpHeldVip>(&arp_held, (&raw const (*s).held).cast()).map(|h| h as *const ArpHeldVip)
     }
 }
 
@@ -43,7 +43,7 @@ fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<*const HeldVip> {
 /// no pointer has to live on the stack across a helper call (a speculation barrier
 /// each without CAP_PERFMON, see maps::LB_KEY0).
 #[inline(always)]
-fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<*const HeldVip, Reason> {
+fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<*const ArpHeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let h = arp_held_get(ifindex, vip).ok_or(Reason::ArpNotHeld)?;
     if unsafe { (*h).flags } & HELD_NO_ARP != 0 {
@@ -59,7 +59,7 @@ fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<*const HeldVip, Reason> 
 /// CPUs counting at once may count one; the agent only looks for an increase.
 #[inline(always)]
 fn arp_conflict_record(ifindex: u32, vip: [u8; 4]) {
-    let key = HeldKey { ifindex, vip };
+    let key = ArpHeldKey { ifindex, vip };
     match arp_conflicts.get_ptr_mut(&key) {
         Some(c) => unsafe { *c = (*c).wrapping_add(1) },
         None => {

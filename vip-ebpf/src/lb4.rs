@@ -3,7 +3,7 @@
 use core::ptr::{read_unaligned, write_unaligned, write_volatile};
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_load_bytes, programs::XdpContext};
-use network_types::ip::Ipv4Hdr;
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vip_common::*;
 
 use crate::{
@@ -56,7 +56,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
     }
     let fragment = u16::from_be_bytes(ip.frags) & IP_MF_OFFSET != 0;
-    // The FlowKey as the two words lookups compare: (src, dst) and (sport, dport,
+    // The Lb4FlowKey as the two words lookups compare: (src, dst) and (sport, dport,
     // proto). Unaligned packet loads: allowed by the verifier on x86-64 and arm64,
     // and single loads with the linker's allows-misaligned-mem-access. Volatile
     // stores, each as soon as its value is read, so that none is held in a register.
@@ -78,11 +78,16 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
     };
     unsafe { write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports, proto)) };
 
+    // A frame to a broadcast or multicast MAC reaches every node: only the VIP's
+    // fresh holder may handle it (checked below, past the cache), or every
+    // node's stack would answer it too.
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    let group = unsafe { (*eth).dst_addr[0] } & 1 != 0;
     // The flow cache first: a hit is the whole answer, with no map helper call
     // (array lookups are inlined by the verifier).
     let cached = lb4_cache_lookup(s);
     if let Some(p) = cached {
-        if lb4_cache_hit(p, s) {
+        if !group && lb4_cache_hit(p, s) {
             return lb4_cached(ctx, p, s);
         }
     }
@@ -91,7 +96,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
 
     let dst = ((addrs >> 32) as u32).to_ne_bytes();
     let dport = ((ports >> 16) as u16).to_ne_bytes();
-    let skey = ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
+    let skey = Lb4ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
     let svc = match unsafe { lb4_services.get(&skey) } {
         Some(s) => *s,
         None if fragment => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
@@ -101,9 +106,13 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
         Some(h) => h,
         // Not ours to balance (another node owns it): the frame was sent to this
         // node as a backend, or is stray; the stack decides.
+        None if group => return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
     };
-    let fkey: FlowKey = unsafe { core::mem::transmute(words) };
+    if group && !fresh {
+        return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
+    }
+    let fkey: Lb4FlowKey = unsafe { core::mem::transmute(words) };
     let (backend_id, backend) = match lb4_flow_backend(&fkey) {
         Some(b) => b,
         // A stale entry (fenced, or released when the VIP moved) takes no new flow,
@@ -113,7 +122,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
         None if !fresh => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
         None => match lb4_ring_backend(&svc, &fkey) {
             Some((id, b)) => {
-                let _ = lb4_flows.insert(&fkey, &Flow { backend: id, _pad: 0 }, 0);
+                let _ = lb4_flows.insert(&fkey, &Lb4Flow { backend: id, _pad: 0 }, 0);
                 (id, b)
             }
             None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
@@ -154,14 +163,14 @@ pub fn lb4_floor_flow_insert(ctx: &XdpContext) -> Result<u32, ()> {
     let addrs = unsafe { read_unaligned(ptr_at::<u64>(ctx, IP + 12)?) };
     let ports = unsafe { read_unaligned(ptr_at::<u32>(ctx, IP + Ipv4Hdr::LEN)?) };
     let proto = unsafe { *ptr_at::<u8>(ctx, IP + 9)? };
-    let fkey: FlowKey = unsafe { core::mem::transmute([addrs, lb4_ports_proto(ports, proto)]) };
+    let fkey: Lb4FlowKey = unsafe { core::mem::transmute([addrs, lb4_ports_proto(ports, proto)]) };
     if unsafe { lb4_flows.get(&fkey) }.is_none() {
-        let _ = lb4_flows.insert(&fkey, &Flow { backend: 0, _pad: 0 }, 0);
+        let _ = lb4_flows.insert(&fkey, &Lb4Flow { backend: 0, _pad: 0 }, 0);
     }
     Ok(xdp_action::XDP_PASS)
 }
 
-/// The FlowKey's second word as loaded: the ports word (sport, dport) and the
+/// The Lb4FlowKey's second word as loaded: the ports word (sport, dport) and the
 /// protocol above it.
 #[inline(always)]
 fn lb4_ports_proto(ports: u32, proto: u8) -> u64 {
@@ -171,19 +180,19 @@ fn lb4_ports_proto(ports: u32, proto: u8) -> u64 {
 /// This CPU's flow-cache slot for the flow in `s` (its key and the current epoch
 /// recorded in `s`).
 #[inline(always)]
-fn lb4_cache_lookup(s: *mut Scratch) -> Option<*mut FlowCacheEntry> {
-    let ctl = lookup_at::<_, FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
+fn lb4_cache_lookup(s: *mut Scratch) -> Option<*mut Lb4FlowCacheEntry> {
+    let ctl = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
     unsafe {
         (*s).epoch = ctl.epoch;
         (*s).key = flow_cache_slot((*s).words[0], (*s).words[1]) & ctl.slot_mask;
-        lookup_at::<_, FlowCacheEntry>(&lb4_flow_cache, &(*s).key)
+        lookup_at::<_, Lb4FlowCacheEntry>(&lb4_flow_cache, &(*s).key)
     }
 }
 
 /// Whether the cached answer `p` is for the flow in `s`, current, and not due for
 /// its periodic recheck (which counts this hit).
 #[inline(always)]
-fn lb4_cache_hit(p: *mut FlowCacheEntry, s: *const Scratch) -> bool {
+fn lb4_cache_hit(p: *mut Lb4FlowCacheEntry, s: *const Scratch) -> bool {
     let w = p as *const u64;
     unsafe {
         if *w != (*s).words[0] || *w.add(1) != (*s).words[1] || (*p).epoch != (*s).epoch || (*p).ifindex != (*s).ifindex {
@@ -201,7 +210,7 @@ fn lb4_cache_hit(p: *mut FlowCacheEntry, s: *const Scratch) -> bool {
 /// A flow-cache hit: the counters and the rewrite the slow path would have done.
 /// The counters' keys are the entry's own fields (no stack store).
 #[inline(always)]
-fn lb4_cached(ctx: &XdpContext, e: *const FlowCacheEntry, s: *const Scratch) -> Result<Verdict, ()> {
+fn lb4_cached(ctx: &XdpContext, e: *const Lb4FlowCacheEntry, s: *const Scratch) -> Result<Verdict, ()> {
     let e = unsafe { &*e };
     stats::count_at(&lb4_service_stats, &e.service, unsafe { &(*s).bytes });
     stats::count_at(&lb4_backend_stats, &e.backend, unsafe { &(*s).bytes });
@@ -250,7 +259,7 @@ fn lb4_ports_past_options(ctx: &XdpContext, off: usize) -> Result<u32, ()> {
 /// The backend recorded for this flow, if it still exists. A flow whose backend
 /// was removed (unhealthy, drained) is re-hashed on the current ring.
 #[inline(always)]
-fn lb4_flow_backend(fkey: &FlowKey) -> Option<(u32, Backend)> {
+fn lb4_flow_backend(fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
     let id = unsafe { lb4_flows.get(fkey) }?.backend;
     match lb4_backends.get(id) {
         Some(b) if b.flags & BACKEND_PRESENT != 0 => Some((id, *b)),
@@ -263,7 +272,7 @@ fn lb4_flow_backend(fkey: &FlowKey) -> Option<(u32, Backend)> {
 
 /// Maglev lookup: the slot the flow hash picks in the service's ring.
 #[inline(always)]
-fn lb4_ring_backend(svc: &Service, fkey: &FlowKey) -> Option<(u32, Backend)> {
+fn lb4_ring_backend(svc: &Lb4Service, fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
     if svc.ring_size == 0 {
         return None;
     }

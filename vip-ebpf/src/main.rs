@@ -1,5 +1,5 @@
 //! vip XDP program: answers ARP for the VIPs this node holds and spreads VIP
-//! traffic over backend nodes with Maglev rings (see DESIGN.md, "Data path").
+//! traffic over backend nodes with Maglev rings (README, "The data path").
 #![no_std]
 #![no_main]
 

@@ -11,25 +11,25 @@ const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
 
 /// ifindex of an interface we are attached to → its MAC (source of replies and forwards).
 #[map]
-pub static lb_ifaces: HashMap<u32, IfaceConfig> = HashMap::pinned(MAX_IFACES, 0);
+pub static lb_ifaces: HashMap<u32, LbIface> = HashMap::pinned(MAX_IFACES, 0);
 
 /// (ifindex, VIP) → deadline until which this node answers ARP for and balances the VIP.
 #[map]
-pub static arp_held: HashMap<HeldKey, HeldVip> = HashMap::pinned(MAX_HELD, 0);
+pub static arp_held: HashMap<ArpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD, 0);
 
 /// (ifindex, VIP) → ARP replies or gratuitous ARP seen from another MAC claiming
 /// a VIP we hold there (`arp_conflict`): the agent re-announces those VIPs alone.
 #[map]
-pub static arp_conflicts: LruHashMap<HeldKey, u64> = LruHashMap::pinned(MAX_HELD, 0);
+pub static arp_conflicts: LruHashMap<ArpHeldKey, u64> = LruHashMap::pinned(MAX_HELD, 0);
 
 /// (VIP, port, protocol) → the service's id and its ring's place in `lb4_ring`.
 #[map]
-pub static lb4_services: HashMap<ServiceKey, Service> = HashMap::pinned(MAX_SERVICES, 0);
+pub static lb4_services: HashMap<Lb4ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
 
 /// backend id → backend node MAC, address and flags (BACKEND_PRESENT: slot in use,
 /// BACKEND_LOCAL: pass to the stack). An array: the verifier inlines its lookups.
 #[map]
-pub static lb4_backends: Array<Backend> = Array::pinned(MAX_BACKENDS, 0);
+pub static lb4_backends: Array<Lb4Backend> = Array::pinned(MAX_BACKENDS, 0);
 
 /// ring slot (service ring_offset + index) → backend id; all services' Maglev rings.
 #[map]
@@ -38,7 +38,7 @@ pub static lb4_ring: Array<u32> = Array::pinned(DEFAULT_RING_CAPACITY, 0);
 /// 5-tuple → backend chosen at the flow's first packet (connection stickiness).
 /// Per-CPU LRU lists: inserts on the miss path do not contend across CPUs.
 #[map]
-pub static lb4_flows: LruHashMap<FlowKey, Flow> = LruHashMap::pinned(MAX_FLOWS, BPF_F_NO_COMMON_LRU);
+pub static lb4_flows: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_FLOWS, BPF_F_NO_COMMON_LRU);
 
 /// Reason → packets and bytes, per CPU.
 #[map]
@@ -56,12 +56,12 @@ pub static lb4_backend_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_BAC
 /// (a direct-mapped exact-match cache in front of `lb4_flows`; an array, so its
 /// lookups are inlined: a hit costs no map helper call).
 #[map]
-pub static lb4_flow_cache: PerCpuArray<FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
+pub static lb4_flow_cache: PerCpuArray<Lb4FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
 
 /// 0 → the flow cache's epoch and slot mask. The agent bumps the epoch after any
 /// change that could make a cached answer wrong, which invalidates them all.
 #[map]
-pub static lb4_flow_cache_ctl: Array<FlowCacheCtl> = Array::pinned(1, 0);
+pub static lb4_flow_cache_ctl: Array<Lb4FlowCacheCtl> = Array::pinned(1, 0);
 
 // Without CAP_PERFMON the verifier puts a speculation barrier (lfence, Spectre v4)
 // after every stack store to a slot not fully written before and after every
@@ -88,10 +88,10 @@ pub fn lb_key0() -> *const u32 {
 #[repr(C)]
 pub struct Scratch {
     /// The `arp_held` key being looked up.
-    pub held: HeldKey,
+    pub held: ArpHeldKey,
     pub key: u32,
     pub ifindex: u32,
-    /// The FlowKey as two words (see lb4_handle).
+    /// The Lb4FlowKey as two words (see lb4_handle).
     pub words: [u64; 2],
     pub epoch: u64,
     pub bytes: u32,

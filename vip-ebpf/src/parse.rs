@@ -3,13 +3,12 @@ use core::mem;
 
 use aya_ebpf::{helpers::bpf_xdp_get_buff_len, programs::XdpContext};
 use network_types::{eth::EthHdr, vlan::VlanHdr};
-use vip_common::Reason;
+use vip_common::{Reason, ETH_P_ARP};
 
 /// What the program returns, and the counter that says why.
 pub type Verdict = (u32, Reason);
 
 const ETH_P_IP: u16 = 0x0800;
-const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88A8;
 

@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use vip_agent::{dataplane::Dataplane, inspect::mac_str};
+use vip_agent::{dataplane::Dataplane, spec::Mac};
 use vip_tests::{
     agent::agent_bin,
     halab::{self, ask, vip, FailoverWatch, HaLab, HaSpec, LongConn, Naming, FIXED_DIR, FIXED_PINS, FIXED_PREFIX},
@@ -38,7 +38,7 @@ fn up() -> Result<HaLab> {
     );
     let lab = HaLab::start(spec, Naming::Fixed, &std::env::current_exe()?)?;
     for n in &lab.nodes {
-        println!("   {}: {}  mac {}  (namespace {}, agent log {})", n.name, n.addr, mac_str(&n.mac), n.ns.name, n.log.display());
+        println!("   {}: {}  mac {}  (namespace {}, agent log {})", n.name, n.addr, Mac(n.mac), n.ns.name, n.log.display());
     }
     let all: Vec<usize> = (0..lab.nodes.len()).collect();
     let owners = lab.wait_converged(&all, Duration::from_secs(15)).with_context(|| lab.agent_logs())?;
@@ -157,7 +157,7 @@ fn demo_on(lab: &mut HaLab) -> Result<()> {
     println!("   first new connection succeeded {} after the fault ({} attempts failed before)", fmt_ms(o.first_ok), o.failed);
     let (n_conns, survived) = (o.conns, o.conns - o.broken);
     println!("   established connections (owner was not their backend): {survived} of {n_conns} survived");
-    println!("   client's ARP entry for {v}: {}", lab.client_neigh(v).map(|m| mac_str(&m)).unwrap_or_else(|| "none".into()));
+    println!("   client's ARP entry for {v}: {}", lab.client_neigh(v).map(|m| Mac(m).to_string()).unwrap_or_else(|| "none".into()));
 
     println!("\n== restoring {victim}: cable back in, agent restarted");
     lab.seg.cable(&lab.nodes[a].ns, true)?;

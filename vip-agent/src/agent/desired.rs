@@ -111,11 +111,12 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
 }
 
 /// Every (node, check) pair some service needs probed.
-pub fn health_targets(w: &World) -> BTreeSet<Target> {
-    w.services
+pub fn health_targets(world: &World) -> BTreeSet<Target> {
+    world
+        .services
         .iter()
         .filter_map(|s| s.health.as_ref().map(|h| (s, h)))
-        .flat_map(|(s, h)| w.backend_candidates(s).into_iter().map(move |n| Target { node: n.name.clone(), addr: n.addr, check: h.clone() }))
+        .flat_map(|(s, h)| world.backend_candidates(s).into_iter().map(move |n| Target { node: n.name.clone(), addr: n.addr, check: h.clone() }))
         .collect()
 }
 

@@ -25,7 +25,7 @@ use prometheus_client::{
 };
 use tracing::warn;
 
-use crate::{clock::monotonic_ns, dataplane::Dataplane};
+use crate::{clock::monotonic_ns, dataplane::Dataplane, k8s::controller::PoolStateLabels};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VipLabels {
@@ -47,13 +47,6 @@ pub struct ServiceLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PoolStateLabels {
-    pub pool: String,
-    /// total, allocated or free.
-    pub state: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -2,22 +2,15 @@
 //! the model. Unknown keys are errors; every error names the field path and line.
 mod locate;
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fmt,
-    net::Ipv4Addr,
-    path::Path,
-    str::FromStr,
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, net::Ipv4Addr, time::Duration};
 
-use ipnet::Ipv4Net;
-use schemars::JsonSchema;
-use serde::{de, Deserialize, Deserializer, Serialize};
+use serde::Deserialize;
 
+pub use crate::spec::{FieldError, MAX_POOL_ADDRESSES};
 use crate::{
     maglev,
-    model::{Announce, AnnounceMode, Failover, Garp, HealthCheck, Node, Pool, Probe, Protocol, Selector, Service, World},
+    model::{Announce, AnnounceMode, Failover, Garp, Node, Pool, Protocol, Selector, Service, World},
+    spec::{self, gratuitous_arp, health_check, invalid, pool_addresses, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Mac},
 };
 
 /// A rejected config: where (field path, line) and why.
@@ -41,9 +34,6 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-/// Largest number of addresses all pools may hold together (the held-VIP map's size).
-pub const MAX_POOL_ADDRESSES: usize = vip_common::MAX_HELD as usize;
 
 // ---- the file's schema -------------------------------------------------------
 
@@ -133,90 +123,16 @@ struct FileService {
     health_check: Option<HealthCheckSpec>,
 }
 
-#[derive(Deserialize, Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum ProbeKind {
-    Tcp,
-    Http,
-}
-
-/// A health check as written by users: in the file and in a VipPool's spec.
-#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct HealthCheckSpec {
-    /// tcp (connect) or http (GET, 2xx/3xx is healthy).
-    #[serde(rename = "type")]
-    pub kind: ProbeKind,
-    /// Defaults to the service's first port. In a VipPool, a bare `{type: http}` (no port, no path) probes kube-proxy's health endpoint (`:10256/healthz`) for `externalTrafficPolicy: Cluster` Services and `healthCheckNodePort` (`/healthz`) for `Local` ones.
-    #[serde(default)]
-    pub port: Option<u16>,
-    /// URL path for http (default /).
-    #[serde(default)]
-    pub path: Option<String>,
-    /// Between probes, e.g. 1s or 500ms.
-    #[serde(default = "default_interval", with = "humantime_serde")]
-    #[schemars(with = "String")]
-    pub interval: Duration,
-    #[serde(default = "default_timeout", with = "humantime_serde")]
-    #[schemars(with = "String")]
-    pub timeout: Duration,
-    /// Consecutive successes that bring a backend back.
-    #[serde(default = "default_rise")]
-    pub rise: u32,
-    /// Consecutive failures that take it out of every ring.
-    #[serde(default = "default_fall")]
-    pub fall: u32,
-}
-
-/// A pool's gratuitous ARP as written by users: in the file and in a VipPool's spec.
-#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct GratuitousArpSpec {
-    /// Frames sent on takeover (1 to 100).
-    #[serde(default = "default_garp_count")]
-    pub count: u32,
-    /// Between those frames, e.g. 100ms (at least 1ms).
-    #[serde(default = "default_garp_interval", with = "humantime_serde")]
-    #[schemars(with = "String")]
-    pub interval: Duration,
-    /// One more frame this often while holding (switch entries age out), e.g. 30s
-    /// (at least 1s).
-    #[serde(default = "default_garp_refresh", with = "humantime_serde")]
-    #[schemars(with = "String")]
-    pub refresh: Duration,
-}
-
-/// Validates gratuitous ARP settings; `p` is the field path of the section and
-/// `names` the keys of count, interval and refresh in it.
-pub fn gratuitous_arp(p: &str, names: [&str; 3], g: Garp) -> Result<Garp, Invalid> {
-    if !(1..=100).contains(&g.count) {
-        return invalid(format!("{p}.{}", names[0]), "must be from 1 to 100 (a takeover nobody hears about moves no traffic)");
-    }
-    if g.interval < Duration::from_millis(1) || g.interval > Duration::from_secs(10) {
-        return invalid(format!("{p}.{}", names[1]), "must be from 1ms to 10s");
-    }
-    if g.refresh < Duration::from_secs(1) {
-        return invalid(format!("{p}.{}", names[2]), "must be at least 1s");
-    }
-    Ok(g)
-}
-
-impl GratuitousArpSpec {
-    pub fn check(&self, p: &str) -> Result<Garp, Invalid> {
-        gratuitous_arp(p, ["count", "interval", "refresh"], Garp { count: self.count, interval: self.interval, refresh: self.refresh })
-    }
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileAnnounce {
     #[serde(default = "default_hold_time", with = "humantime_serde")]
     hold_time: Duration,
-    #[serde(default = "default_garp_count")]
+    #[serde(default = "spec::default_garp_count")]
     garp_count: u32,
-    #[serde(default = "default_garp_interval", with = "humantime_serde")]
+    #[serde(default = "spec::default_garp_interval", with = "humantime_serde")]
     garp_interval: Duration,
-    #[serde(default = "default_garp_refresh", with = "humantime_serde")]
+    #[serde(default = "spec::default_garp_refresh", with = "humantime_serde")]
     garp_refresh: Duration,
 }
 
@@ -233,98 +149,9 @@ fn default_protocol() -> Protocol {
 fn default_table_size() -> u32 {
     maglev::DEFAULT_TABLE_SIZE
 }
-fn default_interval() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_timeout() -> Duration {
-    Duration::from_millis(500)
-}
-fn default_rise() -> u32 {
-    2
-}
-fn default_fall() -> u32 {
-    3
-}
 fn default_hold_time() -> Duration {
     Announce::default().hold_time
-}
-fn default_garp_count() -> u32 {
-    Garp::default().count
-}
-fn default_garp_interval() -> Duration {
-    Garp::default().interval
-}
-fn default_garp_refresh() -> Duration {
-    Garp::default().refresh
-}
-
-/// `aa:bb:cc:dd:ee:ff`.
-struct Mac([u8; 6]);
-
-impl<'de> Deserialize<'de> for Mac {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        let bytes: Vec<u8> = s.split(':').filter_map(|p| (p.len() == 2).then(|| u8::from_str_radix(p, 16).ok()).flatten()).collect();
-        let mac: [u8; 6] =
-            bytes.try_into().map_err(|_| de::Error::custom(format!("{s:?} is not a MAC address (expected six hex pairs, aa:bb:cc:dd:ee:ff)")))?;
-        Ok(Mac(mac))
-    }
-}
-
-/// One `addresses` entry: an address, a CIDR, or an inclusive `first-last` range.
-#[derive(Clone, Copy, Debug)]
-pub enum AddrEntry {
-    One(Ipv4Addr),
-    Net(Ipv4Net),
-    Range(Ipv4Addr, Ipv4Addr),
-}
-
-impl AddrEntry {
-    fn bounds(self) -> (u32, u32) {
-        match self {
-            AddrEntry::One(a) => (a.into(), a.into()),
-            AddrEntry::Net(n) => (n.network().into(), n.broadcast().into()),
-            AddrEntry::Range(a, b) => (a.into(), b.into()),
-        }
-    }
-}
-
-impl FromStr for AddrEntry {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not an IPv4 address, CIDR (198.18.1.0/28) or range (198.18.1.10-198.18.1.20)");
-        if let Some((a, b)) = s.split_once('-') {
-            let (a, b): (Ipv4Addr, Ipv4Addr) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
-            if a > b {
-                return Err(format!("range {s:?} ends before it starts"));
-            }
-            return Ok(AddrEntry::Range(a, b));
-        }
-        if s.contains('/') {
-            let net: Ipv4Net = s.parse().map_err(|_| bad())?;
-            if net.trunc() != net {
-                return Err(format!("{s:?} has host bits set; did you mean {}?", net.trunc()));
-            }
-            return Ok(AddrEntry::Net(net));
-        }
-        s.parse().map(AddrEntry::One).map_err(|_| bad())
-    }
-}
-
-impl<'de> Deserialize<'de> for AddrEntry {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(de::Error::custom)
-    }
-}
-
-// ---- parsing and validation --------------------------------------------------
-
-/// Reads and validates `path`.
-pub fn load(path: &Path) -> Result<World, ConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| ConfigError { path: String::new(), line: None, message: format!("cannot read {}: {e}", path.display()) })?;
-    parse(&text)
-}
+} // ---- parsing and validation --------------------------------------------------
 
 /// Parses and validates a config text.
 pub fn parse(text: &str) -> Result<World, ConfigError> {
@@ -343,7 +170,7 @@ pub fn parse(text: &str) -> Result<World, ConfigError> {
         };
         ConfigError { path, line, message }
     })?;
-    validate(file).map_err(|(path, message)| ConfigError { line: locate::line_of(text, &path), path, message })
+    validate(file).map_err(|FieldError { path, message }| ConfigError { line: locate::line_of(text, &path), path, message })
 }
 
 /// serde_yaml puts " at line L column C" in its messages; we report the line ourselves.
@@ -354,14 +181,7 @@ fn strip_location(msg: &str) -> String {
     }
 }
 
-/// (field path, message) of a rejected value.
-pub type Invalid = (String, String);
-
-fn invalid<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, Invalid> {
-    Err((path.into(), message.into()))
-}
-
-fn validate(f: File) -> Result<World, Invalid> {
+fn validate(f: File) -> Result<World, FieldError> {
     let mut names = BTreeMap::new();
     let mut addrs = BTreeMap::new();
     let mut nodes = Vec::new();
@@ -487,78 +307,15 @@ fn validate(f: File) -> Result<World, Invalid> {
     Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed })
 }
 
-/// Validates a health check spec (`p` is its field path) into the model.
-pub fn health_check(p: &str, h: HealthCheckSpec, first_port: u16) -> Result<HealthCheck, Invalid> {
-    let port = h.port.unwrap_or(first_port);
-    if port == 0 {
-        return invalid(format!("{p}.port"), "port 0 cannot be probed");
-    }
-    let probe = match (h.kind, h.path) {
-        (ProbeKind::Tcp, Some(_)) => return invalid(format!("{p}.path"), "a path only applies to type: http"),
-        (ProbeKind::Tcp, None) => Probe::Tcp { port },
-        (ProbeKind::Http, path) => {
-            let path = path.unwrap_or_else(|| "/".into());
-            if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return invalid(format!("{p}.path"), format!("{path:?} is not an absolute URL path"));
-            }
-            Probe::Http { port, path }
-        }
-    };
-    if h.interval < Duration::from_millis(10) {
-        return invalid(format!("{p}.interval"), "must be at least 10ms");
-    }
-    if h.timeout.is_zero() || h.timeout > h.interval {
-        return invalid(format!("{p}.timeout"), format!("must be more than zero and at most the interval ({:?})", h.interval));
-    }
-    if h.rise == 0 {
-        return invalid(format!("{p}.rise"), "must be at least 1");
-    }
-    if h.fall == 0 {
-        return invalid(format!("{p}.fall"), "must be at least 1");
-    }
-    Ok(HealthCheck { probe, interval: h.interval, timeout: h.timeout, rise: h.rise, fall: h.fall })
-}
-
-/// A pool's addresses: every entry expanded, the exclusions removed (each must be
-/// in the pool), at most MAX_POOL_ADDRESSES. Errors name `{p}.addresses[k]` or
-/// `{p}.excludedIPs[k]`. Shared by the file source and the VipPool resource.
-pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[Ipv4Addr]) -> Result<BTreeSet<Ipv4Addr>, Invalid> {
-    let mut set = BTreeSet::new();
-    for (k, e) in addresses.iter().enumerate() {
-        let (lo, hi) = e.bounds();
-        if (hi - lo) as usize + set.len() >= MAX_POOL_ADDRESSES {
-            return invalid(format!("{p}.addresses[{k}]"), format!("the pool would exceed {MAX_POOL_ADDRESSES} addresses"));
-        }
-        set.extend((lo..=hi).map(Ipv4Addr::from));
-    }
-    for (k, x) in excluded.iter().enumerate() {
-        if !set.remove(x) {
-            return invalid(format!("{p}.excludedIPs[{k}]"), format!("{x} is not in this pool's addresses"));
-        }
-    }
-    if set.is_empty() {
-        return invalid(format!("{p}.addresses"), "the pool has no address left after exclusions");
-    }
-    Ok(set)
-}
-
-/// Parses a pool's address and exclusion strings (as a VipPool carries them) and
-/// expands them; errors name `{p}.addresses[k]` / `{p}.excludedIPs[k]`.
-pub fn pool_addresses_from_strings(p: &str, addresses: &[String], excluded: &[String]) -> Result<BTreeSet<Ipv4Addr>, Invalid> {
-    let entries =
-        addresses.iter().enumerate().map(|(k, a)| a.parse::<AddrEntry>().map_err(|m| (format!("{p}.addresses[{k}]"), m))).collect::<Result<Vec<_>, _>>()?;
-    let excluded = excluded
-        .iter()
-        .enumerate()
-        .map(|(k, a)| a.parse::<Ipv4Addr>().map_err(|_| (format!("{p}.excludedIPs[{k}]"), format!("{a:?} is not an IPv4 address"))))
-        .collect::<Result<Vec<_>, _>>()?;
-    pool_addresses(p, &entries, &excluded)
-}
-
 /// Pools whose selector matches no node: nobody will answer for their VIPs.
 /// Not an error (labels may come later), but worth a warning.
-pub fn warnings(w: &World) -> Vec<String> {
-    w.pools.iter().filter(|p| w.eligible(p).is_empty()).map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name)).collect()
+pub fn warnings(world: &World) -> Vec<String> {
+    world
+        .pools
+        .iter()
+        .filter(|p| world.eligible(p).is_empty())
+        .map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name))
+        .collect()
 }
 
 #[cfg(test)]

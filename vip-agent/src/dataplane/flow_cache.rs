@@ -14,17 +14,17 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, MapData};
-use vip_common::{flow_cache_slots_for, FlowCacheCtl};
+use vip_common::{flow_cache_slots_for, Lb4FlowCacheCtl};
 
 #[derive(Clone)]
-pub(super) struct Ctl(Arc<Mutex<Array<MapData, FlowCacheCtl>>>);
+pub(super) struct Ctl(Arc<Mutex<Array<MapData, Lb4FlowCacheCtl>>>);
 
 impl Ctl {
-    pub(super) fn new(map: Array<MapData, FlowCacheCtl>) -> Self {
+    pub(super) fn new(map: Array<MapData, Lb4FlowCacheCtl>) -> Self {
         Self(Arc::new(Mutex::new(map)))
     }
 
-    fn update(&self, f: impl FnOnce(FlowCacheCtl) -> Option<FlowCacheCtl>) -> Result<()> {
+    fn update(&self, f: impl FnOnce(Lb4FlowCacheCtl) -> Option<Lb4FlowCacheCtl>) -> Result<()> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let c = map.get(&0, 0).context("reading lb4_flow_cache_ctl")?;
         if let Some(n) = f(c) {
@@ -35,14 +35,14 @@ impl Ctl {
 
     /// Invalidates every cached answer on every CPU.
     pub(super) fn bump(&self) -> Result<()> {
-        self.update(|c| Some(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), ..c }))
+        self.update(|c| Some(Lb4FlowCacheCtl { epoch: c.epoch.wrapping_add(1), ..c }))
     }
 
     /// Sizes the cache for this machine's CPUs (see [`flow_cache_slots_for`]).
     pub(super) fn configure(&self) -> Result<()> {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)? as u32;
         let mask = flow_cache_slots_for(cpus) - 1;
-        self.update(|c| (c.slot_mask != mask).then_some(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), slot_mask: mask, _pad: 0 }))
+        self.update(|c| (c.slot_mask != mask).then_some(Lb4FlowCacheCtl { epoch: c.epoch.wrapping_add(1), slot_mask: mask, _pad: 0 }))
     }
 
     pub(super) fn epoch(&self) -> Result<u64> {

@@ -5,9 +5,9 @@ use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap, IterableMap as _, MapData, PerCpuArray};
-use vip_common::{map_names as names, Counter, HeldKey, HeldVip, IfaceConfig, Reason, HELD_NO_ARP, IFACE_NATIVE};
+use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbIface, Reason, HELD_NO_ARP, IFACE_NATIVE};
 
-use super::{batch, coarse_slack_ns, flow_cache, ignore_missing, open_pinned, sum};
+use super::{batch, coarse_slack_ns, counters::sum, flow_cache, ignore_missing, open_pinned};
 
 /// How a held VIP is announced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -47,10 +47,10 @@ pub struct HeldEntry {
 }
 
 pub struct HeldVips {
-    ifaces: HashMap<MapData, u32, IfaceConfig>,
-    held: HashMap<MapData, HeldKey, HeldVip>,
+    ifaces: HashMap<MapData, u32, LbIface>,
+    held: HashMap<MapData, ArpHeldKey, ArpHeldVip>,
     /// (ifindex, VIP) → conflicting claims the data path saw.
-    conflicts: HashMap<MapData, HeldKey, u64>,
+    conflicts: HashMap<MapData, ArpHeldKey, u64>,
     stats: PerCpuArray<MapData, Counter>,
     epoch: flow_cache::Ctl,
 }
@@ -76,11 +76,11 @@ impl HeldVips {
     /// `flags` or kept as recorded when `None`. VIPs held on it get the new MAC too.
     pub(super) fn write_iface(&mut self, ifindex: u32, mac: [u8; 6], flags: Option<u8>) -> Result<()> {
         let flags = flags.unwrap_or_else(|| self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags));
-        self.ifaces.insert(ifindex, IfaceConfig { mac, flags, _pad: 0 }, 0)?;
-        let stale: Vec<(HeldKey, HeldVip)> = self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        self.ifaces.insert(ifindex, LbIface { mac, flags, _pad: 0 }, 0)?;
+        let stale: Vec<(ArpHeldKey, ArpHeldVip)> = self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
         let changed = !stale.is_empty();
         for (k, h) in stale {
-            self.held.insert(k, HeldVip { mac, ..h }, 0)?;
+            self.held.insert(k, ArpHeldVip { mac, ..h }, 0)?;
         }
         if changed {
             self.epoch.bump()?; // cached answers carry the old MAC
@@ -92,10 +92,6 @@ impl HeldVips {
     /// or an earlier agent attached it (the driver can then transmit XDP frames).
     pub fn iface_native(&self, ifindex: u32) -> bool {
         self.ifaces.get(&ifindex, 0).is_ok_and(|c| c.flags & IFACE_NATIVE != 0)
-    }
-
-    pub fn remove_iface(&mut self, ifindex: u32) -> Result<()> {
-        ignore_missing(self.ifaces.remove(&ifindex))
     }
 
     /// Holds `vip` on `ifindex` until `deadline_ns` (CLOCK_MONOTONIC). Call again
@@ -119,8 +115,8 @@ impl HeldVips {
             Err(e) => return Err(e).context("reading lb_ifaces"),
         };
         let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
-        let entries: Vec<(HeldKey, HeldVip)> =
-            vips.iter().map(|(vip, a)| (HeldKey { ifindex, vip: vip.octets() }, HeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 })).collect();
+        let entries: Vec<(ArpHeldKey, ArpHeldVip)> =
+            vips.iter().map(|(vip, a)| (ArpHeldKey { ifindex, vip: vip.octets() }, ArpHeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 })).collect();
         batch::update(self.held.map(), &entries).context("writing arp_held")
     }
 
@@ -129,10 +125,10 @@ impl HeldVips {
     /// forwarded while clients still send to our MAC (until the new owner's
     /// gratuitous ARP reaches them). `forget` removes it altogether.
     pub fn release(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        let key = HeldKey { ifindex, vip: vip.octets() };
+        let key = ArpHeldKey { ifindex, vip: vip.octets() };
         match self.held.get(&key, 0) {
             Ok(h) => {
-                self.held.insert(key, HeldVip { deadline_ns: 0, ..h }, 0)?;
+                self.held.insert(key, ArpHeldVip { deadline_ns: 0, ..h }, 0)?;
                 // Cached answers are for pinned flows, which a stale entry still
                 // forwards; bumped anyway so that every answer after a release is
                 // taken from lb4_flows.
@@ -145,13 +141,13 @@ impl HeldVips {
 
     /// Removes `vip`'s entry (the VIP left every pool).
     pub fn forget(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        ignore_missing(self.held.remove(&HeldKey { ifindex, vip: vip.octets() }))?;
+        ignore_missing(self.held.remove(&ArpHeldKey { ifindex, vip: vip.octets() }))?;
         self.epoch.bump() // its cached flows must stop being forwarded
     }
 
     /// Every held-VIP entry, sorted (one batched read).
     pub fn entries(&self) -> Result<Vec<HeldEntry>> {
-        let mut v: Vec<HeldEntry> = batch::lookup_all::<HeldKey, HeldVip>(self.held.map())?
+        let mut v: Vec<HeldEntry> = batch::lookup_all::<ArpHeldKey, ArpHeldVip>(self.held.map())?
             .into_iter()
             .map(|(k, h)| HeldEntry { ifindex: k.ifindex, vip: Ipv4Addr::from(k.vip), deadline_ns: h.deadline_ns, announce: Announce::from_flags(h.flags) })
             .collect();
@@ -162,7 +158,7 @@ impl HeldVips {
     /// Conflicting claims seen per VIP on `ifindex` (counts since the entry
     /// appeared; one batched read).
     pub fn conflicts(&self, ifindex: u32) -> Result<BTreeMap<Ipv4Addr, u64>> {
-        Ok(batch::lookup_all::<HeldKey, u64>(self.conflicts.map())?
+        Ok(batch::lookup_all::<ArpHeldKey, u64>(self.conflicts.map())?
             .into_iter()
             .filter(|(k, _)| k.ifindex == ifindex)
             .map(|(k, n)| (Ipv4Addr::from(k.vip), n))

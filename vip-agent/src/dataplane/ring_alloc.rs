@@ -1,7 +1,7 @@
 //! Regions of `lb4_ring` handed to services' rings (first fit).
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Result};
+use super::DataplaneError;
 
 pub struct RingAlloc {
     capacity: u32,
@@ -15,15 +15,15 @@ impl RingAlloc {
     }
 
     /// Marks a region found in the maps as used.
-    pub fn reserve(&mut self, offset: u32, len: u32) -> Result<()> {
+    pub fn reserve(&mut self, offset: u32, len: u32) -> Result<(), DataplaneError> {
         if offset.checked_add(len).is_none_or(|end| end > self.capacity) {
-            bail!("ring region {offset}+{len} lies outside lb4_ring ({} slots)", self.capacity);
+            return Err(DataplaneError::RingOutside { offset, len, capacity: self.capacity });
         }
         self.used.insert(offset, len);
         Ok(())
     }
 
-    pub fn alloc(&mut self, len: u32) -> Result<u32> {
+    pub fn alloc(&mut self, len: u32) -> Result<u32, DataplaneError> {
         let mut start = 0u32;
         for (&off, &l) in &self.used {
             if off - start >= len {
@@ -32,7 +32,7 @@ impl RingAlloc {
             start = off + l;
         }
         if self.capacity - start < len {
-            bail!("lb4_ring is full: no room for a {len}-slot ring in {} slots (raise --ring-capacity)", self.capacity);
+            return Err(DataplaneError::RingFull { len, capacity: self.capacity });
         }
         self.used.insert(start, len);
         Ok(start)

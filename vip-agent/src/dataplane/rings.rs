@@ -8,9 +8,7 @@
 //! number of services: 5,000 service-ports over one node set take one ring.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use anyhow::Result;
-
-use super::{ring_alloc::RingAlloc, ServiceAddr};
+use super::{ring_alloc::RingAlloc, DataplaneError, ServiceAddr};
 
 /// One region of `lb4_ring`.
 #[derive(Debug)]
@@ -63,7 +61,7 @@ impl Rings {
     }
 
     /// Records a ring found in the maps (re-open) or just written.
-    pub fn insert(&mut self, offset: u32, slots: Vec<u32>, reserve: bool) -> Result<()> {
+    pub fn insert(&mut self, offset: u32, slots: Vec<u32>, reserve: bool) -> Result<(), DataplaneError> {
         if reserve {
             self.alloc.reserve(offset, slots.len() as u32)?;
         }
@@ -74,7 +72,7 @@ impl Rings {
     }
 
     /// A free region of `len` slots.
-    pub fn alloc(&mut self, len: u32) -> Result<u32> {
+    pub fn alloc(&mut self, len: u32) -> Result<u32, DataplaneError> {
         self.alloc.alloc(len)
     }
 
@@ -129,7 +127,7 @@ mod tests {
     use super::*;
 
     fn svc(port: u16) -> ServiceAddr {
-        ServiceAddr { vip: "198.18.1.1".parse().unwrap(), port, proto: vip_common::PROTO_TCP }
+        ServiceAddr { vip: "198.18.1.1".parse().unwrap(), port, protocol: crate::model::Protocol::Tcp }
     }
 
     #[test]

@@ -19,11 +19,11 @@ use std::{
     time::Duration,
 };
 
+use vip_common::ETH_P_ARP;
+
 /// Ethernet minimum (without FCS): the frame is padded here rather than relying
 /// on every driver to pad a runt.
 pub const GARP_FRAME_LEN: usize = 60;
-
-const ETH_P_ARP: u16 = 0x0806;
 
 /// The gratuitous ARP frame for `vip` from `mac` (Ethernet broadcast, zero-padded).
 pub fn garp_frame(mac: [u8; 6], vip: Ipv4Addr) -> [u8; GARP_FRAME_LEN] {

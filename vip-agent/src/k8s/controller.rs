@@ -24,18 +24,27 @@ use kube::{
     },
     Client, Resource, ResourceExt,
 };
-use prometheus_client::metrics::{family::Family, gauge::Gauge};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{family::Family, gauge::Gauge},
+};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
-
-use crate::agent::metrics::PoolStateLabels;
 
 use super::{
     allocate::{self, Decision, PoolView},
     crd::{VipPool, VipPoolStatus},
     owned, pools, reflect,
 };
+
+/// Labels of `vip_pool_addresses`, which the elected controller writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStateLabels {
+    pub pool: String,
+    /// total, allocated or free.
+    pub state: String,
+}
 
 /// What the node agent running this controller shares with it.
 pub struct AgentView {

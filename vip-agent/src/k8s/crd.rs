@@ -13,9 +13,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::{self, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Invalid},
     maglev,
     model::{AnnounceMode, Garp, HealthCheck},
+    spec::{self, AddrEntry, FieldError, GratuitousArpSpec, HealthCheckSpec},
 };
 
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -121,8 +121,8 @@ pub struct ValidPool {
 /// Checks a spec; errors carry the field path (`spec.addresses[2]`) and a message,
 /// the way the pool's `Ready=False` condition shows them. `first_port` is the port a
 /// health check defaults to when it names none.
-pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, Invalid> {
-    let mut addresses = config::pool_addresses_from_strings("spec", &spec.addresses, &spec.excluded_ips)?;
+pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldError> {
+    let mut addresses = spec::pool_addresses_from_strings("spec", &spec.addresses, &spec.excluded_ips)?;
     if !spec.include_network_and_broadcast {
         let entries: Vec<AddrEntry> = spec.addresses.iter().filter_map(|a| a.parse().ok()).collect();
         // An address some other entry names on its own (or in a range) stays.
@@ -143,13 +143,13 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, Invali
             }
         }
         if addresses.is_empty() {
-            return Err(("spec.addresses".into(), "the pool has no address left after exclusions and network/broadcast addresses".into()));
+            return Err(FieldError::new("spec.addresses", "the pool has no address left after exclusions and network/broadcast addresses"));
         }
     }
     let table_size = spec.table_size.unwrap_or(maglev::DEFAULT_TABLE_SIZE);
-    maglev::check_table_size(table_size).map_err(|e| ("spec.tableSize".to_owned(), e.to_string()))?;
+    maglev::check_table_size(table_size).map_err(|e| FieldError::new("spec.tableSize", e.to_string()))?;
     let health = match &spec.health_check {
-        Some(h) => Some(config::health_check("spec.healthCheck", h.clone(), first_port)?),
+        Some(h) => Some(spec::health_check("spec.healthCheck", h.clone(), first_port)?),
         None => None,
     };
     let garp = spec.gratuitous_arp.as_ref().map(|g| g.check("spec.gratuitousArp")).transpose()?;
@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(ips("addresses: [198.18.1.0/31, 198.18.1.7/32]\n").unwrap(), ["198.18.1.0", "198.18.1.1", "198.18.1.7"]);
         // Named on its own or in a range: kept.
         assert_eq!(ips("addresses: [198.18.1.0/30, 198.18.1.3, 198.18.1.0-198.18.1.0]\n").unwrap(), ["198.18.1.0", "198.18.1.1", "198.18.1.2", "198.18.1.3"]);
-        let (path, msg) = ips("addresses: [198.18.1.0/30]\nexcludedIPs: [198.18.1.1, 198.18.1.2]\n").unwrap_err();
+        let FieldError { path, message: msg } = ips("addresses: [198.18.1.0/30]\nexcludedIPs: [198.18.1.1, 198.18.1.2]\n").unwrap_err();
         assert_eq!(path, "spec.addresses");
         assert!(msg.contains("network/broadcast"), "{msg}");
     }
@@ -280,7 +280,7 @@ mod tests {
             ("addresses: [198.18.1.10]\ngratuitousArp: {count: 0}\n", "spec.gratuitousArp.count", "from 1 to 100"),
         ];
         for (y, path, msg) in cases {
-            let (p, m) = validate(&spec(y), 80).unwrap_err();
+            let FieldError { path: p, message: m } = validate(&spec(y), 80).unwrap_err();
             assert_eq!(p, path, "{y}");
             assert!(m.contains(msg), "{y}: {m}");
         }

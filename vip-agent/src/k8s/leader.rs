@@ -51,7 +51,7 @@ impl LeaderConfig {
 
 /// What we last saw of the Lease, and when (our clock).
 #[derive(Default)]
-struct Observed {
+struct LeaseSeen {
     record: Option<(Option<String>, Option<MicroTime>)>,
     at: Option<Instant>,
 }
@@ -61,7 +61,7 @@ pub fn spawn(client: Client, cfg: LeaderConfig) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
-        let mut seen = Observed::default();
+        let mut seen = LeaseSeen::default();
         // Until this instant our hold is certain (last successful write + duration − a margin).
         let mut sure_until: Option<Instant> = None;
         let what = format!("lease {}", cfg.name);
@@ -102,7 +102,7 @@ fn now_micro() -> MicroTime {
 }
 
 /// One round: Ok(true) when we hold the lease after it.
-async fn try_lead(api: &Api<Lease>, cfg: &LeaderConfig, seen: &mut Observed) -> Result<bool, kube::Error> {
+async fn try_lead(api: &Api<Lease>, cfg: &LeaderConfig, seen: &mut LeaseSeen) -> Result<bool, kube::Error> {
     let mine = Some(cfg.identity.clone());
     let current = match api.get_opt(&cfg.name).await? {
         Some(l) => l,

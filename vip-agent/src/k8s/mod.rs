@@ -168,6 +168,9 @@ impl ApiHealth {
     }
 }
 
+/// The annotation in which `kubectl apply` keeps a whole copy of what it applied.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Watches `api` into a store; every change pings `changed`.
 ///
 /// A failed request is retried after [`Backoff`] (≤ ~1 s). A 410 Expired (the
@@ -198,6 +201,15 @@ where
                         if !matches!(ev, watcher::Event::Init) {
                             health.ok(&what);
                         }
+                        // managedFields (kept by a real server on every object, often larger
+                        // than the rest of it) and the last-applied copy are never read.
+                        let ev = ev.modify(|o| {
+                            let meta = o.meta_mut();
+                            meta.managed_fields = None;
+                            if let Some(a) = meta.annotations.as_mut() {
+                                a.remove(LAST_APPLIED);
+                            }
+                        });
                         writer.apply_watcher_event(&ev);
                         if changed.send(()).is_err() {
                             return;

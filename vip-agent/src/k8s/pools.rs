@@ -27,7 +27,7 @@ pub fn check_pools(pools: &[VipPool]) -> Vec<PoolCheck> {
     for p in order {
         let name = p.metadata.name.clone().unwrap_or_default();
         match validate(&p.spec, 80) {
-            Err((path, msg)) => out.push(PoolCheck { name, valid: None, problem: Some(("InvalidSpec".into(), format!("{path}: {msg}"))) }),
+            Err(e) => out.push(PoolCheck { name, valid: None, problem: Some(("InvalidSpec".into(), e.to_string())) }),
             Ok(v) => {
                 if let Some((a, other)) = v.addresses.iter().find_map(|a| owner.get(a).map(|o| (*a, o.clone()))) {
                     let msg = format!("spec.addresses: {a} is also in VipPool {other:?}; pools must not overlap");

@@ -3,8 +3,10 @@
 use std::{net::Ipv4Addr, time::Instant};
 
 use anyhow::Result;
-use vip_agent::dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr};
-use vip_common::{PROTO_TCP, PROTO_UDP};
+use vip_agent::{
+    dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
+    model::Protocol,
+};
 use vip_tests::{frames, netns::PinDir};
 
 use crate::{
@@ -90,8 +92,8 @@ fn bench_dataplane() -> Result<(Dataplane, PinDir)> {
     let backends: Vec<BackendSpec> = (1..=10u8)
         .map(|i| BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [2, 0, 0, 0, 0x10, i], weight: 1, local: false })
         .collect();
-    dp.set_service(ServiceAddr { vip: VIP, port: 80, proto: PROTO_TCP }, &backends, 16381, 0)?;
-    dp.set_service(ServiceAddr { vip: VIP, port: 53, proto: PROTO_UDP }, &backends, 16381, 0)?;
+    dp.set_service(ServiceAddr { vip: VIP, port: 80, protocol: Protocol::Tcp }, &backends, 16381, 0)?;
+    dp.set_service(ServiceAddr { vip: VIP, port: 53, protocol: Protocol::Udp }, &backends, 16381, 0)?;
     Ok((dp, pins))
 }
 

@@ -1,0 +1,120 @@
+//! Applying a model to the service maps: what they should hold (`desired`), the
+//! difference written as one batch (each service on its own), then the flows
+//! swept. The liveness thread never waits for any of it.
+use std::{collections::BTreeMap, time::Instant};
+
+use tracing::{error, info};
+
+use super::{desired, metrics, Agent, DesiredService, Observed};
+use crate::{
+    dataplane::{self, ServiceAddr},
+    health::Target,
+    neighbour,
+};
+
+impl Agent {
+    /// Computes what the service maps should hold and writes the difference
+    /// (outside the async scheduler: map writes are system calls). `since`: the
+    /// health change that caused this, for the latency metric.
+    pub(super) fn reconcile(&mut self, since: Option<Instant>) {
+        tokio::task::block_in_place(|| self.reconcile_now(since));
+    }
+
+    pub(super) fn reconcile_now(&mut self, since: Option<Instant>) {
+        // One read of the neighbour table for every node whose MAC the model lacks.
+        let unknown: Vec<&crate::model::Node> = self.world.nodes.iter().filter(|n| n.mac.is_none() && n.name != self.opts.node_name).collect();
+        let table = if unknown.is_empty() { String::new() } else { neighbour::table() };
+        for n in unknown {
+            match neighbour::parse_proc_arp(&table, n.addr) {
+                Some(m) => {
+                    self.macs.insert(n.name.clone(), m);
+                }
+                None if !self.macs.contains_key(&n.name) => neighbour::solicit(n.addr),
+                None => {}
+            }
+        }
+        let health: BTreeMap<Target, bool> = self.health.iter().map(|(t, (up, _))| (t.clone(), *up)).collect();
+        let m = &self.membership;
+        let want = desired(&self.world, &Observed { me: &self.opts.node_name, tracked: &m.tracked, live: &m.live, health: &health, macs: &self.macs });
+        self.unresolved = want.unresolved;
+        // What changed, and what the maps hold that the model no longer has
+        // (from the data path's own record, so services left by an earlier agent
+        // are swept too).
+        let set: BTreeMap<ServiceAddr, &dataplane::ServiceSpec> =
+            want.services.iter().filter(|(a, d)| self.applied.get(a) != Some(*d)).map(|(a, d)| (*a, &d.spec)).collect();
+        let remove: Vec<ServiceAddr> = self.dp.service_addrs().into_iter().filter(|a| !want.services.contains_key(a)).collect();
+        self.applied.retain(|a, _| want.services.contains_key(a));
+        self.failed.retain(|a, _| want.services.contains_key(a));
+        let mut sweep = dataplane::Sweep::default();
+        if !set.is_empty() || !remove.is_empty() {
+            match self.dp.apply(&set, &remove, self.world.maglev_seed) {
+                Ok(mut done) => {
+                    sweep = std::mem::take(&mut done.sweep);
+                    self.record(&want.services, &set, done);
+                }
+                Err(e) => error!("programming services: {e:#}"),
+            }
+        }
+        // Every affected ring is written: that is when traffic follows the change.
+        if let Some(at) = since {
+            let took = at.elapsed();
+            self.metrics.health_to_maps_seconds.observe(took.as_secs_f64());
+            let l = &mut self.status.health_to_maps_us;
+            l.push(took.as_micros() as u64);
+            if l.len() > 256 {
+                l.remove(0);
+            }
+            info!(took_us = took.as_micros() as u64, "health change written to the maps");
+        }
+        // Then flows pinned to backends their service lost re-hash.
+        if !sweep.is_empty() {
+            let t = Instant::now();
+            match self.dp.sweep(&sweep) {
+                Ok(n) => {
+                    self.metrics.flow_sweep_seconds.observe(t.elapsed().as_secs_f64());
+                    self.metrics.flows_evicted.inc_by(n as u64);
+                    info!(evicted = n, us = t.elapsed().as_micros() as u64, "flow table swept");
+                }
+                Err(e) => error!("sweeping the flow table: {e:#}"),
+            }
+        }
+        self.publish();
+    }
+
+    /// Takes note of what one batch did: applied services, failures (logged when
+    /// they start or change, not on every retry), metrics.
+    pub(super) fn record(
+        &mut self,
+        want: &BTreeMap<ServiceAddr, DesiredService>,
+        set: &BTreeMap<ServiceAddr, &dataplane::ServiceSpec>,
+        done: dataplane::Applied,
+    ) {
+        for addr in set.keys() {
+            let d = &want[addr];
+            match done.failed.get(addr) {
+                Some(e) => {
+                    if self.failed.get(addr).map(|(_, old)| old) != Some(e) {
+                        error!(service = %d.name, vip = %addr.vip, port = addr.port, error = %e, capacity = e.is_capacity(), "service not programmed; it is retried, every other service goes on");
+                    }
+                    self.failed.insert(*addr, (d.name.clone(), e.clone()));
+                }
+                None => {
+                    if self.failed.remove(addr).is_some() {
+                        info!(service = %d.name, vip = %addr.vip, port = addr.port, "service programmed after all");
+                    }
+                    self.applied.insert(*addr, d.clone());
+                }
+            }
+        }
+        for (addr, slots) in &done.written {
+            let l = metrics::ServiceLabels { service: want[addr].name.clone() };
+            self.metrics.ring_updates.get_or_create(&l).inc();
+            self.metrics.ring_slots_written.get_or_create(&l).inc_by(*slots as u64);
+        }
+        for addr in &done.removed {
+            info!(vip = %addr.vip, port = addr.port, "service removed");
+        }
+        self.metrics.map_write_seconds.observe(done.write_time.as_secs_f64());
+        info!(changed = set.len(), removed = done.removed.len(), failed = done.failed.len(), write_us = done.write_time.as_micros() as u64, "services written");
+    }
+}

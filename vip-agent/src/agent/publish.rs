@@ -1,0 +1,80 @@
+//! Publishing what the agent does: the status (file and `/status`), the gauges,
+//! and what the controller reads (owners, service-ports not programmed).
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use tracing::warn;
+
+use super::{health_targets, liveness, metrics, Agent};
+use crate::{
+    spec::Mac,
+    status::{check_label, write_atomic, HealthStatus, NodeStatus, ServiceStatus, UnprogrammedStatus},
+};
+
+impl Agent {
+    /// Refreshes the status (file and /status) and the gauges.
+    pub(super) fn publish(&mut self) {
+        let usage = self.dp.usage();
+        self.metrics.services_unprogrammed.set(self.failed.len() as i64);
+        self.metrics.services_programmed.set(usage.services as i64);
+        self.metrics.ring_slots_used.set(usage.ring_slots as i64);
+        self.metrics.ring_slots_capacity.set(usage.ring_capacity as i64);
+        self.metrics.rings.set(usage.rings as i64);
+        let s = &mut self.status;
+        s.usage = usage;
+        s.owners = self.membership.owners.clone();
+        s.held = self.membership.held.iter().copied().collect();
+        let checks: BTreeMap<&str, String> = self.world.services.iter().filter_map(|v| Some((v.name.as_str(), check_label(v.health.as_ref()?)))).collect();
+        s.services = self
+            .applied
+            .iter()
+            .map(|(a, d)| ServiceStatus {
+                name: d.name.clone(),
+                vip: a.vip,
+                port: a.port,
+                protocol: a.protocol.name().to_owned(),
+                backends: d.spec.backends.iter().map(|b| b.name.clone()).collect(),
+                check: checks.get(d.name.as_str()).cloned(),
+            })
+            .collect();
+        let mut by_vip: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
+        for (a, (_, e)) in &self.failed {
+            by_vip.entry(a.vip).or_default().push(format!("{}/{}: {e}", a.port, a.protocol));
+        }
+        self.unprogrammed_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &by_vip));
+        s.unprogrammed = self
+            .failed
+            .iter()
+            .map(|(a, (name, e))| UnprogrammedStatus {
+                name: name.clone(),
+                vip: a.vip,
+                port: a.port,
+                protocol: a.protocol.name().to_owned(),
+                error: e.to_string(),
+            })
+            .collect();
+        s.nodes = self
+            .world
+            .nodes
+            .iter()
+            .map(|n| NodeStatus { node: n.name.clone(), addr: n.addr, mac: n.mac.or_else(|| self.macs.get(&n.name).copied()).map(|m| Mac(m).to_string()) })
+            .collect();
+        s.health.clear();
+        self.metrics.backend_healthy.clear();
+        for t in health_targets(&self.world) {
+            let (healthy, detail) = match self.health.get(&t) {
+                Some((up, d)) => (*up, d.clone()),
+                None => (true, "no state change yet".into()),
+            };
+            let check = check_label(&t.check);
+            self.metrics.backend_healthy.get_or_create(&metrics::BackendLabels { node: t.node.clone(), check: check.clone() }).set(healthy as i64);
+            s.health.push(HealthStatus { node: t.node, check, healthy, detail });
+        }
+        let json = serde_json::to_string(&self.status).unwrap_or_default();
+        if let Some(path) = &self.opts.status_file {
+            if let Err(e) = write_atomic(path, &json) {
+                warn!("writing status file {}: {e:#}", path.display());
+            }
+        }
+        *self.status_json.lock().unwrap_or_else(|e| e.into_inner()) = json;
+    }
+}

@@ -1,0 +1,49 @@
+//! The data path's counters, summed over CPUs.
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::Result;
+use aya::maps::{IterableMap as _, MapData, PerCpuArray};
+use vip_common::*;
+
+use super::{batch, Dataplane};
+
+/// Summed counters.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Counters {
+    pub reasons: BTreeMap<&'static str, (u64, u64)>,
+    pub services: BTreeMap<u32, (u64, u64)>,
+    pub backends: BTreeMap<u32, (u64, u64)>,
+}
+
+impl Dataplane {
+    /// Sums the per-CPU counters.
+    pub fn counters(&self) -> Result<Counters> {
+        let mut c = Counters::default();
+        for r in Reason::ALL {
+            c.reasons.insert(r.name(), sum(&self.stats, r as u32)?);
+        }
+        // From the maps, not the mirrors: a handle opened for reading (the metrics
+        // endpoint, inspect) sees services another handle programmed since. Two
+        // batched reads, then one read per id.
+        let ids: BTreeSet<u32> = batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?.into_iter().map(|(_, s)| s.id).collect();
+        for id in ids {
+            c.services.insert(id, sum(&self.service_stats, id)?);
+        }
+        for (id, b) in batch::lookup_all::<u32, Lb4Backend>(self.backends.map())? {
+            if b.flags & BACKEND_PRESENT != 0 {
+                c.backends.insert(id, sum(&self.backend_stats, id)?);
+            }
+        }
+        Ok(c)
+    }
+
+    /// One reason's counter (packets, bytes) summed over CPUs: cheap enough to poll.
+    pub fn reason_count(&self, r: Reason) -> Result<(u64, u64)> {
+        sum(&self.stats, r as u32)
+    }
+}
+
+pub(super) fn sum(map: &PerCpuArray<MapData, Counter>, i: u32) -> Result<(u64, u64)> {
+    let v = map.get(&i, 0)?;
+    Ok(v.iter().fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes)))
+}

@@ -1,0 +1,399 @@
+//! Services and their rings: the batch that programs them (`apply`), the flows a
+//! batch leaves pinned to lost backends (`sweep`), and what is programmed.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap as StdHashMap},
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Result};
+use aya::maps::IterableMap as _;
+use vip_common::*;
+
+use super::{batch, ignore_missing, reset_counter, Dataplane, DataplaneError, Programmed};
+use crate::{
+    maglev::{self, Member},
+    model::{Protocol, ServiceAddr},
+};
+
+/// A backend node as the data path needs it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BackendSpec {
+    /// Stable identity (node name): the Maglev permutation is derived from it.
+    pub name: String,
+    pub addr: Ipv4Addr,
+    pub mac: [u8; 6],
+    pub weight: u32,
+    /// This node itself: matching packets are passed to the local stack.
+    pub local: bool,
+}
+
+/// The `lb4_services` key of a service-port.
+fn service_key(a: &ServiceAddr) -> Lb4ServiceKey {
+    Lb4ServiceKey { vip: a.vip.octets(), port: a.port.to_be_bytes(), proto: a.protocol.number(), _pad: 0 }
+}
+
+/// The service-port of an `lb4_services` key (None: a protocol we never write).
+pub(super) fn service_addr(k: &Lb4ServiceKey) -> Option<ServiceAddr> {
+    Some(ServiceAddr { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), protocol: Protocol::from_number(k.proto)? })
+}
+
+/// What a service should be: its backends and ring size.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceSpec {
+    pub backends: Vec<BackendSpec>,
+    pub table_size: u32,
+}
+
+/// What one `set_service` call wrote.
+#[derive(Clone, Debug, Default)]
+pub struct RingUpdate {
+    pub slots_written: usize,
+    pub table_size: u32,
+    pub elapsed: Duration,
+}
+
+/// The outcome of [`Dataplane::apply`]: each service either programmed or not,
+/// on its own (a service that does not fit never stops the others).
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Services now pointing at their new ring, with the slots written for them
+    /// (0 when they joined a ring another service already had).
+    pub written: BTreeMap<ServiceAddr, usize>,
+    pub removed: Vec<ServiceAddr>,
+    /// Services left as they were (or absent), with why.
+    pub failed: BTreeMap<ServiceAddr, DataplaneError>,
+    /// Time spent writing rings, services and backends.
+    pub write_time: Duration,
+    /// The flows to evict next ([`Dataplane::sweep`]).
+    pub sweep: Sweep,
+}
+
+/// Flows a batch left pinned where they should no longer go.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    /// Services that lost backends → the backends they kept.
+    lost: StdHashMap<ServiceAddr, BTreeSet<u32>>,
+    /// Backends no service has any more.
+    gone: BTreeSet<u32>,
+}
+
+impl Sweep {
+    pub fn is_empty(&self) -> bool {
+        self.lost.is_empty() && self.gone.is_empty()
+    }
+}
+
+/// How full the data path's tables are.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    pub services: usize,
+    pub services_max: u32,
+    pub rings: usize,
+    pub ring_slots: u64,
+    pub ring_capacity: u32,
+    pub backends: usize,
+    pub backends_max: u32,
+}
+
+impl Dataplane {
+    /// Services as (address, entry, ring) for inspection, from the mirrors.
+    pub fn services(&self) -> Result<Vec<(ServiceAddr, Lb4Service, Vec<u32>)>> {
+        Ok(self
+            .programmed
+            .iter()
+            .map(|(a, p)| {
+                let ring = self.rings.get(p.ring).map(|r| r.slots.clone()).unwrap_or_default();
+                (*a, Lb4Service { id: p.id, ring_offset: p.ring, ring_size: ring.len() as u32, _pad: 0 }, ring)
+            })
+            .collect())
+    }
+
+    /// The services programmed now.
+    pub fn service_addrs(&self) -> BTreeSet<ServiceAddr> {
+        self.programmed.keys().copied().collect()
+    }
+
+    /// Backends in use (slots of `lb4_backends` with `BACKEND_PRESENT`), by id.
+    pub fn backends(&self) -> Result<BTreeMap<u32, Lb4Backend>> {
+        Ok(self.backend_slots.clone())
+    }
+
+    /// How full the tables are.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            services: self.programmed.len(),
+            services_max: MAX_SERVICES,
+            rings: self.rings.len(),
+            ring_slots: self.rings.used_slots(),
+            ring_capacity: self.rings.capacity(),
+            backends: self.backend_slots.len(),
+            backends_max: MAX_BACKENDS,
+        }
+    }
+
+    /// Sets the backends of one service (see [`Self::apply`]); its error if it failed.
+    pub fn set_service(&mut self, addr: ServiceAddr, backends: &[BackendSpec], table_size: u32, seed: u64) -> Result<RingUpdate> {
+        let start = Instant::now();
+        let spec = ServiceSpec { backends: backends.to_vec(), table_size };
+        let mut a = self.apply(&BTreeMap::from([(addr, &spec)]), &[], seed)?;
+        if let Some(e) = a.failed.remove(&addr) {
+            bail!("{e}");
+        }
+        self.sweep(&a.sweep)?;
+        let slots_written = a.written.get(&addr).copied().unwrap_or(0);
+        Ok(RingUpdate { slots_written, table_size, elapsed: start.elapsed() })
+    }
+
+    /// Removes a service, its ring when no other service shares it, and any
+    /// backend only it used (with their flows).
+    pub fn remove_service(&mut self, addr: ServiceAddr) -> Result<()> {
+        let a = self.apply(&BTreeMap::new(), &[addr], 0)?;
+        self.sweep(&a.sweep).map(|_| ())
+    }
+
+    /// Programs a batch of changes: `set` services get the rings their specs
+    /// build, `remove` ones go; the flows to evict are returned, for
+    /// [`Self::sweep`]. Each service succeeds or fails on its own (a full
+    /// ring map or service table is reported in [`Applied::failed`] and leaves that
+    /// service as it was); an `Err` is a map operation the kernel refused.
+    ///
+    /// Order, so that packets never see a half-written ring: backend entries
+    /// first; a ring shared with services that do not move is never written (a
+    /// new region is filled, then services are pointed at it); a ring whose every
+    /// user moves to the same new content is rewritten in place, changed slots
+    /// only (Maglev keeps those few), each slot pointing at a written backend.
+    /// Then service entries, fragment aliases, freed rings and backends, and one
+    /// flow-cache epoch bump.
+    pub fn apply(&mut self, set: &BTreeMap<ServiceAddr, &ServiceSpec>, remove: &[ServiceAddr], seed: u64) -> Result<Applied> {
+        let start = Instant::now();
+        let mut out = Applied::default();
+        // New content → the services that want it.
+        let mut groups: BTreeMap<Vec<u32>, Vec<ServiceAddr>> = BTreeMap::new();
+        // Maglev builds are the CPU cost: services with equal specs (thousands,
+        // under one node set) build one ring.
+        let mut by_spec: StdHashMap<&ServiceSpec, Vec<ServiceAddr>> = StdHashMap::new();
+        for (&addr, spec) in set {
+            by_spec.entry(*spec).or_default().push(addr);
+        }
+        for (spec, addrs) in by_spec {
+            match self.ring_for(spec, seed) {
+                Ok(slots) => groups.entry(slots).or_default().extend(addrs),
+                Err(e) => {
+                    for addr in addrs {
+                        out.failed.insert(addr, e.clone());
+                    }
+                }
+            }
+        }
+        // Backends each changed service keeps (for the sweep), and whether it lost some.
+        let mut lost: StdHashMap<ServiceAddr, BTreeSet<u32>> = StdHashMap::new();
+        let mut touched: BTreeSet<ServiceAddr> = BTreeSet::new();
+        for (slots, users) in groups {
+            let (offset, written, was) = match self.place_ring(&slots, &users) {
+                Ok(t) => t,
+                Err(e) => {
+                    for a in users {
+                        out.failed.insert(a, e.clone());
+                    }
+                    continue;
+                }
+            };
+            let kept: BTreeSet<u32> = self.rings.get(offset).map(|r| r.members.clone()).unwrap_or_default();
+            let mut first = true;
+            for addr in users {
+                let cur = self.programmed.get(&addr).copied();
+                let before = match cur {
+                    Some(p) if p.ring == offset => was.clone(), // rewritten in place (or unchanged)
+                    Some(p) => self.rings.get(p.ring).map(|r| r.members.clone()),
+                    None => None,
+                };
+                if before.is_some_and(|b| !b.is_subset(&kept)) {
+                    lost.insert(addr, kept.clone());
+                }
+                if cur.is_some_and(|p| p.ring == offset) {
+                    if written > 0 && first {
+                        out.written.insert(addr, written);
+                        first = false;
+                    }
+                    continue;
+                }
+                let id = match cur {
+                    Some(p) => p.id,
+                    None => match self.free_service_id() {
+                        Some(id) => id,
+                        None => {
+                            out.failed.insert(addr, DataplaneError::ServiceIdsExhausted(MAX_SERVICES));
+                            continue;
+                        }
+                    },
+                };
+                let entry = Lb4Service { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
+                if let Err(e) = self.services.insert(service_key(&addr), entry, 0) {
+                    out.failed.insert(addr, DataplaneError::kernel("lb4_services", e));
+                    continue;
+                }
+                self.ids.insert(id);
+                self.rings.add_user(offset, addr);
+                if let Some(p) = cur {
+                    self.rings.drop_user(p.ring, addr);
+                }
+                self.programmed.insert(addr, Programmed { id, ring: offset });
+                out.written.insert(addr, if first { written } else { 0 });
+                touched.insert(addr);
+                first = false;
+            }
+            // A new region nobody took (every user failed) goes back.
+            self.rings.free_if_unused(offset);
+        }
+        for &addr in remove {
+            let Some(p) = self.programmed.remove(&addr) else { continue };
+            ignore_missing(self.services.remove(&service_key(&addr)))?;
+            self.rings.drop_user(p.ring, addr);
+            self.ids.remove(&p.id);
+            reset_counter(&mut self.service_stats, p.id)?;
+            touched.insert(addr);
+            out.removed.push(addr);
+        }
+        let aliases: BTreeSet<(Ipv4Addr, Protocol)> = touched.iter().map(|a| (a.vip, a.protocol)).collect();
+        for (vip, protocol) in aliases {
+            self.update_fragment_alias(vip, protocol)?;
+        }
+        let gone = self.collect_backends()?;
+        self.epoch.bump()?;
+        out.write_time = start.elapsed();
+        out.sweep = Sweep { lost, gone };
+        Ok(out)
+    }
+
+    /// Evicts the flows a batch left pinned to a backend their service lost (or
+    /// that no service has any more), in one batched pass over the flow table:
+    /// they re-hash on their next packet. Separate from [`Self::apply`] so that
+    /// callers can tell "rings written" from "flows swept".
+    pub fn sweep(&mut self, sweep: &Sweep) -> Result<usize> {
+        if sweep.is_empty() {
+            return Ok(0);
+        }
+        let Sweep { lost, gone } = sweep;
+        // Fragment flows (port 0) of a VIP follow its services' kept sets.
+        let mut by_vip: StdHashMap<([u8; 4], u8), Vec<&BTreeSet<u32>>> = StdHashMap::new();
+        for (a, kept) in lost {
+            by_vip.entry((a.vip.octets(), a.protocol.number())).or_default().push(kept);
+        }
+        self.evict_flows(|k, f| {
+            if gone.contains(&f.backend) {
+                return true;
+            }
+            if k.dport == [0, 0] {
+                return by_vip.get(&(k.dst, k.proto)).is_some_and(|v| v.iter().any(|kept| !kept.contains(&f.backend)));
+            }
+            let Some(protocol) = Protocol::from_number(k.proto) else { return false };
+            let addr = ServiceAddr { vip: Ipv4Addr::from(k.dst), port: u16::from_be_bytes(k.dport), protocol };
+            lost.get(&addr).is_some_and(|kept| !kept.contains(&f.backend))
+        })
+    }
+
+    /// The ring `spec` builds, as backend ids per slot (writing backend entries).
+    fn ring_for(&mut self, spec: &ServiceSpec, seed: u64) -> Result<Vec<u32>, DataplaneError> {
+        maglev::check_table_size(spec.table_size)?;
+        if spec.backends.is_empty() {
+            return Ok(vec![NO_BACKEND; spec.table_size as usize]);
+        }
+        let mut specs: Vec<&BackendSpec> = spec.backends.iter().collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let members: Vec<Member> = specs.iter().map(|b| Member { id: b.name.clone(), weight: b.weight.max(1) }).collect();
+        let built = maglev::build(&members, spec.table_size, seed)?;
+        // Backend ids in sorted-name order, as maglev::build sorts its members.
+        let mut ids = Vec::with_capacity(specs.len());
+        for b in specs {
+            ids.push(self.backend_id(b)?);
+        }
+        Ok(built.slots.iter().map(|&i| ids[i as usize]).collect())
+    }
+
+    /// Where `slots` goes for `users`: (offset, slots written, the members the
+    /// ring had when it was rewritten in place). An equal ring is shared; a ring
+    /// all of whose users move here is rewritten in place; else a new region is
+    /// filled.
+    fn place_ring(&mut self, slots: &[u32], users: &[ServiceAddr]) -> Result<(u32, usize, Option<BTreeSet<u32>>), DataplaneError> {
+        if let Some(off) = self.rings.find(slots) {
+            let members = self.rings.get(off).map(|r| r.members.clone());
+            return Ok((off, 0, members));
+        }
+        let moving: BTreeSet<&ServiceAddr> = users.iter().collect();
+        let in_place = users
+            .iter()
+            .filter_map(|a| self.programmed.get(a))
+            .map(|p| p.ring)
+            .find(|&off| self.rings.get(off).is_some_and(|r| r.slots.len() == slots.len() && r.users.iter().all(|u| moving.contains(u))));
+        if let Some(off) = in_place {
+            let old = self.rings.get(off).expect("found");
+            let members = old.members.clone();
+            let changes: Vec<(u32, u32)> = maglev::changed_slots(&old.slots, slots).into_iter().map(|(i, b)| (off + i, b)).collect();
+            batch::update(self.ring.map(), &changes).map_err(|e| DataplaneError::kernel("lb4_ring", e))?;
+            self.rings.recontent(off, slots.to_vec());
+            return Ok((off, changes.len(), Some(members)));
+        }
+        let off = self.rings.alloc(slots.len() as u32)?;
+        let entries: Vec<(u32, u32)> = slots.iter().enumerate().map(|(i, &b)| (off + i as u32, b)).collect();
+        if let Err(e) = batch::update(self.ring.map(), &entries) {
+            self.rings.unalloc(off);
+            return Err(DataplaneError::kernel("lb4_ring", e));
+        }
+        self.rings.insert(off, slots.to_vec(), false)?;
+        Ok((off, slots.len(), None))
+    }
+
+    /// Backend id for `spec`, re-using the id of a backend with the same address,
+    /// else the lowest free slot of `lb4_backends`.
+    fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32, DataplaneError> {
+        let want = Lb4Backend { mac: spec.mac, _pad: [0; 2], addr: spec.addr.octets(), flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 } };
+        let existing = &self.backend_slots;
+        let id = match existing.iter().find(|(_, b)| b.addr == want.addr) {
+            Some((&id, _)) => id,
+            None => (0..MAX_BACKENDS).find(|id| !existing.contains_key(id)).ok_or(DataplaneError::BackendIdsExhausted(MAX_BACKENDS))?,
+        };
+        if existing.get(&id) != Some(&want) {
+            self.backends.set(id, want, 0).map_err(|e| DataplaneError::kernel("lb4_backends", e))?;
+            self.backend_slots.insert(id, want);
+        }
+        Ok(id)
+    }
+
+    fn free_service_id(&self) -> Option<u32> {
+        (0..MAX_SERVICES).find(|i| !self.ids.contains(i))
+    }
+
+    /// Points (vip, port 0, proto), the entry fragments use, at the service with the
+    /// lowest port of that VIP and protocol (or removes it when there is none).
+    fn update_fragment_alias(&mut self, vip: Ipv4Addr, protocol: Protocol) -> Result<()> {
+        let alias = ServiceAddr { vip, port: 0, protocol };
+        let first = self
+            .programmed
+            .range(alias..=ServiceAddr { vip, port: u16::MAX, protocol: Protocol::Udp })
+            .find(|(a, _)| a.protocol == protocol && a.port != 0)
+            .map(|(_, p)| *p);
+        match first {
+            Some(p) => {
+                let size = self.rings.get(p.ring).map_or(0, |r| r.size());
+                self.services.insert(service_key(&alias), Lb4Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
+            }
+            None => ignore_missing(self.services.remove(&service_key(&alias)))?,
+        }
+        Ok(())
+    }
+
+    /// Deletes backends no ring references and returns their ids; the caller
+    /// evicts their flows (in the same pass as any other eviction it needs).
+    fn collect_backends(&mut self) -> Result<BTreeSet<u32>> {
+        let used = self.rings.used_backends();
+        let gone: BTreeSet<u32> = self.backend_slots.keys().copied().filter(|id| !used.contains(id)).collect();
+        for id in &gone {
+            // A zeroed slot (no BACKEND_PRESENT) is no backend: flows to it re-hash.
+            self.backends.set(*id, Lb4Backend::default(), 0)?;
+            self.backend_slots.remove(id);
+            reset_counter(&mut self.backend_stats, *id)?;
+        }
+        Ok(gone)
+    }
+}

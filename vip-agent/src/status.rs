@@ -1,0 +1,104 @@
+//! The agent's published view (status file, `/status`): what `inspect`, the
+//! labs and humans read. Below both the agent, which writes it, and `inspect`.
+use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    dataplane::Usage,
+    model::{HealthCheck, Probe},
+};
+
+/// The agent's view, published as JSON (status file, /status) for `inspect` and humans.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Status {
+    pub node: String,
+    pub config: ConfigStatus,
+    /// VIP → owner node.
+    pub owners: BTreeMap<Ipv4Addr, String>,
+    pub held: Vec<Ipv4Addr>,
+    pub services: Vec<ServiceStatus>,
+    /// Service-ports the model wants that could not be programmed, with why
+    /// (retried every second and after every change).
+    pub unprogrammed: Vec<UnprogrammedStatus>,
+    /// How full the data path's tables are.
+    pub usage: Usage,
+    pub nodes: Vec<NodeStatus>,
+    pub health: Vec<HealthStatus>,
+    /// Recent health change → maps updated latencies, microseconds (newest last, at most 256).
+    pub health_to_maps_us: Vec<u64>,
+    /// What is wrong with this host for the VIP traffic it gets (VIP not on `lo`,
+    /// loose ARP sysctls); empty when ready. See `vip-agent check`.
+    #[serde(default)]
+    pub host_problems: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ConfigStatus {
+    pub path: PathBuf,
+    /// Valid configs applied since start.
+    pub generation: u64,
+    /// The last rejected file's error, cleared by the next valid one.
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    pub name: String,
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    pub protocol: String,
+    /// Backend nodes in the ring now (candidates that are healthy, with a known MAC).
+    pub backends: Vec<String>,
+    /// Its health check (`HealthStatus::check`), if any.
+    pub check: Option<String>,
+}
+
+/// A service-port that is not in the data path.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct UnprogrammedStatus {
+    pub name: String,
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    pub protocol: String,
+    pub error: String,
+}
+
+/// A node as a backend: its address and the MAC we forward to.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub node: String,
+    pub addr: Ipv4Addr,
+    /// None: not resolved yet (the node is in no ring until it is).
+    pub mac: Option<String>,
+}
+
+/// One probe target: a node under one health check. Services sharing a check share
+/// the row, so the status grows with nodes × checks, not nodes × services.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HealthStatus {
+    pub node: String,
+    pub check: String,
+    pub healthy: bool,
+    pub detail: String,
+}
+
+/// A short name of a check: `tcp:80`, `http:80/healthz`.
+pub fn check_label(h: &HealthCheck) -> String {
+    match &h.probe {
+        Probe::Tcp { port } => format!("tcp:{port}"),
+        Probe::Http { port, path } => format!("http:{port}{path}"),
+    }
+}
+
+/// Write to a temporary file and rename, so readers never see half a status.
+pub fn write_atomic(path: &std::path::Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
