@@ -13,7 +13,7 @@ use vip_agent::{
     name = "vip-agent",
     version,
     about = "vip: bare-metal virtual IP load balancer, node agent",
-    after_help = "The config file format, an example (deploy/examples/file/vip.yaml), a systemd unit (deploy/systemd/vip-agent.service) and \
+    after_help = "The config file format, an example (deploy/file/vip.yaml), a systemd unit (deploy/file/vip-agent.service) and \
                   what each node needs: README, \"Run it on your machines\". Check a file and a host with `vip-agent check FILE --node-name NAME`."
 )]
 struct Cli {
@@ -80,7 +80,7 @@ enum Cmd {
     /// Check a config file (and, with --node-name, this host for that node) without
     /// running anything. Exit status: 0 ready, 1 invalid file, 2 host not ready.
     Check {
-        /// The YAML config (see deploy/examples/file/vip.yaml).
+        /// The YAML config (see deploy/file/vip.yaml).
         file: PathBuf,
         /// Also check this host as that node: VIPs it backs on lo, ARP sysctls.
         #[arg(long, env = "VIP_NODE_NAME")]

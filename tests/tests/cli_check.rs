@@ -1,0 +1,74 @@
+//! `vip-agent check`: the example config a newcomer starts from is valid, a broken
+//! file is refused with its path and line, and a host is checked for what direct
+//! server return needs (the VIP on lo, strict ARP), in a namespace of the test's own.
+use std::process::Output;
+
+use vip_tests::{
+    agent::agent_bin,
+    netns::{privileged, NetNs},
+};
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn example() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/file/vip.yaml")
+}
+
+#[test]
+fn the_example_config_is_valid_and_a_broken_copy_is_refused_with_its_line() {
+    let o = std::process::Command::new(agent_bin().unwrap()).arg("check").arg(example()).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("valid: 3 nodes, 1 pools (10 addresses), 2 services (3 service-ports)"), "{}", text(&o));
+
+    let dir = vip_tests::agent::TempDir::new("vip-check-").unwrap();
+    let broken = dir.0.join("vip.yaml");
+    let good = std::fs::read_to_string(example()).unwrap();
+    std::fs::write(&broken, good.replace("    protocol: udp\n", "    protocol: udp\n    tableSise: 251\n")).unwrap();
+    let o = std::process::Command::new(agent_bin().unwrap()).arg("check").arg(&broken).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let line = good.lines().position(|l| l == "    protocol: udp").unwrap() + 2;
+    assert!(text(&o).contains(&format!("line {line}: services[1].tableSise: unknown field `tableSise`")), "{}", text(&o));
+}
+
+/// The host check, in a namespace: first the VIPs are missing from lo, then they
+/// are there but ARP is loose (two answerers), then the node is ready.
+#[test]
+fn check_names_what_a_backend_host_lacks_until_it_is_ready() {
+    if !privileged() {
+        return;
+    }
+    let dir = vip_tests::agent::TempDir::new("vip-check-").unwrap();
+    let cfg = dir.0.join("vip.yaml");
+    std::fs::write(
+        &cfg,
+        "nodes:\n  - {name: n1, address: 198.18.0.11}\n  - {name: n2, address: 198.18.0.12}\n\
+         pools:\n  - {name: p, addresses: [198.18.1.0/30]}\n\
+         services:\n  - {name: web, vip: 198.18.1.1, ports: [80]}\n  - {name: dns, vip: 198.18.1.2, ports: [53], protocol: udp}\n",
+    )
+    .unwrap();
+    let host = NetNs::new("vchk").unwrap();
+    host.ip(&["link", "set", "lo", "up"]).unwrap();
+    let check = || host.cmd(agent_bin().unwrap().to_str().unwrap()).arg("check").arg(&cfg).args(["--node-name", "n1", "--iface", "lo"]).output().unwrap();
+
+    let o = check();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("2 VIP(s) this node is a backend of are not addresses of this host (198.18.1.1, 198.18.1.2)"), "{}", text(&o));
+
+    for vip in ["198.18.1.1/32", "198.18.1.2/32"] {
+        host.ip(&["addr", "add", vip, "dev", "lo"]).unwrap();
+    }
+    host.sysctl("net.ipv4.conf.all.arp_ignore", "0").unwrap();
+    host.sysctl("net.ipv4.conf.all.arp_announce", "0").unwrap();
+    let o = check();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("arp_ignore is 0 and arp_announce 0") && text(&o).contains("two MACs"), "{}", text(&o));
+    assert!(!text(&o).contains("not addresses of this host"), "{}", text(&o));
+
+    host.sysctl("net.ipv4.conf.all.arp_ignore", "1").unwrap();
+    host.sysctl("net.ipv4.conf.all.arp_announce", "2").unwrap();
+    let o = check();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("host: ready as node \"n1\""), "{}", text(&o));
+}
