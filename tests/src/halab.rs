@@ -6,7 +6,7 @@
 //! Tests build it with unique namespace names and remove it on Drop; `cargo xtask
 //! lab up` builds it with fixed names (`vlab-*`) and `persist`s it until `lab down`.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader, Write},
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
@@ -96,8 +96,14 @@ pub fn node_addr(i: usize) -> Ipv4Addr {
 
 /// The shared config: every node may hold every VIP and backs every service.
 pub fn ha_config(s: &HaSpec) -> String {
+    ha_config_of(s, &(0..s.nodes).collect::<Vec<_>>())
+}
+
+/// [`ha_config`] listing only the lab's nodes `members` (indices): the others are
+/// out of the model.
+pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     let mut y = String::from("# vip lab: every node holds VIPs and is a backend\nnodes:\n");
-    for i in 0..s.nodes {
+    for &i in members {
         y += &format!("  - {{name: node-{}, address: {}, labels: {{lab: \"yes\"}}}}\n", i + 1, node_addr(i));
     }
     let ranges: Vec<String> =
@@ -430,8 +436,17 @@ impl HaLab {
 
     /// SIGKILLs node `i`'s agent and reaps it (the data path keeps running).
     pub fn kill_agent(&mut self, i: usize) {
+        self.stop_agent(i, libc::SIGKILL);
+    }
+
+    /// Sends `sig` (SIGTERM: a clean stop; SIGKILL) to node `i`'s agent and reaps
+    /// it; killed if it has not exited within 5 s. The data path keeps running.
+    pub fn stop_agent(&mut self, i: usize, sig: i32) {
         if let Some(mut a) = self.nodes[i].agent.take() {
-            let _ = a.child.kill();
+            a.signal(sig);
+            if wait_for(Duration::from_secs(5), || a.child.try_wait().ok().flatten()).is_none() {
+                let _ = a.child.kill();
+            }
             let _ = a.child.wait();
         }
     }
@@ -609,6 +624,40 @@ pub struct ArpWatch {
     thread: Option<std::thread::JoinHandle<Vec<ArpSeen>>>,
 }
 
+/// A packet socket receiving every ARP frame in the calling thread's namespace
+/// (sent and received), each `recv` waiting at most 20 ms.
+fn arp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    const ETH_P_ARP: u16 = 0x0806;
+    // SAFETY: plain socket(2); the fd is owned below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(ETH_P_ARP.to_be())) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
+    // SAFETY: valid fd and option of the stated size.
+    unsafe {
+        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
+    };
+    Ok(fd)
+}
+
+/// One ARP frame from `fd` (None on timeout or a runt): its opcode and the
+/// sender's and target's hardware and protocol addresses.
+fn recv_arp(fd: &std::os::fd::OwnedFd) -> Option<(u16, [u8; 6], Ipv4Addr, Ipv4Addr)> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 128];
+    // SAFETY: valid fd and buffer.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    (n >= 42).then(|| {
+        let op = u16::from_be_bytes([buf[20], buf[21]]);
+        let sha: [u8; 6] = buf[22..28].try_into().expect("6 bytes");
+        (op, sha, Ipv4Addr::new(buf[28], buf[29], buf[30], buf[31]), Ipv4Addr::new(buf[38], buf[39], buf[40], buf[41]))
+    })
+}
+
 impl ArpWatch {
     pub fn start(client: &NetNs) -> Result<Self> {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -616,33 +665,18 @@ impl ArpWatch {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = client.spawn(move || {
             let mut seen = Vec::new();
-            const ETH_P_ARP: u16 = 0x0806;
-            // SAFETY: plain socket(2); the fd is closed below.
-            let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P_ARP.to_be())) };
-            let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
-            // SAFETY: valid fd and option of the stated size.
-            unsafe {
-                libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
-            };
-            let _ = ready_tx.send(fd >= 0);
-            let mut buf = [0u8; 128];
-            while fd >= 0 && !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                // SAFETY: valid fd and buffer.
-                let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-                if n >= 42 {
-                    let sha: [u8; 6] = buf[22..28].try_into().unwrap();
-                    let spa = Ipv4Addr::new(buf[28], buf[29], buf[30], buf[31]);
+            let fd = arp_socket();
+            let _ = ready_tx.send(fd.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+            let Ok(fd) = fd else { return seen };
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some((_, sha, spa, _)) = recv_arp(&fd) {
                     seen.push((Instant::now(), sha, spa));
                 }
             }
-            if fd >= 0 {
-                // SAFETY: our fd.
-                unsafe { libc::close(fd) };
-            }
             seen
         })?;
-        if !ready_rx.recv().unwrap_or(false) {
-            bail!("packet socket: {}", std::io::Error::last_os_error());
+        if let Err(e) = ready_rx.recv().context("the ARP capture thread")? {
+            bail!("packet socket: {e}");
         }
         Ok(Self { stop, thread: Some(thread) })
     }
@@ -652,6 +686,52 @@ impl ArpWatch {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
     }
+}
+
+/// Who claimed one VIP on the segment during an [`arp_probe`], as the client saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claims {
+    /// MACs that answered the client's requests.
+    pub answered: BTreeSet<[u8; 6]>,
+    /// MACs that sent gratuitous ARP for it.
+    pub announced: BTreeSet<[u8; 6]>,
+}
+
+/// Asks the segment for each of `vips` from the client: `rounds` broadcast ARP
+/// requests for every VIP, `gap` apart, and what came back until `gap` after the
+/// last round. Much faster than one arping per VIP, and it also sees gratuitous
+/// ARP from anyone claiming a VIP meanwhile.
+pub fn arp_probe(client: &NetNs, vips: &[Ipv4Addr], rounds: u32, gap: Duration) -> Result<BTreeMap<Ipv4Addr, Claims>> {
+    let mac = client.mac("eth0")?;
+    let vips = vips.to_vec();
+    client.run(move || -> Result<BTreeMap<Ipv4Addr, Claims>> {
+        let fd = arp_socket().context("packet socket")?;
+        let tx = vip_agent::ha::garp::GarpSocket::new().context("packet socket for sending")?;
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(c"eth0".as_ptr()) };
+        if ifindex == 0 {
+            bail!("no eth0 in the client namespace");
+        }
+        let mut claims: BTreeMap<Ipv4Addr, Claims> = vips.iter().map(|v| (*v, Claims::default())).collect();
+        let mut next = Instant::now();
+        let end = next + gap * rounds;
+        for _ in 0..rounds {
+            for v in &vips {
+                tx.send_frame(ifindex, &vip_agent::ha::garp::arp_request_frame(mac, CLIENT, *v))?;
+            }
+            next += gap;
+            while Instant::now() < next.min(end) {
+                let Some((op, sha, spa, tpa)) = recv_arp(&fd) else { continue };
+                let Some(c) = claims.get_mut(&spa).filter(|_| sha != mac) else { continue };
+                match op {
+                    2 if tpa == CLIENT => c.answered.insert(sha),
+                    1 if tpa == spa => c.announced.insert(sha),
+                    _ => false,
+                };
+            }
+        }
+        Ok(claims)
+    })?
 }
 
 /// New connections to `vip` started every `every` for `span` from the client,

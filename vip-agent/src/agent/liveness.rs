@@ -224,9 +224,16 @@ impl Liveness {
         };
         let peers: Vec<(String, SocketAddr)> =
             self.world.holders().into_iter().filter(|n| n.name != me).map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port)))).collect();
+        // Peers the running task has seen go down stay down in its replacement
+        // until heard (only a new agent presumes every peer alive).
+        let dead = self.heartbeat.as_ref().map_or_else(BTreeSet::new, |(cur, rx)| {
+            let live = rx.borrow();
+            cur.peers.iter().map(|(n, _)| n).filter(|n| !live.contains(*n)).cloned().collect()
+        });
         let want = heartbeat::Options {
             bind: SocketAddr::from((my.addr, f.heartbeat_port)),
             peers,
+            dead,
             me: me.clone(),
             interval: f.heartbeat_interval,
             dead_after: f.dead_after,

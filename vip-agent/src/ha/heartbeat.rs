@@ -175,8 +175,13 @@ fn unix_ms() -> u64 {
 pub struct Options {
     /// This agent's address and port: peers accept datagrams only from it.
     pub bind: SocketAddr,
-    /// Every other agent (name, address and port), presumed alive at start.
+    /// Every other agent (name, address and port), presumed alive at start
+    /// unless in `dead`.
     pub peers: Vec<(String, SocketAddr)>,
+    /// Peers known to be down when this task replaces one with other settings
+    /// (a changed file): live again only once heard. Presuming them alive would
+    /// hand them VIPs, unanswered, for a `dead_after` on every change.
+    pub dead: BTreeSet<String>,
     pub me: String,
     pub interval: Duration,
     pub dead_after: Duration,
@@ -255,7 +260,7 @@ pub async fn run(o: Options) -> io::Result<watch::Receiver<BTreeSet<String>>> {
     let sock = UdpSocket::bind(o.bind).await?;
     let mut table = PeerTable::new(o.dead_after);
     let now = Instant::now();
-    for (name, _) in &o.peers {
+    for (name, _) in o.peers.iter().filter(|(n, _)| !o.dead.contains(n)) {
         table.presume(name, now);
     }
     let mut live = table.live();
@@ -521,7 +526,17 @@ mod tests {
 
     fn opts(addrs: &[SocketAddr], i: usize) -> Options {
         let peers = addrs.iter().enumerate().filter(|(j, _)| *j != i).map(|(j, a)| (format!("n{j}"), *a)).collect();
-        Options { bind: addrs[i], peers, me: format!("n{i}"), interval: INTERVAL, dead_after: DEAD_AFTER, gate: None, metrics: None, keys: None }
+        Options {
+            bind: addrs[i],
+            peers,
+            dead: BTreeSet::new(),
+            me: format!("n{i}"),
+            interval: INTERVAL,
+            dead_after: DEAD_AFTER,
+            gate: None,
+            metrics: None,
+            keys: None,
+        }
     }
 
     async fn start(addrs: &[SocketAddr], i: usize) -> watch::Receiver<BTreeSet<String>> {
@@ -569,6 +584,19 @@ mod tests {
         assert!(t.expire(t0 + ms(550)).is_empty());
         assert_eq!(t.observe("a", 1, 2, t0 + ms(560)), QUIET, "still alive: no event");
         assert_eq!(t.expire(t0 + ms(600)), vec![Event::Down { node: "b".into() }]);
+    }
+
+    /// A task that replaces one which saw a peer go down does not presume it
+    /// alive, and counts it live once heard.
+    #[tokio::test]
+    async fn peers_known_dead_are_not_presumed_alive() {
+        let addrs = free_addrs(2);
+        let mut o = opts(&addrs, 0);
+        o.dead = BTreeSet::from(["n1".to_owned()]);
+        let mut a = run(o).await.unwrap();
+        assert_eq!(*a.borrow(), BTreeSet::from(["n0".to_owned()]));
+        let _b = start(&addrs, 1).await;
+        wait_for(&mut a, &["n0", "n1"], Duration::from_secs(1)).await;
     }
 
     #[tokio::test]

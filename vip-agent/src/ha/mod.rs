@@ -6,4 +6,6 @@ pub mod auth;
 pub mod garp;
 pub mod heartbeat;
 pub mod loopback;
+#[cfg(test)]
+mod model_check;
 pub mod ownership;
