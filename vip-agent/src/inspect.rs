@@ -32,6 +32,8 @@ pub struct AgentSection {
     pub backends: Vec<HealthRow>,
     /// Service-ports the agent could not program, with why.
     pub unprogrammed: Vec<crate::status::UnprogrammedStatus>,
+    /// What this host lacks for the VIP traffic it backs (see `vip-agent check`).
+    pub host_problems: Vec<String>,
     pub usage: crate::dataplane::Usage,
 }
 
@@ -168,6 +170,7 @@ fn agent_section(r: &Report, st: Status) -> AgentSection {
         owners: st.owners,
         backends,
         unprogrammed: st.unprogrammed,
+        host_problems: st.host_problems,
         usage: st.usage,
     }
 }
@@ -223,6 +226,12 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "\n  NOT PROGRAMMED (retried)\n  {:<14} {:<22} {:<6} ERROR", "SERVICE", "VIP:PORT", "PROTO");
             for u in &a.unprogrammed {
                 let _ = writeln!(s, "  {:<14} {:<22} {:<6} {}", u.name, format!("{}:{}", u.vip, u.port), u.protocol, u.error);
+            }
+        }
+        if !a.host_problems.is_empty() {
+            let _ = writeln!(s, "\n  HOST NOT READY");
+            for p in &a.host_problems {
+                let _ = writeln!(s, "  {p}");
             }
         }
     }

@@ -13,12 +13,14 @@ pub mod map_names {
     pub const BACKENDS: &str = "lb4_backends";
     pub const RING: &str = "lb4_ring";
     pub const FLOWS: &str = "lb4_flows";
+    pub const FLOWS_NEW: &str = "lb4_flows_new";
     pub const STATS: &str = "lb_stats";
     pub const SERVICE_STATS: &str = "lb4_service_stats";
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
     pub const FLOW_CACHE: &str = "lb4_flow_cache";
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
-    pub const ALL: [&str; 12] = [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL];
+    pub const ALL: [&str; 13] =
+        [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, FLOWS_NEW, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL];
 }
 
 /// Name of the XDP program inside the object, and of its pin.
@@ -33,6 +35,10 @@ pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 16384;
 pub const MAX_BACKENDS: u32 = 4096;
 pub const MAX_FLOWS: u32 = 1 << 20;
+/// Flows seen once, until their second packet (`lb4_flows_new`): a table of their
+/// own, so that a flood of one-packet flows (spoofed SYNs) churns it alone and never
+/// evicts an established flow from `lb4_flows`.
+pub const MAX_NEW_FLOWS: u32 = 1 << 16;
 /// Slots of the per-CPU flow cache (`lb4_flow_cache`), a power of two; the agent
 /// may use fewer (see [`flow_cache_slots_for`]).
 pub const FLOW_CACHE_SLOTS: u32 = 1 << FLOW_CACHE_BITS;

@@ -9,8 +9,8 @@ use vip_common::*;
 use crate::{
     arp::arp_held_entry,
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services, lb_key0, lb_scratch,
-        lookup_at, Scratch,
+        lb4_backend_stats, lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_flows_new, lb4_ring, lb4_service_stats, lb4_services, lb_key0,
+        lb_scratch, lookup_at, Scratch,
     },
     parse::{ptr_at, Verdict, ETH_LEN},
     stats,
@@ -113,24 +113,35 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
         return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
     }
     let fkey: Lb4FlowKey = unsafe { core::mem::transmute(words) };
+    // Whether the flow is in lb4_flows now (only those are memoised in the cache).
+    let mut established = true;
     let (backend_id, backend) = match lb4_flow_backend(&fkey) {
         Some(b) => b,
-        // A stale entry (fenced, or released when the VIP moved) takes no new flow,
-        // but keeps the flows it already pinned: a client still sending to our MAC
-        // until the new owner's gratuitous ARP reaches it keeps its connection
-        // instead of getting a RST from our stack.
-        None if !fresh => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
-        None => match lb4_ring_backend(&svc, &fkey) {
+        None => match lb4_new_flow_backend(&fkey) {
+            // Its second packet: the flow is past its first, it moves to lb4_flows.
             Some((id, b)) => {
                 let _ = lb4_flows.insert(&fkey, &Lb4Flow { backend: id, _pad: 0 }, 0);
+                let _ = lb4_flows_new.remove(&fkey);
                 (id, b)
             }
-            None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
+            // A stale entry (fenced, or released when the VIP moved) takes no new
+            // flow, but keeps the flows it already pinned: a client still sending to
+            // our MAC until the new owner's gratuitous ARP reaches it keeps its
+            // connection instead of getting a RST from our stack.
+            None if !fresh => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
+            None => match lb4_ring_backend(&svc, &fkey) {
+                Some((id, b)) => {
+                    let _ = lb4_flows_new.insert(&fkey, &Lb4Flow { backend: id, _pad: 0 }, 0);
+                    established = false;
+                    (id, b)
+                }
+                None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
+            },
         },
     };
-    // The flow is pinned in lb4_flows now: memoise the answer for its next packets.
+    // The flow is pinned in lb4_flows: memoise the answer for its next packets.
     let local = backend.flags & BACKEND_LOCAL != 0;
-    if let Some(e) = cached {
+    if let Some(e) = cached.filter(|_| established) {
         // Field by field, the key and MACs as words: a whole-struct write compiles
         // to memmove, whose pointer comparison the verifier refuses without
         // CAP_PERFMON.
@@ -164,8 +175,8 @@ pub fn lb4_floor_flow_insert(ctx: &XdpContext) -> Result<u32, ()> {
     let ports = unsafe { read_unaligned(ptr_at::<u32>(ctx, IP + Ipv4Hdr::LEN)?) };
     let proto = unsafe { *ptr_at::<u8>(ctx, IP + 9)? };
     let fkey: Lb4FlowKey = unsafe { core::mem::transmute([addrs, lb4_ports_proto(ports, proto)]) };
-    if unsafe { lb4_flows.get(&fkey) }.is_none() {
-        let _ = lb4_flows.insert(&fkey, &Lb4Flow { backend: 0, _pad: 0 }, 0);
+    if unsafe { lb4_flows.get(&fkey) }.is_none() && unsafe { lb4_flows_new.get(&fkey) }.is_none() {
+        let _ = lb4_flows_new.insert(&fkey, &Lb4Flow { backend: 0, _pad: 0 }, 0);
     }
     Ok(xdp_action::XDP_PASS)
 }
@@ -256,11 +267,21 @@ fn lb4_ports_past_options(ctx: &XdpContext, off: usize) -> Result<u32, ()> {
     Ok(ports)
 }
 
-/// The backend recorded for this flow, if it still exists. A flow whose backend
-/// was removed (unhealthy, drained) is re-hashed on the current ring.
+/// The backend recorded for this established flow, if it still exists. A flow
+/// whose backend was removed (unhealthy, drained) is re-hashed on the current ring.
 #[inline(always)]
 fn lb4_flow_backend(fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
-    let id = unsafe { lb4_flows.get(fkey) }?.backend;
+    lb4_present_backend(unsafe { lb4_flows.get(fkey) }?.backend)
+}
+
+/// [`lb4_flow_backend`] for a flow seen once (`lb4_flows_new`).
+#[inline(always)]
+fn lb4_new_flow_backend(fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
+    lb4_present_backend(unsafe { lb4_flows_new.get(fkey) }?.backend)
+}
+
+#[inline(always)]
+fn lb4_present_backend(id: u32) -> Option<(u32, Lb4Backend)> {
     match lb4_backends.get(id) {
         Some(b) if b.flags & BACKEND_PRESENT != 0 => Some((id, *b)),
         _ => {

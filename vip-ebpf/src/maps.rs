@@ -35,10 +35,16 @@ pub static lb4_backends: Array<Lb4Backend> = Array::pinned(MAX_BACKENDS, 0);
 #[map]
 pub static lb4_ring: Array<u32> = Array::pinned(DEFAULT_RING_CAPACITY, 0);
 
-/// 5-tuple → backend chosen at the flow's first packet (connection stickiness).
-/// Per-CPU LRU lists: inserts on the miss path do not contend across CPUs.
+/// 5-tuple → backend chosen at the flow's first packet, for flows past it
+/// (connection stickiness). Per-CPU LRU lists: inserts do not contend across CPUs.
 #[map]
 pub static lb4_flows: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_FLOWS, BPF_F_NO_COMMON_LRU);
+
+/// 5-tuple → backend chosen at the flow's first packet, until its second packet
+/// moves it to `lb4_flows`: one-packet flows (a spoofed-SYN flood) churn this table
+/// alone, like the unassured entries Linux conntrack drops first.
+#[map]
+pub static lb4_flows_new: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_NEW_FLOWS, BPF_F_NO_COMMON_LRU);
 
 /// Reason → packets and bytes, per CPU.
 #[map]

@@ -65,6 +65,7 @@ pub struct Dataplane {
     backends: Array<MapData, Lb4Backend>,
     ring: Array<MapData, u32>,
     flows: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
+    flows_new: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
@@ -116,6 +117,7 @@ macro_rules! maps_from {
             $get(s, names::BACKENDS)?,
             $get(s, names::RING)?,
             $get(s, names::FLOWS)?,
+            $get(s, names::FLOWS_NEW)?,
             $get(s, names::STATS)?,
             $get(s, names::SERVICE_STATS)?,
             $get(s, names::BACKEND_STATS)?,
@@ -127,6 +129,7 @@ type MapSet = (
     HashMap<MapData, Lb4ServiceKey, Lb4Service>,
     Array<MapData, Lb4Backend>,
     Array<MapData, u32>,
+    HashMap<MapData, Lb4FlowKey, Lb4Flow>,
     HashMap<MapData, Lb4FlowKey, Lb4Flow>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
@@ -162,7 +165,7 @@ impl Dataplane {
     }
 
     fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl) -> Result<Self> {
-        let (services, backends, ring, flows, stats, service_stats, backend_stats) = m;
+        let (services, backends, ring, flows, flows_new, stats, service_stats, backend_stats) = m;
         let mut dp = Self {
             dir: dir.to_owned(),
             ebpf,
@@ -172,6 +175,7 @@ impl Dataplane {
             backends,
             ring,
             flows,
+            flows_new,
             stats,
             service_stats,
             backend_stats,
