@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
+use vip_agent::status::Status;
 
 use crate::{
     lab::{accept_vip, fetch, name_server, Segment},
@@ -266,16 +266,16 @@ impl LbLab {
         Ok(Self { agent, pins, backends: bs, client, lb, seg, config, status_file, tmp })
     }
 
-    pub fn status(&self) -> Option<Value> {
+    /// The agent's status (its own type, read from its status file).
+    pub fn status(&self) -> Option<Status> {
         serde_json::from_str(&std::fs::read_to_string(&self.status_file).ok()?).ok()
     }
 
     /// (healthy, in the ring of service `web`) of backend `node` in the agent's status.
     pub fn backend_state(&self, node: &str) -> Option<(bool, bool)> {
         let s = self.status()?;
-        let healthy = s["health"].as_array()?.iter().find(|h| h["node"] == node)?["healthy"].as_bool()?;
-        let web = s["services"].as_array()?.iter().find(|v| v["name"] == "web")?.clone();
-        let in_ring = web["backends"].as_array()?.iter().any(|b| b == node);
+        let healthy = s.health.iter().find(|h| h.node == node)?.healthy;
+        let in_ring = s.services.iter().find(|v| v.name == "web")?.backends.iter().any(|b| b == node);
         Some((healthy, in_ring))
     }
 
@@ -287,7 +287,7 @@ impl LbLab {
                 return Some(());
             }
             let s = self.status()?;
-            (s["held"].as_array()?.len() == 1 && s["services"][0]["backends"].as_array()?.len() == n).then_some(())
+            (s.held.len() == 1 && s.services.first()?.backends.len() == n).then_some(())
         });
         self.agent.check_alive()?;
         if ok.is_none() {

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
+use vip_agent::status::Status;
 
 use crate::{
     agent::{wait_for, write_atomic, AgentProc},
@@ -457,8 +457,8 @@ impl HaLab {
         }
     }
 
-    /// Node `i`'s agent status.
-    pub fn status(&self, i: usize) -> Option<Value> {
+    /// Node `i`'s agent status (the agent's own type, read from its status file).
+    pub fn status(&self, i: usize) -> Option<Status> {
         serde_json::from_str(&std::fs::read_to_string(&self.nodes[i].status_file).ok()?).ok()
     }
 
@@ -469,12 +469,11 @@ impl HaLab {
 
     /// VIP → owner as node `i` sees it.
     pub fn owners_seen_by(&self, i: usize) -> Option<BTreeMap<Ipv4Addr, String>> {
-        let s = self.status(i)?;
-        s["owners"].as_object()?.iter().map(|(k, v)| Some((k.parse().ok()?, v.as_str()?.to_owned()))).collect()
+        Some(self.status(i)?.owners)
     }
 
     pub fn held_by(&self, i: usize) -> Vec<Ipv4Addr> {
-        self.status(i).and_then(|s| s["held"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()?.parse().ok()).collect())).unwrap_or_default()
+        self.status(i).map(|s| s.held).unwrap_or_default()
     }
 
     /// Waits until the nodes in `up` agree on owners, each VIP is owned by one of
@@ -516,11 +515,9 @@ impl HaLab {
             up.iter()
                 .all(|&i| {
                     self.status(i).is_some_and(|s| {
-                        let full = s["services"].as_array().is_some_and(|v| {
-                            v.len() == self.spec.vips * self.spec.ports.len()
-                                && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == self.nodes.len()))
-                        });
-                        full && s["health"].as_array().is_some_and(|h| h.iter().all(|x| x["healthy"] == true))
+                        let full =
+                            s.services.len() == self.spec.vips * self.spec.ports.len() && s.services.iter().all(|x| x.backends.len() == self.nodes.len());
+                        full && s.health.iter().all(|x| x.healthy)
                     })
                 })
                 .then_some(())

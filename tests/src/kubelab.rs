@@ -282,7 +282,5 @@ pub fn endpoint_slice(ns: &str, svc: &str, nodes: &[&str]) -> Value {
 /// The backends in the ring of service `name` (`namespace/name`) as agent `i`'s
 /// status reports them (written after its maps).
 pub fn ring_backends(lab: &crate::halab::HaLab, i: usize, name: &str) -> Option<Vec<String>> {
-    let s = lab.status(i)?;
-    let svc = s["services"].as_array()?.iter().find(|x| x["name"] == name)?.clone();
-    Some(svc["backends"].as_array()?.iter().filter_map(|b| b.as_str().map(str::to_owned)).collect())
+    lab.status(i)?.services.into_iter().find(|x| x.name == name).map(|x| x.backends)
 }

@@ -102,18 +102,18 @@ fn agent_spreads_tracks_health_and_reloads_live() {
     write_atomic(&lab.config, &lb_config(3, "80, 8080", CHECK, "")).unwrap();
     let added = wait_for(Duration::from_secs(5), || {
         let s = lab.status()?;
-        s["services"].as_array()?.iter().any(|v| v["port"] == 8080).then_some(s["config"]["generation"].as_u64()?)
+        s.services.iter().any(|v| v.port == 8080).then_some(s.config.generation)
     });
     assert_eq!(added, Some(2), "port 8080 not applied; log:\n{}", lab.agent.log_text());
 
     // A bad file is rejected with its field path and line; the last good state keeps forwarding.
     write_atomic(&lab.config, &lb_config(3, "80, 8080", CHECK, "\n    colour: red")).unwrap();
-    let err = wait_for(Duration::from_secs(5), || lab.status()?["config"]["error"].as_str().map(str::to_owned));
+    let err = wait_for(Duration::from_secs(5), || lab.status()?.config.error);
     let err = err.unwrap_or_else(|| panic!("bad config not reported; log:\n{}", lab.agent.log_text()));
     assert_eq!(err, "line 6: nodes[0].colour: unknown field `colour`, expected one of `name`, `address`, `mac`, `labels`");
     assert!(lab.agent.log_text().contains("config rejected; the last good config keeps running"));
     assert!(http_get(&lab.lb, 9472, "/metrics").contains("vip_config_valid 0"));
-    assert_eq!(lab.status().unwrap()["config"]["generation"], 2);
+    assert_eq!(lab.status().unwrap().config.generation, 2);
     let seen = lab.spread(43000, 12).unwrap();
     assert!(seen.keys().all(|k| k.starts_with('b')), "still forwarding on the last good state: {seen:?}");
 
@@ -121,7 +121,7 @@ fn agent_spreads_tracks_health_and_reloads_live() {
     write_atomic(&lab.config, &lb_config(3, "80", CHECK, "")).unwrap();
     let fixed = wait_for(Duration::from_secs(5), || {
         let s = lab.status()?;
-        (s["config"]["error"].is_null() && s["config"]["generation"] == 3 && s["services"].as_array()?.len() == 1).then_some(())
+        (s.config.error.is_none() && s.config.generation == 3 && s.services.len() == 1).then_some(())
     });
     assert!(fixed.is_some(), "fixed config not applied; log:\n{}", lab.agent.log_text());
     lab.agent.check_alive().unwrap();

@@ -258,8 +258,7 @@ fn agent_restart_keeps_answering_and_forwarding() {
 
 /// Node `i`'s services whose ring has `node` in it, as its status says.
 fn services_with_backend(lab: &HaLab, i: usize, node: &str) -> Option<usize> {
-    let s = lab.status(i)?;
-    Some(s["services"].as_array()?.iter().filter(|x| x["backends"].as_array().is_some_and(|b| b.iter().any(|n| n == node))).count())
+    Some(lab.status(i)?.services.iter().filter(|x| x.backends.iter().any(|n| n == node)).count())
 }
 
 #[test]
@@ -321,18 +320,17 @@ fn a_full_ring_map_is_reported_isolated_and_never_stops_failover() {
     let spec = HaSpec { vips: 6, distinct_tables: true, ring_capacity: Some(1000), ..Default::default() };
     let mut lab = lab(spec);
     let owners = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
-    let unprogrammed = |lab: &HaLab, i: usize| lab.status(i).and_then(|s| Some((s["services"].as_array()?.len(), s["unprogrammed"].as_array()?.clone())));
+    let unprogrammed = |lab: &HaLab, i: usize| lab.status(i).map(|s| (s.services.len(), s.unprogrammed));
     for i in all(&lab) {
         let r = vip_tests::agent::wait_for(Duration::from_secs(5), || unprogrammed(&lab, i).filter(|(n, u)| *n == 3 && u.len() == 3));
         let (_, u) = r.unwrap_or_else(|| panic!("node {i}: {:?}\n{}", unprogrammed(&lab, i), lab.agent_logs()));
         for row in &u {
-            let e = row["error"].as_str().unwrap();
+            let e = &row.error;
             assert!(e.contains("lb4_ring is full") && e.contains("--ring-capacity"), "unclear error: {e}");
         }
     }
     // The services that fit forward.
-    let programmed: Vec<Ipv4Addr> =
-        lab.status(0).unwrap()["services"].as_array().unwrap().iter().map(|s| s["vip"].as_str().unwrap().parse().unwrap()).collect();
+    let programmed: Vec<Ipv4Addr> = lab.status(0).unwrap().services.iter().map(|s| s.vip).collect();
     for (p, v) in programmed.iter().enumerate() {
         ask(&lab.client, *v, 46000 + p as u16, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{v}: {e:#}"));
     }
@@ -481,7 +479,7 @@ fn a_node_out_of_the_model_or_off_its_address_holds_nothing() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(lab.held_by(2).is_empty(), "node-3 took VIPs back: {:?}", lab.held_by(2));
     one_answer_each(&lab, &owners, "with node-3 out of the model");
-    assert!(lab.status(2).unwrap()["config"]["error"].as_str().unwrap_or("").contains("not listed"), "node-3 does not say why");
+    assert!(lab.status(2).unwrap().config.error.unwrap_or_default().contains("not listed"), "node-3 does not say why");
 
     // Back in the model, but its agent restarts on a host without its address.
     lab.kill_agent(2);

@@ -141,7 +141,7 @@ fn write_model(lab: &mut HaLab, w: &mut World) {
 }
 
 fn generation(lab: &HaLab, i: usize) -> Option<u64> {
-    lab.status(i)?["config"]["generation"].as_u64()
+    Some(lab.status(i)?.config.generation)
 }
 
 /// Starts node `i`'s agent after removing its status file, so that what is read
@@ -283,11 +283,8 @@ fn statuses_agree(lab: &HaLab, w: &World, reread: &BTreeMap<usize, u64>, want: &
             // With no health check, a service's backends are the members the
             // agent counts alive: they must be exactly the connected ones.
             let alive: Vec<String> = connected.iter().map(|&j| lab.nodes[j].name.clone()).collect();
-            let status = lab.status(i).unwrap_or_default();
-            let services = status["services"].as_array().cloned().unwrap_or_default();
-            if services.len() != VIPS
-                || services.iter().any(|s| s["backends"].as_array().is_none_or(|b| b.iter().filter_map(|n| n.as_str()).ne(alive.iter().map(String::as_str))))
-            {
+            let services = lab.status(i).unwrap_or_default().services;
+            if services.len() != VIPS || services.iter().any(|s| s.backends != alive) {
                 return Err(format!("{name} does not count exactly {alive:?} alive: services {services:?}"));
             }
             let own: Vec<Ipv4Addr> = want.iter().filter(|(_, o)| *o == name).map(|(v, _)| *v).collect();

@@ -61,13 +61,7 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
         let _ = s.wait();
     }
     let out = wait_for(Duration::from_secs(30), || {
-        all.iter()
-            .all(|&i| {
-                lab.status(i).is_some_and(|s| {
-                    s["services"].as_array().is_some_and(|v| v.len() == 2000 && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == 2)))
-                })
-            })
-            .then_some(())
+        all.iter().all(|&i| lab.status(i).is_some_and(|s| s.services.len() == 2000 && s.services.iter().all(|x| x.backends.len() == 2))).then_some(())
     });
     assert!(out.is_some(), "node-3 did not leave every ring within 30 s\n{}", lab.agent_logs());
     std::thread::sleep(Duration::from_secs(2));
@@ -80,7 +74,7 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
         let stalls = metric(&m, "vip_liveness_stalls_total").unwrap();
         let gap = metric_sum_max(&m, "vip_heartbeat_gap_max_seconds").1;
         let evicted = metric(&m, "vip_flows_evicted_total").unwrap();
-        let to_maps = lab.status(i).unwrap()["health_to_maps_us"].as_array().unwrap().iter().filter_map(|v| v.as_u64()).max().unwrap_or(0);
+        let to_maps = lab.status(i).unwrap().health_to_maps_us.into_iter().max().unwrap_or(0);
         eprintln!(
             "{}: health change → rings written {to_maps} µs; flows evicted {evicted}; largest heartbeat gap {:.0} ms; stalls {stalls}",
             n.name,

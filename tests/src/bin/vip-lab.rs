@@ -64,8 +64,8 @@ fn status() -> Result<()> {
         if !status_file.exists() {
             break;
         }
-        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&status_file)?)?;
-        let held: Vec<String> = s["held"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+        let s: vip_agent::status::Status = serde_json::from_str(&std::fs::read_to_string(&status_file)?)?;
+        let held: Vec<String> = s.held.iter().map(|v| v.to_string()).collect();
         let c = Dataplane::open(&Path::new(FIXED_PINS).join(&name)).and_then(|dp| dp.counters());
         let get = |r: &str| c.as_ref().ok().and_then(|c| c.reasons.get(r)).map_or(0, |v| v.0);
         let pids = std::fs::read_to_string(Path::new(FIXED_DIR).join("pids")).unwrap_or_default();
@@ -75,10 +75,8 @@ fn status() -> Result<()> {
         });
         let alive = if pid.is_some_and(|p| Path::new("/proc").join(p).exists()) { "up" } else { "down" };
         println!("{:<8} {:<6} {:<32} {:>10} {:>10} {:>12}", name, alive, held.join(" "), get("arp_answered"), get("forwarded"), get("passed_local_backend"));
-        if let Some(o) = s["owners"].as_object() {
-            for (v, n) in o {
-                owners.entry(v.clone()).or_insert_with(Vec::new).push(format!("{name} says {}", n.as_str().unwrap_or("?")));
-            }
+        for (v, n) in &s.owners {
+            owners.entry(*v).or_insert_with(Vec::new).push(format!("{name} says {n}"));
         }
     }
     println!("\nOWNERS as each agent sees them:");

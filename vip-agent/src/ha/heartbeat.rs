@@ -6,9 +6,10 @@
 //! pure state machine (fed with fake time in tests); [`run`] is the tokio task that
 //! drives it and publishes the live set.
 //!
-//! Trust: datagrams are accepted only from the configured peer addresses. They are
-//! not authenticated; the node network is assumed to be as trusted as the ARP the
-//! data path already answers on it.
+//! Trust: a datagram is accepted only from the address the model gives its sender,
+//! carrying that sender's name, with a valid tag under one of the cluster keys
+//! (`auth`), and newer than what this table has seen from that sender (incarnation,
+//! then sequence number); see README, "Security: authenticated heartbeats".
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     io,

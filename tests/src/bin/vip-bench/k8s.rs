@@ -247,10 +247,8 @@ fn in_the_lab() -> Result<[Line; 3]> {
         }
         Ok(())
     })?;
-    wait_for(Duration::from_secs(180), || {
-        all.iter().all(|&i| lab.status(i).and_then(|s| s["services"].as_array().map(|a| a.len() >= 1000)).unwrap_or(false)).then_some(())
-    })
-    .with_context(|| format!("agents never reached 1,000 services\n{}", lab.agent_logs()))?;
+    wait_for(Duration::from_secs(180), || all.iter().all(|&i| lab.status(i).is_some_and(|s| s.services.len() >= 1000)).then_some(()))
+        .with_context(|| format!("agents never reached 1,000 services\n{}", lab.agent_logs()))?;
     std::thread::sleep(Duration::from_secs(3)); // settle (heartbeats, MAC retries, GARP rounds)
     let rss: Vec<f64> = lab.nodes.iter().filter_map(|n| rss_mib(n.agent.as_ref()?.child.id())).collect();
     anyhow::ensure!(rss.len() == 3, "could not read the agents' RSS");

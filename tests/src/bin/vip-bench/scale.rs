@@ -94,7 +94,7 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<ScaleHealth> {
         lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap_or_default().matches("peer liveness changed").count()).collect()
     };
     let liveness_before = logs(lab);
-    let samples_before: Vec<usize> = all.iter().map(|&i| lab.status(i).and_then(|s| Some(s["health_to_maps_us"].as_array()?.len())).unwrap_or(0)).collect();
+    let samples_before: Vec<usize> = all.iter().map(|&i| lab.status(i).map_or(0, |s| s.health_to_maps_us.len())).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let scrapers = if scrape_every_s { halab::scrape_every(lab, Duration::from_secs(1), &stop) } else { Vec::new() };
     for trial in 0..TRIALS {
@@ -123,13 +123,7 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<ScaleHealth> {
         let want = if down { 2 } else { 3 };
         wait_for(Duration::from_secs(30), || {
             all.iter()
-                .all(|&i| {
-                    lab.status(i).is_some_and(|s| {
-                        s["services"]
-                            .as_array()
-                            .is_some_and(|v| v.len() == services && v.iter().all(|x| x["backends"].as_array().is_some_and(|b| b.len() == want)))
-                    })
-                })
+                .all(|&i| lab.status(i).is_some_and(|s| s.services.len() == services && s.services.iter().all(|x| x.backends.len() == want)))
                 .then_some(())
         })
         .context("the health change did not reach every ring")?;
@@ -141,7 +135,7 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<ScaleHealth> {
     let (mut gap, mut stalls, mut moved, mut evicted, mut sweep_s, mut sweeps) = (0f64, 0f64, 0f64, 0f64, 0f64, 0f64);
     for i in 0..lab.nodes.len() {
         let s = lab.status(i).context("status")?;
-        us.extend(s["health_to_maps_us"].as_array().context("samples")?.iter().skip(samples_before[i]).filter_map(|v| v.as_f64()));
+        us.extend(s.health_to_maps_us.iter().skip(samples_before[i]).map(|&v| v as f64));
         let m = lab.metrics(i);
         let delta = |family: &str| halab::metric_sum_max(&m, family).0 - halab::metric_sum_max(&before[i], family).0;
         gap = gap.max(halab::metric_sum_max(&m, "vip_heartbeat_gap_max_seconds").1);
