@@ -625,7 +625,7 @@ pub struct ArpWatch {
 /// (sent and received), each `recv` waiting at most 20 ms.
 fn arp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    const ETH_P_ARP: u16 = 0x0806;
+    use vip_common::ETH_P_ARP;
     // SAFETY: plain socket(2); the fd is owned below.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(ETH_P_ARP.to_be())) };
     if fd < 0 {

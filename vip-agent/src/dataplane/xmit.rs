@@ -15,13 +15,25 @@ use aya::{
 };
 use vip_common::XMIT_PROGRAM_NAME;
 
-/// `struct xdp_md` as BPF_PROG_RUN takes it for context: data, data_end,
-/// data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
-fn xdp_md(len: usize, ifindex: u32) -> [u8; 24] {
-    let mut ctx = [0u8; 24];
-    ctx[4..8].copy_from_slice(&(len as u32).to_ne_bytes());
-    ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx
+/// `struct xdp_md` (linux/bpf.h) as BPF_PROG_RUN takes it for context: offsets
+/// into the frame, and the interface the frame is taken to have arrived on (a live
+/// frame leaves through it).
+#[repr(C)]
+#[derive(Default)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+impl XdpMd {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: repr(C), six u32 fields, no padding.
+        unsafe { std::slice::from_raw_parts((self as *const Self).cast::<u8>(), std::mem::size_of::<Self>()) }
+    }
 }
 
 fn pin_path(dir: &Path) -> PathBuf {
@@ -58,10 +70,10 @@ impl XdpXmit {
     /// Transmits `frame` (Ethernet header included) out of `ifindex`, in the
     /// network namespace of the calling thread.
     pub fn send(&self, ifindex: u32, frame: &[u8]) -> Result<(), ProgramError> {
-        let ctx = xdp_md(frame.len(), ifindex);
+        let ctx = XdpMd { data_end: frame.len() as u32, ingress_ifindex: ifindex, ..Default::default() };
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(frame);
-        opts.ctx_in = Some(&ctx);
+        opts.ctx_in = Some(ctx.bytes());
         opts.repeat = 1;
         opts.attrs = TestRunAttrs::new().xdp_live_frames(1);
         self.prog.test_run(opts).map(|_| ())
