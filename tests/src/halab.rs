@@ -53,6 +53,10 @@ pub struct HaSpec {
     pub distinct_tables: bool,
     /// The agents' `--ring-capacity` (None: the default).
     pub ring_capacity: Option<u32>,
+    /// Heartbeats on a network of their own: each node's address (heartbeats,
+    /// health checks) is on a second segment (`eth1`, [`heartbeat_addr`]), while
+    /// VIPs are answered and forwarded on `eth0` (MACs given in the file).
+    pub heartbeat_net: bool,
 }
 
 impl Default for HaSpec {
@@ -74,6 +78,7 @@ impl Default for HaSpec {
             default_timers: false,
             distinct_tables: false,
             ring_capacity: None,
+            heartbeat_net: false,
         }
     }
 }
@@ -90,6 +95,16 @@ pub fn vip_nets(n: usize) -> Vec<String> {
     (0..n.div_ceil(VIPS_PER_NET)).map(|i| format!("198.18.{}.0/24", 1 + i)).collect()
 }
 
+/// Node `i`'s address on the heartbeat network of [`HaSpec::heartbeat_net`].
+pub fn heartbeat_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 19, 0, 11 + i as u8)
+}
+
+/// Node `i`'s `eth0` MAC when [`HaSpec::heartbeat_net`] sets it.
+pub fn uplink_mac(i: usize) -> [u8; 6] {
+    [0x02, 0x00, 0x00, 0x00, 0x01, 1 + i as u8]
+}
+
 pub fn node_addr(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, 0, 11 + i as u8)
 }
@@ -104,7 +119,12 @@ pub fn ha_config(s: &HaSpec) -> String {
 pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     let mut y = String::from("# vip lab: every node holds VIPs and is a backend\nnodes:\n");
     for &i in members {
-        y += &format!("  - {{name: node-{}, address: {}, labels: {{lab: \"yes\"}}}}\n", i + 1, node_addr(i));
+        if s.heartbeat_net {
+            let mac = uplink_mac(i).map(|b| format!("{b:02x}")).join(":");
+            y += &format!("  - {{name: node-{}, address: {}, mac: \"{mac}\", labels: {{lab: \"yes\"}}}}\n", i + 1, heartbeat_addr(i));
+        } else {
+            y += &format!("  - {{name: node-{}, address: {}, labels: {{lab: \"yes\"}}}}\n", i + 1, node_addr(i));
+        }
     }
     let ranges: Vec<String> =
         (0..s.vips.div_ceil(VIPS_PER_NET)).map(|i| format!("{}-{}", vip(i * VIPS_PER_NET), vip(((i + 1) * VIPS_PER_NET).min(s.vips) - 1))).collect();
@@ -243,6 +263,8 @@ pub struct HaLab {
     pub nodes: Vec<HaNode>,
     pub client: NetNs,
     pub seg: Segment,
+    /// The heartbeat network of [`HaSpec::heartbeat_net`].
+    pub hb_seg: Option<Segment>,
     pub spec: HaSpec,
     pub dir: PathBuf,
     pub config: PathBuf,
@@ -362,11 +384,20 @@ impl HaLab {
         for net in vip_nets(spec.vips) {
             client.ip(&["route", "add", &net, "dev", "eth0"])?;
         }
+        let hb_seg = if spec.heartbeat_net { Some(Segment::in_ns(NetNs::create(ns_name("hb"))?)?) } else { None };
         let mut nodes = Vec::new();
         for i in 0..spec.nodes {
             let name = format!("node-{}", i + 1);
-            let addr = node_addr(i);
+            let mut addr = node_addr(i);
             let ns = seg.plug(NetNs::create(ns_name(&format!("n{}", i + 1)))?, &format!("{addr}/24"))?;
+            let ns = match &hb_seg {
+                Some(hb) => {
+                    ns.ip(&["link", "set", "eth0", "address", &uplink_mac(i).map(|b| format!("{b:02x}")).join(":")])?;
+                    addr = heartbeat_addr(i);
+                    hb.plug_as(ns, "eth1", &format!("{addr}/24"))?
+                }
+                None => ns,
+            };
             if spec.vips <= VIPS_PER_NET {
                 for k in 0..spec.vips {
                     accept_vip(&ns, vip(k))?;
@@ -390,7 +421,7 @@ impl HaLab {
                 .context("starting the name server")?;
             nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), pins, status_file, log });
         }
-        Ok(Self { nodes, client, seg, spec, dir, config, pins_root, remove_dir })
+        Ok(Self { nodes, client, seg, hb_seg, spec, dir, config, pins_root, remove_dir })
     }
 
     /// Starts (or restarts) node `i`'s agent, appending to its log.

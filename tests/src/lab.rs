@@ -42,12 +42,29 @@ impl Segment {
 
     /// Plugs `host` into the segment: `eth0` on a new bridge port, addressed `addr` (CIDR).
     pub fn plug(&self, host: NetNs, addr: &str) -> Result<NetNs> {
+        self.plug_as(host, "eth0", addr)
+    }
+
+    /// [`Self::plug`] with the host's end named `iface` (a host on two segments).
+    pub fn plug_as(&self, host: NetNs, iface: &str, addr: &str) -> Result<NetNs> {
         let port = format!("p{}", self.hosts.borrow().len());
         self.hosts.borrow_mut().push(host.name.clone());
-        veth(&host, "eth0", &self.ns, &port)?;
+        veth(&host, iface, &self.ns, &port)?;
         self.ns.ip(&["link", "set", &port, "master", "br0"])?;
-        host.ip(&["addr", "add", addr, "dev", "eth0"])?;
+        host.ip(&["addr", "add", addr, "dev", iface])?;
         Ok(host)
+    }
+
+    /// Cuts `host` off the segment (or joins it again) while its link stays up:
+    /// its bridge port is set to the STP state "disabled" (forwarding again), which
+    /// drops every frame through it both ways, so the host keeps its carrier and
+    /// sees a silent network: a partition rather than a lost NIC.
+    pub fn isolate(&self, host: &NetNs, cut: bool) -> Result<()> {
+        let i = self.hosts.borrow().iter().position(|h| *h == host.name).context("host not on this segment")?;
+        let state = if cut { "0" } else { "3" };
+        let o = self.ns.cmd("bridge").args(["link", "set", "dev", &format!("p{i}"), "state", state]).output()?;
+        anyhow::ensure!(o.status.success(), "bridge link set p{i} state {state}: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(())
     }
 
     /// Pulls (or plugs back) the cable of `host`: its bridge port goes down (up),

@@ -161,14 +161,28 @@ fn link_down_fails_over_and_partition_heal_leaves_one_answer() {
     assert!(o.first_ok.is_some(), "no new connection within 2 s of the link going down\n{}", lab.agent_logs());
     assert_eq!(o.broken, 0, "{} of {} established connections broke", o.broken, o.conns);
     ping_all(&mut conns, "after the link went down");
-    // The cut-off node believes it is alone and holds every VIP (on a dead link).
+    // Without a carrier the node holds nothing (it cannot answer anyway), so
+    // nothing is answered twice when the link comes back.
     let cut = lab.nodes[a].name.clone();
+    let none = vip_tests::halab::time_until(Duration::from_secs(1), || lab.held_by(a).is_empty());
+    assert!(none.is_some(), "{cut} holds VIPs without a carrier: {:?}", lab.held_by(a));
+    let back = Instant::now();
+    lab.seg.cable(&lab.nodes[a].ns, true).unwrap();
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(3)).unwrap(), owners);
+    eprintln!("link back: converged after {:?}", back.elapsed());
+    one_answer_each(&lab, &owners, "after the link came back");
+
+    // A partition (the link up, the network silent): the cut-off node believes it
+    // is alone and holds every VIP, its peers share them.
+    lab.seg.isolate(&lab.nodes[a].ns, true).unwrap();
     let alone = vip_tests::halab::time_until(Duration::from_secs(3), || lab.held_by(a).len() == 3);
     assert!(alone.is_some(), "{cut} should hold all VIPs while partitioned: {:?}", lab.held_by(a));
+    let others: Vec<usize> = all(&lab).into_iter().filter(|&i| i != a).collect();
+    lab.wait_converged(&others, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
 
     // Heal: within a bound, one owner per VIP again, and one ARP answer each.
     let healed = Instant::now();
-    lab.seg.cable(&lab.nodes[a].ns, true).unwrap();
+    lab.seg.isolate(&lab.nodes[a].ns, false).unwrap();
     assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(3)).unwrap(), owners);
     eprintln!("partition healed: converged after {:?}", healed.elapsed());
     one_answer_each(&lab, &owners, "after the heal");
@@ -530,4 +544,44 @@ fn scale_out_and_back_in_leave_one_answer_per_vip() {
     assert_eq!(back, owners2);
     assert!(vip_tests::halab::time_until(Duration::from_secs(3), || lab.held_by(2).is_empty()).is_some(), "node-3 still holds VIPs");
     one_answer_each(&lab, &back, "after the scale-in");
+}
+
+/// Who answers ARP for each VIP from the client (three rounds), as MACs.
+fn answerers(lab: &HaLab, owners: &BTreeMap<Ipv4Addr, String>) -> BTreeMap<Ipv4Addr, BTreeSet<[u8; 6]>> {
+    let vips: Vec<Ipv4Addr> = owners.keys().copied().collect();
+    let claims = vip_tests::halab::arp_probe(&lab.client, &vips, 3, Duration::from_millis(100)).unwrap();
+    claims.into_iter().map(|(v, c)| (v, c.answered)).collect()
+}
+
+fn owners_macs(lab: &HaLab, owners: &BTreeMap<Ipv4Addr, String>) -> BTreeMap<Ipv4Addr, BTreeSet<[u8; 6]>> {
+    owners.iter().map(|(v, o)| (*v, BTreeSet::from([lab.nodes[lab.index_of(o)].mac]))).collect()
+}
+
+/// Heartbeats on a network of their own: a node whose uplink (where VIPs are
+/// answered) loses its carrier while its heartbeats could still reach its peers
+/// leaves the membership at once: it holds nothing, its VIPs are answered by their
+/// new owners, and when the link returns they come back with one answerer each.
+#[test]
+fn a_lost_uplink_moves_its_vips_though_heartbeats_could_still_get_through() {
+    let spec = HaSpec { vips: 6, heartbeat_net: true, ..Default::default() };
+    let dead_after = Duration::from_millis(spec.dead_after_ms);
+    let Some((_g, lab, owners)) = setup(spec) else { return };
+    assert_eq!(answerers(&lab, &owners), owners_macs(&lab, &owners), "before");
+    let d = 1;
+    let name = lab.nodes[d].name.clone();
+    assert!(owners.values().any(|o| *o == name), "{name} owns nothing: {owners:?}");
+    let others: Vec<usize> = all(&lab).into_iter().filter(|&i| i != d).collect();
+    let t0 = Instant::now();
+    lab.seg.cable(&lab.nodes[d].ns, false).unwrap();
+    let moved = lab.wait_converged(&others, Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let took = t0.elapsed();
+    eprintln!("uplink of {name} down: its VIPs moved in {took:?} (deadAfter {dead_after:?})");
+    assert!(moved.values().all(|o| *o != name), "{moved:?}");
+    assert!(lab.held_by(d).is_empty(), "{name} holds VIPs without an uplink");
+    assert!(lab.nodes[d].agent.as_ref().is_some_and(|a| a.log_text().contains("uplink down")), "{name} does not say why");
+    assert_eq!(answerers(&lab, &moved), owners_macs(&lab, &moved), "with {name}'s uplink down");
+    lab.seg.cable(&lab.nodes[d].ns, true).unwrap();
+    let back = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert_eq!(back, owners, "ownership after the uplink came back");
+    assert_eq!(answerers(&lab, &back), owners_macs(&lab, &back), "after the uplink came back");
 }

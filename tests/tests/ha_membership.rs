@@ -4,7 +4,7 @@
 //! added to the file and its agent started, or listed before its agent runs; a
 //! node removed from the file with its agent left running, SIGTERMed or
 //! SIGKILLed; an agent restarted after SIGKILL or SIGTERM; a stopped member's
-//! agent started; a cable pulled or a node's link set down, and healed; the
+//! agent started; a cable pulled, a node's link set down or the node isolated with its link up, and healed; the
 //! timers in the file changed), and after each one, within a bound derived from
 //! the timers in force:
 //!
@@ -54,6 +54,16 @@ enum Cut {
     Cable,
     /// The node's own eth0 set down.
     Link,
+    /// The node's bridge port disabled: its link stays up on a silent network.
+    Isolate,
+}
+
+impl Cut {
+    /// Whether the node's uplink loses its carrier (or is down): a lost NIC, so
+    /// the node holds nothing; when isolated it believes it is alone.
+    fn link_lost(self) -> bool {
+        self != Cut::Isolate
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +118,7 @@ impl fmt::Display for Event {
             Event::Start { node } => write!(f, "start node-{}'s agent", node + 1),
             Event::Partition { node, how: Cut::Cable } => write!(f, "pull node-{}'s cable", node + 1),
             Event::Partition { node, how: Cut::Link } => write!(f, "set node-{}'s link down", node + 1),
+            Event::Partition { node, how: Cut::Isolate } => write!(f, "isolate node-{} (link up)", node + 1),
             Event::Heal { node } => write!(f, "heal node-{}", node + 1),
             Event::Timers { set } => {
                 let (i, d, h) = TIMERS[*set];
@@ -157,6 +168,7 @@ fn cut(lab: &HaLab, i: usize, how: Cut, up: bool) {
         Cut::Link => {
             lab.nodes[i].ns.ip(&["link", "set", "eth0", if up { "up" } else { "down" }]).expect("link");
         }
+        Cut::Isolate => lab.seg.isolate(&lab.nodes[i].ns, !up).expect("isolate"),
     }
 }
 
@@ -188,7 +200,7 @@ fn draw(rng: &mut SmallRng, lab: &HaLab, w: &World) -> Event {
             2..=3 => Event::Remove { node, stop: [None, Some(libc::SIGTERM), Some(libc::SIGKILL)][rng.random_range(0..3)] },
             4..=5 => Event::Restart { node, sig: if rng.random_bool(0.5) { libc::SIGKILL } else { libc::SIGTERM } },
             6 => Event::Start { node },
-            7 => Event::Partition { node, how: if rng.random_bool(0.5) { Cut::Cable } else { Cut::Link } },
+            7 => Event::Partition { node, how: [Cut::Cable, Cut::Link, Cut::Isolate][rng.random_range(0..3)] },
             8..=9 => Event::Heal { node },
             _ => {
                 let set = rng.random_range(0..TIMERS.len());
@@ -274,6 +286,10 @@ fn statuses_agree(lab: &HaLab, w: &World, reread: &BTreeMap<usize, u64>, want: &
         if !w.members.contains(&i) {
             if !held.is_empty() {
                 return Err(format!("{name} is out of the model and holds {held:?}"));
+            }
+        } else if w.cut[i].is_some_and(Cut::link_lost) {
+            if !held.is_empty() {
+                return Err(format!("{name} lost its uplink and holds {held:?}"));
             }
         } else if connected.contains(&i) {
             let seen = lab.owners_seen_by(i).unwrap_or_default();

@@ -110,6 +110,8 @@ struct Liveness {
     conflicts: u64,
     /// Conflicting claims counted per VIP so far (`arp_conflicts`).
     contested: BTreeMap<Ipv4Addr, u64>,
+    /// Whether the interface VIPs are answered on is up with a carrier.
+    link_up: bool,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -137,6 +139,7 @@ impl Liveness {
             last_garp: BTreeMap::new(),
             conflicts: 0,
             contested: BTreeMap::new(),
+            link_up: true,
         }
     }
 
@@ -155,6 +158,7 @@ impl Liveness {
                 self.held.insert(e.vip, e.announce);
             }
         }
+        self.link_up = crate::dataplane::link_up(self.s.ifindex);
         self.sync_heartbeat().await;
         self.decide(false);
         Ok(())
@@ -167,6 +171,9 @@ impl Liveness {
         let mut watch_conflicts = tokio::time::interval(Duration::from_millis(100));
         // Heartbeats that could not start (our address missing) are tried again.
         let mut rebind = tokio::time::interval(Duration::from_secs(1));
+        // The uplink's state: polled (one ioctl), so that a lost NIC is noticed
+        // within this tick even when heartbeats still get through another network.
+        let mut link = tokio::time::interval(Duration::from_millis(50));
         loop {
             self.s.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
             tokio::select! {
@@ -199,6 +206,19 @@ impl Liveness {
                         self.decide(true);
                     }
                 }
+                _ = link.tick() => {
+                    let up = crate::dataplane::link_up(self.s.ifindex);
+                    if up != self.link_up {
+                        self.link_up = up;
+                        if up {
+                            info!("uplink up again: heartbeats restart, VIPs come back as peers hear us");
+                        } else {
+                            warn!("uplink down (no carrier or admin down): heartbeats stop and this node holds no VIP, so that its peers take them over");
+                        }
+                        self.sync_heartbeat().await;
+                        self.decide(true);
+                    }
+                }
                 _ = garp_refresh.tick() => self.refresh_garp(),
                 _ = watch_conflicts.tick() => self.watch_conflicts(),
             }
@@ -212,6 +232,15 @@ impl Liveness {
     async fn sync_heartbeat(&mut self) {
         let me = self.s.me.clone();
         let f = &self.world.failover;
+        if !self.link_up {
+            // Nothing can be answered or forwarded here: leave the membership
+            // (peers stop hearing us and take our VIPs, and we leave their rings),
+            // whatever network the heartbeats use.
+            self.heartbeat = None;
+            self.tracked = BTreeSet::from([me]);
+            self.live = BTreeSet::new();
+            return;
+        }
         let Some(my) = self.world.node(&me) else {
             // Not in the model (removed from the file, Node gone): not a member, so
             // no heartbeats and no VIP; peers take ours.

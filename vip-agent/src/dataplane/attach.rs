@@ -73,6 +73,33 @@ pub fn iface_info(iface: &str) -> Result<(u32, [u8; 6])> {
     }
 }
 
+/// Whether `iface` (by index) can carry frames: administratively up and with a
+/// carrier (`IFF_UP` and `IFF_RUNNING`), in the calling thread's network namespace.
+/// A missing interface is down.
+pub fn link_up(ifindex: u32) -> bool {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: a buffer of IF_NAMESIZE, as if_indextoname requires; then a plain
+    // socket/ioctl with a zeroed ifreq holding that (NUL-terminated) name.
+    unsafe {
+        if libc::if_indextoname(ifindex, name.as_mut_ptr()).is_null() {
+            return false;
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return true; // cannot tell: assume the link as it was configured
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        ifr.ifr_name[..name.len()].copy_from_slice(&name);
+        let r = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr);
+        libc::close(fd);
+        if r < 0 {
+            return false;
+        }
+        let flags = ifr.ifr_ifru.ifru_flags as libc::c_int;
+        flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0
+    }
+}
+
 pub fn attach(ebpf: &mut Ebpf, dir: &Path, iface: &str, mode: AttachMode) -> Result<Attached> {
     let (ifindex, mac) = iface_info(iface)?;
     let pin = link_pin(dir, iface);

@@ -27,7 +27,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-pub use attach::{detach, iface_info, AttachMode};
+pub use attach::{detach, iface_info, link_up, AttachMode};
 use aya::{
     maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray},
     programs::Xdp,

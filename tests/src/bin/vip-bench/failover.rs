@@ -78,8 +78,9 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
     })
 }
 
-/// A healed partition: the owner's cable is pulled until the others took its VIP
-/// over (it then holds every VIP alone), then plugged back. From the heal on, the
+/// A healed partition: the owner is isolated with its link up (bridge port
+/// disabled; a lost carrier would make it hold nothing) until the others took its
+/// VIP over (it then holds every VIP alone), then joined again. From the heal on, the
 /// client asks ARP for every VIP every 10 ms for 1 s and captures all ARP for them;
 /// any answer or announcement from a MAC other than the VIP's final owner is a
 /// wrong answer. Returns when the last wrong one came (None: none at all) and how
@@ -90,7 +91,7 @@ fn heal_trial(lab: &mut HaLab, k: usize, bound: Duration) -> Result<(Option<f64>
     lab.wait_rings_full(&all, Duration::from_secs(10))?;
     let v = halab::vip(k % lab.spec.vips);
     let a = lab.index_of(&owners[&v]);
-    lab.seg.cable(&lab.nodes[a].ns, false)?;
+    lab.seg.isolate(&lab.nodes[a].ns, true)?;
     let rest: Vec<usize> = all.iter().copied().filter(|&i| i != a).collect();
     lab.wait_converged(&rest, Duration::from_secs(5))?;
     wait_for(Duration::from_secs(5), || (lab.held_by(a).len() == lab.spec.vips).then_some(())).context("the cut-off node never held every VIP")?;
@@ -108,7 +109,7 @@ fn heal_trial(lab: &mut HaLab, k: usize, bound: Duration) -> Result<(Option<f64>
         Ok(())
     })?;
     let healed = Instant::now();
-    lab.seg.cable(&lab.nodes[a].ns, true)?;
+    lab.seg.isolate(&lab.nodes[a].ns, false)?;
     asker.join().map_err(|_| anyhow::anyhow!("ARP asker panicked"))??;
     let frames = watch.finish();
     let final_owners = lab.wait_converged(&all, Duration::from_secs(5))?;
@@ -191,7 +192,7 @@ pub fn section() -> Result<Section> {
         let a = at("heal");
         s.para(
             line!(
-                "Partition heal ({TRIALS} trials: the owner's cable pulled until it held every VIP alone, then plugged back; the client asks ARP for every VIP every 10 ms for 1 s): last answer or announcement from a MAC other than the final owner's, after the heal: median {median:.0} ms, max {max:.0} ms; after the stated bound ({} ms = 2 × heartbeat interval + 100 ms): {}.",
+                "Partition heal ({TRIALS} trials: the owner isolated with its link up until it held every VIP alone, then joined again; the client asks ARP for every VIP every 10 ms for 1 s): last answer or announcement from a MAC other than the final owner's, after the heal: median {median:.0} ms, max {max:.0} ms; after the stated bound ({} ms = 2 × heartbeat interval + 100 ms): {}.",
                 a.f("bound_ms").show(bound.as_millis() as u64),
                 a.f("wrong_after_bound").show(late)
             )
