@@ -47,7 +47,7 @@ fn five_thousand_service_ports_share_one_ring_at_default_settings() {
     let pins = PinDir::new().unwrap();
     let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
-    let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE };
+    let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
     let addrs: Vec<ServiceAddr> = (0..2500).flat_map(|k| [80, 443].map(|port| ServiceAddr { vip: vip(k), port, protocol: Protocol::Tcp })).collect();
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &three)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
@@ -71,7 +71,7 @@ fn five_thousand_service_ports_share_one_ring_at_default_settings() {
 
     // A health change on every service (node-3 down) rewrites the shared ring in
     // place: only node-3's slots, about a third, and nothing per service.
-    let two = ServiceSpec { backends: vec![backend(1), backend(2)], table_size: DEFAULT_TABLE_SIZE };
+    let two = ServiceSpec { backends: vec![backend(1), backend(2)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &two)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
     assert!(done.failed.is_empty());
@@ -93,7 +93,7 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
     let hour = monotonic_ns() + 3_600_000_000_000;
     // Five services, each with its own backend set (externalTrafficPolicy: Local).
-    let specs: Vec<ServiceSpec> = (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251 }).collect();
+    let specs: Vec<ServiceSpec> = (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251, absent: Vec::new() }).collect();
     let addrs: Vec<ServiceAddr> = (0..5).map(|k| ServiceAddr { vip: vip(k), port: 80, protocol: Protocol::Tcp }).collect();
     for a in &addrs {
         dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
@@ -119,7 +119,7 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     // Other changes still apply: a programmed service's health change.
     let fit: Vec<ServiceAddr> = done.written.keys().copied().collect();
     let failed: Vec<ServiceAddr> = done.failed.keys().copied().collect();
-    let one = ServiceSpec { backends: vec![backend(9)], table_size: 251 };
+    let one = ServiceSpec { backends: vec![backend(9)], table_size: 251, absent: Vec::new() };
     let d2 = dp.apply(&BTreeMap::from([(fit[0], &one)]), &[], 0).unwrap();
     assert!(d2.failed.is_empty(), "{d2:?}");
     assert_eq!(forwarded_to(&mut dp, fit[0], 41001), Some(backend(9).mac));

@@ -143,6 +143,25 @@ pub fn build(members: &[Member], m: u32, seed: u64) -> Result<Ring, MaglevError>
     Ok(Ring { members, slots })
 }
 
+/// The ring of `members` for a service whose other candidates, `absent` (dead or
+/// unhealthy nodes), are out: every slot keeps the member the ring of all
+/// candidates gives it, and only the absent members' slots go where the ring of
+/// `members` alone puts them. So a member that leaves moves only its own slots (a
+/// flow on a survivor keeps its backend even where no flow table remembers it,
+/// e.g. on a new VIP owner), and it gets them back when it returns; every node
+/// computes the same ring from the same two lists.
+pub fn build_without(members: &[Member], absent: &[Member], m: u32, seed: u64) -> Result<Ring, MaglevError> {
+    let live = build(members, m, seed)?;
+    if absent.is_empty() || live.members.is_empty() {
+        return Ok(live);
+    }
+    let all: Vec<Member> = members.iter().chain(absent).cloned().collect();
+    let full = build(&all, m, seed)?;
+    let index: std::collections::HashMap<&str, u32> = live.members.iter().enumerate().map(|(i, b)| (b.id.as_str(), i as u32)).collect();
+    let slots = full.slots.iter().zip(&live.slots).map(|(&f, &l)| index.get(full.members[f as usize].id.as_str()).copied().unwrap_or(l)).collect();
+    Ok(Ring { members: live.members, slots })
+}
+
 /// Slots whose value differs between two rings of equal size, with the new value.
 /// A ring of different size (or an empty one) differs everywhere.
 pub fn changed_slots(old: &[u32], new: &[u32]) -> Vec<(u32, u32)> {
@@ -158,6 +177,33 @@ mod tests {
 
     fn members(n: usize) -> Vec<Member> {
         (0..n).map(|i| Member::new(format!("node-{i:04}"))).collect()
+    }
+
+    /// A member leaving moves only its own slots; back, the ring is whole again.
+    #[test]
+    fn build_without_moves_only_the_absent_members_slots() {
+        let all = members(5);
+        let full = build(&all, 16381, 7).unwrap();
+        for gone in 0..5 {
+            let live: Vec<Member> = all.iter().enumerate().filter(|(i, _)| *i != gone).map(|(_, b)| b.clone()).collect();
+            let kept = build_without(&live, &all[gone..=gone], 16381, 7).unwrap();
+            let id = |r: &Ring, i: usize| r.member_at(i).to_owned();
+            let mut moved_to = std::collections::BTreeMap::<String, usize>::new();
+            for i in 0..16381 {
+                if id(&full, i) == all[gone].id {
+                    *moved_to.entry(id(&kept, i)).or_default() += 1;
+                } else {
+                    assert_eq!(id(&full, i), id(&kept, i), "slot {i} of a survivor moved when {} left", all[gone].id);
+                }
+            }
+            // Its slots are spread over the survivors, none of them gets them all.
+            assert_eq!(moved_to.len(), 4, "{moved_to:?}");
+            assert!(!moved_to.contains_key(&all[gone].id));
+            // Plain Maglev without the member moves some survivors' slots too.
+            let plain = build(&live, 16381, 7).unwrap();
+            assert!((0..16381).any(|i| id(&full, i) != all[gone].id && id(&full, i) != id(&plain, i)));
+        }
+        assert_eq!(build_without(&all, &[], 16381, 7).unwrap().slots, full.slots);
     }
 
     #[test]

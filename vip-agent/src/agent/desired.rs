@@ -75,9 +75,10 @@ pub struct Observed<'a> {
 pub fn desired(world: &World, seen: &Observed) -> Desired {
     let mut d = Desired::default();
     for svc in &world.services {
-        let mut backends = Vec::new();
+        let (mut backends, mut absent) = (Vec::new(), Vec::new());
         for node in world.backend_candidates(svc) {
             if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) {
+                absent.push(node.name.clone());
                 continue;
             }
             let healthy = match &svc.health {
@@ -88,6 +89,7 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
                 None => true,
             };
             if !healthy {
+                absent.push(node.name.clone());
                 continue;
             }
             let local = node.name == seen.me;
@@ -97,12 +99,13 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
                 None if local => [0; 6],
                 None => {
                     d.unresolved.insert(node.name.clone());
+                    absent.push(node.name.clone());
                     continue;
                 }
             };
             backends.push(BackendSpec { name: node.name.clone(), addr: node.addr, mac, weight: 1, local });
         }
-        let spec = ServiceSpec { backends, table_size: svc.table_size };
+        let spec = ServiceSpec { backends, table_size: svc.table_size, absent };
         for addr in svc.addrs() {
             d.services.insert(addr, DesiredService { name: svc.name.clone(), spec: spec.clone() });
         }

@@ -39,10 +39,14 @@ pub(super) fn service_addr(k: &Lb4ServiceKey) -> Option<ServiceAddr> {
 }
 
 /// What a service should be: its backends and ring size.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ServiceSpec {
     pub backends: Vec<BackendSpec>,
     pub table_size: u32,
+    /// Candidate backends that are out now (dead, unhealthy, MAC unknown): the
+    /// ring keeps every other slot where it would be with them
+    /// ([`maglev::build_without`]), so their leaving moves only their slots.
+    pub absent: Vec<String>,
 }
 
 /// What one `set_service` call wrote.
@@ -135,7 +139,7 @@ impl Dataplane {
     /// Sets the backends of one service (see [`Self::apply`]); its error if it failed.
     pub fn set_service(&mut self, addr: ServiceAddr, backends: &[BackendSpec], table_size: u32, seed: u64) -> Result<RingUpdate> {
         let start = Instant::now();
-        let spec = ServiceSpec { backends: backends.to_vec(), table_size };
+        let spec = ServiceSpec { backends: backends.to_vec(), table_size, absent: Vec::new() };
         let mut a = self.apply(&BTreeMap::from([(addr, &spec)]), &[], seed)?;
         if let Some(e) = a.failed.remove(&addr) {
             bail!("{e}");
@@ -302,7 +306,8 @@ impl Dataplane {
         let mut specs: Vec<&BackendSpec> = spec.backends.iter().collect();
         specs.sort_by(|a, b| a.name.cmp(&b.name));
         let members: Vec<Member> = specs.iter().map(|b| Member { id: b.name.clone(), weight: b.weight.max(1) }).collect();
-        let built = maglev::build(&members, spec.table_size, seed)?;
+        let absent: Vec<Member> = spec.absent.iter().map(|n| Member { id: n.clone(), weight: 1 }).collect();
+        let built = maglev::build_without(&members, &absent, spec.table_size, seed)?;
         // Backend ids in sorted-name order, as maglev::build sorts its members.
         let mut ids = Vec::with_capacity(specs.len());
         for b in specs {
