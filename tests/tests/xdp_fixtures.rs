@@ -31,6 +31,12 @@ const VIP_EMPTY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 104);
 /// Held with HELD_NO_ARP: a pool that announces from lo (routing daemon).
 const VIP_LO: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 105);
 const OTHER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 200);
+/// A VIP of VLAN 42, held on that VLAN's sub-interface (a made-up ifindex: the
+/// test runs see frames as received on IFINDEX, the VLAN's parent).
+const VIP_VLAN: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 100);
+const VLAN: u16 = 42;
+const VLAN_IFINDEX: u32 = 4242;
+const VLAN_MAC: Mac = [0x02, 0, 0, 0, 0x42, 0x01];
 const TABLE: u32 = 251;
 
 fn backend(i: u8) -> BackendSpec {
@@ -56,8 +62,18 @@ fn world() -> World {
     }
     dp.hold_vip(IFINDEX, VIP_STALE, 1).unwrap();
     dp.held().hold(IFINDEX, VIP_LO, hour, vip_agent::dataplane::Announce::Lo).unwrap();
+    dp.set_iface(VLAN_IFINDEX, VLAN_MAC).unwrap();
+    dp.set_vlan(IFINDEX, VLAN, VLAN_IFINDEX).unwrap();
+    dp.hold_vip(VLAN_IFINDEX, VIP_VLAN, hour).unwrap();
     let three = [backend(1), backend(2), backend(3)];
-    for s in [svc(VIP, 80, PROTO_TCP), svc(VIP, 53, PROTO_UDP), svc(VIP_STALE, 80, PROTO_TCP), svc(VIP_NOT_HELD, 80, PROTO_TCP), svc(VIP_LO, 80, PROTO_TCP)] {
+    for s in [
+        svc(VIP, 80, PROTO_TCP),
+        svc(VIP, 53, PROTO_UDP),
+        svc(VIP_STALE, 80, PROTO_TCP),
+        svc(VIP_NOT_HELD, 80, PROTO_TCP),
+        svc(VIP_LO, 80, PROTO_TCP),
+        svc(VIP_VLAN, 80, PROTO_TCP),
+    ] {
         dp.set_service(s, &three, TABLE, 0).unwrap();
     }
     let me = BackendSpec { local: true, ..backend(9) };
@@ -75,9 +91,24 @@ fn ring_choice(dp: &Dataplane, s: ServiceAddr, src: Ipv4Addr, sport: u16, dport:
 }
 
 fn forwarded(frame: &[u8], to: Mac) -> Vec<u8> {
+    forwarded_from(frame, to, OUR_MAC)
+}
+
+/// `frame` forwarded to `to` from our MAC `ours` (that of the VIP's network).
+fn forwarded_from(frame: &[u8], to: Mac, ours: Mac) -> Vec<u8> {
     let mut f = frame.to_vec();
     f[0..6].copy_from_slice(&to);
-    f[6..12].copy_from_slice(&OUR_MAC);
+    f[6..12].copy_from_slice(&ours);
+    f
+}
+
+/// `frame` (with one tag or none) with an outer tag `tpid`/`vid` put in front of
+/// its first tag or ethertype: QinQ, or a lone 802.1ad tag.
+fn outer_tagged(frame: &[u8], tpid: u16, vid: u16) -> Vec<u8> {
+    let mut f = frame[..12].to_vec();
+    f.extend_from_slice(&tpid.to_be_bytes());
+    f.extend_from_slice(&vid.to_be_bytes());
+    f.extend_from_slice(&frame[12..]);
     f
 }
 
@@ -93,10 +124,12 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     let req = |tpa, vlan| frames::arp_request(CLIENT_MAC, CLIENT, tpa, vlan);
     let tcp = |dst, sport, dport, vlan| frames::tcp(OUR_MAC, CLIENT_MAC, vlan, (CLIENT, sport), (dst, dport));
     let fwd_tcp = tcp(VIP, 40000, 80, None);
-    let fwd_tcp_vlan = tcp(VIP, 40001, 80, Some(42));
+    let fwd_tcp_vlan = tcp(VIP_VLAN, 40001, 80, Some(VLAN));
     let fwd_tcp_lo = tcp(VIP_LO, 40002, 80, None);
     let fwd_tcp_opts = frames::with_ip_options(&tcp(VIP, 40003, 80, None), 2);
-    let fwd_tcp_vlan_opts = frames::with_ip_options(&tcp(VIP, 40004, 80, Some(42)), 10);
+    let fwd_tcp_vlan_opts = frames::with_ip_options(&tcp(VIP_VLAN, 40004, 80, Some(VLAN)), 10);
+    // Priority-tagged (VLAN id 0): Linux delivers it to the untagged network.
+    let prio_req = req(VIP, Some(0));
     let fwd_udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 5353), (VIP, 53), b"query");
     // Frames to a group MAC reach every node: only the VIP's fresh holder handles them.
     const MULTICAST: Mac = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
@@ -118,11 +151,33 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
             output: Some(frames::arp_reply_for(&req(VIP, None), OUR_MAC)),
         },
         Case {
-            name: "arp request in VLAN 42 is answered in VLAN 42",
-            input: req(VIP, Some(42)),
+            name: "arp request in VLAN 42 for a VIP of VLAN 42 is answered in VLAN 42, with that VLAN's MAC",
+            input: req(VIP_VLAN, Some(VLAN)),
             verdict: XDP_TX,
-            output: Some(frames::arp_reply_for(&req(VIP, Some(42)), OUR_MAC)),
+            output: Some(frames::arp_reply_for(&req(VIP_VLAN, Some(VLAN)), VLAN_MAC)),
         },
+        Case { name: "arp request in VLAN 42 for a VIP of the untagged network passes", input: req(VIP, Some(VLAN)), verdict: XDP_PASS, output: None },
+        Case { name: "arp request in VLAN 4000 (no pool there) for a VIP passes", input: req(VIP, Some(4000)), verdict: XDP_PASS, output: None },
+        Case { name: "untagged arp request for a VIP of VLAN 42 passes", input: req(VIP_VLAN, None), verdict: XDP_PASS, output: None },
+        Case {
+            name: "priority-tagged (VLAN 0) arp request for a VIP of the untagged network is answered, tag kept",
+            output: Some(frames::arp_reply_for(&prio_req, OUR_MAC)),
+            input: prio_req,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "QinQ arp request (802.1ad outer, VLAN 42 inner) for a VIP of VLAN 42 passes",
+            input: outer_tagged(&req(VIP_VLAN, Some(VLAN)), 0x88a8, 7),
+            verdict: XDP_PASS,
+            output: None,
+        },
+        Case {
+            name: "double 802.1Q-tagged arp request for a VIP of VLAN 42 passes",
+            input: outer_tagged(&req(VIP_VLAN, Some(VLAN)), 0x8100, VLAN),
+            verdict: XDP_PASS,
+            output: None,
+        },
+        Case { name: "802.1ad-tagged arp request for a VIP passes", input: outer_tagged(&req(VIP, None), 0x88a8, VLAN), verdict: XDP_PASS, output: None },
         Case { name: "arp request for an unheld address passes", input: req(OTHER, None), verdict: XDP_PASS, output: None },
         Case { name: "arp request for a stale VIP passes (fenced)", input: req(VIP_STALE, None), verdict: XDP_PASS, output: None },
         Case { name: "arp request for a VIP announced from lo: dropped, nobody answers", input: req(VIP_LO, None), verdict: XDP_DROP, output: None },
@@ -146,10 +201,19 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
             verdict: XDP_TX,
         },
         Case {
-            name: "tcp to VIP in VLAN 42 forwarded",
-            output: Some(forwarded(&fwd_tcp_vlan, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40001, 80))),
+            name: "tcp in VLAN 42 to a VIP of VLAN 42 forwarded, tag kept, from that VLAN's MAC",
+            output: Some(forwarded_from(&fwd_tcp_vlan, ring_choice(dp, svc(VIP_VLAN, 80, PROTO_TCP), CLIENT, 40001, 80), VLAN_MAC)),
             input: fwd_tcp_vlan,
             verdict: XDP_TX,
+        },
+        Case { name: "tcp in VLAN 42 to a VIP of the untagged network: passed", input: tcp(VIP, 40008, 80, Some(VLAN)), verdict: XDP_PASS, output: None },
+        Case { name: "tcp in VLAN 4000 (no pool there) to a VIP: passed", input: tcp(VIP, 40009, 80, Some(4000)), verdict: XDP_PASS, output: None },
+        Case { name: "untagged tcp to a VIP of VLAN 42: passed", input: tcp(VIP_VLAN, 40010, 80, None), verdict: XDP_PASS, output: None },
+        Case {
+            name: "QinQ tcp to a VIP of VLAN 42: passed",
+            input: outer_tagged(&tcp(VIP_VLAN, 40011, 80, Some(VLAN)), 0x88a8, 7),
+            verdict: XDP_PASS,
+            output: None,
         },
         Case {
             name: "tcp with IP options: ports found past them, forwarded",
@@ -159,7 +223,7 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
         },
         Case {
             name: "tcp in VLAN 42 with 40 bytes of IP options forwarded",
-            output: Some(forwarded(&fwd_tcp_vlan_opts, ring_choice(dp, svc(VIP, 80, PROTO_TCP), CLIENT, 40004, 80))),
+            output: Some(forwarded_from(&fwd_tcp_vlan_opts, ring_choice(dp, svc(VIP_VLAN, 80, PROTO_TCP), CLIENT, 40004, 80), VLAN_MAC)),
             input: fwd_tcp_vlan_opts,
             verdict: XDP_TX,
         },
@@ -230,7 +294,9 @@ fn fixtures_byte_for_byte() {
         assert_eq!(out, want, "{}: output frame", c.name);
     }
     let counters = w.dp.counters().unwrap();
-    assert!(counters.reasons["arp_answered"].0 >= 2);
+    assert!(counters.reasons["arp_answered"].0 >= 3);
+    // ARP in VLAN 4000, QinQ, double 802.1Q, 802.1ad; tcp in VLAN 4000, QinQ tcp.
+    assert_eq!(counters.reasons["passed_vlan_other"].0, 6);
     assert!(counters.reasons["forwarded"].0 >= 6);
     assert!(counters.reasons["drop_no_backend"].0 >= 1);
     assert!(counters.reasons["arp_stale"].0 >= 1);
@@ -255,15 +321,17 @@ fn counters_count_layer2_and_layer3_lengths() {
     let mut w = world();
     let pad = |f: &[u8], to: usize| -> Vec<u8> { f.iter().copied().chain(std::iter::repeat(0)).take(to.max(f.len())).collect() };
     let tcp = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41000), (VIP, 80));
-    let tcp_vlan_opts = frames::with_ip_options(&frames::tcp(OUR_MAC, CLIENT_MAC, Some(42), (CLIENT, 41001), (VIP, 80)), 3);
-    let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, Some(42));
+    let tcp_vlan_opts = frames::with_ip_options(&frames::tcp(OUR_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 41001), (VIP_VLAN, 80)), 3);
+    let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP_VLAN, Some(VLAN));
+    let arp_4000 = frames::arp_request(CLIENT_MAC, CLIENT, VIP, Some(4000));
     let ipv6: Vec<u8> = frames::eth(OUR_MAC, CLIENT_MAC, None, 0x86dd).into_iter().chain([0x60, 0, 0, 0]).collect();
-    let table: [(&str, Vec<u8>, &str, u64); 6] = [
+    let table: [(&str, Vec<u8>, &str, u64); 7] = [
         ("padded tcp, first packet", pad(&tcp, 80), "forwarded", tcp.len() as u64),
         ("padded tcp, cached", pad(&tcp, 80), "forwarded", tcp.len() as u64),
         ("tcp in VLAN 42 with options, padded", pad(&tcp_vlan_opts, 100), "forwarded", tcp_vlan_opts.len() as u64),
         ("arp request in VLAN 42, padded", pad(&arp, 64), "arp_answered", arp.len() as u64),
         ("ipv6 frame", pad(&ipv6, 64), "passed_other", 64),
+        ("arp request in VLAN 4000, padded", pad(&arp_4000, 64), "passed_vlan_other", 64),
         ("truncated IPv4 header", tcp[..20].to_vec(), "drop_malformed", 20),
     ];
     for (name, frame, reason, bytes) in table {
@@ -381,23 +449,31 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
         XDP_PASS => (out == input).then_some(()).ok_or("passed frame was modified".into()),
         XDP_DROP => Ok(()),
         XDP_TX => {
-            let off = if input.len() >= 14 && input[12..14] == [0x81, 0x00] { 18 } else { 14 };
+            let tagged = input.len() >= 16 && input[12..14] == [0x81, 0x00];
+            let off = if tagged { 18 } else { 14 };
+            // The network the frame came from decides which VIPs it may reach and
+            // which of our MACs answers: untagged (or priority-tagged), or VLAN 42.
+            let (ours, arp_vips, ip_vips): (Mac, &[Ipv4Addr], &[Ipv4Addr]) = match tagged.then(|| u16::from_be_bytes([input[14], input[15]]) & 0xfff) {
+                None | Some(0) => (OUR_MAC, &[VIP, VIP_LOCAL, VIP_EMPTY], &[VIP, VIP_LO]),
+                Some(VLAN) => (VLAN_MAC, &[VIP_VLAN], &[VIP_VLAN]),
+                Some(v) => return Err(format!("TX of a frame of VLAN {v}, where no pool lives")),
+            };
             let ethertype = input.get(off - 2..off).ok_or("TX of a frame without ethertype")?;
             if ethertype == [0x08, 0x06] {
                 let a = input.get(off..off + 28).ok_or("TX of a truncated ARP frame")?;
-                let held = [VIP, VIP_LOCAL, VIP_EMPTY].map(|v| v.octets());
+                let held = arp_vips.iter().map(|v| v.octets()).collect::<Vec<_>>();
                 if a[0..8] != [0, 1, 8, 0, 6, 4, 0, 1] || !held.contains(&a[24..28].try_into().unwrap()) || a[14..18] == a[24..28] {
-                    return Err("TX of an ARP frame that is not a request for a held VIP".into());
+                    return Err("TX of an ARP frame that is not a request for a VIP held on its network".into());
                 }
-                (out == frames::arp_reply_for(input, OUR_MAC)).then_some(()).ok_or("ARP reply is not the one owed".into())
+                (out == frames::arp_reply_for(input, ours)).then_some(()).ok_or("ARP reply is not the one owed".into())
             } else if ethertype == [0x08, 0x00] {
                 let ip = input.get(off..off + 20).ok_or("TX of a truncated IPv4 frame")?;
                 let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-                if ip[0] >> 4 != 4 || ![VIP, VIP_LO].contains(&dst) || !(ip[9] == 6 || ip[9] == 17) {
-                    return Err(format!("TX of IPv4 that is not TCP/UDP to the balanced VIP: {dst} proto {}", ip[9]));
+                if ip[0] >> 4 != 4 || !ip_vips.contains(&dst) || !(ip[9] == 6 || ip[9] == 17) {
+                    return Err(format!("TX of IPv4 that is not TCP/UDP to a VIP balanced on its network: {dst} proto {}", ip[9]));
                 }
                 let to: Mac = out[0..6].try_into().unwrap();
-                let ok = out.len() == input.len() && out[12..] == input[12..] && out[6..12] == OUR_MAC && backend_macs.contains(&to);
+                let ok = out.len() == input.len() && out[12..] == input[12..] && out[6..12] == ours && backend_macs.contains(&to);
                 ok.then_some(()).ok_or("forwarded frame altered beyond its MACs".into())
             } else {
                 Err("TX of a frame that is neither ARP nor IPv4".into())
@@ -486,10 +562,11 @@ fn arp_conflicts_are_counted() {
     let table: Vec<(&str, Vec<u8>, bool)> = vec![
         ("foreign gratuitous request for a held VIP", garp(INTRUDER, VIP, 1, None), true),
         ("foreign gratuitous reply for a held VIP", garp(INTRUDER, VIP, 2, None), true),
-        ("foreign gratuitous ARP for a held VIP in VLAN 42", garp(INTRUDER, VIP, 1, Some(42)), true),
+        ("foreign gratuitous ARP for a held VIP in its VLAN 42", garp(INTRUDER, VIP_VLAN, 1, Some(VLAN)), true),
+        ("foreign gratuitous ARP in VLAN 42 for a VIP of the untagged network", garp(INTRUDER, VIP, 1, Some(VLAN)), false),
         ("foreign reply claiming a held VIP", reply_from(INTRUDER, VIP), true),
         ("our own gratuitous ARP", garp(OUR_MAC, VIP, 1, None), false),
-        ("our own gratuitous reply in VLAN 42", garp(OUR_MAC, VIP, 2, Some(42)), false),
+        ("our own gratuitous reply in VLAN 42", garp(VLAN_MAC, VIP_VLAN, 2, Some(VLAN)), false),
         ("our own reply from the VIP", reply_from(OUR_MAC, VIP), false),
         ("foreign gratuitous ARP for a VIP not held here", garp(INTRUDER, VIP_NOT_HELD, 1, None), false),
         ("foreign reply for a VIP not held here", reply_from(INTRUDER, VIP_NOT_HELD), false),

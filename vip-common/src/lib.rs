@@ -19,8 +19,9 @@ pub mod map_names {
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
     pub const FLOW_CACHE: &str = "lb4_flow_cache";
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
-    pub const ALL: [&str; 13] =
-        [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, FLOWS_NEW, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL];
+    pub const VLANS: &str = "lb_vlans";
+    pub const ALL: [&str; 14] =
+        [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, FLOWS_NEW, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL, VLANS];
 }
 
 /// Name of the XDP program inside the object, and of its pin.
@@ -31,6 +32,8 @@ pub const XMIT_PROGRAM_NAME: &str = "vip_xmit";
 
 /// Capacity of the maps (the ring's is set by the agent at load time).
 pub const MAX_IFACES: u32 = 64;
+/// VLAN sub-interfaces the program serves (entries of `lb_vlans`).
+pub const MAX_VLANS: u32 = 256;
 pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 16384;
 pub const MAX_BACKENDS: u32 = 4096;
@@ -71,7 +74,19 @@ pub struct LbIface {
 /// `lb_ifaces` flag: attached in native mode (the driver can transmit XDP frames).
 pub const IFACE_NATIVE: u8 = 1;
 
-/// `arp_held` key: a VIP held on one interface.
+/// `lb_vlans` key: an 802.1Q VLAN id seen on an interface the program runs on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct LbVlanKey {
+    /// The interface the tagged frame arrived on (the VLAN's parent).
+    pub ifindex: u32,
+    /// The VLAN id (1..=4094); a u32 so the key has no padding.
+    pub vid: u32,
+}
+
+/// `arp_held` key: a VIP held on one interface. For a VIP on an 802.1Q VLAN,
+/// `ifindex` is the VLAN sub-interface's: `lb_vlans` maps (parent, VLAN id) of a
+/// tagged frame to it, so a VIP is answered and balanced only on its own VLAN.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct ArpHeldKey {
@@ -261,10 +276,11 @@ pub enum Reason {
     ArpConflict = 14,
     ArpNotAnnounced = 15,
     DropGroupNotOwner = 16,
+    PassedVlanOther = 17,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 18;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -283,6 +299,7 @@ impl Reason {
         Reason::ArpConflict,
         Reason::ArpNotAnnounced,
         Reason::DropGroupNotOwner,
+        Reason::PassedVlanOther,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -304,6 +321,7 @@ impl Reason {
             Reason::ArpConflict => "arp_conflict",
             Reason::ArpNotAnnounced => "arp_not_announced",
             Reason::DropGroupNotOwner => "drop_group_not_owner",
+            Reason::PassedVlanOther => "passed_vlan_other",
         }
     }
 }
@@ -340,6 +358,7 @@ mod pod {
     // SAFETY: all of these are repr(C), Copy, with explicit padding and no pointers.
     unsafe impl aya::Pod for LbIface {}
     unsafe impl aya::Pod for ArpHeldKey {}
+    unsafe impl aya::Pod for LbVlanKey {}
     unsafe impl aya::Pod for ArpHeldVip {}
     unsafe impl aya::Pod for Lb4ServiceKey {}
     unsafe impl aya::Pod for Lb4Service {}

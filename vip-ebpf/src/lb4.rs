@@ -34,9 +34,9 @@ pub fn lb4_bytes<const L2: usize>(ctx: &XdpContext) -> usize {
     }
 }
 
-/// IPv4 behind an `L2`-byte layer-2 header.
+/// IPv4 behind an `L2`-byte layer-2 header, received on the network of `ifindex`.
 #[inline(always)]
-pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
+pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Verdict, ()> {
     // What the path needs after its map lookups goes to this CPU's scratch as it
     // is read, not to registers the compiler would spill (see maps::Scratch). One
     // slot per CPU: the lookup does not fail.
@@ -62,7 +62,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext) -> Result<Verdict, ()> {
     // stores, each as soon as its value is read, so that none is held in a register.
     unsafe {
         write_volatile(&raw mut (*s).words[0], read_unaligned((iph as *const u8).add(12) as *const u64));
-        write_volatile(&raw mut (*s).ifindex, ctx.ingress_ifindex() as u32);
+        write_volatile(&raw mut (*s).ifindex, ifindex);
         write_volatile(&raw mut (*s).bytes, (L2 + usize::from(u16::from_be_bytes(ip.tot_len))) as u32);
         write_volatile(&raw mut (*s).fragment, fragment as u32);
     }

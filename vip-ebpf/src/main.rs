@@ -11,7 +11,7 @@ mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use network_types::arp::ArpHdr;
-use parse::L3;
+use parse::{Vlan, L3};
 use vip_common::Reason;
 
 #[xdp]
@@ -54,21 +54,30 @@ pub fn vip_xmit(_ctx: XdpContext) -> u32 {
 /// Ethernet padding; the whole frame for anything else (see `parse::frame_len`).
 #[inline(always)]
 fn try_vip_xdp(ctx: &XdpContext) -> Result<(u32, Reason, usize), ()> {
+    let passed = |reason| Ok((xdp_action::XDP_PASS, reason, parse::frame_len(ctx)));
     match parse::l3(ctx)? {
-        (L3::Other, _) => Ok((xdp_action::XDP_PASS, Reason::PassedOther, parse::frame_len(ctx))),
-        (l3, false) => try_l3::<{ parse::ETH_LEN }>(ctx, l3),
-        (l3, true) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, l3),
+        (_, Vlan::Foreign) => passed(Reason::PassedVlanOther),
+        (L3::Other, _) => passed(Reason::PassedOther),
+        (l3, Vlan::Untagged) => try_l3::<{ parse::ETH_LEN }>(ctx, l3, ctx.ingress_ifindex() as u32),
+        (l3, Vlan::Id(0)) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, l3, ctx.ingress_ifindex() as u32),
+        // A VIP lives on one network: a VLAN's frames count as received on its
+        // sub-interface, whose held VIPs alone they may reach.
+        (l3, Vlan::Id(vid)) => match maps::lb_vlan_ifindex(ctx.ingress_ifindex() as u32, vid) {
+            Some(ifindex) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, l3, ifindex),
+            None => passed(Reason::PassedVlanOther),
+        },
     }
 }
 
-/// ARP or IPv4 behind an `L2`-byte layer-2 header (see `parse::ETH_LEN`).
+/// ARP or IPv4 behind an `L2`-byte layer-2 header, received on the network of
+/// `ifindex` (an interface, or a VLAN's sub-interface).
 #[inline(always)]
-fn try_l3<const L2: usize>(ctx: &XdpContext, l3: L3) -> Result<(u32, Reason, usize), ()> {
+fn try_l3<const L2: usize>(ctx: &XdpContext, l3: L3, ifindex: u32) -> Result<(u32, Reason, usize), ()> {
     if let L3::Arp = l3 {
-        let (action, reason) = arp::arp_handle::<L2>(ctx, ctx.ingress_ifindex() as u32)?;
+        let (action, reason) = arp::arp_handle::<L2>(ctx, ifindex)?;
         return Ok((action, reason, L2 + ArpHdr::LEN));
     }
-    let (action, reason) = lb4::lb4_handle::<L2>(ctx)?;
+    let (action, reason) = lb4::lb4_handle::<L2>(ctx, ifindex)?;
     Ok((action, reason, lb4::lb4_bytes::<L2>(ctx)))
 }
 

@@ -13,6 +13,11 @@ const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
 #[map]
 pub static lb_ifaces: HashMap<u32, LbIface> = HashMap::pinned(MAX_IFACES, 0);
 
+/// (interface, 802.1Q VLAN id) of a tagged frame → the ifindex of that VLAN's
+/// sub-interface, under which its VIPs are held; a VLAN absent here is not ours.
+#[map]
+pub static lb_vlans: HashMap<LbVlanKey, u32> = HashMap::pinned(MAX_VLANS, 0);
+
 /// (ifindex, VIP) → deadline until which this node answers ARP for and balances the VIP.
 #[map]
 pub static arp_held: HashMap<ArpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD, 0);
@@ -95,6 +100,8 @@ pub fn lb_key0() -> *const u32 {
 pub struct Scratch {
     /// The `arp_held` key being looked up.
     pub held: ArpHeldKey,
+    /// The `lb_vlans` key being looked up.
+    pub vlan: LbVlanKey,
     pub key: u32,
     pub ifindex: u32,
     /// The Lb4FlowKey as two words (see lb4_handle).
@@ -116,5 +123,16 @@ pub fn lookup_at<M, T>(map: &M, key: *const u32) -> Option<*mut T> {
         None
     } else {
         Some(p as *mut T)
+    }
+}
+
+/// The ifindex of the sub-interface of VLAN `vid` on `ifindex`, if a pool lives
+/// there (`lb_vlans`); the key built in this CPU's scratch (see LB_KEY0).
+#[inline(always)]
+pub fn lb_vlan_ifindex(ifindex: u32, vid: u16) -> Option<u32> {
+    let s = lookup_at::<_, Scratch>(&lb_scratch, lb_key0())?;
+    unsafe {
+        (*s).vlan = LbVlanKey { ifindex, vid: u32::from(vid) };
+        lookup_at::<_, u32>(&lb_vlans, (&raw const (*s).vlan).cast()).map(|v| *v)
     }
 }

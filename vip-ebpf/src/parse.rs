@@ -45,23 +45,40 @@ pub enum L3 {
     Other,
 }
 
-/// Parses Ethernet and at most one VLAN tag: the layer-3 protocol and whether the
-/// frame is tagged. A frame shorter than an Ethernet header is malformed; a second
-/// tag (QinQ) is not ours and passes.
+/// The frame's VLAN tagging.
+pub enum Vlan {
+    Untagged,
+    /// One 802.1Q tag with this VLAN id (0: priority-tagged, which Linux
+    /// delivers to the untagged network).
+    Id(u16),
+    /// An 802.1ad (S-tag) outer tag or two tags (QinQ): no pool lives there.
+    Foreign,
+}
+
+/// Parses Ethernet and its VLAN tags: the layer-3 protocol behind at most one
+/// 802.1Q tag, and the tagging. A frame shorter than its headers is malformed.
+/// The tags are read from the frame, so they must reach XDP inside it: the agent
+/// turns off receive VLAN stripping on the interfaces it attaches to (a stripped
+/// tag would make a VLAN's frames look untagged).
 #[inline(always)]
-pub fn l3(ctx: &XdpContext) -> Result<(L3, bool), ()> {
+pub fn l3(ctx: &XdpContext) -> Result<(L3, Vlan), ()> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
-    let mut tagged = false;
+    let mut vlan = Vlan::Untagged;
     if ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
-        let vlan: *const VlanHdr = ptr_at(ctx, ETH_LEN)?;
-        ether_type = u16::from_be(unsafe { (*vlan).ether_type });
-        tagged = true;
+        let tag: *const VlanHdr = ptr_at(ctx, ETH_LEN)?;
+        let outer = ether_type;
+        ether_type = u16::from_be(unsafe { (*tag).ether_type });
+        vlan = if outer == ETH_P_8021AD || ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
+            Vlan::Foreign
+        } else {
+            Vlan::Id(u16::from_be_bytes(unsafe { (*tag).tci }) & 0x0fff)
+        };
     }
     let l3 = match ether_type {
         ETH_P_ARP => L3::Arp,
         ETH_P_IP => L3::Ipv4,
         _ => L3::Other,
     };
-    Ok((l3, tagged))
+    Ok((l3, vlan))
 }

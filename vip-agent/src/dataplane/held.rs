@@ -1,11 +1,11 @@
-//! The ARP side of the data path: interfaces (`lb_ifaces`) and held VIPs
-//! (`arp_held`). A handle of its own, so that the liveness thread refreshes
+//! The ARP side of the data path: interfaces (`lb_ifaces`), VLANs (`lb_vlans`)
+//! and held VIPs (`arp_held`). A handle of its own, so that the liveness thread refreshes
 //! deadlines through file descriptors no ring write ever waits behind.
 use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{HashMap, IterableMap as _, MapData, PerCpuArray};
-use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbIface, Reason, HELD_NO_ARP, IFACE_NATIVE};
+use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbIface, LbVlanKey, Reason, HELD_NO_ARP, IFACE_NATIVE};
 
 use super::{batch, coarse_slack_ns, counters::sum, flow_cache, ignore_missing, open_pinned};
 
@@ -48,6 +48,8 @@ pub struct HeldEntry {
 
 pub struct HeldVips {
     ifaces: HashMap<MapData, u32, LbIface>,
+    /// (parent ifindex, VLAN id) → the VLAN sub-interface's ifindex.
+    vlans: HashMap<MapData, LbVlanKey, u32>,
     held: HashMap<MapData, ArpHeldKey, ArpHeldVip>,
     /// (ifindex, VIP) → conflicting claims the data path saw.
     conflicts: HashMap<MapData, ArpHeldKey, u64>,
@@ -60,6 +62,7 @@ impl HeldVips {
     pub(super) fn open(dir: &Path, epoch: flow_cache::Ctl) -> Result<Self> {
         Ok(Self {
             ifaces: open_pinned(dir, names::IFACES)?,
+            vlans: open_pinned(dir, names::VLANS)?,
             held: open_pinned(dir, names::HELD)?,
             conflicts: open_pinned(dir, names::CONFLICTS)?,
             stats: open_pinned(dir, names::STATS)?,
@@ -86,6 +89,24 @@ impl HeldVips {
             self.epoch.bump()?; // cached answers carry the old MAC
         }
         Ok(())
+    }
+
+    /// Serves VLAN `vid` arriving tagged on `parent` as the network of the
+    /// sub-interface `ifindex`: its VIPs are held under `ifindex` (whose MAC must
+    /// be recorded with `write_iface`). Tagged frames of VLANs not recorded here
+    /// pass untouched (`passed_vlan_other`).
+    pub fn set_vlan(&mut self, parent: u32, vid: u16, ifindex: u32) -> Result<()> {
+        self.vlans.insert(LbVlanKey { ifindex: parent, vid: u32::from(vid) }, ifindex, 0).context("writing lb_vlans")
+    }
+
+    /// Stops serving VLAN `vid` on `parent`.
+    pub fn remove_vlan(&mut self, parent: u32, vid: u16) -> Result<()> {
+        ignore_missing(self.vlans.remove(&LbVlanKey { ifindex: parent, vid: u32::from(vid) })).context("removing from lb_vlans")
+    }
+
+    /// The VLANs served: (parent ifindex, VLAN id) → sub-interface ifindex.
+    pub fn vlans(&self) -> Result<BTreeMap<(u32, u16), u32>> {
+        self.vlans.iter().map(|kv| kv.map(|(k, v)| ((k.ifindex, k.vid as u16), v)).map_err(Into::into)).collect()
     }
 
     /// Whether the program runs on `ifindex` in native mode, as recorded when this

@@ -241,6 +241,16 @@ impl Dataplane {
         self.held.iface_native(ifindex)
     }
 
+    /// [`HeldVips::set_vlan`].
+    pub fn set_vlan(&mut self, parent: u32, vid: u16, ifindex: u32) -> Result<()> {
+        self.held.set_vlan(parent, vid, ifindex)
+    }
+
+    /// [`HeldVips::remove_vlan`].
+    pub fn remove_vlan(&mut self, parent: u32, vid: u16) -> Result<()> {
+        self.held.remove_vlan(parent, vid)
+    }
+
     /// [`HeldVips::hold`], answered by ARP.
     pub fn hold_vip(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64) -> Result<()> {
         self.held.hold(ifindex, vip, deadline_ns, Announce::Arp)
