@@ -16,7 +16,7 @@ use anyhow::{bail, Context as _, Result};
 use vip_agent::status::Status;
 
 use crate::{
-    lab::{accept_vip, fetch, name_server, Segment},
+    lab::{accept_vip, fetch, name_server, xdp_mode_arg, Segment},
     netns::{unique, NetNs, PinDir},
 };
 
@@ -252,7 +252,7 @@ impl LbLab {
             "--iface",
             "eth0",
             "--mode",
-            "generic",
+            xdp_mode_arg(),
             "--pin-dir",
             path_str(&pins.path)?,
             "--status-file",

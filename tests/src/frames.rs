@@ -92,7 +92,27 @@ pub fn ipv4(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, ip: Ip4, payload: &[u
     let c = csum(&h);
     h[10..12].copy_from_slice(&c.to_be_bytes());
     f.extend_from_slice(&h);
-    f.extend_from_slice(payload);
+    // A whole TCP or UDP datagram gets its checksum, so that a stack takes it.
+    let mut payload = payload.to_vec();
+    let at = match ip.proto {
+        6 if payload.len() >= 20 => Some(16),
+        17 if payload.len() >= 8 => Some(6),
+        _ => None,
+    };
+    if let Some(at) = at.filter(|_| ip.frag_offset == 0 && !ip.more_fragments) {
+        let mut pseudo = Vec::with_capacity(12 + payload.len() + 1);
+        pseudo.extend_from_slice(&ip.src.octets());
+        pseudo.extend_from_slice(&ip.dst.octets());
+        pseudo.extend_from_slice(&[0, ip.proto]);
+        pseudo.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        pseudo.extend_from_slice(&payload);
+        if pseudo.len() % 2 == 1 {
+            pseudo.push(0);
+        }
+        let c = csum(&pseudo);
+        payload[at..at + 2].copy_from_slice(&c.to_be_bytes());
+    }
+    f.extend_from_slice(&payload);
     f
 }
 

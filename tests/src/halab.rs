@@ -15,11 +15,11 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use vip_agent::status::Status;
+use vip_agent::{dataplane::AttachMode, status::Status};
 
 use crate::{
     agent::{wait_for, write_atomic, AgentProc},
-    lab::{accept_vip, Segment},
+    lab::{accept_vip, mode_arg, xdp_mode, Segment},
     netns::{sh, unique, NetNs, PinDir},
 };
 
@@ -57,6 +57,8 @@ pub struct HaSpec {
     /// health checks) is on a second segment (`eth1`, [`heartbeat_addr`]), while
     /// VIPs are answered and forwarded on `eth0` (MACs given in the file).
     pub heartbeat_net: bool,
+    /// How the agents attach XDP (`run --mode`); default: the labs' [`xdp_mode`].
+    pub xdp_mode: AttachMode,
 }
 
 impl Default for HaSpec {
@@ -79,6 +81,7 @@ impl Default for HaSpec {
             distinct_tables: false,
             ring_capacity: None,
             heartbeat_net: false,
+            xdp_mode: xdp_mode(),
         }
     }
 }
@@ -434,13 +437,14 @@ impl HaLab {
     /// (file mode only).
     pub fn start_agent_with(&mut self, i: usize, config: &Path) -> Result<()> {
         let n = &mut self.nodes[i];
+        let mode = mode_arg(self.spec.xdp_mode, &format!("{}'s agent", n.name));
         let mut args = vec![
             "--node-name",
             &n.name,
             "--iface",
             "eth0",
             "--mode",
-            "generic",
+            mode,
             "--pin-dir",
             path_str(&n.pins.path)?,
             "--status-file",
@@ -654,7 +658,7 @@ pub struct ArpWatch {
 
 /// A packet socket receiving every ARP frame in the calling thread's namespace
 /// (sent and received), each `recv` waiting at most 20 ms.
-fn arp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+pub fn arp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
     use vip_common::ETH_P_ARP;
     // SAFETY: plain socket(2); the fd is owned below.
@@ -674,7 +678,7 @@ fn arp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
 
 /// One ARP frame from `fd` (None on timeout or a runt): its opcode and the
 /// sender's and target's hardware and protocol addresses.
-fn recv_arp(fd: &std::os::fd::OwnedFd) -> Option<(u16, [u8; 6], Ipv4Addr, Ipv4Addr)> {
+pub fn recv_arp(fd: &std::os::fd::OwnedFd) -> Option<(u16, [u8; 6], Ipv4Addr, Ipv4Addr)> {
     use std::os::fd::AsRawFd;
     let mut buf = [0u8; 128];
     // SAFETY: valid fd and buffer.

@@ -14,7 +14,9 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::netns::{veth, NetNs};
+use vip_agent::dataplane::AttachMode;
+
+use crate::netns::{attach_xdp_pass, ethtool_features, veth, NetNs};
 
 /// The L2 segment: a namespace holding bridge `br0`; host `i` hangs on port `p{i}`.
 pub struct Segment {
@@ -46,11 +48,16 @@ impl Segment {
     }
 
     /// [`Self::plug`] with the host's end named `iface` (a host on two segments).
+    ///
+    /// Both ends are set up so that the segment behaves like a switch and wires
+    /// for XDP in either attach mode (see [`wire_port`] and [`wire_host`]).
     pub fn plug_as(&self, host: NetNs, iface: &str, addr: &str) -> Result<NetNs> {
         let port = format!("p{}", self.hosts.borrow().len());
         self.hosts.borrow_mut().push(host.name.clone());
         veth(&host, iface, &self.ns, &port)?;
         self.ns.ip(&["link", "set", &port, "master", "br0"])?;
+        wire_port(&self.ns, &port)?;
+        wire_host(&host, iface)?;
         host.ip(&["addr", "add", addr, "dev", iface])?;
         Ok(host)
     }
@@ -74,6 +81,63 @@ impl Segment {
         self.ns.ip(&["link", "set", &format!("p{i}"), if up { "up" } else { "down" }])?;
         Ok(())
     }
+}
+
+/// The switch side of a veth "wire" (a bridge port, or the far end of a point-to-point
+/// pair): what the host's end needs from it to behave like a real NIC's link.
+/// - A trivial XDP_PASS program in native mode: a host's *native* XDP_TX (ARP replies,
+///   forwards) on a veth is delivered promptly only when this end has an XDP
+///   program of its own ([`attach_xdp_pass`]). GRO on this end is not enough: it
+///   gives the end NAPI, so XDP_TX frames are queued, but nothing wakes that NAPI
+///   for them; they wait until other traffic does (never, or up to the next
+///   health check, in the lab).
+/// - No VLAN tag insertion offload: a tag the bridge puts on a frame for this port
+///   leaves inside the frame, as on a wire to a NIC without rx VLAN stripping,
+///   instead of in skb metadata, where XDP on the host's end (generic or native)
+///   would never see it.
+pub fn wire_port(ns: &NetNs, port: &str) -> Result<()> {
+    attach_xdp_pass(ns, port)?;
+    ethtool_features(ns, port, &["txvlan", "off", "tx-vlan-stag-hw-insert", "off"])
+}
+
+/// The host's end of a veth wire: checksums computed in software when sending.
+/// With TX checksum offload (a veth's default) the stack sends TCP and UDP with
+/// only the pseudo-header sum in the checksum field (CHECKSUM_PARTIAL) and the
+/// promise to finish it in skb metadata; generic XDP forwards that skb with the
+/// metadata, but native XDP_TX turns the packet into a bare frame and the promise
+/// is lost, so the backend drops every forwarded segment (TcpInCsumErrors). A real
+/// NIC finishes the checksum before the wire. Done on every host, not only the
+/// client: any host may send to a VIP, and every host then sends what a wire carries.
+pub fn wire_host(ns: &NetNs, iface: &str) -> Result<()> {
+    ethtool_features(ns, iface, &["tx", "off"])
+}
+
+/// The XDP attach mode of the labs: `VIP_XDP_MODE=native|generic` (default
+/// generic), read here only; every lab that attaches the program (directly, or
+/// through `vip-agent run --mode`) follows it. An unknown value fails.
+pub fn xdp_mode() -> AttachMode {
+    match std::env::var("VIP_XDP_MODE").as_deref() {
+        Err(_) | Ok("") | Ok("generic") => AttachMode::Generic,
+        Ok("native") => AttachMode::Native,
+        Ok(other) => panic!("VIP_XDP_MODE={other}: expected native or generic"),
+    }
+}
+
+/// `mode` as `vip-agent run --mode` spells it, logged (shown with a failing
+/// test's output, and with --nocapture): every lab that attaches says how.
+pub fn mode_arg(mode: AttachMode, what: &str) -> &'static str {
+    let arg = match mode {
+        AttachMode::Native => "native",
+        AttachMode::Generic => "generic",
+        AttachMode::Auto => "auto",
+    };
+    eprintln!("lab: {what}: XDP attached in {arg} mode");
+    arg
+}
+
+/// [`xdp_mode`] as `vip-agent run --mode` spells it (logged).
+pub fn xdp_mode_arg() -> &'static str {
+    mode_arg(xdp_mode(), "the agent (VIP_XDP_MODE)")
 }
 
 /// Makes `host` accept `vip` (on lo, as kube-proxy would) without ever
@@ -119,14 +183,20 @@ pub fn fetch(src: Ipv4Addr, sport: u16, dst: SocketAddr) -> std::io::Result<Stri
     Ok(out)
 }
 
-/// Loads the program with its maps pinned under `dir` and attaches it (generic
-/// mode: native XDP_TX on veth needs a program on the peer) to `host`'s eth0.
-/// Returns the facade and eth0's ifindex.
+/// Loads the program with its maps pinned under `dir` and attaches it to `host`'s
+/// eth0 in the lab's mode ([`xdp_mode`]). Returns the facade and eth0's ifindex.
 pub fn attach_node(host: &NetNs, dir: &std::path::Path) -> Result<(vip_agent::dataplane::Dataplane, u32)> {
+    attach_node_in(host, dir, xdp_mode())
+}
+
+/// [`attach_node`] in `mode` (the benchmarks measure both in one run).
+pub fn attach_node_in(host: &NetNs, dir: &std::path::Path, mode: AttachMode) -> Result<(vip_agent::dataplane::Dataplane, u32)> {
     let dir = dir.to_owned();
+    mode_arg(mode, &host.name);
     host.run(move || -> Result<_> {
         let mut dp = vip_agent::dataplane::Dataplane::load(&dir, 1 << 16)?;
-        let a = dp.attach("eth0", vip_agent::dataplane::AttachMode::Generic)?;
+        let a = dp.attach("eth0", mode)?;
+        anyhow::ensure!(a.mode == Some(mode), "eth0 attached in {:?}, not {mode:?}", a.mode);
         Ok((dp, a.ifindex))
     })?
 }

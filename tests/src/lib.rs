@@ -8,3 +8,4 @@ pub mod kubefix;
 pub mod kubelab;
 pub mod lab;
 pub mod netns;
+pub mod tap;

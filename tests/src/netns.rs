@@ -112,6 +112,94 @@ pub fn veth(a: &NetNs, a_if: &str, b: &NetNs, b_if: &str) -> Result<()> {
     Ok(())
 }
 
+/// A trivial XDP program (`r0 = XDP_PASS; exit`), loaded once per process with
+/// bpf(2) directly: the lab needs no object file for it.
+fn pass_program() -> Result<std::os::fd::BorrowedFd<'static>> {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    // The leading fields of union bpf_attr for BPF_PROG_LOAD; the rest stays zero.
+    #[repr(C)]
+    struct ProgLoad {
+        prog_type: u32,
+        insn_cnt: u32,
+        insns: u64,
+        license: u64,
+        log_level: u32,
+        log_size: u32,
+        log_buf: u64,
+        kern_version: u32,
+        prog_flags: u32,
+        prog_name: [u8; 16],
+        rest: [u64; 8],
+    }
+    static PROG: std::sync::OnceLock<Result<OwnedFd, String>> = std::sync::OnceLock::new();
+    let prog = PROG.get_or_init(|| {
+        // BPF_ALU64|BPF_MOV|BPF_K r0 = 2 (XDP_PASS); BPF_JMP|BPF_EXIT.
+        let insns: [u64; 2] = [u64::from_le_bytes([0xb7, 0, 0, 0, 2, 0, 0, 0]), u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0])];
+        let mut name = [0u8; 16];
+        name[..8].copy_from_slice(b"lab_wire");
+        let attr = ProgLoad {
+            prog_type: 6, // BPF_PROG_TYPE_XDP
+            insn_cnt: 2,
+            insns: insns.as_ptr() as u64,
+            license: c"GPL".as_ptr() as u64,
+            log_level: 0,
+            log_size: 0,
+            log_buf: 0,
+            kern_version: 0,
+            prog_flags: 0,
+            prog_name: name,
+            rest: [0; 8],
+        };
+        // SAFETY: BPF_PROG_LOAD (5) with an attr of the stated size whose pointers
+        // outlive the call.
+        let fd = unsafe { libc::syscall(libc::SYS_bpf, 5, &attr as *const ProgLoad, std::mem::size_of::<ProgLoad>()) };
+        if fd < 0 {
+            return Err(format!("BPF_PROG_LOAD of the lab's XDP_PASS program: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a new fd that only this OwnedFd owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    });
+    prog.as_ref().map(|fd| fd.as_fd()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Attaches a trivial XDP_PASS program to `iface` in `ns` in native (driver) mode.
+///
+/// On a veth this is what lets the *other* end's native XDP_TX arrive: the
+/// kernel's veth_xdp_flush wakes the receiving end's NAPI only when that end has
+/// an XDP program (GRO alone gives it NAPI, but frames sent with XDP_TX then wait
+/// in its ring until an skb comes along and wakes it). Attached over netlink, the
+/// program stays with the device (also after this process exits, for the
+/// persistent lab) and goes with it.
+pub fn attach_xdp_pass(ns: &NetNs, iface: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // `ip` attaches a pinned program: pin it in a directory of our own, removed
+    // right after (the attachment holds the program).
+    let dir = PinDir::new()?;
+    let pin = dir.path.join("xdp_pass");
+    let path = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes())?;
+    // union bpf_attr for BPF_OBJ_PIN: pathname, bpf_fd, file_flags, path_fd.
+    let attr: [u64; 3] = [path.as_ptr() as u64, pass_program()?.as_raw_fd() as u64, 0];
+    // SAFETY: BPF_OBJ_PIN (6) with an attr whose path outlives the call.
+    if unsafe { libc::syscall(libc::SYS_bpf, 6, attr.as_ptr(), std::mem::size_of_val(&attr)) } < 0 {
+        bail!("pinning the XDP_PASS program at {}: {}", pin.display(), std::io::Error::last_os_error());
+    }
+    // Not `ip -n`: it mounts a sysfs of the namespace's own, without our bpffs.
+    let o = ns.cmd("ip").args(["link", "set", "dev", iface, "xdpdrv", "pinned"]).arg(&pin).output().context("starting ip")?;
+    if !o.status.success() {
+        bail!("attaching XDP_PASS to {iface} in {}: {}", ns.name, String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(())
+}
+
+/// `ethtool -K iface FEATURE on|off ...` in `ns`.
+pub fn ethtool_features(ns: &NetNs, iface: &str, features: &[&str]) -> Result<()> {
+    let o = ns.cmd("ethtool").args(["-K", iface]).args(features).output().context("starting ethtool")?;
+    if !o.status.success() {
+        bail!("ethtool -K {iface} {features:?} in {}: {}", ns.name, String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(())
+}
+
 /// A bpffs directory for one test, removed (with everything pinned) on Drop.
 pub struct PinDir {
     pub path: PathBuf,

@@ -9,6 +9,7 @@ use std::{net::Ipv4Addr, path::Path, time::Duration};
 
 use vip_tests::{
     agent::{agent_bin, wait_for, write_atomic, AgentProc, TempDir},
+    lab::{wire_port, xdp_mode_arg},
     netns::{arping, hex_mac, privileged, veth, NetNs, PinDir},
 };
 
@@ -17,6 +18,8 @@ fn pair(net: u8) -> (NetNs, NetNs) {
     let node = NetNs::new("van").unwrap();
     let client = NetNs::new("vac").unwrap();
     veth(&node, "eth0", &client, "eth0").unwrap();
+    // The client's end as a switch port: the node's native XDP_TX gets delivered.
+    wire_port(&client, "eth0").unwrap();
     node.ip(&["addr", "add", &format!("198.18.{net}.1/24"), "dev", "eth0"]).unwrap();
     client.ip(&["addr", "add", &format!("198.18.{net}.2/24"), "dev", "eth0"]).unwrap();
     (node, client)
@@ -60,10 +63,6 @@ fn agent_without_cap_net_raw_announces_through_xdp() {
         return;
     }
     let (node, client) = pair(4);
-    // GRO gives the client's end NAPI, so the node's native XDP_TX (its ARP replies
-    // and the agent's frames) is delivered across the veth.
-    let o = client.cmd("ethtool").args(["-K", "eth0", "gro", "on"]).output().unwrap();
-    assert!(o.status.success(), "ethtool: {}", String::from_utf8_lossy(&o.stderr));
     let vip = Ipv4Addr::new(198, 18, 4, 100);
     // What the client learned from a previous owner; only our GARP corrects it.
     client.ip(&["neigh", "replace", &vip.to_string(), "lladdr", "02:00:00:00:00:01", "dev", "eth0", "nud", "stale"]).unwrap();
@@ -110,7 +109,7 @@ fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
         format!("nodes:\n  - {{name: n1, address: 198.18.5.1}}\npools:\n  - {{name: l2, addresses: [198.18.5.100]}}\n  - {{name: routed, addresses: [198.18.5.110], announce: {mode}}}\n")
     };
     write_atomic(&dir.0.join("vip.yaml"), &cfg("lo")).unwrap();
-    let args = agent_args(&dir.0, &pins, "generic");
+    let args = agent_args(&dir.0, &pins, xdp_mode_arg());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = AgentProc::start(&node, &args, &dir.0.join("agent.log")).unwrap();
     let node_mac = hex_mac(node.mac("eth0").unwrap());

@@ -23,8 +23,17 @@ fn the_example_config_is_valid_and_a_broken_copy_is_refused_with_its_line() {
     assert!(text(&o).contains("valid: 3 nodes, 1 pools (10 addresses), 2 services (3 service-ports)"), "{}", text(&o));
 
     let dir = vip_tests::agent::TempDir::new("vip-check-").unwrap();
-    let broken = dir.0.join("vip.yaml");
     let good = std::fs::read_to_string(example()).unwrap();
+    // The commented-out keys are valid when uncommented.
+    let uncommented = dir.0.join("uncommented.yaml");
+    assert!(good.contains("    # interfaces: [eth0, ens3]\n"), "the example shows a pool's interfaces");
+    std::fs::write(&uncommented, good.replace("    # interfaces: ", "    interfaces: ")).unwrap();
+    let o = std::process::Command::new(agent_bin().unwrap()).arg("check").arg(&uncommented).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let world = vip_agent::config::parse(&std::fs::read_to_string(&uncommented).unwrap()).unwrap();
+    assert_eq!(world.pools[0].interfaces, ["eth0", "ens3"]);
+
+    let broken = dir.0.join("vip.yaml");
     std::fs::write(&broken, good.replace("    protocol: udp\n", "    protocol: udp\n    tableSise: 251\n")).unwrap();
     let o = std::process::Command::new(agent_bin().unwrap()).arg("check").arg(&broken).output().unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));

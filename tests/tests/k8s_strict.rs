@@ -13,8 +13,8 @@
 //! - Nodes: admission's `node.kubernetes.io/not-ready:NoSchedule` taint on every
 //!   new Node until the node controller (here the test) lifts it;
 //! - VipPools: deploy/crd.yaml's structural schema (types, required, enums,
-//!   minimum/maximum, formats, nulls), unknown fields pruned with a warning,
-//!   defaults filled in, status writes checked as well.
+//!   minimum/maximum, lengths, item counts, patterns, formats, nulls), unknown
+//!   fields pruned with a warning, defaults filled in, status writes checked as well.
 use http::Method;
 use serde_json::{json, Value};
 use vip_tests::{
@@ -356,6 +356,28 @@ async fn vip_pools_are_checked_against_the_crd_schema(api: Backend) {
     send(&c, Method::POST, POOLS, pool("items", json!({ "addresses": [null, 5] })))
         .await
         .invalid(&[("FieldValueTypeInvalid", "spec.addresses[0]"), ("FieldValueTypeInvalid", "spec.addresses[1]")]);
+    // Interface names: a '/', ':' or whitespace, empty, over 15 characters (one cause
+    // each, the length first), more than 16 of them; well-formed ones kept as written.
+    let ifaces = json!(["eth0/1", "", "abcdefghijklmnop", "eth 0", "eth0:1", "abcdefghijklmno/", "eth0.100"]);
+    send(&c, Method::POST, POOLS, pool("ifaces", json!({ "addresses": ["198.18.1.10"], "interfaces": ifaces })))
+        .await
+        .invalid(&[
+            ("FieldValueInvalid", "spec.interfaces[0]"),
+            ("FieldValueInvalid", "spec.interfaces[1]"),
+            ("FieldValueTooLong", "spec.interfaces[2]"),
+            ("FieldValueInvalid", "spec.interfaces[3]"),
+            ("FieldValueInvalid", "spec.interfaces[4]"),
+            ("FieldValueTooLong", "spec.interfaces[5]"),
+        ])
+        .says(r#"spec.interfaces[0]: Invalid value: "eth0/1": spec.interfaces[0] in body should match '^[^/:[:space:]]+$'"#);
+    let many: Vec<String> = (0..17).map(|i| format!("eth{i}")).collect();
+    send(&c, Method::POST, POOLS, pool("ifaces", json!({ "addresses": ["198.18.1.10"], "interfaces": many })))
+        .await
+        .invalid(&[("FieldValueTooMany", "spec.interfaces")]);
+    let kept = json!(["eth1", "ens4.100", "abcdefghijklmno", "éééééééé"]);
+    let ok = send(&c, Method::POST, POOLS, pool("ifaces", json!({ "addresses": ["198.18.1.10"], "interfaces": kept }))).await.ok().clone();
+    assert_eq!(ok["spec"]["interfaces"], kept, "{ok}");
+    send(&c, Method::DELETE, &format!("{POOLS}/ifaces"), Value::Null).await.ok();
 
     // Pruned, null-dropped and defaulted.
     let spec = json!({ "addresses": ["198.18.1.10/32"], "foo": 1, "announce": null, "nodeSelector": null, "serviceSelector": null,
@@ -437,6 +459,10 @@ async fn causes_are_worded_as_the_real_servers() {
         (POOLS, pool(json!({ "addresses": [null, 5], "healthCheck": { "fall": "3", "port": 70000, "rise": 1.5 }, "gratuitousArp": { "count": -1 } }))),
         (POOLS, pool(json!({ "addresses": [], "tolerations": [{ "key": "k", "tolerationSeconds": 1e20 }], "excludedIPs": "none" }))),
         (POOLS, pool(json!([]))),
+        (POOLS, pool(json!({ "addresses": [], "interfaces": ["eth0/1", "", "abcdefghijklmnop", "eth 0", "eth0:1", "eth\u{b}0", "abcdefghijklmno/"] }))),
+        // How strings are quoted in messages (Go's %q, not JSON).
+        (POOLS, pool(json!({ "addresses": [], "interfaces": ["a/\"\\é\u{a0}\u{2028}\u{85}", "b/\u{1}\u{7f}\u{7}\u{8}\u{c}"] }))),
+        (POOLS, pool(json!({ "addresses": [], "interfaces": (0..17).map(|i| format!("eth{i}")).collect::<Vec<_>>() }))),
         (POOLS, json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "worded" } })),
     ];
     let worded = |o: &Out| {

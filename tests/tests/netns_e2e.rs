@@ -15,7 +15,7 @@ use vip_agent::{
 };
 use vip_common::{flow_hash, PROTO_TCP};
 use vip_tests::{
-    lab::{accept_vip, attach_node, fetch, name_server, Segment},
+    lab::{accept_vip, attach_node, fetch, name_server, wire_port, xdp_mode, Segment},
     netns::{arping, hex_mac, privileged, sh, veth, NetNs, PinDir},
 };
 
@@ -31,15 +31,17 @@ fn arping_gets_our_mac_only_for_held_fresh_vips() {
     let client = NetNs::new("vcl").unwrap();
     let node = NetNs::new("vnd").unwrap();
     veth(&client, "c0", &node, "n0").unwrap();
+    wire_port(&client, "c0").unwrap();
     client.ip(&["addr", "add", "198.18.1.1/24", "dev", "c0"]).unwrap();
     node.ip(&["addr", "add", "198.18.1.2/24", "dev", "n0"]).unwrap();
     let pins = PinDir::new().unwrap();
     let dir = pins.path.clone();
+    let mode = xdp_mode();
     let (mut dp, ifindex) = node
         .run(move || {
             let mut dp = Dataplane::load(&dir, 1 << 16).unwrap();
-            let a = dp.attach("n0", AttachMode::Generic).unwrap();
-            assert_eq!(a.mode, Some(AttachMode::Generic));
+            let a = dp.attach("n0", mode).unwrap();
+            assert_eq!(a.mode, Some(mode));
             (dp, a.ifindex)
         })
         .unwrap();

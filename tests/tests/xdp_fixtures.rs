@@ -416,6 +416,64 @@ fn flow_table_keeps_flows_across_ring_changes() {
 /// node already pinned keep being forwarded (a client still sending to our MAC
 /// until the new owner's gratuitous ARP arrives keeps its connection); forgetting
 /// the VIP ends that too.
+/// With a home interface set (where backends' MACs are valid), frames to VIPs of
+/// other networks reach backends out of it, untagged: a VLAN's frame leaves
+/// without its tag (XDP_TX when home is the VLAN's parent), a frame of another
+/// interface is redirected to home. Frames of home's own network are forwarded
+/// as before. Those forwards are never memoised in the flow cache.
+#[test]
+fn frames_to_vips_of_other_networks_go_to_backends_out_of_home_untagged() {
+    if !privileged() {
+        return;
+    }
+    const XDP_REDIRECT: u32 = 4;
+    stay_on_cpu0();
+    let mut w = world();
+    let untag = |f: &[u8]| -> Vec<u8> { f[..12].iter().chain(&f[16..]).copied().collect() };
+    // Home is the VLAN's parent (the interface test runs receive on).
+    w.dp.set_home(Some((IFINDEX, OUR_MAC))).unwrap();
+    let vlan_tcp = frames::tcp(OUR_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 42000), (VIP_VLAN, 80));
+    let to = ring_choice(&w.dp, svc(VIP_VLAN, 80, PROTO_TCP), CLIENT, 42000, 80);
+    for round in 0..3 {
+        let before = w.dp.counters().unwrap().reasons["forwarded_home"];
+        let (verdict, out, _) = w.dp.test_run(&vlan_tcp, 1, None).unwrap();
+        assert_eq!((verdict, out), (XDP_TX, forwarded(&untag(&vlan_tcp), to)), "round {round}: VLAN frame forwarded untagged from home's MAC");
+        let after = w.dp.counters().unwrap().reasons["forwarded_home"];
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, vlan_tcp.len() as u64), "round {round}: counted once, tagged length");
+    }
+    // This node as the backend of a VLAN's VIP: its stack gets the frame untagged
+    // (it need not have the VLAN).
+    w.dp.set_service(svc(VIP_VLAN, 81, PROTO_TCP), &[BackendSpec { local: true, ..backend(9) }], TABLE, 0).unwrap();
+    let local_tcp = frames::tcp(OUR_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 42002), (VIP_VLAN, 81));
+    let (verdict, out, _) = w.dp.test_run(&local_tcp, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_PASS, untag(&local_tcp)), "a VLAN's frame passed to this node's stack untagged");
+    // Home's own network: forwarded as before, tag-free, on the same interface.
+    let tcp = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 42001), (VIP, 80));
+    let (verdict, out, _) = w.dp.test_run(&tcp, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_TX, forwarded(&tcp, ring_choice(&w.dp, svc(VIP, 80, PROTO_TCP), CLIENT, 42001, 80))));
+
+    // Home is another interface: frames of this one are redirected there.
+    const HOME_MAC: Mac = [0x02, 0, 0, 0, 0x77, 0x01];
+    w.dp.set_home(Some((77, HOME_MAC))).unwrap();
+    let to = ring_choice(&w.dp, svc(VIP, 80, PROTO_TCP), CLIENT, 42001, 80);
+    for round in 0..3 {
+        let (verdict, out, _) = w.dp.test_run(&tcp, 1, None).unwrap();
+        assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&tcp, to, HOME_MAC)), "round {round}: redirected to home, from home's MAC");
+    }
+    assert_eq!(cached_to(&w, CLIENT, 42001, VIP, 80), None, "a forward out of home is not memoised");
+    let (verdict, out, _) = w.dp.test_run(&vlan_tcp, 1, None).unwrap();
+    let to = ring_choice(&w.dp, svc(VIP_VLAN, 80, PROTO_TCP), CLIENT, 42000, 80);
+    assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&untag(&vlan_tcp), to, HOME_MAC)), "VLAN frame redirected untagged");
+    // ARP is answered on the VIP's own network whatever home is.
+    let req = frames::arp_request(CLIENT_MAC, CLIENT, VIP_VLAN, Some(VLAN));
+    let (verdict, out, _) = w.dp.test_run(&req, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_TX, frames::arp_reply_for(&req, VLAN_MAC)));
+    // Unset: back to forwarding on the frame's own network.
+    w.dp.set_home(None).unwrap();
+    let (verdict, out, _) = w.dp.test_run(&tcp, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_TX, forwarded(&tcp, ring_choice(&w.dp, svc(VIP, 80, PROTO_TCP), CLIENT, 42001, 80))));
+}
+
 #[test]
 fn released_vip_keeps_pinned_flows_only() {
     if !privileged() {

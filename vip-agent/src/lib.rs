@@ -11,6 +11,7 @@ pub mod ha;
 pub mod health;
 pub mod inspect;
 pub mod k8s;
+pub mod links;
 pub mod maglev;
 pub mod model;
 pub mod neighbour;

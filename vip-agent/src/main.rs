@@ -43,9 +43,11 @@ enum Cmd {
         /// This node's name in the config's `nodes` (default: the host name).
         #[arg(long, env = "VIP_NODE_NAME")]
         node_name: Option<String>,
-        /// Uplink interface: the XDP program is attached here and VIPs are answered on it.
+        /// The interface of pools that name none (`interfaces:` in a pool), and where
+        /// this node is reached. Default: each pool on the interface whose network
+        /// holds its addresses, else the one holding the node's address.
         #[arg(long, env = "VIP_IFACE")]
-        iface: String,
+        iface: Option<String>,
         #[arg(long, value_enum, default_value = "auto")]
         mode: AttachMode,
         /// Slots in lb4_ring shared by all services' rings (only used when the map is created).
@@ -242,8 +244,9 @@ fn check(file: &std::path::Path, node_name: Option<&str>, iface: &str) -> i32 {
         eprintln!("{}: nodes: this node ({me:?}) is not listed", file.display());
         return 1;
     }
-    let facts = preflight::HostFacts::read(iface, preflight::backed_vips(&world, me));
-    let problems = preflight::problems(&world, me, preflight::Intake::VipOnLo, iface, &facts);
+    let vips = preflight::backed_vips(&world, me);
+    let facts = preflight::HostFacts::read(iface, vips.iter().copied());
+    let problems = preflight::problems(&vips, preflight::Intake::VipOnLo, iface, &facts);
     for p in &problems {
         println!("host: {p}");
     }

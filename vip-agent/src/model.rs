@@ -61,6 +61,12 @@ pub struct Pool {
     pub announce: AnnounceMode,
     /// Its own gratuitous ARP settings; `None`: the world's (`Announce::garp`).
     pub garp: Option<Garp>,
+    /// Interfaces of a node where its VIPs are answered: the first one the node has
+    /// (names differ between nodes). Empty: chosen by address (`links::resolve`).
+    pub interfaces: Vec<String>,
+    /// The 802.1Q VLAN (1..=4094) of that interface its VIPs live on, without a
+    /// VLAN sub-interface on the node; None: untagged (or the sub-interface's).
+    pub vlan: Option<u16>,
 }
 
 impl Pool {

@@ -52,9 +52,9 @@ pub fn backed_vips(world: &World, me: &str) -> BTreeSet<Ipv4Addr> {
     world.services.iter().filter(|s| world.backend_candidates(s).iter().any(|n| n.name == me)).map(|s| s.vip).collect()
 }
 
-/// What is wrong with this host for `world`, one sentence each (empty: ready).
-pub fn problems(world: &World, me: &str, intake: Intake, iface: &str, facts: &HostFacts) -> Vec<String> {
-    let vips = backed_vips(world, me);
+/// What is wrong with this host as a backend of `vips` (see [`backed_vips`]),
+/// one sentence each (empty: ready).
+pub fn problems(vips: &BTreeSet<Ipv4Addr>, intake: Intake, iface: &str, facts: &HostFacts) -> Vec<String> {
     let mut out = Vec::new();
     if intake == Intake::VipOnLo {
         let missing: Vec<Ipv4Addr> = vips.iter().copied().filter(|v| !facts.local.contains(v)).collect();
@@ -113,17 +113,17 @@ services:
     fn a_ready_backend_has_no_problem() {
         let w = parse(CFG).unwrap();
         assert_eq!(backed_vips(&w, "a"), ["198.18.1.1".parse().unwrap()].into());
-        assert!(problems(&w, "a", Intake::VipOnLo, "eth0", &facts(1, 2, &["198.18.1.1"])).is_empty());
-        assert!(problems(&w, "b", Intake::VipOnLo, "eth0", &facts(2, 2, &["198.18.1.1", "198.18.1.2"])).is_empty());
+        assert!(problems(&backed_vips(&w, "a"), Intake::VipOnLo, "eth0", &facts(1, 2, &["198.18.1.1"])).is_empty());
+        assert!(problems(&backed_vips(&w, "b"), Intake::VipOnLo, "eth0", &facts(2, 2, &["198.18.1.1", "198.18.1.2"])).is_empty());
     }
 
     #[test]
     fn a_missing_vip_on_lo_is_named_in_file_mode_only() {
         let w = parse(CFG).unwrap();
-        let p = problems(&w, "b", Intake::VipOnLo, "eth0", &facts(1, 2, &["198.18.1.1"]));
+        let p = problems(&backed_vips(&w, "b"), Intake::VipOnLo, "eth0", &facts(1, 2, &["198.18.1.1"]));
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].contains("198.18.1.2") && p[0].contains("ip addr add 198.18.1.2/32 dev lo"), "{p:?}");
-        assert!(problems(&w, "b", Intake::KubeProxy, "eth0", &facts(0, 0, &[])).is_empty());
+        assert!(problems(&backed_vips(&w, "b"), Intake::KubeProxy, "eth0", &facts(0, 0, &[])).is_empty());
     }
 
     #[test]
@@ -131,7 +131,7 @@ services:
         let w = parse(CFG).unwrap();
         for (ignore, announce) in [(0, 2), (1, 0), (0, 0)] {
             for intake in [Intake::VipOnLo, Intake::KubeProxy] {
-                let p = problems(&w, "a", intake, "eth0", &facts(ignore, announce, &["198.18.1.1"]));
+                let p = problems(&backed_vips(&w, "a"), intake, "eth0", &facts(ignore, announce, &["198.18.1.1"]));
                 assert_eq!(p.len(), 1, "{ignore}/{announce} {intake:?}: {p:?}");
                 assert!(p[0].contains("two MACs") && p[0].contains("198.18.1.1") && p[0].contains("strictARP"), "{p:?}");
             }

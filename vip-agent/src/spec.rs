@@ -257,6 +257,41 @@ pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[Ipv4Addr]) -
     Ok(set)
 }
 
+/// Longest interface name Linux takes: IFNAMSIZ (16) less the terminating NUL.
+pub const IFNAME_MAX: usize = 15;
+
+/// Checks a pool's interface names (`p` is the list's field path, errors name
+/// `{p}[k]`) by the kernel's own rule for a device name (`dev_valid_name`): 1 to 15
+/// bytes, no '/', ':' or whitespace, not "." or "..". A name twice is refused too.
+/// ':' is refused because `eth0:1` is an address label, not an interface.
+/// A pool's `vlan`: an 802.1Q VLAN id a pool may live on (0 is "priority tagged",
+/// the untagged network; 4095 is reserved).
+pub fn vlan_id(p: &str, vlan: Option<u16>) -> Result<(), FieldError> {
+    match vlan {
+        Some(v) if !(1..=4094).contains(&v) => invalid(p.to_owned(), format!("{v} is not a VLAN id: 1 to 4094")),
+        _ => Ok(()),
+    }
+}
+
+pub fn interface_names(p: &str, names: &[String]) -> Result<(), FieldError> {
+    for (k, name) in names.iter().enumerate() {
+        let at = || format!("{p}[{k}]");
+        if name.is_empty() || name.len() > IFNAME_MAX {
+            return invalid(at(), format!("{name:?} is not an interface name: 1 to {IFNAME_MAX} bytes"));
+        }
+        if name == "." || name == ".." {
+            return invalid(at(), format!("{name:?} is not an interface name"));
+        }
+        if let Some(c) = name.chars().find(|&c| c == '/' || c == ':' || c.is_whitespace()) {
+            return invalid(at(), format!("{name:?} is not an interface name: it contains {c:?}"));
+        }
+        if let Some(j) = names[..k].iter().position(|n| n == name) {
+            return invalid(at(), format!("{name:?} is already listed at {p}[{j}]"));
+        }
+    }
+    Ok(())
+}
+
 /// Parses a pool's address and exclusion strings (as a VipPool carries them) and
 /// expands them; errors name `{p}.addresses[k]` / `{p}.excludedIPs[k]`.
 pub fn pool_addresses_from_strings(p: &str, addresses: &[String], excluded: &[String]) -> Result<BTreeSet<Ipv4Addr>, FieldError> {

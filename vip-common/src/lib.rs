@@ -20,8 +20,9 @@ pub mod map_names {
     pub const FLOW_CACHE: &str = "lb4_flow_cache";
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
     pub const VLANS: &str = "lb_vlans";
-    pub const ALL: [&str; 14] =
-        [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, FLOWS_NEW, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL, VLANS];
+    pub const HOME: &str = "lb_home";
+    pub const ALL: [&str; 15] =
+        [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, FLOWS_NEW, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL, VLANS, HOME];
 }
 
 /// Name of the XDP program inside the object, and of its pin.
@@ -82,6 +83,19 @@ pub struct LbVlanKey {
     pub ifindex: u32,
     /// The VLAN id (1..=4094); a u32 so the key has no padding.
     pub vid: u32,
+}
+
+/// `lb_home` value: the interface this node is reached on (untagged), where the
+/// backends' MACs are valid. A VIP living on another network (another interface,
+/// a VLAN) has its frames forwarded out of here, untagged; ifindex 0: not set,
+/// every frame is forwarded on the network it came from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbHome {
+    pub ifindex: u32,
+    /// Our MAC there: the source of frames forwarded out of it.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
 
 /// `arp_held` key: a VIP held on one interface. For a VIP on an 802.1Q VLAN,
@@ -277,10 +291,11 @@ pub enum Reason {
     ArpNotAnnounced = 15,
     DropGroupNotOwner = 16,
     PassedVlanOther = 17,
+    ForwardedHome = 18,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 19;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -300,6 +315,7 @@ impl Reason {
         Reason::ArpNotAnnounced,
         Reason::DropGroupNotOwner,
         Reason::PassedVlanOther,
+        Reason::ForwardedHome,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -322,6 +338,7 @@ impl Reason {
             Reason::ArpNotAnnounced => "arp_not_announced",
             Reason::DropGroupNotOwner => "drop_group_not_owner",
             Reason::PassedVlanOther => "passed_vlan_other",
+            Reason::ForwardedHome => "forwarded_home",
         }
     }
 }
@@ -359,6 +376,7 @@ mod pod {
     unsafe impl aya::Pod for LbIface {}
     unsafe impl aya::Pod for ArpHeldKey {}
     unsafe impl aya::Pod for LbVlanKey {}
+    unsafe impl aya::Pod for LbHome {}
     unsafe impl aya::Pod for ArpHeldVip {}
     unsafe impl aya::Pod for Lb4ServiceKey {}
     unsafe impl aya::Pod for Lb4Service {}

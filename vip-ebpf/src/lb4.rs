@@ -2,17 +2,21 @@
 //! then L2 direct server return.
 use core::ptr::{read_unaligned, write_unaligned, write_volatile};
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_load_bytes, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_load_bytes},
+    programs::XdpContext,
+};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vip_common::*;
 
 use crate::{
     arp::arp_held_entry,
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_flows_new, lb4_ring, lb4_service_stats, lb4_services, lb_key0,
+        lb4_backend_stats, lb4_backends, lb4_flow_cache, lb_home, lb4_flow_cache_ctl, lb4_flows, lb4_flows_new, lb4_ring, lb4_service_stats, lb4_services, lb_key0,
         lb_scratch, lookup_at, Scratch,
     },
-    parse::{ptr_at, Verdict, ETH_LEN},
+    parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
 };
 
@@ -139,9 +143,12 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
             },
         },
     };
-    // The flow is pinned in lb4_flows: memoise the answer for its next packets.
     let local = backend.flags & BACKEND_LOCAL != 0;
-    if let Some(e) = cached.filter(|_| established) {
+    // A VIP of another network than home: its frames reach the backend out of home.
+    let home = lookup_at::<_, LbHome>(&lb_home, lb_key0()).map(|h| unsafe { *h }).filter(|h| h.ifindex != 0 && h.ifindex != ifindex);
+    // The flow is pinned in lb4_flows: memoise the answer for its next packets
+    // (forwards on the frame's own network and local deliveries only).
+    if let Some(e) = cached.filter(|_| established && home.is_none()) {
         // Field by field, the key and MACs as words: a whole-struct write compiles
         // to memmove, whose pointer comparison the verifier refuses without
         // CAP_PERFMON.
@@ -161,9 +168,55 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     stats::count_service(svc.id, bytes);
     stats::count_backend(backend_id, bytes);
     if local {
+        // A VLAN's frame reaches this node's stack untagged too, as it would from
+        // another node: the node need not have that VLAN.
+        if home.is_some() && L2 == VLAN_ETH_LEN {
+            lb4_pop_tag(ctx)?;
+        }
         return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
     }
-    lb4_rewrite_eth(ctx, &backend.mac, &mac)
+    match home {
+        Some(h) => lb4_forward_home::<L2>(ctx, &backend.mac, &h),
+        None => lb4_rewrite_eth(ctx, &backend.mac, &mac),
+    }
+}
+
+/// Removes the frame's 802.1Q tag: its MACs move 4 bytes on, over the tag, and
+/// the head moves past them.
+#[inline(always)]
+fn lb4_pop_tag(ctx: &XdpContext) -> Result<(), ()> {
+    let p = ptr_at::<[u8; 16]>(ctx, 0)? as *mut u8;
+    unsafe {
+        let (a, b, c) = (read_unaligned(p as *const u32), read_unaligned(p.add(4) as *const u32), read_unaligned(p.add(8) as *const u32));
+        write_unaligned(p.add(4) as *mut u32, a);
+        write_unaligned(p.add(8) as *mut u32, b);
+        write_unaligned(p.add(12) as *mut u32, c);
+        if bpf_xdp_adjust_head(ctx.ctx, (VLAN_ETH_LEN - ETH_LEN) as i32) != 0 {
+            return Err(());
+        }
+    }
+    Ok(())
+}
+
+/// Forwards the frame to the backend MAC `to` out of the home interface `h`,
+/// untagged: the backends' MACs are those of the network their nodes are
+/// reached on, which need not have the VIP's VLAN or segment. The tag, if any,
+/// goes (the MACs are written 4 bytes on, over it, and the head moves past them).
+#[inline(always)]
+fn lb4_forward_home<const L2: usize>(ctx: &XdpContext, to: &[u8; 6], h: &LbHome) -> Result<Verdict, ()> {
+    const TAG: usize = VLAN_ETH_LEN - ETH_LEN;
+    if L2 == VLAN_ETH_LEN {
+        lb4_copy_macs(ptr_at::<[u8; 12]>(ctx, TAG)? as *mut u8, to, &h.mac);
+        if unsafe { bpf_xdp_adjust_head(ctx.ctx, TAG as i32) } != 0 {
+            return Err(());
+        }
+    } else {
+        lb4_copy_macs(ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8, to, &h.mac);
+    }
+    if h.ifindex == ctx.ingress_ifindex() as u32 {
+        return Ok((xdp_action::XDP_TX, Reason::ForwardedHome));
+    }
+    Ok((unsafe { bpf_redirect(h.ifindex, 0) } as u32, Reason::ForwardedHome))
 }
 
 /// The flow-table work of a miss alone, for `xdp_floor_flow_insert`: untagged

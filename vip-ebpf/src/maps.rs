@@ -18,6 +18,11 @@ pub static lb_ifaces: HashMap<u32, LbIface> = HashMap::pinned(MAX_IFACES, 0);
 #[map]
 pub static lb_vlans: HashMap<LbVlanKey, u32> = HashMap::pinned(MAX_VLANS, 0);
 
+/// 0 → the interface this node is reached on and our MAC there (see LbHome):
+/// frames to VIPs of other networks are forwarded to backends out of it.
+#[map]
+pub static lb_home: Array<LbHome> = Array::pinned(1, 0);
+
 /// (ifindex, VIP) → deadline until which this node answers ARP for and balances the VIP.
 #[map]
 pub static arp_held: HashMap<ArpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD, 0);

@@ -21,7 +21,8 @@ enum Cmd {
     /// Build the XDP object (release, with BTF) with the nightly toolchain.
     BuildEbpf,
     /// setup + build-ebpf + lint (rustfmt, clippy -D warnings) + the whole test
-    /// suite (BPF and netns tests need root).
+    /// suite with XDP in generic mode, then the lab tests again in native mode
+    /// (BPF and netns tests need root).
     Test {
         /// Extra arguments for `cargo test` (after `--`).
         #[arg(last = true)]
@@ -76,37 +77,98 @@ pub fn cargo(toolchain: Option<&str>) -> Command {
     c
 }
 
-/// Runs `cargo test`, echoing its output, and closes with one line summing every
-/// test binary's result, so the total is the last thing a reader (or CI) sees.
-fn test_with_summary(c: &mut Command) -> Result<()> {
+/// The test binaries that attach XDP to lab interfaces (directly or through the
+/// agent's `--mode`): after the whole suite, run in generic mode, they run again
+/// with `VIP_XDP_MODE=native`, the mode real NICs get (tests/src/lab.rs).
+const NATIVE_PASS: [&str; 7] = ["netns_e2e", "agent_e2e", "announce_e2e", "ha_e2e", "ha_membership", "scale_e2e", "k8s_e2e"];
+
+/// What `cargo test` runs in one pass: the whole suite in generic mode, or the
+/// [`NATIVE_PASS`] binaries in native mode; `args` go after `--`.
+fn test_pass(native: bool, args: &[String]) -> Command {
+    let mut c = cargo(None);
+    // --workspace in both: the same feature set, so the native pass rebuilds nothing.
+    c.args(["test", "--workspace", "--release", "--no-fail-fast"]);
+    if native {
+        for t in NATIVE_PASS {
+            c.args(["--test", t]);
+        }
+    } else {
+        c.args(["--lib", "--bins", "--tests"]);
+    }
+    c.env("VIP_XDP_MODE", if native { "native" } else { "generic" });
+    if !args.is_empty() {
+        c.arg("--").args(args);
+    }
+    c
+}
+
+/// Passed, failed and ignored tests.
+#[derive(Default)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// Runs one `cargo test`, echoing its output, and sums its "test result:" lines.
+fn run_counting(c: &mut Command) -> Result<(Counts, std::process::ExitStatus)> {
     use std::io::{BufRead, BufReader};
-    eprintln!("xtask: running the test suite");
     let mut child = c.stdout(std::process::Stdio::piped()).spawn().context("starting cargo test")?;
-    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    let mut n = Counts::default();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
             for part in rest.split(['.', ';']) {
                 let mut w = part.split_whitespace();
-                if let (Some(n), Some(what)) = (w.next().and_then(|n| n.parse::<u64>().ok()), w.next()) {
+                if let (Some(k), Some(what)) = (w.next().and_then(|k| k.parse::<u64>().ok()), w.next()) {
                     match what {
-                        "passed" => passed += n,
-                        "failed" => failed += n,
-                        "ignored" => ignored += n,
+                        "passed" => n.passed += k,
+                        "failed" => n.failed += k,
+                        "ignored" => n.ignored += k,
                         _ => {}
                     }
                 }
             }
         }
     }
-    let st = child.wait()?;
-    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
-    if !st.success() || failed > 0 {
-        bail!("the test suite failed ({st})");
+    Ok((n, child.wait()?))
+}
+
+/// Runs the test passes (the whole suite with XDP in generic mode, then the
+/// lab tests again in native mode) and closes with one line summing both, so the
+/// total is the last thing a reader (or CI) sees. A pass that ran no test fails
+/// (with a filter in `args` only the whole-suite pass must run one).
+fn test_with_summary(args: &[String]) -> Result<()> {
+    let passes = [
+        (false, "the whole suite, XDP attached in generic mode (VIP_XDP_MODE=generic)"),
+        (true, "the lab tests again, XDP attached in native mode (VIP_XDP_MODE=native)"),
+    ];
+    let mut total = Counts::default();
+    let mut problems = Vec::new();
+    let mut lines = Vec::new();
+    for (k, (native, what)) in passes.iter().enumerate() {
+        eprintln!("xtask: test pass {} of {}: {what}", k + 1, passes.len());
+        let start = std::time::Instant::now();
+        let (n, st) = run_counting(&mut test_pass(*native, args))?;
+        let mode = if *native { "native" } else { "generic" };
+        lines.push(format!("xtask: {mode} pass: {} passed, {} failed, {} skipped in {:.0} s", n.passed, n.failed, n.ignored, start.elapsed().as_secs_f64()));
+        if !st.success() || n.failed > 0 {
+            problems.push(format!("the {mode} pass failed ({st})"));
+        }
+        if n.passed == 0 && (!*native || args.is_empty()) {
+            problems.push(format!("the {mode} pass ran no test"));
+        }
+        total.passed += n.passed;
+        total.failed += n.failed;
+        total.ignored += n.ignored;
     }
-    if passed == 0 {
-        bail!("the test suite ran no test");
+    for l in &lines {
+        eprintln!("{l}");
+    }
+    println!("tests: {} passed, {} failed, {} skipped", total.passed, total.failed, total.ignored);
+    if !problems.is_empty() {
+        bail!("{}", problems.join("; "));
     }
     Ok(())
 }
@@ -159,12 +221,7 @@ fn main() -> Result<()> {
             lint()?;
             report_api_server();
             build_agent()?;
-            let mut c = cargo(None);
-            c.args(["test", "--workspace", "--release", "--lib", "--bins", "--tests", "--no-fail-fast"]);
-            if !args.is_empty() {
-                c.arg("--").args(&args);
-            }
-            test_with_summary(&mut c)
+            test_with_summary(&args)
         }
         Cmd::Bench => {
             setup::setup()?;

@@ -6,16 +6,17 @@
 //!   then `default`s fill what is missing;
 //! - then validation: `type` (`integer` takes whole numbers only; `nullable`),
 //!   `required`, `enum`, `minimum`/`maximum` (and their exclusive forms),
-//!   `minLength`/`maxLength`, `minItems`/`maxItems`, the `format`s listed in
-//!   [`check_format`] (int32/int64 ranges too) and `x-kubernetes-int-or-string`;
+//!   `minLength`/`maxLength`, `pattern`, `minItems`/`maxItems`, the `format`s listed
+//!   in [`check_format`] (int32/int64 ranges too) and `x-kubernetes-int-or-string`;
 //!   every failure is a cause of one 422 Invalid, with the real server's reason,
 //!   field path and wording. `x-kubernetes-preserve-unknown-fields` turns pruning
 //!   off below it.
 //!
-//! A schema keyword this file does not enforce (`pattern`, CEL rules in
-//! `x-kubernetes-validations`, list types other than atomic, ...) makes loading the
-//! schema panic, so that a CRD change the stand-in cannot follow shows at once
-//! rather than leaving it laxer than the real server.
+//! A schema keyword this file does not enforce (CEL rules in
+//! `x-kubernetes-validations`, list types other than atomic, ...), or a `pattern`
+//! Rust's `regex` may read otherwise than Go's `regexp` ([`go_regexp_differs`]),
+//! makes loading the schema panic, so that a CRD change the stand-in cannot follow
+//! shows at once rather than leaving it laxer than the real server.
 //!
 //! Written here rather than with a JSON Schema crate such as `jsonschema`: an
 //! OpenAPI v3 structural schema is not JSON Schema (`nullable`, the `x-kubernetes-*`
@@ -67,6 +68,7 @@ const ENFORCED: &[&str] = &[
     "exclusiveMaximum",
     "minLength",
     "maxLength",
+    "pattern",
     "minItems",
     "maxItems",
     "format",
@@ -109,10 +111,56 @@ fn check_supported(s: &Value, at: &str) {
             "format" if v.as_str().is_some_and(|f| UNCHECKED_FORMATS.contains(&f)) => {
                 panic!("the API stand-in does not check format {v} (`{here}` of deploy/crd.yaml): teach check_format in tests/src/apiserver/crd.rs")
             }
+            "pattern" => {
+                let p = v.as_str().unwrap_or_else(|| panic!("`{here}` of deploy/crd.yaml is not a string"));
+                if let Err(e) = regex::Regex::new(p) {
+                    panic!("`{here}` of deploy/crd.yaml ({p}) does not compile: {e}");
+                }
+                if let Some(why) = go_regexp_differs(p) {
+                    panic!("the API stand-in cannot match `{here}` of deploy/crd.yaml ({p}) as the real server does: {why}");
+                }
+            }
             k if INERT.contains(&k) || ENFORCED.contains(&k) => {}
             _ => panic!("the API stand-in does not enforce `{here}` of deploy/crd.yaml: teach tests/src/apiserver/crd.rs (see the real server's behaviour in k8s_strict.rs)"),
         }
     }
+}
+
+/// Why Rust's `regex` might match `pattern` otherwise than Go's `regexp`, which the
+/// real server uses (both take RE2 syntax), if it might: Perl classes are ASCII in
+/// Go and Unicode in Rust; nested classes and class set operations (`&&`, `--`,
+/// `~~`) are Rust's, literal characters in Go.
+fn go_regexp_differs(pattern: &str) -> Option<&'static str> {
+    let mut chars = pattern.chars().peekable();
+    let mut in_class = false;
+    let mut prev = None;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some('d' | 'D' | 's' | 'S' | 'w' | 'W' | 'b' | 'B') = chars.next() {
+                    return Some("\\d, \\s, \\w and \\b are ASCII in Go, Unicode in Rust: write [0-9], [[:space:]], [0-9A-Za-z_]");
+                }
+                prev = None;
+                continue;
+            }
+            '[' if !in_class => {
+                in_class = true;
+                // A `]` first in the class (after `^`) is literal in both.
+                chars.next_if_eq(&'^');
+                chars.next_if_eq(&']');
+            }
+            '[' if chars.peek() == Some(&':') => {
+                // A POSIX class (`[:space:]`, ASCII in both) up to its `:]`.
+                while chars.next().is_some_and(|c| c != ']') {}
+            }
+            '[' => return Some("a class nested in a class is Rust's only (Go reads the `[` literally)"),
+            ']' if in_class => in_class = false,
+            '&' | '-' | '~' if in_class && prev == Some(c) => return Some("class set operations (&&, --, ~~) are Rust's only"),
+            _ => {}
+        }
+        prev = Some(c);
+    }
+    None
 }
 
 /// Which part of the object a write sets, as far as validation goes.
@@ -346,15 +394,20 @@ fn validate(s: &Value, v: &Value, at: &Path, causes: &mut Vec<Cause>) {
     }
     match v {
         Value::String(st) => {
+            let q = go_quote(st);
             let len = st.chars().count() as u64;
+            let pattern = s["pattern"].as_str();
+            // At most one of these, the first that fails: the real server's string
+            // validator stops there (the format is checked on its own).
             if let Some(max) = s["maxLength"].as_u64().filter(|m| len > *m) {
                 causes.push(cause("FieldValueTooLong", format!("Too long: may not be more than {max} bytes")));
-            }
-            if let Some(min) = s["minLength"].as_u64().filter(|m| len < *m) {
-                causes.push(cause("FieldValueInvalid", format!("Invalid value: {v}: {}", in_body(format!("should be at least {min} chars long")))));
+            } else if let Some(min) = s["minLength"].as_u64().filter(|m| len < *m) {
+                causes.push(cause("FieldValueInvalid", format!("Invalid value: {q}: {}", in_body(format!("should be at least {min} chars long")))));
+            } else if let Some(p) = pattern.filter(|p| !regex::Regex::new(p).expect("checked when the schema loaded").is_match(st)) {
+                causes.push(cause("FieldValueInvalid", format!("Invalid value: {q}: {}", in_body(format!("should match '{p}'")))));
             }
             if !int_or_string && !check_format(format, st) {
-                causes.push(cause("FieldValueTypeInvalid", format!("Invalid value: {v}: {}", in_body(format!("must be of type {format}: {v}")))));
+                causes.push(cause("FieldValueTypeInvalid", format!("Invalid value: {q}: {}", in_body(format!("must be of type {format}: {q}")))));
             }
         }
         Value::Array(items) => {
@@ -390,8 +443,48 @@ fn validate(s: &Value, v: &Value, at: &Path, causes: &mut Vec<Cause>) {
 }
 
 fn unsupported(v: &Value, allowed: &[Value]) -> String {
-    let list: Vec<String> = allowed.iter().map(Value::to_string).collect();
-    format!("Unsupported value: {v}: supported values: {}", list.join(", "))
+    let list: Vec<String> = allowed.iter().map(shown).collect();
+    format!("Unsupported value: {}: supported values: {}", shown(v), list.join(", "))
+}
+
+/// A value in a message: strings as Go's `%q` writes them, the rest as JSON.
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => go_quote(s),
+        v => v.to_string(),
+    }
+}
+
+/// Go's `strconv.Quote`, which the real server's messages use for strings (JSON
+/// escapes differ: `\v` there is `\u000b` in JSON). Printable characters are kept;
+/// Go's `unicode.IsPrint` is approximated by "not a control character and not a
+/// space other than ' '" (format and unassigned characters, which Go escapes, are
+/// kept here).
+fn go_quote(s: &str) -> String {
+    let mut out = String::from('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if c.is_control() || (c.is_whitespace() && c != ' ') => match c as u32 {
+                n if n < 0x10000 => out.push_str(&format!("\\u{n:04x}")),
+                n => out.push_str(&format!("\\U{n:08x}")),
+            },
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// The string formats of the real server's list (apiextensions-apiserver's
@@ -604,8 +697,42 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "does not enforce `/properties/spec/pattern`")]
+    #[should_panic(expected = "does not enforce `/properties/spec/x-kubernetes-validations`")]
     fn apiserver_crd_refuses_keywords_it_does_not_enforce() {
-        check_supported(&json!({ "type": "object", "properties": { "spec": { "type": "string", "pattern": "^a" } } }), "");
+        check_supported(
+            &json!({ "type": "object", "properties": { "spec": { "type": "string", "x-kubernetes-validations": [{ "rule": "self != ''" }] } } }),
+            "",
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot match `/properties/spec/pattern` of deploy/crd.yaml (^\\s$) as the real server does: \\d, \\s")]
+    fn apiserver_crd_refuses_patterns_go_reads_otherwise() {
+        check_supported(&json!({ "type": "object", "properties": { "spec": { "type": "string", "pattern": "^\\s$" } } }), "");
+    }
+
+    #[test]
+    fn apiserver_crd_quotes_strings_as_go() {
+        // What Go's strconv.Quote gives.
+        let cases = [
+            ("eth0", r#""eth0""#),
+            ("a\"b\\c", r#""a\"b\\c""#),
+            ("\u{7}\u{8}\u{c}\n\r\t\u{b}", r#""\a\b\f\n\r\t\v""#),
+            ("\u{1}\u{1b}\u{7f}", r#""\x01\x1b\x7f""#),
+            ("é\u{a0}\u{2028}\u{85}", r#""é\u00a0\u2028\u0085""#),
+        ];
+        for (s, want) in cases {
+            assert_eq!(go_quote(s), want, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn apiserver_crd_patterns_go_reads_alike() {
+        for same in ["^[^/:[:space:]]+$", "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "^[]a]$", "^[^]a-]+$", "a\\.b", "^\\\\d$", "[[:alpha:]-]"] {
+            assert_eq!(go_regexp_differs(same), None, "{same}");
+        }
+        for differs in ["\\d", "[\\w]", "\\bx", "[a[bc]]", "[a&&b]", "[a--b]", "[a~~b]"] {
+            assert!(go_regexp_differs(differs).is_some(), "{differs}");
+        }
     }
 }

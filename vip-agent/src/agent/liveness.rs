@@ -27,6 +27,7 @@ use crate::{
         garp::{FrameTx, Job, Order},
         heartbeat,
     },
+    links::Link,
     model::{AnnounceMode, World},
 };
 
@@ -43,12 +44,35 @@ pub struct Membership {
     pub on_lo: BTreeSet<Ipv4Addr>,
 }
 
+/// Where this node's VIPs live and where it is reached, as resolved by the agent
+/// from the model and the host's interfaces (`links::resolve`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Uplinks {
+    /// Pool name → the interface (or VLAN) its VIPs are answered on here.
+    pub by_pool: BTreeMap<String, Link>,
+    /// Where this node is reached (`--iface`, else the interface holding its
+    /// address): ARP requests for peers that come back leave here.
+    pub home: Option<Link>,
+}
+
+impl Uplinks {
+    /// Every interface whose loss leaves VIPs unanswered or this node unreachable:
+    /// the links, their parents, and home.
+    pub fn watched(&self) -> BTreeSet<u32> {
+        self.by_pool.values().chain(&self.home).flat_map(|l| [l.ifindex, l.xdp_ifindex]).filter(|i| !crate::links::is_vlan_net(*i)).collect()
+    }
+
+    /// The `arp_held` ifindices VIPs are held under.
+    fn held_ifindices(&self) -> BTreeSet<u32> {
+        self.by_pool.values().map(|l| l.ifindex).collect()
+    }
+}
+
 /// What the thread needs from the agent's start.
 pub struct Setup {
     pub me: String,
-    pub ifindex: u32,
-    /// Our interface MAC: the sender of gratuitous ARP.
-    pub mac: [u8; 6],
+    /// Where VIPs are answered (updated by the agent when the model or host changes).
+    pub uplinks: watch::Receiver<Arc<Uplinks>>,
     pub held: HeldVips,
     /// The VIPs of `announce: lo` pools we hold, for the loopback task.
     pub on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
@@ -75,7 +99,7 @@ pub fn spawn(setup: Setup, frames: FrameTx, world: watch::Receiver<Arc<World>>) 
                 }
             };
             rt.block_on(async move {
-                let arp_tx = ha::garp::spawn_sender(frames, setup.ifindex);
+                let arp_tx = ha::garp::spawn_sender(frames);
                 let mut l = Liveness::new(setup, world, tx, arp_tx);
                 let first = l.start().await;
                 let ok = first.is_ok();
@@ -94,13 +118,15 @@ struct Liveness {
     s: Setup,
     world_rx: watch::Receiver<Arc<World>>,
     world: Arc<World>,
+    uplinks: Arc<Uplinks>,
     out: watch::Sender<Membership>,
     arp_tx: mpsc::UnboundedSender<Order>,
     heartbeat: Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>,
     tracked: BTreeSet<String>,
     live: BTreeSet<String>,
-    /// What is written to `arp_held`: VIP → how it is announced.
-    held: BTreeMap<Ipv4Addr, Announce>,
+    /// What is written to `arp_held`: VIP → how it is announced, and the ifindex
+    /// it is held under.
+    held: BTreeMap<Ipv4Addr, (Announce, u32)>,
     owners: BTreeMap<Ipv4Addr, String>,
     /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
     deadline: u64,
@@ -110,8 +136,10 @@ struct Liveness {
     conflicts: u64,
     /// Conflicting claims counted per VIP so far (`arp_conflicts`).
     contested: BTreeMap<Ipv4Addr, u64>,
-    /// Whether the interface VIPs are answered on is up with a carrier.
+    /// Whether every watched interface (`Uplinks::watched`) is up with a carrier.
     link_up: bool,
+    /// Owned VIPs of pools without an interface here (logged once each).
+    unplaced: BTreeSet<Ipv4Addr>,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -124,10 +152,12 @@ pub fn hold_refresh(w: &World) -> tokio::time::Interval {
 impl Liveness {
     fn new(s: Setup, world_rx: watch::Receiver<Arc<World>>, out: watch::Sender<Membership>, arp_tx: mpsc::UnboundedSender<Order>) -> Self {
         let world = world_rx.borrow().clone();
+        let uplinks = s.uplinks.borrow().clone();
         Self {
             s,
             world_rx,
             world,
+            uplinks,
             out,
             arp_tx,
             heartbeat: None,
@@ -140,7 +170,23 @@ impl Liveness {
             conflicts: 0,
             contested: BTreeMap::new(),
             link_up: true,
+            unplaced: BTreeSet::new(),
         }
+    }
+
+    /// Where `vip` is answered on this node: its pool's link.
+    fn link_of(&self, vip: Ipv4Addr) -> Option<&Link> {
+        self.uplinks.by_pool.get(&self.world.pool_of(vip)?.name)
+    }
+
+    /// Whether every watched interface is up with a carrier.
+    fn links_up(&self) -> bool {
+        self.uplinks.watched().into_iter().all(crate::dataplane::link_up)
+    }
+
+    /// `arp_conflicts` counts on every interface VIPs are held under.
+    fn conflicts_now(&self) -> BTreeMap<Ipv4Addr, u64> {
+        self.uplinks.held_ifindices().into_iter().flat_map(|i| self.s.held.conflicts(i).unwrap_or_default()).collect()
     }
 
     /// Sweeps what an earlier agent left in `arp_held`, starts heartbeats and
@@ -148,17 +194,17 @@ impl Liveness {
     async fn start(&mut self) -> Result<()> {
         // Conflicts counted before this start are not news.
         self.conflicts = self.s.held.reason_count(vip_common::Reason::ArpConflict).map_or(0, |c| c.0);
-        self.contested = self.s.held.conflicts(self.s.ifindex).unwrap_or_default();
+        self.contested = self.conflicts_now();
         let now = monotonic_ns();
         // Fresh entries are ours from before a restart: start from them, so that
         // those we no longer own are released (and those we keep are not
         // re-announced as a takeover).
         for e in self.s.held.entries()? {
-            if e.ifindex == self.s.ifindex && e.deadline_ns > now {
-                self.held.insert(e.vip, e.announce);
+            if e.deadline_ns > now {
+                self.held.insert(e.vip, (e.announce, e.ifindex));
             }
         }
-        self.link_up = crate::dataplane::link_up(self.s.ifindex);
+        self.link_up = self.links_up();
         self.sync_heartbeat().await;
         self.decide(false);
         Ok(())
@@ -192,6 +238,16 @@ impl Liveness {
                     // Deadlines follow the new hold time at once.
                     self.refresh();
                 }
+                changed = self.s.uplinks.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    self.uplinks = self.s.uplinks.borrow_and_update().clone();
+                    info!(pools = self.uplinks.by_pool.len(), "interfaces of the pools changed");
+                    self.link_up = self.links_up();
+                    self.sync_heartbeat().await;
+                    self.decide(false);
+                }
                 Some(live) = next_live(&mut self.heartbeat) => {
                     info!(live = ?live, "live nodes changed");
                     let back: Vec<Ipv4Addr> = live.difference(&self.live).filter_map(|n| self.world.node(n)).map(|n| n.addr).collect();
@@ -207,7 +263,7 @@ impl Liveness {
                     }
                 }
                 _ = link.tick() => {
-                    let up = crate::dataplane::link_up(self.s.ifindex);
+                    let up = self.links_up();
                     if up != self.link_up {
                         self.link_up = up;
                         if up {
@@ -310,33 +366,61 @@ impl Liveness {
     /// forgotten. `reassert`: membership changed, so every held VIP is announced
     /// again (while it was split, others may have taken ours and moved clients).
     fn decide(&mut self, reassert: bool) {
-        let o = ownership(&self.world, &self.s.me, &self.live);
-        let want: BTreeMap<Ipv4Addr, Announce> = o.held.iter().map(|v| (*v, if o.on_lo.contains(v) { Announce::Lo } else { Announce::Arp })).collect();
+        let mut o = ownership(&self.world, &self.s.me, &self.live);
+        // A VIP is held on its pool's interface here; one whose pool has none
+        // (reported in the host problems) cannot be answered, so it is not held.
+        let unplaced: BTreeSet<Ipv4Addr> = o.held.iter().filter(|v| self.link_of(**v).is_none()).copied().collect();
+        for v in unplaced.difference(&self.unplaced) {
+            error!(vip = %v, "this node owns the VIP but its pool has no interface here: not answered (see the host problems)");
+        }
+        o.held.retain(|v| !unplaced.contains(v));
+        self.unplaced = unplaced;
+        let want: BTreeMap<Ipv4Addr, (Announce, u32)> = o
+            .held
+            .iter()
+            .filter_map(|v| {
+                let announce = if o.on_lo.contains(v) { Announce::Lo } else { Announce::Arp };
+                Some((*v, (announce, self.link_of(*v)?.ifindex)))
+            })
+            .collect();
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
         let taken: BTreeSet<Ipv4Addr> = want.iter().filter(|(v, a)| self.held.get(v) != Some(a)).map(|(v, _)| *v).collect();
-        for vip in &taken {
-            if let Err(e) = self.s.held.hold(self.s.ifindex, *vip, deadline, want[vip]) {
-                error!(%vip, "holding VIP: {e:#}");
-            } else {
-                info!(%vip, on_lo = o.on_lo.contains(vip), "holding VIP");
-            }
+        // Released: no longer ours, or now held under another interface.
+        let released: Vec<(Ipv4Addr, u32)> =
+            self.held.iter().filter(|(v, (_, i))| want.get(v).is_none_or(|(_, wi)| wi != i)).map(|(v, (_, i))| (*v, *i)).collect();
+        let gone: BTreeSet<Ipv4Addr> = released.iter().map(|(v, _)| *v).filter(|v| !want.contains_key(v)).collect();
+        if !gone.is_empty() {
+            let _ = self.arp_tx.send(Order::Cancel(gone));
         }
-        let released: BTreeSet<Ipv4Addr> = self.held.keys().filter(|v| !want.contains_key(v)).copied().collect();
-        if !released.is_empty() {
-            let _ = self.arp_tx.send(Order::Cancel(released.clone()));
-        }
-        for vip in &released {
-            match self.s.held.release(self.s.ifindex, *vip) {
-                Ok(()) => info!(%vip, "released VIP (its pinned flows keep being forwarded)"),
+        for (vip, ifindex) in &released {
+            match self.s.held.release(*ifindex, *vip) {
+                Ok(()) => info!(%vip, ifindex, "released VIP (its pinned flows keep being forwarded)"),
                 Err(e) => error!(%vip, "releasing VIP: {e:#}"),
             }
         }
-        // Entries of VIPs that left every pool (also from before a restart) go entirely.
+        for vip in &taken {
+            let (announce, ifindex) = want[vip];
+            if let Err(e) = self.s.held.hold(ifindex, *vip, deadline, announce) {
+                error!(%vip, "holding VIP: {e:#}");
+            } else {
+                info!(%vip, ifindex, on_lo = o.on_lo.contains(vip), "holding VIP");
+            }
+        }
+        // Entries of VIPs that left every pool (also from before a restart) go
+        // entirely, and so do released entries under an interface the VIP no
+        // longer lives on.
         match self.s.held.entries() {
             Ok(entries) => {
-                for e in entries.into_iter().filter(|e| e.ifindex == self.s.ifindex && self.world.pool_of(e.vip).is_none()) {
+                let drop: Vec<_> = entries
+                    .into_iter()
+                    .filter(|e| match self.world.pool_of(e.vip) {
+                        None => true,
+                        Some(_) => self.link_of(e.vip).is_some_and(|l| l.ifindex != e.ifindex) && e.deadline_ns == 0,
+                    })
+                    .collect();
+                for e in drop {
                     match self.s.held.forget(e.ifindex, e.vip) {
-                        Ok(()) => info!(vip = %e.vip, "forgot VIP (in no pool)"),
+                        Ok(()) => info!(vip = %e.vip, ifindex = e.ifindex, "forgot VIP (in no pool, or moved to another interface)"),
                         Err(err) => error!(vip = %e.vip, "forgetting VIP: {err:#}"),
                     }
                 }
@@ -363,9 +447,14 @@ impl Liveness {
         let last = self.deadline;
         let lapsed = last != 0 && now > last;
         let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
-        let all: Vec<(Ipv4Addr, Announce)> = self.held.iter().map(|(v, a)| (*v, *a)).collect();
-        if let Err(e) = self.s.held.hold_all(self.s.ifindex, &all, deadline) {
-            error!("refreshing held VIPs: {e:#}");
+        let mut by_ifindex: BTreeMap<u32, Vec<(Ipv4Addr, Announce)>> = BTreeMap::new();
+        for (v, (a, i)) in &self.held {
+            by_ifindex.entry(*i).or_default().push((*v, *a));
+        }
+        for (ifindex, all) in by_ifindex {
+            if let Err(e) = self.s.held.hold_all(ifindex, &all, deadline) {
+                error!(ifindex, "refreshing held VIPs: {e:#}");
+            }
         }
         self.deadline = deadline;
         if lapsed && !self.held.is_empty() {
@@ -387,8 +476,10 @@ impl Liveness {
             if self.world.announce_mode(v) == AnnounceMode::Lo {
                 continue;
             }
+            let Some(l) = self.link_of(v) else { continue };
+            let frame = ha::garp::tagged(&ha::garp::garp_frame(l.mac, v), l.vlan);
+            by_settings.entry(self.world.garp(v)).or_default().push((v, l.xdp_ifindex, frame));
             self.last_garp.insert(v, now);
-            by_settings.entry(self.world.garp(v)).or_default().push((v, ha::garp::garp_frame(self.s.mac, v)));
         }
         for (g, frames) in by_settings {
             let rounds = if takeover { g.count } else { 1 };
@@ -413,7 +504,9 @@ impl Liveness {
     /// The reply to this request completes the entries at once.
     fn resolve(&self, addrs: Vec<Ipv4Addr>) {
         let Some(me) = self.world.node(&self.s.me).map(|n| n.addr) else { return };
-        let frames: Vec<_> = addrs.into_iter().map(|a| (a, ha::garp::arp_request_frame(self.s.mac, me, a))).collect();
+        let Some(home) = &self.uplinks.home else { return };
+        let frames: Vec<_> =
+            addrs.into_iter().map(|a| (a, home.xdp_ifindex, ha::garp::tagged(&ha::garp::arp_request_frame(home.mac, me, a), home.vlan))).collect();
         if !frames.is_empty() {
             let _ = self.arp_tx.send(Order::Send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" }));
         }
@@ -429,7 +522,7 @@ impl Liveness {
             // counts from 0). Whoever claimed them (a partitioned node, a node that
             // woke up) may have pulled clients away; the holder's announcement of
             // those VIPs, and only those, brings them back.
-            let now = self.s.held.conflicts(self.s.ifindex).unwrap_or_default();
+            let now = self.conflicts_now();
             let contested: BTreeSet<Ipv4Addr> =
                 now.iter().filter(|(v, c)| **c > self.contested.get(v).copied().unwrap_or(0) && self.held.contains_key(v)).map(|(v, _)| *v).collect();
             warn!(new = n - self.conflicts, vips = ?contested, "ARP conflict: another MAC claims a VIP this node holds; re-announcing it");

@@ -10,6 +10,7 @@
 mod apply;
 mod desired;
 mod feed;
+mod interfaces;
 pub mod liveness;
 pub mod metrics;
 mod publish;
@@ -32,7 +33,7 @@ use tracing::{info, warn};
 pub use desired::{desired, health_targets, ownership, Desired, DesiredService, Observed, Ownership};
 pub use feed::Source;
 use feed::{next_world, Feed};
-pub use liveness::Membership;
+pub use liveness::{Membership, Uplinks};
 
 use crate::{
     config,
@@ -41,7 +42,6 @@ use crate::{
     health::{self, Target},
     model::World,
     preflight,
-    spec::Mac,
     status::{ConfigStatus, Status},
 };
 
@@ -51,8 +51,9 @@ pub struct Options {
     pub source: Source,
     /// This node's name in the config's `nodes`.
     pub node_name: String,
-    /// The uplink the XDP program is attached to and VIPs are answered on.
-    pub iface: String,
+    /// The interface of pools that name none, and this node's home (where the
+    /// node is reached); None: each pool's by its addresses, home by the node's.
+    pub iface: Option<String>,
     pub attach_mode: AttachMode,
     pub pin_dir: PathBuf,
     pub ring_capacity: u32,
@@ -72,6 +73,12 @@ pub struct Options {
 struct Agent {
     opts: Options,
     dp: Dataplane,
+    /// Where pools' VIPs are answered here; the program attached there.
+    interfaces: interfaces::Interfaces,
+    /// The latest placement, for the liveness thread.
+    uplinks_tx: watch::Sender<Arc<Uplinks>>,
+    /// What the latest placement found wrong (part of the host problems).
+    iface_problems: Vec<String>,
     world: Arc<World>,
     /// The model as the liveness thread sees it.
     world_tx: watch::Sender<Arc<World>>,
@@ -124,19 +131,7 @@ pub async fn run(opts: Options) -> Result<()> {
     for w in config::warnings(&world) {
         warn!("{w}");
     }
-    let mut dp = Dataplane::load(&opts.pin_dir, opts.ring_capacity)?;
-    let attached = dp.attach(&opts.iface, opts.attach_mode)?;
-    let (ifindex, mac) = dataplane::iface_info(&opts.iface)?;
-    dp.set_iface(ifindex, mac)?;
-    info!(iface = %opts.iface, ifindex, mac = %Mac(mac), mode = ?attached.mode, "XDP attached (None: kept the existing attachment)");
-    let sender = match opts.arp_sender {
-        ArpSender::Auto if dp.iface_native(ifindex) => ArpSender::Xdp,
-        ArpSender::Auto => ArpSender::Packet,
-        s => s,
-    };
-    let frame_tx = ha::garp::FrameTx::open(sender, &opts.pin_dir)
-        .with_context(|| format!("opening the ARP sender ({sender:?}; --arp-sender xdp needs a native attachment, packet needs CAP_NET_RAW)"))?;
-    info!(?sender, "gratuitous ARP and ARP requests go out through this sender");
+    let dp = Dataplane::load(&opts.pin_dir, opts.ring_capacity)?;
     let (on_lo, on_lo_rx) = watch::channel(BTreeSet::new());
     ha::loopback::spawn(on_lo_rx)?;
 
@@ -156,7 +151,11 @@ pub async fn run(opts: Options) -> Result<()> {
     let world = Arc::new(world);
     let (world_tx, world_rx) = watch::channel(world.clone());
     let held = dp.held_handle()?;
+    let (uplinks_tx, uplinks_rx) = watch::channel(Arc::new(Uplinks::default()));
     let mut agent = Agent {
+        interfaces: interfaces::Interfaces::new(opts.iface.clone(), opts.attach_mode),
+        uplinks_tx,
+        iface_problems: Vec::new(),
         status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: source_name, generation: 1, error: None }, ..Default::default() },
         opts,
         dp,
@@ -177,7 +176,19 @@ pub async fn run(opts: Options) -> Result<()> {
     };
     agent.metrics.config_valid.set(1);
     agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
+    // The program is attached where the model's pools live before anything is held.
     agent.adopt(world);
+    if agent.interfaces.attached_count() == 0 {
+        bail!("the XDP program is attached to no interface: {}", agent.iface_problems.join("; "));
+    }
+    let sender = match agent.opts.arp_sender {
+        ArpSender::Auto if agent.interfaces.all_native(&agent.dp) => ArpSender::Xdp,
+        ArpSender::Auto => ArpSender::Packet,
+        s => s,
+    };
+    let frame_tx = ha::garp::FrameTx::open(sender, &agent.opts.pin_dir)
+        .with_context(|| format!("opening the ARP sender ({sender:?}; --arp-sender xdp needs a native attachment, packet needs CAP_NET_RAW)"))?;
+    info!(?sender, "gratuitous ARP and ARP requests go out through this sender");
     // Heartbeats first: a restarted agent must be heard again within deadAfter of
     // its predecessor's last heartbeat, whatever the programming below costs. The
     // liveness thread sweeps arp_held and takes what it owns before it returns;
@@ -186,8 +197,7 @@ pub async fn run(opts: Options) -> Result<()> {
     // heartbeats say otherwise.
     let setup = liveness::Setup {
         me: agent.opts.node_name.clone(),
-        ifindex,
-        mac,
+        uplinks: uplinks_rx,
         held,
         on_lo,
         metrics: agent.metrics.liveness.clone(),
@@ -262,23 +272,29 @@ impl Agent {
         let targets = health_targets(&world);
         self.health.retain(|t, _| targets.contains(t));
         self.monitor.sync(targets);
-        let world_before = std::mem::replace(&mut self.world, world.clone());
-        if preflight::backed_vips(&world, &self.opts.node_name) != preflight::backed_vips(&world_before, &self.opts.node_name) {
-            self.check_host();
-        }
+        self.world = world.clone();
+        // Interfaces first: the liveness thread then finds the new pools placed.
+        self.check_host();
         self.world_tx.send_replace(world);
     }
 
     /// Logs what is wrong with this host for `world` when that changes (it never
     /// stops the agent: the node may be set up after it starts).
     fn check_host(&mut self) {
+        let placed = self.interfaces.place(&mut self.dp, &self.world, &self.opts.node_name);
+        self.uplinks_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &placed.uplinks));
+        self.iface_problems = placed.problems;
         let world = &self.world;
         let intake = match self.opts.source {
             Source::File(_) => preflight::Intake::VipOnLo,
             Source::Kubernetes { .. } => preflight::Intake::KubeProxy,
         };
-        let facts = preflight::HostFacts::read(&self.opts.iface, preflight::backed_vips(world, &self.opts.node_name));
-        let problems = preflight::problems(world, &self.opts.node_name, intake, &self.opts.iface, &facts);
+        // ARP sysctls matter where the node is reached (its home interface).
+        let home = placed.uplinks.home.as_ref().map_or("all", |l| l.name.as_str());
+        let vips = preflight::backed_vips(world, &self.opts.node_name);
+        let facts = preflight::HostFacts::read(home, vips.iter().copied());
+        let mut problems = self.iface_problems.clone();
+        problems.extend(preflight::problems(&vips, intake, home, &facts));
         for p in problems.iter().filter(|p| !self.status.host_problems.contains(p)) {
             warn!("this host is not ready for its VIP traffic: {p}");
         }

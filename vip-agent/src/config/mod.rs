@@ -105,6 +105,10 @@ struct FilePool {
     announce: AnnounceMode,
     #[serde(default)]
     gratuitous_arp: Option<GratuitousArpSpec>,
+    #[serde(default)]
+    interfaces: Vec<String>,
+    #[serde(default)]
+    vlan: Option<u16>,
 }
 
 #[derive(Deserialize)]
@@ -221,6 +225,8 @@ fn validate(f: File) -> Result<World, FieldError> {
             return invalid(format!("{p}.addresses"), format!("all pools together exceed {MAX_POOL_ADDRESSES} addresses"));
         }
         let garp = fp.gratuitous_arp.map(|g| g.check(&format!("{p}.gratuitousArp"))).transpose()?;
+        spec::interface_names(&format!("{p}.interfaces"), &fp.interfaces)?;
+        spec::vlan_id(&format!("{p}.vlan"), fp.vlan)?;
         pools.push(Pool {
             name: fp.name,
             addresses: set.into_iter().collect(),
@@ -228,6 +234,8 @@ fn validate(f: File) -> Result<World, FieldError> {
             tolerations: Vec::new(),
             announce: fp.announce,
             garp,
+            interfaces: fp.interfaces,
+            vlan: fp.vlan,
         });
     }
 

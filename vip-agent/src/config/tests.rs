@@ -217,3 +217,50 @@ fn pool_announce_errors() {
     rejects(at, &format!("{at}\n    gratuitousArp:\n      interval: 0s"), "pools[0].gratuitousArp.interval", "interval: 0s", "from 1ms to 10s");
     rejects(at, &format!("{at}\n    gratuitousArp:\n      every: 1s"), "pools[0].gratuitousArp.every", "every: 1s", "unknown field `every`");
 }
+
+#[test]
+fn pool_interfaces() {
+    assert!(parse(GOOD).unwrap().pools[0].interfaces.is_empty(), "default: none (chosen by address)");
+    let at = "    nodeSelector: {role: lb}";
+    let w = parse(&GOOD.replacen(at, &format!("{at}\n    interfaces: [eth0, ens3, eth0.100, enp0s31f6]"), 1)).unwrap();
+    assert_eq!(w.pools[0].interfaces, ["eth0", "ens3", "eth0.100", "enp0s31f6"]);
+    // 15 bytes is the longest name the kernel takes.
+    let w = parse(&GOOD.replacen(at, &format!("{at}\n    interfaces: [abcdefghijklmno]"), 1)).unwrap();
+    assert_eq!(w.pools[0].interfaces, ["abcdefghijklmno"]);
+}
+
+#[test]
+fn pool_interface_errors() {
+    let at = "    nodeSelector: {role: lb}";
+    let bad = |list: &str, path: &str, msg: &str| {
+        let line = format!("interfaces: {list}");
+        rejects(at, &format!("{at}\n    {line}"), path, &line, msg)
+    };
+    bad("[eth0, \"\"]", "pools[0].interfaces[1]", "\"\" is not an interface name: 1 to 15 bytes");
+    bad("[abcdefghijklmnop]", "pools[0].interfaces[0]", "\"abcdefghijklmnop\" is not an interface name: 1 to 15 bytes");
+    // 8 characters but 16 bytes: the kernel counts bytes.
+    bad("[éééééééé]", "pools[0].interfaces[0]", "1 to 15 bytes");
+    bad("[eth0/1]", "pools[0].interfaces[0]", "it contains '/'");
+    bad("[\"eth 0\"]", "pools[0].interfaces[0]", "it contains ' '");
+    bad("[\"eth0\\t\"]", "pools[0].interfaces[0]", "it contains '\\t'");
+    bad("[\"eth0:1\"]", "pools[0].interfaces[0]", "it contains ':'");
+    bad("[.]", "pools[0].interfaces[0]", "\".\" is not an interface name");
+    bad("[eth0, \"..\"]", "pools[0].interfaces[1]", "\"..\" is not an interface name");
+    bad("[eth0, ens3, eth0]", "pools[0].interfaces[2]", "\"eth0\" is already listed at pools[0].interfaces[0]");
+    bad("eth0", "pools[0].interfaces", "invalid type: string \"eth0\", expected a sequence");
+    // The second pool's path.
+    let two = GOOD.replacen("services:", "  - name: other\n    addresses: [198.18.2.1]\n    interfaces: [eth1, eth1]\nservices:", 1);
+    let err = parse(&two).unwrap_err();
+    assert_eq!((err.path.as_str(), err.line), ("pools[1].interfaces[1]", Some(line_with(&two, "interfaces: [eth1, eth1]"))), "{err}");
+}
+
+#[test]
+fn pool_vlan() {
+    assert_eq!(parse(GOOD).unwrap().pools[0].vlan, None, "default: untagged");
+    let at = "    nodeSelector: {role: lb}";
+    for v in [1u16, 30, 4094] {
+        assert_eq!(parse(&GOOD.replacen(at, &format!("{at}\n    vlan: {v}"), 1)).unwrap().pools[0].vlan, Some(v));
+    }
+    rejects(at, &format!("{at}\n    vlan: 0"), "pools[0].vlan", "vlan: 0", "0 is not a VLAN id: 1 to 4094");
+    rejects(at, &format!("{at}\n    vlan: 4095"), "pools[0].vlan", "vlan: 4095", "4095 is not a VLAN id: 1 to 4094");
+}

@@ -100,6 +100,57 @@ pub fn link_up(ifindex: u32) -> bool {
     }
 }
 
+/// Makes `iface` hand 802.1Q tags to XDP inside the frame: receive VLAN stripping
+/// (`rxvlan`, which moves the tag into the driver's descriptor or skb metadata,
+/// where neither native nor generic XDP sees it) is turned off. Without that a
+/// VLAN's frames look untagged to the program, and a VIP would be answered on
+/// every VLAN. The kernel untags in software for VLAN sub-interfaces instead.
+/// Ok(false): the driver cannot turn it off (the caller reports it).
+pub fn keep_vlan_tags(iface: &str) -> Result<bool> {
+    // Legacy ethtool flags (include/uapi/linux/ethtool.h): ETHTOOL_GFLAGS and
+    // ETHTOOL_SFLAGS with ETH_FLAG_RXVLAN, mapped by the kernel to the
+    // rx-vlan-hw-parse feature.
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_GFLAGS: u32 = 0x25;
+    const ETHTOOL_SFLAGS: u32 = 0x26;
+    const ETH_FLAG_RXVLAN: u32 = 1 << 8;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let name = CString::new(iface)?;
+    anyhow::ensure!(name.as_bytes().len() < libc::IF_NAMESIZE, "interface name {iface:?} too long");
+    // SAFETY: a plain socket and SIOCETHTOOL ioctls with a zeroed ifreq holding
+    // the NUL-terminated name and a pointer to an ethtool_value that outlives them.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        anyhow::ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let mut v = EthtoolValue { cmd: ETHTOOL_GFLAGS, data: 0 };
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        ifr.ifr_ifru.ifru_data = (&raw mut v).cast();
+        let mut r = libc::ioctl(fd, SIOCETHTOOL, &mut ifr);
+        let mut err = std::io::Error::last_os_error();
+        if r == 0 && v.data & ETH_FLAG_RXVLAN != 0 {
+            v = EthtoolValue { cmd: ETHTOOL_SFLAGS, data: v.data & !ETH_FLAG_RXVLAN };
+            r = libc::ioctl(fd, SIOCETHTOOL, &mut ifr);
+            err = std::io::Error::last_os_error();
+        }
+        libc::close(fd);
+        match r {
+            0 => Ok(true),
+            // No ethtool support (lo, some virtual devices): nothing strips tags.
+            _ if err.raw_os_error() == Some(libc::EOPNOTSUPP) && v.cmd == ETHTOOL_GFLAGS => Ok(true),
+            // A driver whose stripping is fixed on refuses the change.
+            _ if err.raw_os_error() == Some(libc::EINVAL) || err.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(false),
+            _ => Err(anyhow!("ethtool flags of {iface}: {err}")),
+        }
+    }
+}
+
 pub fn attach(ebpf: &mut Ebpf, dir: &Path, iface: &str, mode: AttachMode) -> Result<Attached> {
     let (ifindex, mac) = iface_info(iface)?;
     let pin = link_pin(dir, iface);

@@ -4,8 +4,8 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
 
 use anyhow::{bail, Context as _, Result};
-use aya::maps::{HashMap, IterableMap as _, MapData, PerCpuArray};
-use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbIface, LbVlanKey, Reason, HELD_NO_ARP, IFACE_NATIVE};
+use aya::maps::{Array, HashMap, IterableMap as _, MapData, PerCpuArray};
+use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbHome, LbIface, LbVlanKey, Reason, HELD_NO_ARP, IFACE_NATIVE};
 
 use super::{batch, coarse_slack_ns, counters::sum, flow_cache, ignore_missing, open_pinned};
 
@@ -50,6 +50,8 @@ pub struct HeldVips {
     ifaces: HashMap<MapData, u32, LbIface>,
     /// (parent ifindex, VLAN id) → the VLAN sub-interface's ifindex.
     vlans: HashMap<MapData, LbVlanKey, u32>,
+    /// 0 → the home interface (frames to VIPs of other networks leave there).
+    home: Array<MapData, LbHome>,
     held: HashMap<MapData, ArpHeldKey, ArpHeldVip>,
     /// (ifindex, VIP) → conflicting claims the data path saw.
     conflicts: HashMap<MapData, ArpHeldKey, u64>,
@@ -63,6 +65,7 @@ impl HeldVips {
         Ok(Self {
             ifaces: open_pinned(dir, names::IFACES)?,
             vlans: open_pinned(dir, names::VLANS)?,
+            home: open_pinned(dir, names::HOME)?,
             held: open_pinned(dir, names::HELD)?,
             conflicts: open_pinned(dir, names::CONFLICTS)?,
             stats: open_pinned(dir, names::STATS)?,
@@ -107,6 +110,23 @@ impl HeldVips {
     /// The VLANs served: (parent ifindex, VLAN id) → sub-interface ifindex.
     pub fn vlans(&self) -> Result<BTreeMap<(u32, u16), u32>> {
         self.vlans.iter().map(|kv| kv.map(|(k, v)| ((k.ifindex, k.vid as u16), v)).map_err(Into::into)).collect()
+    }
+
+    /// Sets the home interface (its ifindex, our MAC there; None: unset, every
+    /// frame is forwarded on the network it came from). Frames to VIPs living on
+    /// another network are forwarded to backends out of it, untagged.
+    pub fn set_home(&mut self, home: Option<(u32, [u8; 6])>) -> Result<()> {
+        let want = home.map_or_else(LbHome::default, |(ifindex, mac)| LbHome { ifindex, mac, _pad: [0; 2] });
+        if self.home.get(&0, 0).ok() != Some(want) {
+            self.home.set(0, want, 0).context("writing lb_home")?;
+            self.epoch.bump()?; // cached answers were for the old home
+        }
+        Ok(())
+    }
+
+    /// The home interface as set (ifindex 0: none).
+    pub fn home(&self) -> Result<LbHome> {
+        Ok(self.home.get(&0, 0)?)
     }
 
     /// Whether the program runs on `ifindex` in native mode, as recorded when this

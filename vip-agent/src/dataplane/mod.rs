@@ -27,7 +27,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-pub use attach::{detach, iface_info, link_up, AttachMode};
+pub use attach::{detach, iface_info, keep_vlan_tags, link_up, AttachMode};
 use aya::{
     maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray},
     programs::Xdp,
@@ -244,6 +244,11 @@ impl Dataplane {
     /// [`HeldVips::set_vlan`].
     pub fn set_vlan(&mut self, parent: u32, vid: u16, ifindex: u32) -> Result<()> {
         self.held.set_vlan(parent, vid, ifindex)
+    }
+
+    /// [`HeldVips::set_home`].
+    pub fn set_home(&mut self, home: Option<(u32, [u8; 6])>) -> Result<()> {
+        self.held.set_home(home)
     }
 
     /// [`HeldVips::remove_vlan`].

@@ -48,6 +48,19 @@ pub fn arp_request_frame(mac: [u8; 6], spa: Ipv4Addr, tpa: Ipv4Addr) -> [u8; GAR
     f
 }
 
+/// `frame` as it goes on the wire of a VLAN: with the 802.1Q tag `vid` after its
+/// MAC addresses (none: unchanged). Frames of a VIP on a VLAN leave through the
+/// VLAN's parent, where the program runs, so they carry the tag themselves.
+pub fn tagged(frame: &[u8], vid: Option<u16>) -> Vec<u8> {
+    let Some(vid) = vid else { return frame.to_vec() };
+    let mut f = Vec::with_capacity(frame.len() + 4);
+    f.extend_from_slice(&frame[..12]);
+    f.extend_from_slice(&0x8100u16.to_be_bytes());
+    f.extend_from_slice(&(vid & 0x0fff).to_be_bytes());
+    f.extend_from_slice(&frame[12..]);
+    f
+}
+
 /// A send-only packet socket. Protocol 0 on creation: the kernel delivers no
 /// received frames to it, so it costs nothing while idle.
 pub struct GarpSocket {
@@ -149,9 +162,9 @@ impl FrameTx {
 }
 
 /// Frames to send `rounds` times, `gap` apart: round by round, so every address's
-/// first frame goes out at once.
+/// first frame goes out at once. Each: (address, interface it leaves by, frame).
 pub struct Job {
-    pub frames: Vec<(Ipv4Addr, [u8; GARP_FRAME_LEN])>,
+    pub frames: Vec<(Ipv4Addr, u32, Vec<u8>)>,
     pub rounds: u32,
     pub gap: Duration,
     pub what: &'static str,
@@ -166,10 +179,10 @@ pub enum Order {
     Cancel(std::collections::BTreeSet<Ipv4Addr>),
 }
 
-/// Starts the one task that sends the agent's ARP frames out of `ifindex`; jobs
-/// interleave (a takeover's first round never waits behind another job's gaps).
-/// Returns the queue; the task ends when it is dropped.
-pub fn spawn_sender(tx: FrameTx, ifindex: u32) -> tokio::sync::mpsc::UnboundedSender<Order> {
+/// Starts the one task that sends the agent's ARP frames; jobs interleave (a
+/// takeover's first round never waits behind another job's gaps). Returns the
+/// queue; the task ends when it is dropped.
+pub fn spawn_sender(tx: FrameTx) -> tokio::sync::mpsc::UnboundedSender<Order> {
     let (q, mut rx) = tokio::sync::mpsc::unbounded_channel::<Order>();
     tokio::spawn(async move {
         // (when the next round is due, the job, rounds left)
@@ -188,15 +201,15 @@ pub fn spawn_sender(tx: FrameTx, ifindex: u32) -> tokio::sync::mpsc::UnboundedSe
                 Some(Order::Send(j)) if !j.frames.is_empty() && j.rounds > 0 => pending.push((now, j, 0)),
                 Some(Order::Cancel(addrs)) => {
                     for p in &mut pending {
-                        p.1.frames.retain(|(a, _)| !addrs.contains(a));
+                        p.1.frames.retain(|(a, _, _)| !addrs.contains(a));
                     }
                     pending.retain(|p| !p.1.frames.is_empty());
                 }
                 _ => {}
             }
             for p in pending.iter_mut().filter(|p| p.0 <= now) {
-                for (addr, frame) in &p.1.frames {
-                    if let Err(e) = tx.send(ifindex, frame) {
+                for (addr, ifindex, frame) in &p.1.frames {
+                    if let Err(e) = tx.send(*ifindex, frame) {
                         tracing::warn!(%addr, "{}: {e:#}", p.1.what);
                     }
                 }
@@ -231,5 +244,9 @@ mod tests {
         ];
         assert_eq!(f[..42], want);
         assert_eq!(f[42..], [0u8; GARP_FRAME_LEN - 42]);
+        // In VLAN 42: the same frame with the tag after the MACs.
+        let t = tagged(&f, Some(42));
+        assert_eq!((&t[..12], &t[12..16], &t[16..]), (&f[..12], &[0x81, 0x00, 0x00, 42][..], &f[12..]));
+        assert_eq!(tagged(&f, None), f);
     }
 }

@@ -78,6 +78,26 @@ pub struct VipPoolSpec {
     /// Gratuitous ARP on takeover and while holding (default: the agent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gratuitous_arp: Option<GratuitousArpSpec>,
+    /// Network interfaces where this pool's VIPs are answered, e.g. `[eth1, ens4]`:
+    /// each node uses the first of them it has (list every name your nodes use); a
+    /// node with none of them does not answer for the pool's VIPs. A VLAN sub-interface
+    /// (`eth0.100`) confines the VIPs to that VLAN.
+    ///
+    /// Absent or empty (the default): on each node, the interface whose IPv4 network
+    /// contains the pool's first address, else the one holding the node's address
+    /// (the agent's `--iface` / `VIP_IFACE`, when set, takes precedence over both).
+    ///
+    /// Names are Linux interface names: 1 to 15 bytes, no '/', ':' or whitespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 15), pattern(r"^[^/:[:space:]]+$")))]
+    pub interfaces: Vec<String>,
+    /// The 802.1Q VLAN of that interface the pool's VIPs live on (1 to 4094), for
+    /// nodes without a VLAN sub-interface: requests are answered in that VLAN only,
+    /// frames to backends leave untagged on the nodes' own network. Absent:
+    /// untagged (or the VLAN of a sub-interface named in `interfaces`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4094))]
+    pub vlan: Option<u16>,
 }
 
 fn default_true() -> bool {
@@ -116,6 +136,8 @@ pub struct ValidPool {
     pub health: Option<HealthCheck>,
     pub announce: AnnounceMode,
     pub garp: Option<Garp>,
+    pub interfaces: Vec<String>,
+    pub vlan: Option<u16>,
 }
 
 /// Checks a spec; errors carry the field path (`spec.addresses[2]`) and a message,
@@ -153,7 +175,19 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldE
         None => None,
     };
     let garp = spec.gratuitous_arp.as_ref().map(|g| g.check("spec.gratuitousArp")).transpose()?;
-    Ok(ValidPool { addresses: addresses.into_iter().collect(), table_size, health, announce: spec.announce, garp })
+    // The schema refuses most bad names already; "." and "..", duplicates, and names
+    // over 15 bytes but within 15 characters (non-ASCII) it cannot.
+    spec::interface_names("spec.interfaces", &spec.interfaces)?;
+    spec::vlan_id("spec.vlan", spec.vlan)?;
+    Ok(ValidPool {
+        addresses: addresses.into_iter().collect(),
+        table_size,
+        health,
+        announce: spec.announce,
+        garp,
+        interfaces: spec.interfaces.clone(),
+        vlan: spec.vlan,
+    })
 }
 
 /// The VipPool CRD: kube's, with a schema the API server takes without warnings.
@@ -250,6 +284,18 @@ mod tests {
         assert_eq!(v.addresses, ["198.18.1.10", "198.18.1.18"].map(|a| a.parse::<Ipv4Addr>().unwrap()));
         assert_eq!(v.table_size, 251);
         assert_eq!(v.health.unwrap().probe, crate::model::Probe::Tcp { port: 443 });
+        assert!(v.interfaces.is_empty(), "no interfaces: chosen by address");
+        let v = validate(&spec("addresses: [198.18.1.10]\ninterfaces: [eth1, ens4.100]\n"), 80).unwrap();
+        assert_eq!(v.interfaces, ["eth1", "ens4.100"]);
+    }
+
+    /// deploy/examples/pool.yaml shows `interfaces` commented out: valid once uncommented.
+    #[test]
+    fn example_pool_interfaces_are_valid() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/pool.yaml")).unwrap();
+        assert!(text.contains("\n  # interfaces: ["), "the example shows a pool's interfaces");
+        let pool: VipPool = serde_yaml_ng::from_str(&text.replace("\n  # interfaces: ", "\n  interfaces: ")).unwrap();
+        assert_eq!(validate(&pool.spec, 80).unwrap().interfaces, ["eth0", "ens3", "eno1.100"]);
     }
 
     #[test]
@@ -278,6 +324,11 @@ mod tests {
             ("addresses: [198.18.1.10]\nhealthCheck: {type: tcp, rise: 0}\n", "spec.healthCheck.rise", "must be at least 1"),
             ("addresses: [198.18.1.10]\ngratuitousArp: {count: 3, interval: 100ms, refresh: 0s}\n", "spec.gratuitousArp.refresh", "at least 1s"),
             ("addresses: [198.18.1.10]\ngratuitousArp: {count: 0}\n", "spec.gratuitousArp.count", "from 1 to 100"),
+            ("addresses: [198.18.1.10]\ninterfaces: [eth0, \"..\"]\n", "spec.interfaces[1]", "\"..\" is not an interface name"),
+            ("addresses: [198.18.1.10]\ninterfaces: [eth0, ens3, eth0]\n", "spec.interfaces[2]", "\"eth0\" is already listed at spec.interfaces[0]"),
+            // 8 characters, 16 bytes: within the schema's maxLength (characters), over the kernel's limit (bytes).
+            ("addresses: [198.18.1.10]\ninterfaces: [éééééééé]\n", "spec.interfaces[0]", "1 to 15 bytes"),
+            ("addresses: [198.18.1.10]\ninterfaces: [\"eth0:1\"]\n", "spec.interfaces[0]", "it contains ':'"),
         ];
         for (y, path, msg) in cases {
             let FieldError { path: p, message: m } = validate(&spec(y), 80).unwrap_err();
@@ -333,6 +384,13 @@ mod tests {
         assert_eq!((table["format"].as_str(), table["minimum"].as_f64(), table["maximum"].as_f64()), (Some("int64"), Some(0.0), Some(u32::MAX.into())));
         let addresses = schema["properties"]["spec"]["properties"]["addresses"]["description"].as_str().unwrap();
         assert_eq!(addresses, "IPv4 addresses, CIDRs (every address of the block) and inclusive ranges (`198.18.1.10-198.18.1.20`).");
+        let ifaces = &schema["properties"]["spec"]["properties"]["interfaces"];
+        let item = &ifaces["items"];
+        assert_eq!(
+            (ifaces["maxItems"].as_u64(), item["minLength"].as_u64(), item["maxLength"].as_u64(), item["pattern"].as_str()),
+            (Some(16), Some(1), Some(spec::IFNAME_MAX as u64), Some("^[^/:[:space:]]+$")),
+            "{ifaces}"
+        );
         assert_eq!(reflow("a\nb\n\nlist:\n- one\n  more\n- two"), "a b\n\nlist:\n- one more\n- two");
     }
 
@@ -349,6 +407,7 @@ mod tests {
             "includeNetworkAndBroadcast:",
             "nodeSelector:",
             "tolerations:",
+            "interfaces:",
         ] {
             assert!(y.contains(want), "CRD lacks {want:?}:\n{y}");
         }

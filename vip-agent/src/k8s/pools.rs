@@ -124,6 +124,26 @@ mod tests {
         assert_eq!(msg, "spec.addresses: 198.18.1.10 is also in VipPool \"older\"; pools must not overlap");
     }
 
+    /// A bad interface name makes the pool invalid, its `Ready` condition naming the
+    /// item, and leaves its addresses to others.
+    #[test]
+    fn bad_interface_names_make_the_pool_invalid() {
+        let pools = [
+            pool("ifaces", 1, "addresses: [198.18.1.10]\ninterfaces: [eth0, eth0]\n"),
+            pool("later", 2, "addresses: [198.18.1.10]\ninterfaces: [eth1, ens4]\n"),
+        ];
+        let c = check_pools(&pools);
+        let (reason, msg) = c[0].problem.clone().unwrap();
+        assert_eq!((reason.as_str(), msg.as_str()), ("InvalidSpec", "spec.interfaces[1]: \"eth0\" is already listed at spec.interfaces[0]"));
+        assert_eq!(c[1].valid.as_ref().map(|v| v.interfaces.clone()), Some(vec!["eth1".to_owned(), "ens4".to_owned()]), "{:?}", c[1]);
+        let ready = &conditions(&c[0], &[], &[], Some(3), &[], Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap()))[0];
+        assert_eq!((ready.type_.as_str(), ready.status.as_str(), ready.reason.as_str()), ("Ready", "False", "InvalidSpec"));
+        assert_eq!(ready.message, msg);
+        // Into the model: only the valid pool, with its interfaces.
+        let w = crate::k8s::source::world_from(&[], &pools, &[], &[], &crate::model::World::default());
+        assert_eq!(w.pools.iter().map(|p| (p.name.as_str(), p.interfaces.clone())).collect::<Vec<_>>(), [("later", vec!["eth1".into(), "ens4".into()])]);
+    }
+
     #[test]
     fn conditions_keep_their_transition_time() {
         let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());

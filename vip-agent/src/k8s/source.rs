@@ -160,6 +160,8 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
             tolerations,
             announce: v.announce,
             garp: v.garp,
+            interfaces: v.interfaces.clone(),
+            vlan: v.vlan,
         });
         valid.push((p, v));
     }

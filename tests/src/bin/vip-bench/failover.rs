@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
+use vip_agent::dataplane::AttachMode;
 use vip_tests::{
     agent::wait_for,
     frames,
@@ -132,14 +133,30 @@ fn dist_text(v: &[f64]) -> String {
     format!("{:.0} / {:.0} / {:.0} ms", d.median, d.p95, d.max)
 }
 
-/// `VIP_BENCH_FAULTS=agentkill,agentstop,linkdown,heal` runs some of them.
+/// `VIP_BENCH_FAULTS=agentkill,agentstop,linkdown,heal` runs some of them. Each
+/// runs twice: the agents attaching XDP in generic mode, then in native mode.
 pub fn section() -> Result<Section> {
     let spec = HaSpec::default();
-    let mut lab = HaLab::start(spec.clone(), Naming::Unique, &std::env::current_exe()?)?;
     let HaSpec { heartbeat_ms, dead_after_ms, hold_ms, .. } = spec;
     let mut s = Section::new(line!(
-        "Failover (HA lab: 3 nodes, real agents; heartbeat {heartbeat_ms} ms, deadAfter {dead_after_ms} ms, holdTime {hold_ms} ms; {TRIALS} trials each)"
+        "Failover (HA lab: 3 nodes, real agents; heartbeat {heartbeat_ms} ms, deadAfter {dead_after_ms} ms, holdTime {hold_ms} ms; {TRIALS} trials each; XDP generic, then native)"
     ));
+    for mode in [AttachMode::Generic, AttachMode::Native] {
+        mode_trials(&mut s, HaSpec { xdp_mode: mode, ..spec.clone() })?;
+    }
+    Ok(s)
+}
+
+/// The trials with the agents attaching in `spec.xdp_mode`: a table and the heal
+/// paragraph. Generic keeps the figures' names of earlier runs; native ones end in `_native`.
+fn mode_trials(s: &mut Section, spec: HaSpec) -> Result<()> {
+    let (mode, suffix) = match spec.xdp_mode {
+        AttachMode::Native => ("native", "_native"),
+        _ => ("generic", ""),
+    };
+    let mut lab = HaLab::start(spec.clone(), Naming::Unique, &std::env::current_exe()?)?;
+    let HaSpec { heartbeat_ms, .. } = spec;
+    s.para(line!("XDP attached in **{mode}** mode by the agents (`run --mode {mode}`):"));
     let mut t = Table::new(
         "| fault on the VIP's owner | fault → first new connection: median / p95 / max | new connections failed (all trials) | fault → new owner's gratuitous ARP at the client: median / p95 / max | established connections broken (owner not their backend) |",
         "|---|---|---:|---|---:|",
@@ -151,7 +168,7 @@ pub fn section() -> Result<Section> {
         }
         let mut trials = Vec::new();
         for k in 0..TRIALS {
-            trials.push(failover_trial(&mut lab, fault, k).with_context(|| format!("{fault:?} trial {k}"))?);
+            trials.push(failover_trial(&mut lab, fault, k).with_context(|| format!("{fault:?} trial {k} ({mode})"))?);
         }
         let first: Vec<f64> = trials.iter().map(|t| t.first_ok_ms).collect();
         let take: Vec<f64> = trials.iter().filter_map(|t| t.takeover_ms).collect();
@@ -163,7 +180,7 @@ pub fn section() -> Result<Section> {
             Fault::LinkDown => "link down (bridge port)",
         };
         let (first_d, take_d, seen) = (dist_text(&first), dist_text(&take), take.len());
-        let a = at(format!("failover_{fault:?}"));
+        let a = at(format!("failover_{fault:?}{suffix}"));
         t.row(
             line!(
                 "| {name} | {first_d} | {} | {take_d} ({seen} of {TRIALS} seen) | {} of {} |",
@@ -184,20 +201,20 @@ pub fn section() -> Result<Section> {
         let mut last = Vec::new();
         let mut late = 0;
         for k in 0..TRIALS {
-            let (l, n) = heal_trial(&mut lab, k, bound).with_context(|| format!("heal trial {k}"))?;
+            let (l, n) = heal_trial(&mut lab, k, bound).with_context(|| format!("heal trial {k} ({mode})"))?;
             last.push(l.unwrap_or(0.0));
             late += n;
         }
         let (median, max) = (percentile(&last, 0.5), percentile(&last, 1.0));
-        let a = at("heal");
+        let a = at(format!("heal{suffix}"));
         s.para(
             line!(
-                "Partition heal ({TRIALS} trials: the owner isolated with its link up until it held every VIP alone, then joined again; the client asks ARP for every VIP every 10 ms for 1 s): last answer or announcement from a MAC other than the final owner's, after the heal: median {median:.0} ms, max {max:.0} ms; after the stated bound ({} ms = 2 × heartbeat interval + 100 ms): {}.",
+                "Partition heal ({mode}; {TRIALS} trials: the owner isolated with its link up until it held every VIP alone, then joined again; the client asks ARP for every VIP every 10 ms for 1 s): last answer or announcement from a MAC other than the final owner's, after the heal: median {median:.0} ms, max {max:.0} ms; after the stated bound ({} ms = 2 × heartbeat interval + 100 ms): {}.",
                 a.f("bound_ms").show(bound.as_millis() as u64),
                 a.f("wrong_after_bound").show(late)
             )
             .with(a.f("last_wrong_ms").data(&last)),
         );
     }
-    Ok(s)
+    Ok(())
 }

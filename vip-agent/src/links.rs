@@ -1,0 +1,494 @@
+//! Where each pool's VIPs live on this node: the interface that answers for them
+//! (and, for a VLAN sub-interface, the parent the XDP program runs on and the VLAN
+//! id). `read_host` reads the host's interfaces; `resolve` is a pure function of the
+//! model and that list, so every rule is tested without a network.
+use std::{collections::BTreeMap, ffi::CStr, io, net::Ipv4Addr};
+
+use anyhow::Context as _;
+
+use crate::model::{Node, Pool, World};
+
+/// An interface of this host, as the resolver needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostIface {
+    pub name: String,
+    pub ifindex: u32,
+    /// All zeros for interfaces without a hardware address (lo, tunnels).
+    pub mac: [u8; 6],
+    /// IPv4 addresses with their prefix lengths.
+    pub nets: Vec<(Ipv4Addr, u8)>,
+    /// For an 802.1Q sub-interface: its parent's name and the VLAN id.
+    pub vlan: Option<(String, u16)>,
+    /// Administratively up with carrier (IFF_UP and IFF_RUNNING).
+    pub up: bool,
+}
+
+/// The kernel's list of VLAN devices of the reader's network namespace. Through
+/// `thread-self`: `/proc/self/net` (and `/proc/net`) would show the namespace of
+/// the process's main thread, not of a thread that entered another one.
+const VLAN_CONFIG: &str = "/proc/thread-self/net/vlan/config";
+
+/// Reads the host's interfaces in the calling thread's network namespace: getifaddrs
+/// (libc) for names, ifindex, MAC (AF_PACKET entries) and IPv4 addresses with
+/// netmasks; /proc/net/vlan/config for 802.1Q sub-interfaces ("name | vid | parent"
+/// lines; absent file = no VLAN devices). Interfaces without IPv4 addresses are
+/// included too. Sorted by ifindex.
+pub fn read_host() -> anyhow::Result<Vec<HostIface>> {
+    let entries = if_addrs().context("getifaddrs")?;
+    let vlans = match std::fs::read_to_string(VLAN_CONFIG) {
+        Ok(text) => parse_vlan_config(&text),
+        // No 8021q module: no VLAN devices.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {VLAN_CONFIG} (VLAN devices)")),
+    };
+    let mut ifaces: Vec<HostIface> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Link { name, ifindex, mac, up } => {
+                Some(HostIface { name: name.clone(), ifindex: *ifindex, mac: *mac, nets: Vec::new(), vlan: vlans.get(name).cloned(), up: *up })
+            }
+            Entry::Inet { .. } => None,
+        })
+        .collect();
+    for e in &entries {
+        let Entry::Inet { name, addr, prefix } = e else { continue };
+        // An IPv4 entry carries the address's label: the device name, or the device
+        // name, ':' and a suffix (`eth0:1`, ifconfig's aliases). Device names have no ':'.
+        let device = name.split(':').next().unwrap_or(name);
+        if let Some(i) = ifaces.iter_mut().find(|i| i.name == *name || i.name == device) {
+            i.nets.push((*addr, *prefix));
+        }
+    }
+    ifaces.sort_by_key(|i| i.ifindex);
+    Ok(ifaces)
+}
+
+/// `/proc/net/vlan/config`: two header lines, then `name | vid | parent` per VLAN device.
+fn parse_vlan_config(text: &str) -> BTreeMap<String, (String, u16)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.split('|').map(str::trim);
+            let (name, vid, parent) = (f.next()?, f.next()?, f.next()?);
+            let vid = vid.parse().ok()?;
+            (!name.is_empty() && !parent.is_empty()).then(|| (name.to_owned(), (parent.to_owned(), vid)))
+        })
+        .collect()
+}
+
+/// One getifaddrs entry we use.
+enum Entry {
+    Link { name: String, ifindex: u32, mac: [u8; 6], up: bool },
+    Inet { name: String, addr: Ipv4Addr, prefix: u8 },
+}
+
+/// The AF_PACKET and AF_INET entries of getifaddrs, copied out of libc's list.
+fn if_addrs() -> io::Result<Vec<Entry>> {
+    struct List(*mut libc::ifaddrs);
+    impl Drop for List {
+        fn drop(&mut self) {
+            // SAFETY: the list getifaddrs returned, freed once.
+            unsafe { libc::freeifaddrs(self.0) }
+        }
+    }
+    let mut head = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we own until freeifaddrs (List's Drop).
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let list = List(head);
+    let mut out = Vec::new();
+    let mut p = list.0;
+    while !p.is_null() {
+        // SAFETY: every node of the list, its NUL-terminated name and its addresses
+        // stay valid until freeifaddrs. A non-null ifa_addr/ifa_netmask points to a
+        // sockaddr of the family in sa_family, allocated by libc at least as large as
+        // that family's struct (glibc and musl use a union of sockaddr types); read
+        // unaligned, as a `struct sockaddr *` promises no more than its own alignment.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let family = unsafe { std::ptr::read_unaligned(ifa.ifa_addr) }.sa_family as libc::c_int;
+        match family {
+            libc::AF_PACKET => {
+                let ll = unsafe { std::ptr::read_unaligned(ifa.ifa_addr as *const libc::sockaddr_ll) };
+                let mut mac = [0u8; 6];
+                if ll.sll_halen == 6 {
+                    mac.copy_from_slice(&ll.sll_addr[..6]);
+                }
+                let running = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_uint;
+                out.push(Entry::Link { name, ifindex: ll.sll_ifindex as u32, mac, up: ifa.ifa_flags & running == running });
+            }
+            libc::AF_INET => {
+                let v4 = |sa: *const libc::sockaddr| {
+                    let sin = unsafe { std::ptr::read_unaligned(sa as *const libc::sockaddr_in) };
+                    u32::from_be(sin.sin_addr.s_addr)
+                };
+                let addr = Ipv4Addr::from(v4(ifa.ifa_addr));
+                let mask = if ifa.ifa_netmask.is_null() { u32::MAX } else { v4(ifa.ifa_netmask) };
+                out.push(Entry::Inet { name, addr, prefix: mask.count_ones() as u8 });
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Where a pool's VIPs live on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// The chosen interface (a VLAN sub-interface's own name, e.g. `eth0.100`).
+    pub name: String,
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    /// the interface the XDP program runs on: the VLAN's parent, or the interface itself
+    pub xdp_iface: String,
+    pub xdp_ifindex: u32,
+    /// The VLAN id of the chosen interface, when it is an 802.1Q sub-interface.
+    pub vlan: Option<u16>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Links {
+    /// Pool name → its link on this node.
+    pub by_pool: BTreeMap<String, Link>,
+    /// one message per pool that admits this node but has no usable interface here
+    pub problems: Vec<String>,
+}
+
+/// The loopback: never chosen by address (backends hold VIPs there, and
+/// `announce: lo` holders too), only when named.
+const LOOPBACK: &str = "lo";
+
+/// Where each pool that admits node `me` answers its VIPs on this node. No such
+/// node: nothing. For each pool, the first rule that applies:
+/// 1. `pool.interfaces` non-empty: the first listed name this host has (names
+///    differ between nodes: a pool lists every name, as MetalLB's L2Advertisement
+///    `interfaces`); none here is a problem;
+/// 2. `default_iface` (the agent's `--iface`), when given; missing is a problem;
+/// 3. automatic (PureLB's rule): the interface with the longest IPv4 prefix that
+///    contains the pool's first address, ties broken by name so every run agrees;
+/// 4. the interface holding the node's own address (`Node.addr`), by name if several;
+/// 5. otherwise a problem.
+///
+/// `lo` is never chosen by rules 3 and 4. A VLAN sub-interface runs XDP on its
+/// parent (`xdp_*`, `vlan`); a VLAN on a VLAN (QinQ) or a VLAN whose parent is not
+/// here is a problem. An interface that is down is chosen all the same: link state
+/// is the agent's liveness thread's to watch, and a choice that followed it would
+/// move a pool's VIPs to another network when a cable is pulled.
+pub fn resolve(world: &World, me: &str, default_iface: Option<&str>, host: &[HostIface]) -> Links {
+    let mut links = Links::default();
+    let Some(node) = world.node(me) else { return links };
+    for pool in world.pools.iter().filter(|p| p.admits(node)) {
+        match choose(pool, node, default_iface, host).and_then(|i| link(i, host)).and_then(|l| on_vlan(l, pool.vlan)) {
+            Ok(l) => {
+                links.by_pool.insert(pool.name.clone(), l);
+            }
+            Err(why) => links.problems.push(format!("pool {:?}: {why}", pool.name)),
+        }
+    }
+    links
+}
+
+/// Network ids of VLANs a pool names (`vlan:`) without a sub-interface on the
+/// node: held VIPs are keyed by them as by an ifindex. Real ifindices are
+/// positive `int`s, so ids with the top bit set never clash with one.
+const VLAN_NET: u32 = 1 << 31;
+
+/// The network id of VLAN `vid` on the interface `parent` (see [`VLAN_NET`]).
+pub fn vlan_net(parent: u32, vid: u16) -> u32 {
+    VLAN_NET | (parent & 0x7_ffff) << 12 | u32::from(vid & 0x0fff)
+}
+
+/// Whether `ifindex` is a [`vlan_net`] id rather than an interface's.
+pub fn is_vlan_net(ifindex: u32) -> bool {
+    ifindex & VLAN_NET != 0
+}
+
+/// `l` put on the pool's `vlan`, if it names one: the VLAN of the chosen
+/// interface, a network of its own (see [`vlan_net`]). A VLAN sub-interface of
+/// another VLAN id contradicts it.
+fn on_vlan(l: Link, vlan: Option<u16>) -> Result<Link, String> {
+    match (vlan, l.vlan) {
+        (None, _) => Ok(l),
+        (Some(v), Some(w)) if v == w => Ok(l),
+        (Some(v), Some(w)) => Err(format!("vlan {v} contradicts {:?}, a sub-interface of VLAN {w}", l.name)),
+        (Some(v), None) => Ok(Link { name: format!("{}.{v}", l.name), ifindex: vlan_net(l.xdp_ifindex, v), vlan: Some(v), ..l }),
+    }
+}
+
+fn find<'a>(host: &'a [HostIface], name: &str) -> Option<&'a HostIface> {
+    host.iter().find(|i| i.name == name)
+}
+
+fn contains((net, len): (Ipv4Addr, u8), a: Ipv4Addr) -> bool {
+    let mask = match len {
+        0 => 0,
+        1..=32 => u32::MAX << (32 - len),
+        _ => return false,
+    };
+    u32::from(net) & mask == u32::from(a) & mask
+}
+
+/// Rules 1 to 5 of [`resolve`].
+fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [HostIface]) -> Result<&'a HostIface, String> {
+    if !pool.interfaces.is_empty() {
+        return pool
+            .interfaces
+            .iter()
+            .find_map(|n| find(host, n))
+            .ok_or_else(|| format!("none of its interfaces ({}) is on this node", pool.interfaces.join(", ")));
+    }
+    if let Some(name) = default_iface {
+        return find(host, name).ok_or_else(|| format!("the agent's interface {name:?} (--iface) is not on this node"));
+    }
+    let candidates = || host.iter().filter(|i| i.name != LOOPBACK);
+    if let Some(&first) = pool.addresses.first() {
+        let longest = |i: &'a HostIface| i.nets.iter().filter(|&&n| contains(n, first)).map(|&(_, len)| len).max().map(|len| (len, i));
+        // The longest prefix; among equals the first name (max_by keeps the last maximum).
+        if let Some((_, i)) = candidates().filter_map(longest).max_by(|(la, a), (lb, b)| la.cmp(lb).then_with(|| b.name.cmp(&a.name))) {
+            return Ok(i);
+        }
+    }
+    candidates().filter(|i| i.nets.iter().any(|&(a, _)| a == node.addr)).min_by(|a, b| a.name.cmp(&b.name)).ok_or_else(|| {
+        let first = pool.addresses.first().map_or_else(|| "its addresses".to_owned(), |a| a.to_string());
+        format!(
+            "no interface of this node has an IPv4 network containing {first} or the node's address {}; list the pool's interfaces or set the agent's --iface",
+            node.addr
+        )
+    })
+}
+
+/// An interface of `host` as a link: XDP on it, or on its parent if it is an
+/// 802.1Q sub-interface (a VLAN on a VLAN, or a parent not in `host`, is an error).
+pub fn link(i: &HostIface, host: &[HostIface]) -> Result<Link, String> {
+    let (xdp, vlan) = match &i.vlan {
+        None => (i, None),
+        Some((parent, vid)) => {
+            let p = find(host, parent).ok_or_else(|| format!("the parent {parent:?} of VLAN interface {:?} is not on this node", i.name))?;
+            if p.vlan.is_some() {
+                return Err(format!("{:?} is a VLAN on the VLAN interface {:?} (stacked tags): QinQ is not supported", i.name, p.name));
+            }
+            (p, Some(*vid))
+        }
+    };
+    Ok(Link { name: i.name.clone(), ifindex: i.ifindex, mac: i.mac, xdp_iface: xdp.name.clone(), xdp_ifindex: xdp.ifindex, vlan })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{AnnounceMode, Selector};
+
+    fn iface(name: &str, ifindex: u32, nets: &[(&str, u8)], vlan: Option<(&str, u16)>) -> HostIface {
+        HostIface {
+            name: name.into(),
+            ifindex,
+            mac: [2, 0, 0, 0, 0, ifindex as u8],
+            nets: nets.iter().map(|&(a, l)| (a.parse().unwrap(), l)).collect(),
+            vlan: vlan.map(|(p, v)| (p.into(), v)),
+            up: true,
+        }
+    }
+
+    /// A host with every case: the node's address on eth0, a VLAN on it, a VLAN on
+    /// that VLAN, a VLAN whose parent is gone, nested prefixes, two interfaces on one
+    /// network, a VIP on lo, and an interface that is down.
+    fn host() -> Vec<HostIface> {
+        let mut down = iface("eth3", 9, &[("198.18.8.1", 24)], None);
+        down.up = false;
+        vec![
+            iface("lo", 1, &[("127.0.0.1", 8), ("198.18.7.1", 32)], None),
+            iface("eth0", 2, &[("198.18.0.11", 24)], None),
+            iface("eth1", 3, &[("198.18.1.2", 24)], None),
+            iface("eth2", 4, &[("198.18.2.2", 24)], None),
+            iface("br0", 5, &[("198.18.2.130", 25)], None),
+            iface("ens5", 6, &[("198.18.4.5", 24)], None),
+            iface("ens4", 7, &[("198.18.4.4", 24)], None),
+            iface("eth0.100", 8, &[("198.18.3.1", 24)], Some(("eth0", 100))),
+            down,
+            iface("eth0.100.7", 10, &[("198.18.5.1", 24)], Some(("eth0.100", 7))),
+            iface("orphan.9", 11, &[("198.18.6.1", 24)], Some(("gone", 9))),
+            iface("dummy0", 12, &[], None),
+        ]
+    }
+
+    fn pool(name: &str, first: &str, interfaces: &[&str], role: &str) -> Pool {
+        let first: Ipv4Addr = first.parse().unwrap();
+        Pool {
+            name: name.into(),
+            addresses: vec![first, Ipv4Addr::from(u32::from(first) + 1)],
+            node_selector: Selector::from([("role".to_owned(), role.to_owned())]),
+            tolerations: Vec::new(),
+            announce: AnnounceMode::Arp,
+            garp: None,
+            interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
+            vlan: None,
+        }
+    }
+
+    /// A pool naming a VLAN: on that VLAN of the interface the rules choose, under
+    /// an id of its own that no interface has; a sub-interface of the same VLAN is
+    /// taken as it is, one of another VLAN is a contradiction.
+    #[test]
+    fn a_pool_naming_a_vlan() {
+        let host = host();
+        let on = |first: &str, interfaces: &[&str], vlan: u16| {
+            let mut p = pool("p", first, interfaces, "lb");
+            p.vlan = Some(vlan);
+            resolve(&world(vec![p]), "n1", None, &host)
+        };
+        let got = on("198.18.9.10", &[], 30);
+        let eth0 = find(&host, "eth0").unwrap();
+        let want = Link {
+            name: "eth0.30".into(),
+            ifindex: vlan_net(eth0.ifindex, 30),
+            mac: eth0.mac,
+            xdp_iface: "eth0".into(),
+            xdp_ifindex: eth0.ifindex,
+            vlan: Some(30),
+        };
+        assert_eq!(got.by_pool["p"], want, "rule 4's interface, on VLAN 30");
+        assert!(is_vlan_net(want.ifindex) && host.iter().all(|i| !is_vlan_net(i.ifindex) && i.ifindex != want.ifindex));
+        assert_ne!(vlan_net(eth0.ifindex, 31), want.ifindex, "one id per VLAN");
+        assert_eq!(on("198.18.3.50", &[], 100).by_pool["p"].name, "eth0.100", "the sub-interface of that VLAN");
+        let got = on("198.18.3.50", &[], 30);
+        assert!(got.by_pool.is_empty() && got.problems[0].contains("vlan 30 contradicts \"eth0.100\""), "{got:?}");
+    }
+
+    fn world(pools: Vec<Pool>) -> World {
+        let node = |name: &str, addr: &str| Node {
+            name: name.into(),
+            addr: addr.parse().unwrap(),
+            mac: None,
+            labels: [("role".to_owned(), "lb".to_owned())].into(),
+            taints: Vec::new(),
+        };
+        // n2's address is on no interface of the host: rule 4 finds nothing for it.
+        World { nodes: vec![node("n1", "198.18.0.11"), node("n2", "198.18.9.9")], pools, ..World::default() }
+    }
+
+    /// What one pool resolves to: (name, xdp_iface, vlan), or a problem containing the text.
+    #[derive(Debug)]
+    enum Want {
+        On(&'static str, &'static str, Option<u16>),
+        Problem(&'static str),
+    }
+    use Want::{On, Problem};
+
+    /// (what, pool's first address, pool.interfaces, --iface, node, expected)
+    type Case = (&'static str, &'static str, &'static [&'static str], Option<&'static str>, &'static str, Want);
+
+    #[test]
+    fn each_rule_in_turn() {
+        #[rustfmt::skip]
+        let cases: &[Case] = &[
+            ("rule 1: the first listed name present", "198.18.2.10", &["ens9", "eth1", "eth0"], None, "n1", On("eth1", "eth1", None)),
+            ("rule 1 over --iface and addresses", "198.18.2.10", &["eth0"], Some("eth1"), "n1", On("eth0", "eth0", None)),
+            ("rule 1: lo when named", "198.18.7.1", &["lo"], None, "n1", On("lo", "lo", None)),
+            ("rule 1: none present", "198.18.2.10", &["ens9", "ens10"], None, "n1", Problem("pool \"p\": none of its interfaces (ens9, ens10) is on this node")),
+            ("rule 1: a VLAN sub-interface", "198.18.2.10", &["eth0.100"], None, "n1", On("eth0.100", "eth0", Some(100))),
+            ("rule 2: --iface over addresses", "198.18.2.10", &[], Some("eth1"), "n1", On("eth1", "eth1", None)),
+            ("rule 2: --iface missing", "198.18.2.10", &[], Some("eth9"), "n1", Problem("pool \"p\": the agent's interface \"eth9\" (--iface) is not on this node")),
+            ("rule 3: the network of the pool", "198.18.1.50", &[], None, "n1", On("eth1", "eth1", None)),
+            ("rule 3: the longest prefix (/25 in the /24)", "198.18.2.200", &[], None, "n1", On("br0", "br0", None)),
+            ("rule 3: only the /24 contains it", "198.18.2.10", &[], None, "n1", On("eth2", "eth2", None)),
+            ("rule 3: a tie goes to the first name", "198.18.4.100", &[], None, "n1", On("ens4", "ens4", None)),
+            ("rule 3: a VLAN's network", "198.18.3.50", &[], None, "n1", On("eth0.100", "eth0", Some(100))),
+            ("rule 3: down, chosen all the same", "198.18.8.20", &[], None, "n1", On("eth3", "eth3", None)),
+            ("rule 3 never takes lo: rule 4", "198.18.7.1", &[], None, "n1", On("eth0", "eth0", None)),
+            ("rule 4: the node's address", "198.19.0.1", &[], None, "n1", On("eth0", "eth0", None)),
+            ("rule 5: nothing", "198.19.0.1", &[], None, "n2", Problem("no interface of this node has an IPv4 network containing 198.19.0.1 or the node's address 198.18.9.9")),
+            ("QinQ by name", "198.18.2.10", &["eth0.100.7"], None, "n1", Problem("\"eth0.100.7\" is a VLAN on the VLAN interface \"eth0.100\" (stacked tags): QinQ is not supported")),
+            ("QinQ by address", "198.18.5.9", &[], None, "n1", Problem("QinQ is not supported")),
+            ("a VLAN's parent missing", "198.18.6.9", &[], None, "n1", Problem("the parent \"gone\" of VLAN interface \"orphan.9\" is not on this node")),
+        ];
+        let host = host();
+        for (what, first, interfaces, default_iface, me, want) in cases {
+            let w = world(vec![pool("p", first, interfaces, "lb")]);
+            let got = resolve(&w, me, *default_iface, &host);
+            match want {
+                On(name, xdp, vlan) => {
+                    assert!(got.problems.is_empty(), "{what}: {got:?}");
+                    let l = &got.by_pool["p"];
+                    let (chosen, parent) = (find(&host, name).unwrap(), find(&host, xdp).unwrap());
+                    let expected = Link {
+                        name: name.to_string(),
+                        ifindex: chosen.ifindex,
+                        mac: chosen.mac,
+                        xdp_iface: xdp.to_string(),
+                        xdp_ifindex: parent.ifindex,
+                        vlan: *vlan,
+                    };
+                    assert_eq!(l, &expected, "{what}");
+                }
+                Problem(text) => {
+                    assert!(got.by_pool.is_empty(), "{what}: {got:?}");
+                    assert_eq!(got.problems.len(), 1, "{what}: {got:?}");
+                    assert!(got.problems[0].starts_with("pool \"p\": ") && got.problems[0].contains(text), "{what}: {:?}", got.problems);
+                }
+            }
+        }
+    }
+
+    /// Several pools at once, each on its own link; a pool that does not admit the
+    /// node has neither a link nor a problem; an unknown node gets nothing.
+    #[test]
+    fn pools_of_a_node_only() {
+        let w = world(vec![
+            pool("web", "198.18.1.10", &[], "lb"),
+            pool("tagged", "198.18.3.10", &[], "lb"),
+            pool("elsewhere", "198.18.2.10", &["ens9"], "other"),
+            pool("lost", "198.18.2.10", &["ens9"], "lb"),
+        ]);
+        let host = host();
+        let got = resolve(&w, "n1", None, &host);
+        let summary: Vec<(&str, &str, &str, Option<u16>)> =
+            got.by_pool.iter().map(|(p, l)| (p.as_str(), l.name.as_str(), l.xdp_iface.as_str(), l.vlan)).collect();
+        assert_eq!(summary, [("tagged", "eth0.100", "eth0", Some(100)), ("web", "eth1", "eth1", None)]);
+        assert_eq!(got.by_pool["tagged"].mac, find(&host, "eth0.100").unwrap().mac, "the chosen interface's own MAC");
+        assert_eq!(got.problems, ["pool \"lost\": none of its interfaces (ens9) is on this node"]);
+        assert_eq!(resolve(&w, "nobody", Some("eth0"), &host), Links::default());
+        assert_eq!(resolve(&w, "n1", None, &[]).by_pool.len(), 0, "no interfaces at all: problems only");
+        assert_eq!(resolve(&w, "n1", None, &[]).problems.len(), 3);
+    }
+
+    #[test]
+    fn prefixes_contain_addresses() {
+        let a = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert!(contains((a("198.18.2.130"), 25), a("198.18.2.255")));
+        assert!(!contains((a("198.18.2.130"), 25), a("198.18.2.127")));
+        assert!(contains((a("198.18.0.1"), 32), a("198.18.0.1")) && !contains((a("198.18.0.1"), 32), a("198.18.0.2")));
+        assert!(contains((a("10.0.0.1"), 0), a("198.18.0.1")));
+        assert!(!contains((a("10.0.0.1"), 33), a("10.0.0.1")), "no such prefix");
+    }
+
+    #[test]
+    fn vlan_config_as_the_kernel_writes_it() {
+        // vlan_seq_show: "%-15s| %d  | %s\n" after two header lines.
+        let text =
+            "VLAN Dev name\t | VLAN ID\nName-Type: VLAN_NAME_TYPE_RAW_PLUS_VID_NO_PAD\neth0.100       | 100  | eth0\nabcdefghijklmno| 4094  | eth0.100\n";
+        let v = parse_vlan_config(text);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert_eq!(v["eth0.100"], ("eth0".to_owned(), 100));
+        assert_eq!(v["abcdefghijklmno"], ("eth0.100".to_owned(), 4094));
+        assert!(parse_vlan_config("").is_empty());
+    }
+
+    /// The real list, in this test's namespace (getifaddrs needs no privilege).
+    #[test]
+    fn read_host_finds_the_loopback() {
+        let host = read_host().unwrap();
+        let lo = find(&host, "lo").unwrap_or_else(|| panic!("no lo in {host:?}"));
+        assert!(lo.nets.contains(&("127.0.0.1".parse().unwrap(), 8)), "{lo:?}");
+        // SAFETY: a NUL-terminated name.
+        let index = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        assert_eq!((lo.ifindex, lo.mac, &lo.vlan), (index, [0; 6], &None), "{lo:?}");
+        let mut names: Vec<&str> = host.iter().map(|i| i.name.as_str()).collect();
+        names.dedup();
+        assert_eq!(names.len(), host.len(), "one entry per interface: {host:?}");
+        assert!(host.windows(2).all(|w| w[0].ifindex < w[1].ifindex), "sorted by ifindex, unique: {host:?}");
+    }
+}
