@@ -80,4 +80,17 @@ fn check_names_what_a_backend_host_lacks_until_it_is_ready() {
     let o = check();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("host: ready as node \"n1\""), "{}", text(&o));
+    assert!(text(&o).contains("host: pool \"p\" answered on lo"), "--iface names the pool's interface: {}", text(&o));
+
+    // Without --iface: the pool lives by its addresses or the node's; this host has
+    // neither network, then gets the node's address on an interface.
+    let check = || host.cmd(agent_bin().unwrap().to_str().unwrap()).arg("check").arg(&cfg).args(["--node-name", "n1"]).output().unwrap();
+    let o = check();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("pool \"p\": no interface of this node has an IPv4 network containing 198.18.1.0"), "{}", text(&o));
+    host.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"]).unwrap();
+    host.ip(&["addr", "add", "198.18.0.11/24", "dev", "v0"]).unwrap();
+    let o = check();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("host: pool \"p\" answered on v0"), "{}", text(&o));
 }

@@ -246,7 +246,20 @@ fn check(file: &std::path::Path, node_name: Option<&str>, iface: &str) -> i32 {
     }
     let vips = preflight::backed_vips(&world, me);
     let facts = preflight::HostFacts::read(iface, vips.iter().copied());
-    let problems = preflight::problems(&vips, preflight::Intake::VipOnLo, iface, &facts);
+    let mut problems = preflight::problems(&vips, preflight::Intake::VipOnLo, iface, &facts);
+    // Where each pool this node may hold lives here (--iface as the agent takes it).
+    let default_iface = (iface != "all").then_some(iface);
+    match vip_agent::links::read_host() {
+        Ok(host) => {
+            let links = vip_agent::links::resolve(&world, me, default_iface, &host);
+            for (pool, l) in &links.by_pool {
+                let vlan = l.vlan.map_or_else(String::new, |v| format!(", VLAN {v} of {}", l.xdp_iface));
+                println!("host: pool {pool:?} answered on {}{vlan}", l.name);
+            }
+            problems.extend(links.problems);
+        }
+        Err(e) => problems.push(format!("cannot read this host's interfaces: {e:#}")),
+    }
     for p in &problems {
         println!("host: {p}");
     }
