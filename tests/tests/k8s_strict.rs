@@ -378,6 +378,16 @@ async fn vip_pools_are_checked_against_the_crd_schema(api: Backend) {
     let ok = send(&c, Method::POST, POOLS, pool("ifaces", json!({ "addresses": ["198.18.1.10"], "interfaces": kept }))).await.ok().clone();
     assert_eq!(ok["spec"]["interfaces"], kept, "{ok}");
     send(&c, Method::DELETE, &format!("{POOLS}/ifaces"), Value::Null).await.ok();
+    // A VLAN id: 1 to 4094, an integer.
+    for (vlan, reason) in [(json!(0), "FieldValueInvalid"), (json!(4095), "FieldValueInvalid"), (json!("30"), "FieldValueTypeInvalid")] {
+        send(&c, Method::POST, POOLS, pool("vlan", json!({ "addresses": ["198.18.1.10"], "vlan": vlan }))).await.invalid(&[(reason, "spec.vlan")]);
+    }
+    send(&c, Method::POST, POOLS, pool("vlan", json!({ "addresses": ["198.18.1.10"], "vlan": 4095 })))
+        .await
+        .says("spec.vlan: Invalid value: 4095: spec.vlan in body should be less than or equal to 4094");
+    let ok = send(&c, Method::POST, POOLS, pool("vlan", json!({ "addresses": ["198.18.1.10"], "vlan": 30 }))).await.ok().clone();
+    assert_eq!(ok["spec"]["vlan"], 30, "{ok}");
+    send(&c, Method::DELETE, &format!("{POOLS}/vlan"), Value::Null).await.ok();
 
     // Pruned, null-dropped and defaulted.
     let spec = json!({ "addresses": ["198.18.1.10/32"], "foo": 1, "announce": null, "nodeSelector": null, "serviceSelector": null,
