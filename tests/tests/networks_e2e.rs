@@ -228,6 +228,11 @@ fn vips_live_on_their_own_segment_or_vlan_and_spread_over_every_node() {
         })
         .sum();
     assert!(home_forwards > 0.0, "no forward counted forwarded_home");
+    // inspect names the networks VIPs are held on.
+    let n = &nodes[owners[&VIP_V]];
+    let o = n.ns.cmd(exe.to_str().unwrap()).args(["--pin-dir", n._pins.path.to_str().unwrap(), "inspect"]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.lines().any(|l| l.contains("eth0 VLAN 30") && l.contains(&VIP_V.to_string())), "inspect:\n{text}");
 
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for mut n in nodes {

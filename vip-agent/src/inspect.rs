@@ -51,6 +51,8 @@ pub struct HealthRow {
 #[derive(Serialize)]
 pub struct HeldRow {
     pub ifindex: u32,
+    /// The network it is held on: an interface, or a VLAN of one.
+    pub network: String,
     pub vip: Ipv4Addr,
     /// Milliseconds until the deadline; negative once stale (not answered).
     pub expires_in_ms: i64,
@@ -97,7 +99,13 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
         .into_iter()
         .map(|e| {
             let announce = if e.announce == Announce::Lo { "lo" } else { "arp" };
-            HeldRow { ifindex: e.ifindex, vip: e.vip, expires_in_ms: (e.deadline_ns as i64 - now) / 1_000_000, announce }
+            HeldRow {
+                ifindex: e.ifindex,
+                network: crate::links::network_name(e.ifindex),
+                vip: e.vip,
+                expires_in_ms: (e.deadline_ns as i64 - now) / 1_000_000,
+                announce,
+            }
         })
         .collect();
     let mut services = Vec::new();
@@ -177,10 +185,10 @@ fn agent_section(r: &Report, st: Status) -> AgentSection {
 
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "HELD VIPS\n  {:<8} {:<16} {:<9} EXPIRES", "IFINDEX", "VIP", "ANNOUNCE");
+    let _ = writeln!(s, "HELD VIPS\n  {:<16} {:<16} {:<9} EXPIRES", "NETWORK", "VIP", "ANNOUNCE");
     for h in &r.held {
         let state = if h.expires_in_ms >= 0 { format!("in {} ms", h.expires_in_ms) } else { "STALE (not answered)".into() };
-        let _ = writeln!(s, "  {:<8} {:<16} {:<9} {}", h.ifindex, h.vip, h.announce, state);
+        let _ = writeln!(s, "  {:<16} {:<16} {:<9} {}", h.network, h.vip, h.announce, state);
     }
     let _ = writeln!(s, "\nSERVICES\n  {:<22} {:<4} {:<6} {:<10} {:<10} RING SHARE (backend:slots)", "VIP:PORT", "ID", "PROTO", "PACKETS", "BYTES");
     for v in &r.services {

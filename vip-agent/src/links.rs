@@ -207,6 +207,23 @@ pub fn is_vlan_net(ifindex: u32) -> bool {
     ifindex & VLAN_NET != 0
 }
 
+/// A held VIP's network for people: the interface's name (`eth0`, `eth0.30`), or
+/// for a [`vlan_net`] id `eth0 VLAN 30`; an index no interface has here as a number.
+pub fn network_name(ifindex: u32) -> String {
+    let name = |i: u32| {
+        let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+        // SAFETY: a buffer of IF_NAMESIZE, as if_indextoname requires; on success it
+        // holds a NUL-terminated name.
+        let p = unsafe { libc::if_indextoname(i, buf.as_mut_ptr()) };
+        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+    };
+    if is_vlan_net(ifindex) {
+        let (parent, vid) = ((ifindex & !VLAN_NET) >> 12, ifindex & 0x0fff);
+        return format!("{} VLAN {vid}", name(parent).unwrap_or_else(|| parent.to_string()));
+    }
+    name(ifindex).unwrap_or_else(|| ifindex.to_string())
+}
+
 /// `l` put on the pool's `vlan`, if it names one: the VLAN of the chosen
 /// interface, a network of its own (see [`vlan_net`]). A VLAN sub-interface of
 /// another VLAN id contradicts it.
@@ -353,6 +370,7 @@ mod tests {
         assert_eq!(got.by_pool["p"], want, "rule 4's interface, on VLAN 30");
         assert!(is_vlan_net(want.ifindex) && host.iter().all(|i| !is_vlan_net(i.ifindex) && i.ifindex != want.ifindex));
         assert_ne!(vlan_net(eth0.ifindex, 31), want.ifindex, "one id per VLAN");
+        assert_eq!((network_name(vlan_net(1, 30)), network_name(1)), ("lo VLAN 30".to_owned(), "lo".to_owned()), "ifindex 1 is lo");
         assert_eq!(on("198.18.3.50", &[], 100).by_pool["p"].name, "eth0.100", "the sub-interface of that VLAN");
         let got = on("198.18.3.50", &[], 30);
         assert!(got.by_pool.is_empty() && got.problems[0].contains("vlan 30 contradicts \"eth0.100\""), "{got:?}");
