@@ -424,7 +424,18 @@ impl HaLab {
                 .context("starting the name server")?;
             nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), pins, status_file, log });
         }
-        Ok(Self { nodes, client, seg, hb_seg, spec, dir, config, pins_root, remove_dir })
+        let mut lab = Self { nodes, client, seg, hb_seg, spec, dir, config, pins_root, remove_dir };
+        // Servers listening before anything is measured: the agents count a new
+        // backend healthy until its checks fail, so full rings do not prove it.
+        // (On failure the lab is dropped: servers killed, directories removed.)
+        for n in &mut lab.nodes {
+            let listening = n.ns.run(|| wait_for(Duration::from_secs(10), || TcpStream::connect((Ipv4Addr::LOCALHOST, SERVICE_PORT)).ok()))?;
+            if listening.is_none() {
+                let exited = n.server.as_mut().and_then(|s| s.try_wait().ok().flatten());
+                bail!("{}'s name server ({}) is not listening on port {SERVICE_PORT} (exited: {exited:?})", n.name, server_exe.display());
+            }
+        }
+        Ok(lab)
     }
 
     /// Starts (or restarts) node `i`'s agent, appending to its log.

@@ -167,7 +167,7 @@ fn pass_program() -> Result<std::os::fd::BorrowedFd<'static>> {
 /// On a veth this is what lets the *other* end's native XDP_TX arrive: the
 /// kernel's veth_xdp_flush wakes the receiving end's NAPI only when that end has
 /// an XDP program (GRO alone gives it NAPI, but frames sent with XDP_TX then wait
-/// in its ring until an skb comes along and wakes it). Attached over netlink, the
+/// in its ring until other traffic wakes it). Attached over netlink, the
 /// program stays with the device (also after this process exits, for the
 /// persistent lab) and goes with it.
 pub fn attach_xdp_pass(ns: &NetNs, iface: &str) -> Result<()> {

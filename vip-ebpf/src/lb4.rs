@@ -13,8 +13,8 @@ use vip_common::*;
 use crate::{
     arp::arp_held_entry,
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_flow_cache, lb_home, lb4_flow_cache_ctl, lb4_flows, lb4_flows_new, lb4_ring, lb4_service_stats, lb4_services, lb_key0,
-        lb_scratch, lookup_at, Scratch,
+        lb4_backend_stats, lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_flows_new, lb4_ring, lb4_service_stats, lb4_services, lb_home,
+        lb_key0, lb_scratch, lookup_at, Scratch,
     },
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,

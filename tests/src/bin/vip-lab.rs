@@ -31,10 +31,11 @@ fn up() -> Result<HaLab> {
     agent_bin()?;
     let spec = HaSpec::default();
     println!(
-        "== lab up: bridge {FIXED_PREFIX}br, {} nodes, client {FIXED_PREFIX}cl; VIPs {}..{} (one service each, port 80)",
+        "== lab up: bridge {FIXED_PREFIX}br, {} nodes, client {FIXED_PREFIX}cl; VIPs {}..{} (one service each, port 80); XDP in {:?} mode (VIP_XDP_MODE)",
         spec.nodes,
         vip(0),
-        vip(spec.vips - 1)
+        vip(spec.vips - 1),
+        spec.xdp_mode
     );
     let lab = HaLab::start(spec, Naming::Fixed, &std::env::current_exe()?)?;
     for n in &lab.nodes {

@@ -29,6 +29,8 @@ enum Fault {
 struct Trial {
     first_ok_ms: f64,
     failed_attempts: usize,
+    /// How long the fault command itself took (SIGKILL: until the agent was reaped).
+    fault_ms: f64,
     takeover_ms: Option<f64>,
     conns: usize,
     broken: usize,
@@ -76,6 +78,7 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
         takeover_ms: o.takeover.map(ms),
         conns: o.conns,
         broken: o.broken,
+        fault_ms: ms(done - t0),
     })
 }
 
@@ -134,15 +137,19 @@ fn dist_text(v: &[f64]) -> String {
 }
 
 /// `VIP_BENCH_FAULTS=agentkill,agentstop,linkdown,heal` runs some of them. Each
-/// runs twice: the agents attaching XDP in generic mode, then in native mode.
+/// runs twice: the agents attaching XDP in generic mode, then in native mode
+/// (`VIP_BENCH_XDP_MODES=native` runs one of them).
 pub fn section() -> Result<Section> {
     let spec = HaSpec::default();
     let HaSpec { heartbeat_ms, dead_after_ms, hold_ms, .. } = spec;
     let mut s = Section::new(line!(
         "Failover (HA lab: 3 nodes, real agents; heartbeat {heartbeat_ms} ms, deadAfter {dead_after_ms} ms, holdTime {hold_ms} ms; {TRIALS} trials each; XDP generic, then native)"
     ));
-    for mode in [AttachMode::Generic, AttachMode::Native] {
-        mode_trials(&mut s, HaSpec { xdp_mode: mode, ..spec.clone() })?;
+    let modes = std::env::var("VIP_BENCH_XDP_MODES").unwrap_or_default();
+    for (mode, name) in [(AttachMode::Generic, "generic"), (AttachMode::Native, "native")] {
+        if modes.is_empty() || modes.split(',').any(|m| m == name) {
+            mode_trials(&mut s, HaSpec { xdp_mode: mode, ..spec.clone() })?;
+        }
     }
     Ok(s)
 }
@@ -189,7 +196,8 @@ fn mode_trials(s: &mut Section, spec: HaSpec) -> Result<()> {
                 a.f("connections").show(conns)
             )
             .with(a.f("first_new_connection_ms").data(&first))
-            .with(a.f("takeover_garp_ms").data(&take)),
+            .with(a.f("takeover_garp_ms").data(&take))
+            .with(a.f("fault_command_ms").data(trials.iter().map(|t| t.fault_ms).collect::<Vec<_>>())),
         );
     }
     s.table(t);
