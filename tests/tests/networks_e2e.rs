@@ -20,7 +20,7 @@ use vip_tests::{
     agent::{agent_bin, wait_for, write_atomic, AgentProc},
     frames,
     lab::{accept_vip, fetch, name_server, xdp_mode_arg, Segment},
-    netns::{privileged, NetNs, PinDir},
+    netns::{arping, hex_mac, privileged, NetNs, PinDir},
     tap::Tap,
 };
 
@@ -44,18 +44,14 @@ services:
   - {name: sv, vip: 198.18.3.200, ports: [80], tableSize: 251}
 ";
 
-/// The MACs answering ARP for `vip` from `ns` out of `iface` (two requests, 2 s at most).
+/// The MACs answering ARP for `vip` from `ns` out of `iface` (as arping prints them).
 fn answers(ns: &NetNs, iface: &str, vip: Ipv4Addr) -> BTreeSet<String> {
-    let o = ns.cmd("arping").args(["-c", "2", "-w", "2", "-I", iface, &vip.to_string()]).output().unwrap();
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| l.contains("reply from"))
-        .filter_map(|l| Some(l.split('[').nth(1)?.split(']').next()?.to_ascii_lowercase()))
-        .collect()
+    let (_, out) = arping(ns, iface, vip);
+    out.lines().filter(|l| l.contains("reply from")).filter_map(|l| Some(l.split('[').nth(1)?.split(']').next()?.to_owned())).collect()
 }
 
 fn mac(ns: &NetNs, iface: &str) -> String {
-    ns.mac(iface).unwrap().iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    hex_mac(ns.mac(iface).unwrap())
 }
 
 /// Node names answering `count` connections from `ns` (source `src`) to `vip`:80.

@@ -259,7 +259,7 @@ fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [
             .ok_or_else(|| format!("none of its interfaces ({}) is on this node", pool.interfaces.join(", ")));
     }
     if let Some(name) = default_iface {
-        return find(host, name).ok_or_else(|| format!("the agent's interface {name:?} (--iface) is not on this node"));
+        return named_default(host, name);
     }
     let candidates = || host.iter().filter(|i| i.name != LOOPBACK);
     if let Some(&first) = pool.addresses.first() {
@@ -269,13 +269,34 @@ fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [
             return Ok(i);
         }
     }
-    candidates().filter(|i| i.nets.iter().any(|&(a, _)| a == node.addr)).min_by(|a, b| a.name.cmp(&b.name)).ok_or_else(|| {
+    holding(host, node.addr).ok_or_else(|| {
         let first = pool.addresses.first().map_or_else(|| "its addresses".to_owned(), |a| a.to_string());
         format!(
             "no interface of this node has an IPv4 network containing {first} or the node's address {}; list the pool's interfaces or set the agent's --iface",
             node.addr
         )
     })
+}
+
+/// The agent's `--iface` on `host`, or why not.
+fn named_default<'a>(host: &'a [HostIface], name: &str) -> Result<&'a HostIface, String> {
+    find(host, name).ok_or_else(|| format!("the agent's interface {name:?} (--iface) is not on this node"))
+}
+
+/// The interface holding address `addr`, never `lo`; the first by name if several
+/// (rule 4 of [`resolve`], and a node's home).
+fn holding(host: &[HostIface], addr: Ipv4Addr) -> Option<&HostIface> {
+    host.iter().filter(|i| i.name != LOOPBACK && i.nets.iter().any(|&(a, _)| a == addr)).min_by(|a, b| a.name.cmp(&b.name))
+}
+
+/// Where a node with address `addr` is reached (its home): `default_iface` when
+/// given, else the interface holding `addr`.
+pub fn home(addr: Ipv4Addr, default_iface: Option<&str>, host: &[HostIface]) -> Result<Link, String> {
+    let found = match default_iface {
+        Some(name) => named_default(host, name)?,
+        None => holding(host, addr).ok_or_else(|| format!("no interface of this node holds its address {addr}; set the agent's --iface"))?,
+    };
+    link(found, host)
 }
 
 /// An interface of `host` as a link: XDP on it, or on its parent if it is an
@@ -344,6 +365,19 @@ mod tests {
             interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
             vlan: None,
         }
+    }
+
+    /// A node's home: `--iface` when given, else the interface holding its address
+    /// (never `lo`, which holds a VIP here).
+    #[test]
+    fn a_nodes_home() {
+        let host = host();
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(home(ip("198.18.0.11"), None, &host).map(|l| l.name), Ok("eth0".into()));
+        assert_eq!(home(ip("198.18.0.11"), Some("eth1"), &host).map(|l| l.name), Ok("eth1".into()));
+        assert_eq!(home(ip("198.18.3.1"), None, &host).map(|l| (l.xdp_iface, l.vlan)), Ok(("eth0".into(), Some(100))), "a VLAN sub-interface");
+        assert!(home(ip("198.18.7.1"), None, &host).unwrap_err().contains("no interface of this node holds its address 198.18.7.1"));
+        assert!(home(ip("198.18.0.11"), Some("eth9"), &host).unwrap_err().contains("\"eth9\" (--iface) is not on this node"));
     }
 
     /// A pool naming a VLAN: on that VLAN of the interface the rules choose, under

@@ -66,7 +66,7 @@ impl Interfaces {
         };
         let resolved = links::resolve(world, me, self.default_iface.as_deref(), &host);
         problems.extend(resolved.problems);
-        let home = world.node(me).map(|n| home(n.addr, self.default_iface.as_deref(), &host));
+        let home = world.node(me).map(|n| links::home(n.addr, self.default_iface.as_deref(), &host));
         let home = match home {
             Some(Ok(l)) => Some(l),
             Some(Err(why)) => {
@@ -105,7 +105,8 @@ impl Interfaces {
         let elsewhere: Vec<&String> = by_pool.iter().filter(|(_, l)| home.as_ref().is_none_or(|h| h.ifindex != l.ifindex)).map(|(p, _)| p).collect();
         if home_untagged.is_none() && !elsewhere.is_empty() {
             problems.push(format!(
-                "pools {elsewhere:?} live on another network than this node's address, and this node's home interface is {}:                  their frames are forwarded on their own network, where backends must then have the same MAC",
+                "pools {elsewhere:?} live on another network than this node's address, and this node's home interface is {}: \
+                 their frames are forwarded on their own network, where backends must then have the same MAC",
                 home.as_ref().map_or("not found".to_owned(), |h| format!("{} (a VLAN, or without the program)", h.name))
             ));
         }
@@ -170,18 +171,4 @@ impl Interfaces {
         }
         Ok(())
     }
-}
-
-/// Where a node with address `addr` is reached: `default_iface` when given, else
-/// the interface holding `addr` (never `lo`).
-fn home(addr: std::net::Ipv4Addr, default_iface: Option<&str>, host: &[links::HostIface]) -> Result<Link, String> {
-    let found = match default_iface {
-        Some(name) => host.iter().find(|i| i.name == name).ok_or_else(|| format!("the agent's interface {name:?} (--iface) is not on this node"))?,
-        None => host
-            .iter()
-            .filter(|i| i.name != "lo")
-            .find(|i| i.nets.iter().any(|(a, _)| *a == addr))
-            .ok_or_else(|| format!("no interface of this node holds its address {addr}; set the agent's --iface"))?,
-    };
-    links::link(found, host)
 }

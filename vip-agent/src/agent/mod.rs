@@ -79,6 +79,8 @@ struct Agent {
     uplinks_tx: watch::Sender<Arc<Uplinks>>,
     /// What the latest placement found wrong (part of the host problems).
     iface_problems: Vec<String>,
+    /// The VIPs this node is a backend of in `world` (what the host check reads).
+    backed: BTreeSet<Ipv4Addr>,
     world: Arc<World>,
     /// The model as the liveness thread sees it.
     world_tx: watch::Sender<Arc<World>>,
@@ -156,6 +158,7 @@ pub async fn run(opts: Options) -> Result<()> {
         interfaces: interfaces::Interfaces::new(opts.iface.clone(), opts.attach_mode),
         uplinks_tx,
         iface_problems: Vec::new(),
+        backed: BTreeSet::new(),
         status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: source_name, generation: 1, error: None }, ..Default::default() },
         opts,
         dp,
@@ -255,7 +258,10 @@ pub async fn run(opts: Options) -> Result<()> {
                     }
                 }
             }
-            _ = host_check.tick() => agent.check_host(),
+            _ = host_check.tick() => {
+                agent.place();
+                agent.check_host();
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
@@ -272,29 +278,44 @@ impl Agent {
         let targets = health_targets(&world);
         self.health.retain(|t, _| targets.contains(t));
         self.monitor.sync(targets);
-        self.world = world.clone();
-        // Interfaces first: the liveness thread then finds the new pools placed.
-        self.check_host();
+        let before = std::mem::replace(&mut self.world, world.clone());
+        let me = self.opts.node_name.clone();
+        // Where pools live depends on the pools and this node alone, not on the
+        // services and endpoints that change far more often. Interfaces first: the
+        // liveness thread then finds the new pools placed.
+        let moved = before.pools != world.pools || before.node(&me) != world.node(&me);
+        if moved {
+            self.place();
+        }
+        let backed = preflight::backed_vips(&world, &me);
+        if moved || backed != self.backed {
+            self.backed = backed;
+            self.check_host();
+        }
         self.world_tx.send_replace(world);
     }
 
-    /// Logs what is wrong with this host for `world` when that changes (it never
-    /// stops the agent: the node may be set up after it starts).
-    fn check_host(&mut self) {
+    /// Resolves where this node's pools live and attaches the program there
+    /// (`interfaces::place`); the liveness thread follows the result.
+    fn place(&mut self) {
         let placed = self.interfaces.place(&mut self.dp, &self.world, &self.opts.node_name);
         self.uplinks_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &placed.uplinks));
         self.iface_problems = placed.problems;
-        let world = &self.world;
+    }
+
+    /// Logs what is wrong with this host (the placement's problems and the backed
+    /// VIPs' intake) when that changes (it never stops the agent: the node may be
+    /// set up after it starts).
+    fn check_host(&mut self) {
         let intake = match self.opts.source {
             Source::File(_) => preflight::Intake::VipOnLo,
             Source::Kubernetes { .. } => preflight::Intake::KubeProxy,
         };
         // ARP sysctls matter where the node is reached (its home interface).
-        let home = placed.uplinks.home.as_ref().map_or("all", |l| l.name.as_str());
-        let vips = preflight::backed_vips(world, &self.opts.node_name);
-        let facts = preflight::HostFacts::read(home, vips.iter().copied());
+        let home = self.uplinks_tx.borrow().home.as_ref().map_or_else(|| "all".to_owned(), |l| l.name.clone());
+        let facts = preflight::HostFacts::read(&home, self.backed.iter().copied());
         let mut problems = self.iface_problems.clone();
-        problems.extend(preflight::problems(&vips, intake, home, &facts));
+        problems.extend(preflight::problems(&self.backed, intake, &home, &facts));
         for p in problems.iter().filter(|p| !self.status.host_problems.contains(p)) {
             warn!("this host is not ready for its VIP traffic: {p}");
         }
