@@ -568,16 +568,31 @@ impl Drop for RealApiServer {
 
 /// Every YAML document of a file, as JSON (empty documents skipped).
 pub fn manifests(path: &Path) -> Result<Vec<Value>> {
-    use serde::Deserialize as _;
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    documents(&text).with_context(|| path.display().to_string())
+}
+
+/// The objects of a multi-document YAML text.
+pub fn documents(text: &str) -> Result<Vec<Value>> {
+    use serde::Deserialize as _;
     let mut out = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v = Value::deserialize(doc).with_context(|| path.display().to_string())?;
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let v = Value::deserialize(doc)?;
         if !v.is_null() {
             out.push(v);
         }
     }
     Ok(out)
+}
+
+/// What `kubectl apply -k dir` applies: `kubectl kustomize dir`, rendered by the
+/// kubectl users have (kustomize is built into it).
+pub fn kustomize(dir: &Path) -> Result<Vec<Value>> {
+    let out = std::process::Command::new("kubectl").arg("kustomize").arg(dir).output().context("running kubectl kustomize (is kubectl installed?)")?;
+    if !out.status.success() {
+        bail!("kubectl kustomize {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    documents(&String::from_utf8_lossy(&out.stdout)).with_context(|| format!("kubectl kustomize {}", dir.display()))
 }
 
 /// Creates namespace `name` unless it exists.

@@ -7,5 +7,6 @@ pub mod kubeapi;
 pub mod kubefix;
 pub mod kubelab;
 pub mod lab;
+pub mod mapmem;
 pub mod netns;
 pub mod tap;

@@ -2,8 +2,8 @@
 //! `$KUBEBUILDER_ASSETS`; skipped without them, except with CI=true): one server
 //! for this binary, tests serialised on it.
 //!
-//! - every manifest of deploy/ and deploy/examples/ applies (server-side apply, dry
-//!   run first) without a rejection or a warning;
+//! - what `kubectl apply -k deploy/` applies, and deploy/examples/, apply (server-side
+//!   apply, dry run first) without a rejection or a warning;
 //! - the agent's controller and leader election, acting as the deploy/10-rbac.yaml
 //!   ServiceAccount (a TokenRequest token), allocate, record Events and hold the
 //!   Lease, and cannot write what the RBAC does not give;
@@ -19,7 +19,7 @@ use vip_agent::k8s::{
 };
 use vip_tests::{
     agent::TempDir,
-    kubeapi::{apply, client_from_kubeconfig, deploy_dir, manifests, raw, Backend},
+    kubeapi::{apply, client_from_kubeconfig, deploy_dir, kustomize, manifests, raw, Backend},
     kubefix::eventually_within,
 };
 
@@ -54,13 +54,15 @@ async fn deploy_manifests_apply_without_rejection_or_warning() {
     let w = apply(client, &probe, true).await.unwrap();
     assert!(w.iter().any(|w| w.contains("beta.kubernetes.io/arch")), "no warning seen for a deprecated label: {w:?}");
     let deploy = deploy_dir();
-    // deploy/ in `kubectl apply -f deploy/` order, then the examples (they need the CRD).
-    let files: Vec<PathBuf> = yaml_files(&deploy).into_iter().chain(yaml_files(&deploy.join("examples"))).collect();
-    assert!(files.len() >= 6, "{files:?}");
+    // What `kubectl apply -k deploy/` applies, then the examples (they need the CRD).
+    let mut sets = vec![("deploy/ (kubectl kustomize)".to_owned(), kustomize(&deploy).unwrap())];
+    for f in yaml_files(&deploy.join("examples")) {
+        sets.push((f.strip_prefix(deploy.parent().unwrap()).unwrap().display().to_string(), manifests(&f).unwrap()));
+    }
+    assert!(sets[0].1.len() >= 8, "{:?}", sets[0]);
     let (mut rejected, mut warned, mut applied) = (Vec::new(), Vec::new(), 0);
-    for f in &files {
-        let name = f.strip_prefix(deploy.parent().unwrap()).unwrap().display().to_string();
-        for doc in manifests(f).unwrap() {
+    for (name, docs) in &sets {
+        for doc in docs.clone() {
             let what = format!("{name}: {} {}", doc["kind"].as_str().unwrap_or("?"), doc["metadata"]["name"].as_str().unwrap_or("?"));
             for dry_run in [true, false] {
                 match apply(client, &doc, dry_run).await {
@@ -72,9 +74,9 @@ async fn deploy_manifests_apply_without_rejection_or_warning() {
                 }
             }
             applied += 1;
-        }
-        if f.ends_with("crd.yaml") {
-            server.install_crd(client).await.unwrap();
+            if doc["kind"] == "CustomResourceDefinition" {
+                server.install_crd(client).await.unwrap();
+            }
         }
     }
     assert!(rejected.is_empty(), "rejected by kube-apiserver {}:\n{}", server.version(), rejected.join("\n"));
@@ -172,4 +174,58 @@ async fn controller_rides_out_an_api_server_restart() {
     eventually_within(Duration::from_secs(60), "allocated after the restart", || ip_of(&b2, "shop", "after").is_some()).await;
     assert_ne!(ip_of(&b2, "shop", "after"), ip_of(&b2, "shop", "before"));
     task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_create_one_heartbeat_key_secret_and_read_no_other() {
+    use vip_agent::k8s::heartbeat_key;
+    let Some(b) = Backend::real().await else {
+        return;
+    };
+    let Backend::Real { server, client: admin, .. } = &b else { unreachable!() };
+    let tmp = TempDir::new("vip-sa-").unwrap();
+    let kc = server.service_account_kubeconfig(admin, "vip-system", "vip-agent", &tmp.0.join("kubeconfig")).await.unwrap();
+    let sa = client_from_kubeconfig(&kc).await.unwrap();
+    let secret = "/api/v1/namespaces/vip-system/secrets/vip-heartbeat";
+    let r = raw(admin, Method::DELETE, secret, "", None).await.unwrap();
+    assert!(r.status == 200 || r.status == 404, "{}", r.body);
+    let other = json!({ "apiVersion": "v1", "kind": "Secret", "metadata": { "name": "not-vips", "namespace": "vip-system" }, "stringData": { "x": "y" } });
+    let r = raw(admin, Method::POST, "/api/v1/namespaces/vip-system/secrets", "application/json", Some(&other)).await.unwrap();
+    assert!(r.status == 201 || r.status == 409, "{}", r.body);
+
+    // Three agents start at once and find no Secret: one creates it, all read its key.
+    let starts = (0..3).map(|_| {
+        let sa = sa.clone();
+        tokio::spawn(async move { heartbeat_key::ensure(&sa, "vip-system", "vip-heartbeat").await })
+    });
+    let keys: Vec<String> = futures_util::future::join_all(starts).await.into_iter().map(|r| r.unwrap().unwrap()).collect();
+    assert!(keys.iter().all(|k| *k == keys[0]), "agents disagree on the key: {keys:?}");
+    vip_agent::ha::auth::Keys::from_text(&keys[0]).expect("a usable key");
+    let created = raw(admin, Method::GET, secret, "", None).await.unwrap().ok().unwrap();
+    assert_eq!(created["metadata"]["labels"]["app.kubernetes.io/name"], "vip");
+
+    // The Role gives that Secret alone.
+    for (method, path) in [
+        (Method::GET, "/api/v1/namespaces/vip-system/secrets/not-vips"),
+        (Method::GET, "/api/v1/namespaces/vip-system/secrets"),
+        (Method::DELETE, secret),
+        (Method::GET, "/api/v1/namespaces/default/secrets/vip-heartbeat"),
+    ] {
+        let r = raw(&sa, method.clone(), path, "", None).await.unwrap();
+        assert_eq!(r.status, 403, "{method} {path}: {}", r.body);
+    }
+
+    // A rotation (a second line, then first) reaches a watching agent.
+    let mut rx = heartbeat_key::watch_keys(sa.clone(), "vip-system".into(), "vip-heartbeat".into(), keys[0].clone());
+    let rotated = format!("{}\n{}", heartbeat_key::new_key_line().unwrap(), keys[0]);
+    let patch = json!({ "stringData": { "key": rotated } });
+    raw(admin, Method::PATCH, secret, "application/merge-patch+json", Some(&patch)).await.unwrap().ok().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while *rx.borrow_and_update() != rotated {
+            rx.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the watching agent did not see the rotation within 20 s");
+    raw(admin, Method::DELETE, "/api/v1/namespaces/vip-system/secrets/not-vips", "", None).await.unwrap();
 }

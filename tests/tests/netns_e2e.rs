@@ -132,3 +132,35 @@ fn tcp_through_the_vip_reaches_the_ring_choice() {
     assert!(c.reasons["arp_answered"].0 >= 1);
     assert!(c.reasons["forwarded"].0 >= 20 * 3, "{:?}", c.reasons);
 }
+
+/// A kind-style link: a veth whose peer runs no XDP program (nor GRO). Native XDP
+/// answers leave nothing there (the peer's NAPI never runs); `--mode auto` must
+/// pick generic, and the answers must arrive.
+#[test]
+fn auto_mode_on_a_veth_without_xdp_on_its_peer_answers_arp() {
+    if !privileged() {
+        return;
+    }
+    let client = NetNs::new("vcl").unwrap();
+    let node = NetNs::new("vnd").unwrap();
+    veth(&client, "c0", &node, "n0").unwrap();
+    client.ip(&["addr", "add", "198.18.1.1/24", "dev", "c0"]).unwrap();
+    node.ip(&["addr", "add", "198.18.1.2/24", "dev", "n0"]).unwrap();
+    // Nothing on the peer that would make native XDP_TX deliver.
+    vip_tests::netns::ethtool_features(&client, "c0", &["gro", "off"]).unwrap();
+    let pins = PinDir::new().unwrap();
+    let dir = pins.path.clone();
+    let (mut dp, ifindex, mode) = node
+        .run(move || {
+            let mut dp = Dataplane::load(&dir, 1 << 16).unwrap();
+            let a = dp.attach("n0", AttachMode::Auto).unwrap();
+            (dp, a.ifindex, a.mode)
+        })
+        .unwrap();
+    assert_eq!(mode, Some(AttachMode::Generic), "auto on a veth");
+    let vip = Ipv4Addr::new(198, 18, 1, 100);
+    dp.hold_vip(ifindex, vip, in_ten_s()).unwrap();
+    let node_mac = hex_mac(node.mac("n0").unwrap());
+    let (ok, out) = arping(&client, "c0", vip);
+    assert!(ok && out.contains(&node_mac), "no ARP answer with {node_mac} through auto mode on a bare veth: {out}");
+}

@@ -72,8 +72,14 @@ enum Cmd {
         log_json: bool,
         /// The cluster's heartbeat key file: one key per line (at least 32 bytes
         /// each), the first signs, all are accepted (rotation). Re-read every 5 s.
+        /// With --kubernetes the default is the Secret of --heartbeat-secret.
         #[arg(long, env = "VIP_HEARTBEAT_KEY_FILE")]
         heartbeat_key_file: Option<PathBuf>,
+        /// With --kubernetes and no key file: the Secret (in the agent's namespace)
+        /// holding the heartbeat keys under `key`; created with a random key when
+        /// absent, watched for rotations.
+        #[arg(long, env = "VIP_HEARTBEAT_SECRET", default_value = "vip-heartbeat")]
+        heartbeat_secret: String,
         /// Run without a heartbeat key: heartbeats go unsigned and anyone on the
         /// segment can forge them. Only for a segment you trust.
         #[arg(long, env = "VIP_TRUSTED_SEGMENT", conflicts_with = "heartbeat_key_file")]
@@ -136,7 +142,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Run {
             config,
-            kubernetes: _,
+            kubernetes,
             kubeconfig,
             lease_namespace,
             node_name,
@@ -149,14 +155,19 @@ fn main() -> Result<()> {
             arp_sender,
             log_json: _,
             heartbeat_key_file,
+            heartbeat_secret,
             trusted_segment,
         } => {
-            if heartbeat_key_file.is_none() && !trusted_segment {
-                anyhow::bail!(
-                    "heartbeats need a cluster key: --heartbeat-key-file FILE (in Kubernetes, the vip-heartbeat Secret that \
-                     deploy/20-daemonset.yaml mounts), or --trusted-segment to run without authentication on a segment you trust"
-                );
-            }
+            let heartbeat_key = match (heartbeat_key_file, trusted_segment) {
+                (Some(file), _) => agent::HeartbeatKey::File(file),
+                (None, true) => agent::HeartbeatKey::Trusted,
+                (None, false) if kubernetes => agent::HeartbeatKey::Secret(heartbeat_secret),
+                (None, false) => anyhow::bail!(
+                    "heartbeats need a cluster key: --heartbeat-key-file FILE (one key of at least 32 bytes per line, the same \
+                     file on every node; make one with `head -c 48 /dev/urandom | base64`), or --trusted-segment to run \
+                     without authentication on a segment you trust"
+                ),
+            };
             let source = match config {
                 Some(path) => agent::Source::File(path),
                 None => agent::Source::Kubernetes { lease_namespace, kubeconfig },
@@ -180,7 +191,7 @@ fn main() -> Result<()> {
                 status_file: Some(status_file),
                 reload_interval,
                 arp_sender,
-                heartbeat_key_file,
+                heartbeat_key,
             };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }

@@ -65,9 +65,20 @@ pub struct Options {
     pub reload_interval: Duration,
     /// How gratuitous ARP and ARP requests leave the node.
     pub arp_sender: ArpSender,
-    /// The heartbeat key file (re-read every few seconds: rotation); None: the
-    /// segment is trusted and heartbeats go unsigned.
-    pub heartbeat_key_file: Option<PathBuf>,
+    /// Where the cluster's heartbeat key comes from.
+    pub heartbeat_key: HeartbeatKey,
+}
+
+/// Where the cluster's heartbeat key comes from.
+#[derive(Clone, Debug)]
+pub enum HeartbeatKey {
+    /// A key file, re-read every few seconds (rotation).
+    File(PathBuf),
+    /// This Secret in the agent's namespace (Kubernetes), created when absent and
+    /// watched (`k8s::heartbeat_key`).
+    Secret(String),
+    /// None: the segment is trusted and heartbeats go unsigned.
+    Trusted,
 }
 
 struct Agent {
@@ -109,6 +120,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut metrics = metrics::Metrics::new();
     let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
     let (unprogrammed_tx, unprogrammed_rx) = watch::channel(BTreeMap::new());
+    let mut api_client = None;
     let (world, text, mut feed, source_name) = match &opts.source {
         Source::File(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -120,6 +132,7 @@ pub async fn run(opts: Options) -> Result<()> {
         }
         Source::Kubernetes { lease_namespace, kubeconfig } => {
             let client = crate::k8s::kube_client(kubeconfig.as_deref()).await?;
+            api_client = Some((client.clone(), lease_namespace.clone()));
             info!("watching Nodes, VipPools, Services and EndpointSlices");
             let rx = crate::k8s::source::watch_world(client.clone(), World::default()).await;
             let world = rx.borrow().clone();
@@ -143,11 +156,23 @@ pub async fn run(opts: Options) -> Result<()> {
         let bound = metrics::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
         info!(%bound, "serving /metrics /healthz /readyz /status");
     }
-    let mut key_file = match &opts.heartbeat_key_file {
-        Some(path) => Some(ha::auth::KeyFile::open(path)?),
-        None => {
+    // The key text now, and where its changes come from (a rotation).
+    let (mut keys, mut key_updates) = match &opts.heartbeat_key {
+        HeartbeatKey::File(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading the heartbeat key file {}", path.display()))?;
+            let keys = ha::auth::KeyText::new(text).with_context(|| format!("heartbeat key file {}", path.display()))?;
+            (Some(keys), KeyUpdates::File(path.clone()))
+        }
+        HeartbeatKey::Secret(name) => {
+            let Some((client, ns)) = api_client.clone() else { bail!("a heartbeat key Secret needs the Kubernetes source (--kubernetes)") };
+            let text = crate::k8s::heartbeat_key::ensure(&client, &ns, name).await?;
+            let keys = ha::auth::KeyText::new(text.clone()).with_context(|| format!("the heartbeat key Secret {ns}/{name}"))?;
+            info!(secret = %format!("{ns}/{name}"), "heartbeat keys read from the Secret");
+            (Some(keys), KeyUpdates::Secret(crate::k8s::heartbeat_key::watch_keys(client, ns, name.clone(), text)))
+        }
+        HeartbeatKey::Trusted => {
             warn!("heartbeats are not authenticated (--trusted-segment): anyone on the segment can forge them");
-            None
+            (None, KeyUpdates::None)
         }
     };
     let world = Arc::new(world);
@@ -204,7 +229,7 @@ pub async fn run(opts: Options) -> Result<()> {
         held,
         on_lo,
         metrics: agent.metrics.liveness.clone(),
-        keys: key_file.as_ref().map(|k| k.keys.clone()),
+        keys: keys.as_ref().map(|k| k.keys.clone()),
     };
     let mut members = liveness::spawn(setup, frame_tx, world_rx)?;
     agent.membership = members.borrow_and_update().clone();
@@ -249,12 +274,12 @@ pub async fn run(opts: Options) -> Result<()> {
             _ = hup.recv(), if matches!(feed, Feed::File) => agent.reload(true),
             _ = resolve.tick(), if !agent.unresolved.is_empty() => agent.reconcile(None),
             _ = retry.tick(), if !agent.failed.is_empty() => agent.reconcile(None),
-            _ = rekey.tick(), if key_file.is_some() => {
-                if let Some(k) = key_file.as_mut() {
-                    match k.reload() {
-                        Ok(true) => info!("heartbeat keys re-read from the key file"),
+            Some(text) = key_updates.next(&mut rekey) => {
+                if let Some(k) = keys.as_mut() {
+                    match k.update(text) {
+                        Ok(true) => info!("heartbeat keys changed: {}", key_updates.origin()),
                         Ok(false) => {}
-                        Err(e) => warn!("heartbeat key file: {e:#}; keeping the keys read before"),
+                        Err(e) => warn!("heartbeat keys from {}: {e:#}; keeping the keys read before", key_updates.origin()),
                     }
                 }
             }
@@ -270,6 +295,46 @@ pub async fn run(opts: Options) -> Result<()> {
     // an agent restarted within the hold time takes over without a gap.
     info!("stopping; the data path keeps running on the last state until held deadlines pass");
     Ok(())
+}
+
+/// Where new heartbeat key text comes from while the agent runs.
+enum KeyUpdates {
+    /// Re-read on every tick (a mounted Secret is updated in place).
+    File(PathBuf),
+    /// The watched Secret's key text.
+    Secret(watch::Receiver<String>),
+    None,
+}
+
+impl KeyUpdates {
+    /// The next key text to consider; pending forever when there is none.
+    async fn next(&mut self, tick: &mut tokio::time::Interval) -> Option<String> {
+        match self {
+            KeyUpdates::File(path) => {
+                tick.tick().await;
+                match std::fs::read_to_string(&*path) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        warn!("reading the heartbeat key file {}: {e}; keeping the keys read before", path.display());
+                        None
+                    }
+                }
+            }
+            KeyUpdates::Secret(rx) => match rx.changed().await {
+                Ok(()) => Some(rx.borrow_and_update().clone()),
+                Err(_) => std::future::pending().await,
+            },
+            KeyUpdates::None => std::future::pending().await,
+        }
+    }
+
+    fn origin(&self) -> String {
+        match self {
+            KeyUpdates::File(p) => format!("the key file {}", p.display()),
+            KeyUpdates::Secret(_) => "the heartbeat key Secret".to_owned(),
+            KeyUpdates::None => String::new(),
+        }
+    }
 }
 
 impl Agent {

@@ -18,7 +18,8 @@ use vip_common::PROGRAM_NAME;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 pub enum AttachMode {
-    /// Native (driver) XDP, falling back to generic when the driver has none.
+    /// Native (driver) XDP, falling back to generic when the driver has none; generic
+    /// on a veth, whose native transmits depend on its peer (see `auto_avoids_native`).
     Auto,
     /// Native XDP only.
     Native,
@@ -110,7 +111,6 @@ pub fn keep_vlan_tags(iface: &str) -> Result<bool> {
     // Legacy ethtool flags (include/uapi/linux/ethtool.h): ETHTOOL_GFLAGS and
     // ETHTOOL_SFLAGS with ETH_FLAG_RXVLAN, mapped by the kernel to the
     // rx-vlan-hw-parse feature.
-    const SIOCETHTOOL: libc::c_ulong = 0x8946;
     const ETHTOOL_GFLAGS: u32 = 0x25;
     const ETHTOOL_SFLAGS: u32 = 0x26;
     const ETH_FLAG_RXVLAN: u32 = 1 << 8;
@@ -151,6 +151,55 @@ pub fn keep_vlan_tags(iface: &str) -> Result<bool> {
     }
 }
 
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+/// The name of `iface`'s driver (`ETHTOOL_GDRVINFO`), e.g. "veth", "mlx5_core".
+pub fn driver(iface: &str) -> Result<String> {
+    const ETHTOOL_GDRVINFO: u32 = 0x3;
+    /// struct ethtool_drvinfo (include/uapi/linux/ethtool.h).
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        rest: [u8; 32 * 4 + 12 + 4 * 5],
+    }
+    let name = CString::new(iface)?;
+    anyhow::ensure!(name.as_bytes().len() < libc::IF_NAMESIZE, "interface name {iface:?} too long");
+    let mut info = DrvInfo { cmd: ETHTOOL_GDRVINFO, driver: [0; 32], rest: [0; 32 * 4 + 12 + 4 * 5] };
+    // SAFETY: a plain socket and one SIOCETHTOOL ioctl with a zeroed ifreq holding
+    // the NUL-terminated name and a pointer to an ethtool_drvinfo that outlives it.
+    let r = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        anyhow::ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        ifr.ifr_ifru.ifru_data = (&raw mut info).cast();
+        let r = libc::ioctl(fd, SIOCETHTOOL, &mut ifr);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        (r, err)
+    };
+    if r.0 < 0 {
+        bail!("driver of {iface}: {}", r.1);
+    }
+    let end = info.driver.iter().position(|b| *b == 0).unwrap_or(info.driver.len());
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// Why `auto` must not take native XDP on `iface`, if it must not. A veth's
+/// native XDP_TX (and the frame sender's transmits) are delivered only while the
+/// peer runs an XDP program or GRO (the peer's NAPI), which this side cannot see
+/// or ensure: on a container-as-node link (kind) they are silently dropped, and
+/// no ARP reply or forwarded frame leaves. Generic XDP transmits through the stack.
+pub fn auto_avoids_native(iface: &str) -> Option<&'static str> {
+    match driver(iface).ok()?.as_str() {
+        "veth" => Some("a veth delivers native XDP transmits only while its peer runs XDP or GRO, which cannot be checked from here"),
+        _ => None,
+    }
+}
+
 pub fn attach(ebpf: &mut Ebpf, dir: &Path, iface: &str, mode: AttachMode) -> Result<Attached> {
     let (ifindex, mac) = iface_info(iface)?;
     let pin = link_pin(dir, iface);
@@ -169,12 +218,18 @@ pub fn attach(ebpf: &mut Ebpf, dir: &Path, iface: &str, mode: AttachMode) -> Res
     let (id, used) = match mode {
         AttachMode::Native => (prog.attach(iface, XdpMode::Driver)?, AttachMode::Native),
         AttachMode::Generic => (prog.attach(iface, XdpMode::Skb)?, AttachMode::Generic),
-        AttachMode::Auto => match prog.attach(iface, XdpMode::Driver) {
-            Ok(id) => (id, AttachMode::Native),
-            Err(e) => {
-                tracing::info!(%iface, error = %e, "native XDP unavailable, using generic");
+        AttachMode::Auto => match auto_avoids_native(iface) {
+            Some(why) => {
+                tracing::info!(%iface, "generic XDP: {why} (--mode native overrides)");
                 (prog.attach(iface, XdpMode::Skb)?, AttachMode::Generic)
             }
+            None => match prog.attach(iface, XdpMode::Driver) {
+                Ok(id) => (id, AttachMode::Native),
+                Err(e) => {
+                    tracing::info!(%iface, error = %e, "native XDP unavailable, using generic");
+                    (prog.attach(iface, XdpMode::Skb)?, AttachMode::Generic)
+                }
+            },
         },
     };
     let link = prog.take_link(id)?;

@@ -1,6 +1,7 @@
 //! Authenticated heartbeats: every datagram carries an HMAC-SHA256 tag (ring's
 //! `hmac`, the primitive behind rustls) under a cluster key that every agent
-//! reads from a key file (in Kubernetes, a Secret mounted into the DaemonSet).
+//! reads from a key file or, in Kubernetes, from the `vip-heartbeat` Secret
+//! (`k8s::heartbeat_key`).
 //!
 //! Wire: `b"VIPH"`, a one-byte version (2), the 8-byte id of the key that signed
 //! it (the first 8 bytes of SHA-256 of the key), the 32-byte tag over everything
@@ -69,11 +70,17 @@ impl Keys {
         Ok(Self { keys })
     }
 
-    /// Reads a key file: one key per non-empty line, `#` comments skipped.
+    /// Parses a key text (a key file, the Secret's `key`): one key per non-empty
+    /// line, `#` comments skipped.
+    pub fn from_text(text: &str) -> Result<Self> {
+        let lines: Vec<Vec<u8>> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(|l| l.as_bytes().to_vec()).collect();
+        Self::new(&lines)
+    }
+
+    /// Reads a key file (see [`Keys::from_text`]).
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading the heartbeat key file {}", path.display()))?;
-        let lines: Vec<Vec<u8>> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(|l| l.as_bytes().to_vec()).collect();
-        Self::new(&lines).with_context(|| format!("heartbeat key file {}", path.display()))
+        Self::from_text(&text).with_context(|| format!("heartbeat key file {}", path.display()))
     }
 
     /// `payload`, signed with the first key.
@@ -116,28 +123,25 @@ fn signed_part(datagram: &[u8]) -> Vec<u8> {
 /// changes (a rotation step), without restarting anything.
 pub type SharedKeys = std::sync::Arc<std::sync::RwLock<std::sync::Arc<Keys>>>;
 
-/// A key file and the keys last read from it.
-pub struct KeyFile {
-    path: std::path::PathBuf,
+/// Keys taken from a key text (the key file, the Secret) and the text they came from.
+pub struct KeyText {
     text: String,
     pub keys: SharedKeys,
 }
 
-impl KeyFile {
-    pub fn open(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading the heartbeat key file {}", path.display()))?;
-        let keys = Keys::from_file(path)?;
-        Ok(Self { path: path.to_owned(), text, keys: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(keys))) })
+impl KeyText {
+    pub fn new(text: String) -> Result<Self> {
+        let keys = Keys::from_text(&text)?;
+        Ok(Self { text, keys: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(keys))) })
     }
 
-    /// Re-reads the file; true when new keys were taken. A file that became
-    /// unreadable or invalid keeps the last good keys (and says why).
-    pub fn reload(&mut self) -> Result<bool> {
-        let text = std::fs::read_to_string(&self.path).with_context(|| format!("reading the heartbeat key file {}", self.path.display()))?;
+    /// Takes `text` when it differs from the last; true when new keys were taken.
+    /// Invalid text keeps the last good keys (and says why).
+    pub fn update(&mut self, text: String) -> Result<bool> {
         if text == self.text {
             return Ok(false);
         }
-        let keys = Keys::from_file(&self.path)?;
+        let keys = Keys::from_text(&text)?;
         self.text = text;
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(keys);
         Ok(true)

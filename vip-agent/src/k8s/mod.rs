@@ -4,6 +4,7 @@
 pub mod allocate;
 pub mod controller;
 pub mod crd;
+pub mod heartbeat_key;
 pub mod leader;
 pub mod pools;
 pub mod source;
