@@ -94,3 +94,48 @@ fn check_names_what_a_backend_host_lacks_until_it_is_ready() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("host: pool \"p\" answered on v0"), "{}", text(&o));
 }
+
+/// `vip-agent cleanup` (what deploy/cleanup/ runs on every node) leaves no XDP
+/// attachment, no pins, none of vip's addresses on lo and no status file, and
+/// keeps an address on lo that is not vip's.
+#[test]
+fn cleanup_removes_the_attachment_pins_loopback_vips_and_status() {
+    if !privileged() {
+        return;
+    }
+    let host = NetNs::new("vclean").unwrap();
+    let peer = NetNs::new("vcpeer").unwrap();
+    vip_tests::netns::veth(&host, "eth0", &peer, "p0").unwrap();
+    let pins = vip_tests::netns::PinDir::new().unwrap();
+    let dir = pins.path.clone();
+    host.run(move || vip_agent::dataplane::Dataplane::load(&dir, 1 << 12).unwrap().attach("eth0", vip_agent::dataplane::AttachMode::Generic).unwrap()).unwrap();
+    host.ip(&["addr", "add", "198.18.7.1/32", "dev", "lo", "label", "lo:vip"]).unwrap();
+    host.ip(&["addr", "add", "198.18.7.2/32", "dev", "lo"]).unwrap();
+    let tmp = vip_tests::agent::TempDir::new("vip-cleanup-").unwrap();
+    let status = tmp.0.join("status.json");
+    std::fs::write(&status, "{}").unwrap();
+    let xdp_on = || String::from_utf8_lossy(&host.ip(&["-d", "link", "show", "eth0"]).unwrap().stdout).contains("prog/xdp");
+    assert!(xdp_on(), "attached before the clean-up");
+
+    let o = host
+        .cmd(agent_bin().unwrap().to_str().unwrap())
+        .args(["--pin-dir", pins.path.to_str().unwrap(), "cleanup", "--status-file", status.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("detached from eth0") && out.contains("198.18.7.1") && !out.contains("198.18.7.2"), "{out}");
+    assert!(!xdp_on(), "still attached after the clean-up");
+    assert!(!pins.path.exists(), "pins left in {}", pins.path.display());
+    assert!(!status.exists());
+    let lo = String::from_utf8_lossy(&host.ip(&["addr", "show", "dev", "lo"]).unwrap().stdout).into_owned();
+    assert!(!lo.contains("198.18.7.1/32") && lo.contains("198.18.7.2/32"), "{lo}");
+
+    // Twice is fine: nothing left to remove.
+    let o = host
+        .cmd(agent_bin().unwrap().to_str().unwrap())
+        .args(["--pin-dir", pins.path.to_str().unwrap(), "cleanup", "--status-file", status.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success() && text(&o).contains("no XDP attachment"), "{}", text(&o));
+}

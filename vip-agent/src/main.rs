@@ -116,6 +116,16 @@ enum Cmd {
         #[arg(long)]
         purge: bool,
     },
+    /// Remove what vip leaves on this node when uninstalled: detach the program
+    /// from every interface, remove the pinned program and maps, vip's addresses on
+    /// lo and the status file. The agent must not be running.
+    Cleanup {
+        #[arg(long, env = "VIP_STATUS_FILE", default_value = "/run/vip/status.json")]
+        status_file: PathBuf,
+        /// Then wait until terminated (a DaemonSet's container: deploy/cleanup/).
+        #[arg(long)]
+        wait: bool,
+    },
     /// Decode the pinned maps: held VIPs, services, backends, counters; with the
     /// agent's status file, also owners and backend health.
     Inspect {
@@ -213,6 +223,18 @@ fn main() -> Result<()> {
             if purge && cli.pin_dir.exists() {
                 std::fs::remove_dir_all(&cli.pin_dir)?;
                 println!("removed {}", cli.pin_dir.display());
+            }
+        }
+        Cmd::Cleanup { status_file, wait } => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let removed = rt.block_on(vip_agent::cleanup::cleanup(&cli.pin_dir, &status_file))?;
+            print!("{removed}");
+            if wait {
+                rt.block_on(async {
+                    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                    term.recv().await;
+                    anyhow::Ok(())
+                })?;
             }
         }
         Cmd::Inspect { json, status_file } => {

@@ -60,6 +60,17 @@ pub async fn sync(h: &Handle, lo: u32, want: &BTreeSet<Ipv4Addr>) -> Result<()> 
     Ok(())
 }
 
+/// Removes every address of ours from `lo` (uninstalling); returns them.
+pub async fn remove_ours(h: &Handle, lo: u32) -> Result<Vec<Ipv4Addr>> {
+    let (_, ours) = addresses(h, lo).await?;
+    let mut removed = Vec::new();
+    for (vip, msg) in ours {
+        h.address().del(msg).execute().await.with_context(|| format!("removing {vip}/32 from lo"))?;
+        removed.push(vip);
+    }
+    Ok(removed)
+}
+
 /// Keeps `lo` equal to the latest `want` (also re-checked every few seconds, in
 /// case an address was removed by hand). With `want` empty from the start and
 /// nothing of ours on `lo`, it does nothing.
