@@ -35,7 +35,10 @@ impl Agent {
         }
         let health: BTreeMap<Target, bool> = self.health.iter().map(|(t, (up, _))| (t.clone(), *up)).collect();
         let m = &self.membership;
-        let want = desired(&self.world, &Observed { me: &self.opts.node_name, tracked: &m.tracked, live: &m.live, health: &health, macs: &self.macs });
+        let want = desired(
+            &self.world,
+            &Observed { me: &self.opts.node_name, tracked: &m.tracked, live: &m.live, leaving: &m.leaving, health: &health, macs: &self.macs },
+        );
         self.unresolved = want.unresolved;
         // What changed, and what the maps hold that the model no longer has
         // (from the data path's own record, so services left by an earlier agent

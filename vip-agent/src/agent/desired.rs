@@ -64,8 +64,11 @@ pub struct Observed<'a> {
     /// their liveness is known.
     pub tracked: &'a BTreeSet<String>,
     /// Those of `tracked` alive now. A tracked node that is not is in no ring,
-    /// health check or not: its agent is gone, and so, most likely, the node.
+    /// health check or not: its agent is gone, and so, most likely, the node...
     pub live: &'a BTreeSet<String>,
+    /// ...unless its agent said it was leaving to restart: it stays a backend
+    /// (as its health check says) while its next agent starts.
+    pub leaving: &'a BTreeSet<String>,
     /// Probe state of each health target; absent = not probed yet = up.
     pub health: &'a BTreeMap<Target, bool>,
     /// MACs of nodes the config leaves without one, as resolved so far.
@@ -77,7 +80,7 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
     for svc in &world.services {
         let (mut backends, mut absent) = (Vec::new(), Vec::new());
         for node in world.backend_candidates(svc) {
-            if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) {
+            if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) && !seen.leaving.contains(&node.name) {
                 absent.push(node.name.clone());
                 continue;
             }
@@ -160,7 +163,7 @@ services:
         assert_eq!(o.owners.values().filter(|o| *o == "lb1").count(), 2, "4 VIPs over 2 eligible nodes");
         assert!(o.owners.values().all(|o| o == "lb1" || o == "lb2"), "only eligible nodes own");
         assert_eq!(o.held, o.owners.iter().filter(|(_, o)| *o == "lb1").map(|(v, _)| *v).collect());
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, health: &health, macs: &macs });
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, macs: &macs });
         assert_eq!(d.services.len(), 2, "one per port");
         let web = d.services.values().next().unwrap();
         assert_eq!(names(web), ["b1", "lb1", "lb2"], "b2 has no MAC yet");
@@ -171,15 +174,25 @@ services:
         let macs = [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into();
         let check = w.services[0].health.clone().unwrap();
         health.insert(Target { node: "b1".into(), addr: "198.18.0.11".parse().unwrap(), check }, false);
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, health: &health, macs: &macs });
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, macs: &macs });
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
 
         // lb2 dead: lb1 owns every VIP, and lb2 (tracked by heartbeats, no health
         // check needed) leaves the rings; b2 (not tracked) stays.
         let live: BTreeSet<String> = live.into_iter().filter(|n| n != "lb2").collect();
         assert_eq!(ownership(&w, "lb1", &live).held.len(), 4);
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, health: &health, macs: &macs });
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, macs: &macs });
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
         assert_eq!(health_targets(&w).len(), 4, "every candidate of the checked service");
+
+        // lb2's agent left to restart: lb1 still owns every VIP, lb2 stays a
+        // backend, unless its health check fails.
+        let leaving: BTreeSet<String> = ["lb2".to_owned()].into();
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, macs: &macs });
+        assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
+        let check = w.services[0].health.clone().unwrap();
+        health.insert(Target { node: "lb2".into(), addr: w.node("lb2").unwrap().addr, check }, false);
+        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, macs: &macs });
+        assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
     }
 }

@@ -39,6 +39,9 @@ pub struct Membership {
     pub tracked: BTreeSet<String>,
     /// Those of `tracked` alive now.
     pub live: BTreeSet<String>,
+    /// Those of `tracked` whose agent left to restart: not alive (their VIPs went
+    /// to others), still backends for a while (`heartbeat::Heartbeat::leaving_ms`).
+    pub leaving: BTreeSet<String>,
     pub owners: BTreeMap<Ipv4Addr, String>,
     pub held: BTreeSet<Ipv4Addr>,
     pub on_lo: BTreeSet<Ipv4Addr>,
@@ -79,6 +82,9 @@ pub struct Setup {
     pub metrics: metrics::Liveness,
     /// Heartbeat keys (None: a trusted segment, unsigned heartbeats).
     pub keys: Option<ha::auth::SharedKeys>,
+    /// Set when the agent stops: peers are told, and keep this node a backend
+    /// for that long (`heartbeat::Options::leave`).
+    pub leave: watch::Receiver<Option<Duration>>,
 }
 
 /// Starts the thread, which first sweeps `arp_held` (entries of VIPs this node
@@ -121,9 +127,10 @@ struct Liveness {
     uplinks: Arc<Uplinks>,
     out: watch::Sender<Membership>,
     arp_tx: mpsc::UnboundedSender<Order>,
-    heartbeat: Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>,
+    heartbeat: Option<(heartbeat::Options, watch::Receiver<heartbeat::PeerSets>)>,
     tracked: BTreeSet<String>,
     live: BTreeSet<String>,
+    leaving: BTreeSet<String>,
     /// What is written to `arp_held`: VIP → how it is announced, and the ifindex
     /// it is held under.
     held: BTreeMap<Ipv4Addr, (Announce, u32)>,
@@ -163,6 +170,7 @@ impl Liveness {
             heartbeat: None,
             tracked: BTreeSet::new(),
             live: BTreeSet::new(),
+            leaving: BTreeSet::new(),
             held: BTreeMap::new(),
             owners: BTreeMap::new(),
             deadline: 0,
@@ -248,11 +256,12 @@ impl Liveness {
                     self.sync_heartbeat().await;
                     self.decide(false);
                 }
-                Some(live) = next_live(&mut self.heartbeat) => {
-                    info!(live = ?live, "live nodes changed");
-                    let back: Vec<Ipv4Addr> = live.difference(&self.live).filter_map(|n| self.world.node(n)).map(|n| n.addr).collect();
+                Some(sets) = next_live(&mut self.heartbeat) => {
+                    info!(live = ?sets.live, leaving = ?sets.leaving, "live nodes changed");
+                    let back: Vec<Ipv4Addr> = sets.live.difference(&self.live).filter_map(|n| self.world.node(n)).map(|n| n.addr).collect();
                     self.resolve(back);
-                    self.live = live;
+                    self.live = sets.live;
+                    self.leaving = sets.leaving;
                     self.decide(true);
                 }
                 _ = refresh.tick() => self.refresh(),
@@ -312,8 +321,8 @@ impl Liveness {
         // Peers the running task has seen go down stay down in its replacement
         // until heard (only a new agent presumes every peer alive).
         let dead = self.heartbeat.as_ref().map_or_else(BTreeSet::new, |(cur, rx)| {
-            let live = rx.borrow();
-            cur.peers.iter().map(|(n, _)| n).filter(|n| !live.contains(*n)).cloned().collect()
+            let sets = rx.borrow();
+            cur.peers.iter().map(|(n, _)| n).filter(|n| !sets.live.contains(*n)).cloned().collect()
         });
         let want = heartbeat::Options {
             bind: SocketAddr::from((my.addr, f.heartbeat_port)),
@@ -325,6 +334,7 @@ impl Liveness {
             gate: Some((self.s.metrics.last_turn_ns.clone(), self.world.announce.hold_time / 2)),
             metrics: Some(self.s.metrics.heartbeat.clone()),
             keys: self.s.keys.clone(),
+            leave: Some(self.s.leave.clone()),
         };
         let same =
             |a: &heartbeat::Options, b: &heartbeat::Options| (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after);
@@ -342,7 +352,8 @@ impl Liveness {
         for attempt in 0..50 {
             match heartbeat::run(want.clone()).await {
                 Ok(rx) => {
-                    self.live = rx.borrow().clone();
+                    self.live = rx.borrow().live.clone();
+                    self.leaving = rx.borrow().leaving.clone();
                     info!(bind = %want.bind, peers = want.peers.len(), "heartbeats running");
                     self.heartbeat = Some((want, rx));
                     return;
@@ -437,7 +448,14 @@ impl Liveness {
         self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
         self.s.metrics.record(&self.world, &self.owners, &o);
         self.owners = o.owners.clone();
-        let m = Membership { tracked: self.tracked.clone(), live: self.live.clone(), owners: o.owners, held: o.held, on_lo: o.on_lo };
+        let m = Membership {
+            tracked: self.tracked.clone(),
+            live: self.live.clone(),
+            leaving: self.leaving.clone(),
+            owners: o.owners,
+            held: o.held,
+            on_lo: o.on_lo,
+        };
         self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
     }
 
@@ -543,7 +561,7 @@ pub fn replace_if_changed<T: Clone + PartialEq>(cur: &mut T, want: &T) -> bool {
 }
 
 /// The next live set from the heartbeat task (pending forever without one).
-async fn next_live(hb: &mut Option<(heartbeat::Options, watch::Receiver<BTreeSet<String>>)>) -> Option<BTreeSet<String>> {
+async fn next_live(hb: &mut Option<(heartbeat::Options, watch::Receiver<heartbeat::PeerSets>)>) -> Option<heartbeat::PeerSets> {
     match hb {
         Some((_, rx)) => match rx.changed().await {
             Ok(()) => Some(rx.borrow_and_update().clone()),

@@ -45,6 +45,12 @@ use crate::{
     status::{ConfigStatus, Status},
 };
 
+/// How long peers keep a stopping agent's node a backend (its data path and
+/// kube-proxy keep serving) for its next agent to start: a pod's restart or a
+/// rolling update takes seconds. A node that goes down meanwhile leaves the rings
+/// by its failed health checks.
+pub const LEAVING_STAY: Duration = Duration::from_secs(30);
+
 /// How `run` is set up (the CLI fills it).
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -223,6 +229,7 @@ pub async fn run(opts: Options) -> Result<()> {
     // then the first programming pass sweeps lb4_services (services deleted while
     // no agent ran go, with their rings), with every node presumed alive until the
     // heartbeats say otherwise.
+    let (leave_tx, leave_rx) = watch::channel(None);
     let setup = liveness::Setup {
         me: agent.opts.node_name.clone(),
         uplinks: uplinks_rx,
@@ -230,6 +237,7 @@ pub async fn run(opts: Options) -> Result<()> {
         on_lo,
         metrics: agent.metrics.liveness.clone(),
         keys: keys.as_ref().map(|k| k.keys.clone()),
+        leave: leave_rx,
     };
     let mut members = liveness::spawn(setup, frame_tx, world_rx)?;
     agent.membership = members.borrow_and_update().clone();
@@ -291,6 +299,11 @@ pub async fn run(opts: Options) -> Result<()> {
             _ = int.recv() => break,
         }
     }
+    // Tell the peers: they take this node's VIPs at once (rather than after
+    // deadAfter of silence) and keep it a backend while the next agent starts, so
+    // that a rolling update breaks none of the connections it carries.
+    leave_tx.send_replace(Some(LEAVING_STAY));
+    tokio::time::sleep(Duration::from_millis(20)).await;
     // Program and maps stay: held VIPs keep being answered until their deadline, so
     // an agent restarted within the hold time takes over without a gap.
     info!("stopping; the data path keeps running on the last state until held deadlines pass");

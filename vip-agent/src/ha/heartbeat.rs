@@ -34,6 +34,17 @@ pub struct Heartbeat {
     pub incarnation: u64,
     pub seq: u64,
     pub sent_ms: u64,
+    /// Sent by an agent that is stopping (SIGTERM: a rolling update, a restart):
+    /// take my VIPs now, but keep this node in the rings for this long, since its
+    /// data path and kube-proxy keep serving the connections they carry while its
+    /// next agent starts. Health checks still take it out if the node itself goes.
+    /// Absent (0) in every other heartbeat; agents of before ignore it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub leaving_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl Heartbeat {
@@ -60,6 +71,15 @@ pub enum Event {
     Down {
         node: String,
     },
+    /// Its agent is stopping and asked to stay a backend until `until` (see
+    /// [`Heartbeat::leaving_ms`]); a later heartbeat of a new incarnation is Up.
+    Leaving {
+        node: String,
+    },
+    /// A leaving node's time as a backend ran out without its next agent heard.
+    Gone {
+        node: String,
+    },
 }
 
 #[derive(Debug)]
@@ -68,6 +88,8 @@ struct Peer {
     seq: u64,
     last_seen: Instant,
     alive: bool,
+    /// Left (a stopping agent's last heartbeat): a backend until then.
+    leaving_until: Option<Instant>,
 }
 
 /// Pure liveness state for the other agents. Time is passed in, never read.
@@ -99,7 +121,7 @@ impl PeerTable {
     pub fn observe(&mut self, node: &str, incarnation: u64, seq: u64, now: Instant) -> Seen {
         let up = Some(Event::Up { node: node.to_owned(), incarnation });
         let Some(p) = self.peers.get_mut(node) else {
-            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true });
+            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true, leaving_until: None });
             return Seen::Fresh(up);
         };
         if incarnation < p.incarnation || (incarnation == p.incarnation && seq <= p.seq) {
@@ -119,7 +141,28 @@ impl PeerTable {
             return Seen::Fresh(None);
         }
         p.alive = true;
+        p.leaving_until = None;
         Seen::Fresh(up)
+    }
+
+    /// Records a leaving heartbeat (a stopping agent's last, [`Heartbeat::leaving_ms`]):
+    /// the peer is no longer alive (its VIPs go to others at once) but stays a
+    /// backend for `stay`. Replays are refused as by [`PeerTable::observe`]; a new
+    /// incarnation heard later is Up.
+    pub fn observe_leaving(&mut self, node: &str, incarnation: u64, seq: u64, stay: Duration, now: Instant) -> Seen {
+        let Some(p) = self.peers.get_mut(node) else {
+            // Never heard alive: nothing to hand over, and nothing to keep.
+            return Seen::Fresh(None);
+        };
+        if incarnation < p.incarnation || (incarnation == p.incarnation && seq <= p.seq) {
+            return Seen::Stale;
+        }
+        p.incarnation = incarnation;
+        p.seq = seq;
+        p.last_seen = now;
+        p.alive = false;
+        p.leaving_until = Some(now + stay);
+        Seen::Fresh(Some(Event::Leaving { node: node.to_owned() }))
     }
 
     /// Counts `node` alive as of `now` without having heard it: an agent that
@@ -127,7 +170,7 @@ impl PeerTable {
     /// not grab their VIPs before their first heartbeats can arrive. Incarnation 0
     /// is "unknown": the first real heartbeat replaces it.
     pub fn presume(&mut self, node: &str, now: Instant) {
-        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true });
+        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, leaving_until: None });
     }
 
     /// After this agent itself was not running (stopped, starved), silence from
@@ -139,13 +182,18 @@ impl PeerTable {
         }
     }
 
-    /// Marks peers silent for `dead_after` or longer as dead.
+    /// Marks peers silent for `dead_after` or longer as dead, and leaving peers
+    /// whose time ran out as gone.
     pub fn expire(&mut self, now: Instant) -> Vec<Event> {
         let mut events = Vec::new();
         for (node, p) in &mut self.peers {
             if p.alive && now.saturating_duration_since(p.last_seen) >= self.dead_after {
                 p.alive = false;
                 events.push(Event::Down { node: node.clone() });
+            }
+            if p.leaving_until.is_some_and(|t| now >= t) {
+                p.leaving_until = None;
+                events.push(Event::Gone { node: node.clone() });
             }
         }
         events
@@ -155,7 +203,29 @@ impl PeerTable {
     pub fn live(&self) -> BTreeSet<String> {
         self.peers.iter().filter(|(_, p)| p.alive).map(|(n, _)| n.clone()).collect()
     }
+
+    /// Names of the peers that left and are still backends.
+    pub fn leaving(&self) -> BTreeSet<String> {
+        self.peers.iter().filter(|(_, p)| p.leaving_until.is_some()).map(|(n, _)| n.clone()).collect()
+    }
+
+    /// What the heartbeat task publishes, with `me` alive.
+    fn peer_sets(&self, me: &str) -> PeerSets {
+        let mut live = self.live();
+        live.insert(me.to_owned());
+        PeerSets { live, leaving: self.leaving() }
+    }
 }
+
+/// What the heartbeat task publishes: who is alive (holds VIPs, backs services),
+/// and who left to restart and still backs services ([`Heartbeat::leaving_ms`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerSets {
+    pub live: BTreeSet<String>,
+    pub leaving: BTreeSet<String>,
+}
+
+impl PeerTable {}
 
 /// This agent start's incarnation: the wall clock in nanoseconds, so that a
 /// restarted agent's incarnation is above its last one and a replayed datagram of
@@ -195,6 +265,9 @@ pub struct Options {
     /// The cluster keys heartbeats are signed and checked with; None: the segment
     /// is trusted (`--trusted-segment`): plain datagrams, filtered by address only.
     pub keys: Option<super::auth::SharedKeys>,
+    /// Set to Some(stay) when the agent stops: the task sends leaving heartbeats
+    /// ([`Heartbeat::leaving_ms`]) and ends.
+    pub leave: Option<watch::Receiver<Option<Duration>>>,
 }
 
 /// Why a received datagram changed nothing.
@@ -257,16 +330,14 @@ pub struct Metrics {
 ///
 /// A dead peer is noticed between `dead_after` and `dead_after + interval` after
 /// its last heartbeat (expiry is checked on every send tick and receive).
-pub async fn run(o: Options) -> io::Result<watch::Receiver<BTreeSet<String>>> {
+pub async fn run(o: Options) -> io::Result<watch::Receiver<PeerSets>> {
     let sock = UdpSocket::bind(o.bind).await?;
     let mut table = PeerTable::new(o.dead_after);
     let now = Instant::now();
     for (name, _) in o.peers.iter().filter(|(n, _)| !o.dead.contains(n)) {
         table.presume(name, now);
     }
-    let mut live = table.live();
-    live.insert(o.me.clone());
-    let (tx, rx) = watch::channel(live);
+    let (tx, rx) = watch::channel(table.peer_sets(&o.me));
     tokio::spawn(heartbeat_loop(sock, o, table, tx));
     Ok(rx)
 }
@@ -301,7 +372,7 @@ fn accept(datagram: &[u8], from: SocketAddr, known: &HashMap<SocketAddr, String>
     Ok(hb)
 }
 
-async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<BTreeSet<String>>) {
+async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<PeerSets>) {
     let Options { ref peers, ref me, interval, ref gate, ref metrics, .. } = o;
     let (peers, me, gate, metrics) = (peers.clone(), me.clone(), gate.clone(), metrics.clone());
     let stalled = || {
@@ -334,9 +405,31 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
     let stall = (o.dead_after / 2).max(interval * 2);
     let mut last_turn = Instant::now();
     tracing::info!(%me, incarnation, peers = peers.len(), "heartbeat started");
+    let mut leave = o.leave.clone();
+    let seal = |hb: Heartbeat| -> Vec<u8> {
+        let hb = hb.encode();
+        match &keys {
+            Some(k) => k.read().unwrap_or_else(|e| e.into_inner()).seal(&hb),
+            None => hb,
+        }
+    };
     loop {
         let events = tokio::select! {
             _ = tx.closed() => break,
+            Some(stay) = leaving(&mut leave) => {
+                // Three times, a millisecond apart: one lost datagram must not cost
+                // the peers a dead_after with our VIPs unanswered.
+                for _ in 0..3 {
+                    seq += 1;
+                    let hb = seal(Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: stay.as_millis() as u64 });
+                    for (_, p) in &peers {
+                        let _ = sock.send_to(&hb, p).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                tracing::info!(stay = ?stay, "sent leaving heartbeats: peers take this node's VIPs now and keep it a backend meanwhile");
+                break;
+            }
             _ = tick.tick() => {
                 let now = Instant::now();
                 if now.duration_since(last_turn) > stall {
@@ -347,11 +440,7 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 last_turn = now;
                 if gate_open(&gate) {
                     seq += 1;
-                    let hb = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms() }.encode();
-                    let hb = match &keys {
-                        Some(k) => k.read().unwrap_or_else(|e| e.into_inner()).seal(&hb),
-                        None => hb,
-                    };
+                    let hb = seal(Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: 0 });
                     for (_, p) in &peers {
                         // A peer that is down may refuse (ICMP unreachable): that is what
                         // the protocol detects, not an error of ours.
@@ -375,7 +464,11 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 match r {
                     Ok((n, from)) => match accept(&buf[..n], from, &known, keys.as_ref().map(|k| k.read().unwrap_or_else(|e| e.into_inner()).clone()).as_deref()) {
                         Err(why) => reject(why, from, now),
-                        Ok(hb) => match table.observe(&hb.node, hb.incarnation, hb.seq, now) {
+                        Ok(hb) => match if hb.leaving_ms > 0 {
+                            table.observe_leaving(&hb.node, hb.incarnation, hb.seq, Duration::from_millis(hb.leaving_ms), now)
+                        } else {
+                            table.observe(&hb.node, hb.incarnation, hb.seq, now)
+                        } {
                             Seen::Stale => reject(Rejected::Stale, from, now),
                             Seen::Fresh(e) => {
                                 if let Some(m) = &metrics {
@@ -406,15 +499,27 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
         for e in &events {
             tracing::info!(?e, "peer liveness changed");
         }
-        let mut live = table.live();
-        live.insert(me.clone());
+        let sets = table.peer_sets(&me);
         tx.send_if_modified(|cur| {
-            let changed = *cur != live;
-            *cur = live;
+            let changed = *cur != sets;
+            *cur = sets;
             changed
         });
     }
     tracing::info!(%me, "heartbeat stopped");
+}
+
+/// The stay asked for when the agent stops; pending until then (or forever).
+async fn leaving(leave: &mut Option<watch::Receiver<Option<Duration>>>) -> Option<Duration> {
+    let Some(rx) = leave else { return std::future::pending().await };
+    loop {
+        if let Some(stay) = *rx.borrow_and_update() {
+            return Some(stay);
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -461,6 +566,30 @@ mod tests {
     }
 
     #[test]
+    fn a_leaving_peer_is_down_at_once_stays_a_backend_then_is_gone_or_back() {
+        let t0 = Instant::now();
+        let mut t = PeerTable::new(DEAD_AFTER);
+        t.observe("a", 7, 1, t0);
+        let stay = Duration::from_secs(30);
+        assert_eq!(t.observe_leaving("a", 7, 2, stay, t0), Seen::Fresh(Some(Event::Leaving { node: "a".into() })));
+        assert!(t.live().is_empty(), "its VIPs go to others at once");
+        assert_eq!(t.leaving(), ["a".to_owned()].into());
+        // A replay of the leaving heartbeat changes nothing.
+        assert_eq!(t.observe_leaving("a", 7, 2, stay, t0 + Duration::from_secs(1)), Seen::Stale);
+        assert!(t.expire(t0 + Duration::from_secs(29)).is_empty());
+        assert_eq!(t.expire(t0 + stay), vec![Event::Gone { node: "a".into() }]);
+        assert!(t.leaving().is_empty());
+        // Its next agent, within the stay: Up, and no longer leaving.
+        t.observe_leaving("a", 7, 3, stay, t0 + stay);
+        assert_eq!(t.observe("a", 8, 1, t0 + stay + Duration::from_secs(2)), up("a", 8));
+        assert!(t.leaving().is_empty());
+        assert_eq!(t.live(), ["a".to_owned()].into());
+        // A leaving heartbeat from a peer never heard takes nothing.
+        assert_eq!(t.observe_leaving("b", 1, 1, stay, t0), Seen::Fresh(None));
+        assert!(t.leaving().len() == 0 && !t.live().contains("b"));
+    }
+
+    #[test]
     fn restart_before_deadline_is_up_without_down() {
         let t0 = Instant::now();
         let mut t = PeerTable::new(DEAD);
@@ -484,7 +613,7 @@ mod tests {
         let a: SocketAddr = "198.18.0.11:7473".parse().unwrap();
         let b: SocketAddr = "198.18.0.12:7473".parse().unwrap();
         let known: HashMap<SocketAddr, String> = [(a, "n1".to_owned()), (b, "n2".to_owned())].into();
-        let hb = |node: &str| Heartbeat { v: 1, node: node.into(), incarnation: 5, seq: 1, sent_ms: 0 }.encode();
+        let hb = |node: &str| Heartbeat { v: 1, node: node.into(), incarnation: 5, seq: 1, sent_ms: 0, leaving_ms: 0 }.encode();
         assert_eq!(accept(&keys.seal(&hb("n1")), a, &known, Some(&keys)).map(|h| h.node), Ok("n1".to_owned()));
         assert_eq!(accept(&keys.seal(&hb("n1")), "198.18.0.99:7473".parse().unwrap(), &known, Some(&keys)).err(), Some(Rejected::UnknownSender));
         assert_eq!(accept(&hb("n1"), a, &known, Some(&keys)).err(), Some(Rejected::Malformed));
@@ -509,8 +638,13 @@ mod tests {
 
     #[test]
     fn wire_format_round_trips_and_rejects_others() {
-        let hb = Heartbeat { v: 1, node: "node-1".into(), incarnation: u64::MAX, seq: 3, sent_ms: 1_700_000_000_000 };
+        let hb = Heartbeat { v: 1, node: "node-1".into(), incarnation: u64::MAX, seq: 3, sent_ms: 1_700_000_000_000, leaving_ms: 0 };
         assert_eq!(Heartbeat::decode(&hb.encode()), Some(hb.clone()));
+        // Only a leaving heartbeat carries leaving_ms: others are what agents of
+        // before send and read.
+        assert!(!String::from_utf8(hb.encode()).unwrap().contains("leaving"));
+        let leaving = Heartbeat { leaving_ms: 30_000, ..hb.clone() };
+        assert_eq!(Heartbeat::decode(&leaving.encode()), Some(leaving));
         assert_eq!(Heartbeat::decode(&Heartbeat { v: 2, ..hb }.encode()), None);
         assert_eq!(Heartbeat::decode(b"\x00garbage"), None);
         assert_ne!(new_incarnation(), new_incarnation());
@@ -537,20 +671,37 @@ mod tests {
             gate: None,
             metrics: None,
             keys: None,
+            leave: None,
         }
     }
 
-    async fn start(addrs: &[SocketAddr], i: usize) -> watch::Receiver<BTreeSet<String>> {
+    async fn start(addrs: &[SocketAddr], i: usize) -> watch::Receiver<PeerSets> {
         run(opts(addrs, i)).await.unwrap()
     }
 
-    /// Waits (bounded by `limit`) until `rx` holds exactly `want`; returns how long it took.
-    async fn wait_for(rx: &mut watch::Receiver<BTreeSet<String>>, want: &[&str], limit: Duration) -> Duration {
+    /// Waits (bounded by `limit`) until `rx`'s live set is exactly `want`; returns how long it took.
+    async fn wait_for(rx: &mut watch::Receiver<PeerSets>, want: &[&str], limit: Duration) -> Duration {
         let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
         let t0 = tokio::time::Instant::now();
-        let reached = tokio::time::timeout(limit, rx.wait_for(|s| *s == want)).await.is_ok();
-        assert!(reached, "live set is {:?}, not {want:?}, after {limit:?}", *rx.borrow());
+        let reached = tokio::time::timeout(limit, rx.wait_for(|s| s.live == want)).await.is_ok();
+        assert!(reached, "live set is {:?}, not {want:?}, after {limit:?}", rx.borrow().live);
         t0.elapsed()
+    }
+
+    /// A stopping agent's leaving heartbeats: its peer takes it out of the live
+    /// set at once (well before dead_after) and keeps it as leaving.
+    #[tokio::test]
+    async fn a_stopping_agent_is_out_of_the_live_set_at_once_and_leaving() {
+        let addrs = free_addrs(2);
+        let mut a = start(&addrs, 0).await;
+        let (leave_tx, leave_rx) = watch::channel(None);
+        let _b = run(Options { leave: Some(leave_rx), ..opts(&addrs, 1) }).await.unwrap();
+        wait_for(&mut a, &["n0", "n1"], Duration::from_secs(1)).await;
+        tokio::time::sleep(INTERVAL * 2).await;
+        leave_tx.send_replace(Some(Duration::from_secs(30)));
+        let took = wait_for(&mut a, &["n0"], Duration::from_secs(1)).await;
+        assert!(took < DEAD_AFTER, "taken out after {took:?}: that is silence, not the leaving heartbeat");
+        assert_eq!(a.borrow().leaving, BTreeSet::from(["n1".to_owned()]));
     }
 
     #[test]
@@ -595,7 +746,7 @@ mod tests {
         let mut o = opts(&addrs, 0);
         o.dead = BTreeSet::from(["n1".to_owned()]);
         let mut a = run(o).await.unwrap();
-        assert_eq!(*a.borrow(), BTreeSet::from(["n0".to_owned()]));
+        assert_eq!(a.borrow().live, BTreeSet::from(["n0".to_owned()]));
         let _b = start(&addrs, 1).await;
         wait_for(&mut a, &["n0", "n1"], Duration::from_secs(1)).await;
     }
@@ -614,7 +765,7 @@ mod tests {
             last_turn.store(crate::clock::monotonic_ns(), Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(*a.borrow(), BTreeSet::from(["n0".to_owned(), "n1".to_owned()]));
+        assert_eq!(a.borrow().live, BTreeSet::from(["n0".to_owned(), "n1".to_owned()]));
         // The main loop stops turning: n1's task keeps running but goes silent.
         wait_for(&mut a, &["n0"], Duration::from_secs(2)).await;
     }

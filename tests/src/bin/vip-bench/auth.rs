@@ -15,8 +15,15 @@ const ROUNDS: usize = 7;
 
 pub fn section() -> Result<Section> {
     let keys = Keys::new(&[halab::random_key().into_bytes()])?;
-    let hb =
-        Heartbeat { v: Heartbeat::VERSION, node: "node-123".into(), incarnation: 1_795_391_020_187_672_419, seq: 123_456, sent_ms: 1_795_391_020_187 }.encode();
+    let hb = Heartbeat {
+        v: Heartbeat::VERSION,
+        node: "node-123".into(),
+        incarnation: 1_795_391_020_187_672_419,
+        seq: 123_456,
+        sent_ms: 1_795_391_020_187,
+        leaving_ms: 0,
+    }
+    .encode();
     let n = 100_000u32;
     let (mut seal, mut open) = (Vec::new(), Vec::new());
     let sealed = keys.seal(&hb);
