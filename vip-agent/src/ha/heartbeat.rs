@@ -586,7 +586,7 @@ mod tests {
         assert_eq!(t.live(), ["a".to_owned()].into());
         // A leaving heartbeat from a peer never heard takes nothing.
         assert_eq!(t.observe_leaving("b", 1, 1, stay, t0), Seen::Fresh(None));
-        assert!(t.leaving().len() == 0 && !t.live().contains("b"));
+        assert!(t.leaving().is_empty() && !t.live().contains("b"));
     }
 
     #[test]
