@@ -56,7 +56,7 @@ fn apt_packages() -> Result<()> {
 fn nightly_rust_src() -> Result<()> {
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"])).unwrap_or_default();
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
-        bail!("no nightly toolchain: the BPF build needs the machine's nightly (README, Dependencies worth a word); `rustup toolchain install nightly` where it can be fetched");
+        bail!("no nightly toolchain: the BPF build needs the machine's nightly (docs/development/dependencies.md); `rustup toolchain install nightly` where it can be fetched");
     }
     let installed = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"])).unwrap_or_default();
     if installed.lines().any(|l| l.starts_with("rust-src")) {
@@ -89,7 +89,7 @@ fn bpf_linker() -> Result<()> {
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libLLVM.so.22")))
-        .with_context(|| format!("no libLLVM.so.22* in {}: bpf-linker must be built against the nightly's own LLVM 22 (README)", lib.display()))?;
+        .with_context(|| format!("no libLLVM.so.22* in {}: bpf-linker must be built against the nightly's own LLVM 22", lib.display()))?;
     let prefix = std::env::temp_dir().join("vip-llvm-prefix");
     std::fs::create_dir_all(prefix.join("lib"))?;
     let link = prefix.join("lib/libLLVM.so");

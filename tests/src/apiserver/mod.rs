@@ -1,5 +1,5 @@
-//! An in-process stand-in for the Kubernetes API server (README, "Kubernetes tests:
-//! the real API server and the stand-in"): the agent's real kube-rs client code runs against it in CI.
+//! An in-process stand-in for the Kubernetes API server (docs/development/tests.md,
+//! "Kubernetes: the real API server and the stand-in"): the agent's real kube-rs client code runs against it in CI.
 //!
 //! Objects are `serde_json::Value`s of any registered resource (group, version,
 //! plural; namespaced or cluster-scoped), kept in memory with one global

@@ -9,7 +9,7 @@
 //! Trust: a datagram is accepted only from the address the model gives its sender,
 //! carrying that sender's name, with a valid tag under one of the cluster keys
 //! (`auth`), and newer than what this table has seen from that sender (incarnation,
-//! then sequence number); see README, "Security: authenticated heartbeats".
+//! then sequence number); see docs/security.md.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     io,

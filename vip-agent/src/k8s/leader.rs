@@ -6,7 +6,7 @@
 //! we read, so of two racing candidates exactly one wins (409 for the other).
 //! (No crate built on kube 5 does this safely: kube-lease-manager releases an
 //! expired Lease with an unconditional patch, which can wipe a fresher lock; see
-//! README, "Dependencies worth a word".)
+//! docs/development/dependencies.md.)
 //!
 //! Leadership is a `watch::Receiver<bool>`. It turns false as soon as a renewal
 //! fails past the point where another candidate could have taken over, before the
