@@ -15,6 +15,18 @@ pub const LB_CLASS: &str = "vip.dev/vip";
 pub const ANNOTATION_ADDRESS: &str = "vip.dev/address";
 /// Services with equal values may share one address when their ports do not overlap.
 pub const ANNOTATION_SHARING_KEY: &str = "vip.dev/sharing-key";
+/// Annotation naming the VipPool to allocate from (also one with `autoAssign: false`).
+pub const ANNOTATION_POOL: &str = "vip.dev/pool";
+
+/// MetalLB's annotations, newer form first, honoured so that Services keep working
+/// when vip replaces MetalLB. vip's own annotation wins when both are set.
+pub const METALLB_ADDRESSES: [&str; 2] = ["metallb.io/loadBalancerIPs", "metallb.universe.tf/loadBalancerIPs"];
+pub const METALLB_POOL: [&str; 2] = ["metallb.io/address-pool", "metallb.universe.tf/address-pool"];
+pub const METALLB_SHARING_KEY: [&str; 2] = ["metallb.io/allow-shared-ip", "metallb.universe.tf/allow-shared-ip"];
+
+/// vip's annotation and MetalLB's forms of it, in the order they are looked up.
+const ANNOTATIONS: [(&str, [&str; 2]); 3] =
+    [(ANNOTATION_ADDRESS, METALLB_ADDRESSES), (ANNOTATION_POOL, METALLB_POOL), (ANNOTATION_SHARING_KEY, METALLB_SHARING_KEY)];
 
 /// A valid pool as the allocator needs it.
 #[derive(Clone, Debug)]
@@ -70,16 +82,83 @@ pub(super) fn ingress_ips(s: &Service) -> Vec<Ipv4Addr> {
         .unwrap_or_default()
 }
 
-/// The address the Service asks for, if any (annotation first, then `loadBalancerIP`).
+/// The first of `own` and MetalLB's forms of it that the Service sets: (name, value).
+fn annotation<'a>(s: &'a Service, own: &'static str) -> Option<(&'static str, &'a str)> {
+    let a = s.metadata.annotations.as_ref()?;
+    let metallb = ANNOTATIONS.iter().find(|(o, _)| *o == own).map_or(&[][..], |(_, m)| &m[..]);
+    std::iter::once(own).chain(metallb.iter().copied()).find_map(|k| Some((k, a.get(k)?.as_str())))
+}
+
+/// The address the Service asks for, if any: `vip.dev/address`, else MetalLB's
+/// `loadBalancerIPs`, else `spec.loadBalancerIP`.
 pub fn requested(s: &Service) -> Option<Result<Ipv4Addr, String>> {
-    let ann = s.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ADDRESS)).cloned();
-    let field = s.spec.as_ref().and_then(|p| p.load_balancer_ip.clone()).filter(|x| !x.is_empty());
-    let raw = ann.or(field)?;
-    Some(raw.parse().map_err(|_| format!("requested address {raw:?} is not an IPv4 address")))
+    match annotation(s, ANNOTATION_ADDRESS) {
+        Some((ANNOTATION_ADDRESS, raw)) => Some(raw.parse().map_err(|_| format!("requested address {raw:?} is not an IPv4 address"))),
+        Some((name, raw)) => Some(metallb_addresses(name, raw).and_then(|(v4, _)| v4.ok_or_else(|| only_ipv6(name, raw)))),
+        None => {
+            let raw = s.spec.as_ref().and_then(|p| p.load_balancer_ip.clone()).filter(|x| !x.is_empty())?;
+            Some(raw.parse().map_err(|_| format!("requested address {raw:?} is not an IPv4 address")))
+        }
+    }
+}
+
+/// MetalLB's `loadBalancerIPs`: comma-separated, at most one address per family.
+/// (the IPv4 one, the IPv6 one); errors name the annotation.
+fn metallb_addresses(name: &str, raw: &str) -> Result<(Option<Ipv4Addr>, Option<std::net::Ipv6Addr>), String> {
+    let (mut v4, mut v6) = (None, None);
+    for part in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let ip: std::net::IpAddr = part.parse().map_err(|_| format!("{name}: {part:?} is not an IP address"))?;
+        let taken = match ip {
+            std::net::IpAddr::V4(a) => v4.replace(a).is_some(),
+            std::net::IpAddr::V6(a) => v6.replace(a).is_some(),
+        };
+        if taken {
+            return Err(format!("{name}: {raw:?} names more than one address of a family (one IPv4 and one IPv6 at most)"));
+        }
+    }
+    if v4.is_none() && v6.is_none() {
+        return Err(format!("{name} names no address"));
+    }
+    Ok((v4, v6))
+}
+
+fn only_ipv6(name: &str, raw: &str) -> String {
+    format!("{name} asks only for an IPv6 address ({raw}): vip serves IPv4 addresses only; add an IPv4 address or remove the annotation")
+}
+
+/// The VipPool the Service asks to be allocated from: (annotation, pool name).
+pub fn requested_pool(s: &Service) -> Option<(&'static str, &str)> {
+    annotation(s, ANNOTATION_POOL)
 }
 
 fn sharing_key(s: &Service) -> Option<&str> {
-    s.metadata.annotations.as_ref()?.get(ANNOTATION_SHARING_KEY).map(String::as_str)
+    annotation(s, ANNOTATION_SHARING_KEY).map(|(_, v)| v)
+}
+
+/// What the Service's MetalLB annotations do, for a Warning suggesting vip's own
+/// (None: it has none). Each is honoured, or ignored when vip's own annotation (or
+/// MetalLB's newer form) is set too.
+pub fn metallb_note(s: &Service) -> Option<String> {
+    let a = s.metadata.annotations.as_ref()?;
+    let mut said = Vec::new();
+    for (own, metallb) in ANNOTATIONS {
+        for m in metallb.into_iter().filter(|m| a.contains_key(*m)) {
+            // The first of vip's and MetalLB's forms that is set (`m` at the latest).
+            let used = annotation(s, own).map_or(m, |(k, _)| k);
+            said.push(if used == m {
+                {
+                    let v6 = (own == ANNOTATION_ADDRESS)
+                        .then(|| metallb_addresses(m, &a[m]).ok().and_then(|(v4, v6)| v4.and(v6)))
+                        .flatten()
+                        .map_or_else(String::new, |v6| format!(" (its IPv6 address {v6} is ignored: vip serves IPv4 only)"));
+                    format!("{m} is honoured{v6}: use {own} instead")
+                }
+            } else {
+                format!("{m} is ignored: {used} is set too and wins")
+            });
+        }
+    }
+    (!said.is_empty()).then(|| format!("MetalLB annotations: {}", said.join("; ")))
 }
 
 /// (protocol, port) pairs of the Service.
@@ -149,7 +228,11 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
             out.push(Decision::Release { service: me.clone(), addr: a, why: "the address is in no VipPool".into() });
         }
         let want = requested(s);
-        // Keep a held address that still fits (requested one, not taken). One its
+        let want_pool = requested_pool(s);
+        let in_wanted_pool = |a: Ipv4Addr| want_pool.is_none_or(|(_, name)| pool_of(a).is_some_and(|p| p.name == name));
+        // Keep a held address that still fits (requested one, in the requested pool,
+        // not taken): an address another implementation (MetalLB) gave the Service
+        // stays too, so switching to vip changes no Service's address. One its
         // pool's selectors no longer admit (the pool, the Service's labels or its
         // namespace's changed) is kept too, and reported: a running Service does not
         // lose its address to an edit elsewhere.
@@ -159,7 +242,7 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
                 Some(Err(_)) => false,
                 None => true,
             };
-            fits_request && can_share(&usage, *a, &me, share, &my_ports)
+            fits_request && in_wanted_pool(*a) && can_share(&usage, *a, &me, share, &my_ports)
         });
         if let Some(p) = keep.and_then(pool_of).filter(|p| !pool_admits(p, s, ns_labels)) {
             let addr = keep.expect("kept");
@@ -177,6 +260,10 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
             (None, Some(Err(e))) => Err(e.clone()),
             (None, Some(Ok(r))) => match pool_of(*r) {
                 None => Err(format!("requested address {r} is in no VipPool")),
+                Some(p) if !in_wanted_pool(*r) => {
+                    let (ann, name) = want_pool.expect("a requested pool");
+                    Err(format!("requested address {r} is in VipPool {:?}, not in {name:?} ({ann})", p.name))
+                }
                 Some(p) if !pool_admits(p, s, ns_labels) => {
                     Err(format!("requested address {r} is in pool {:?}, whose selectors do not admit this Service", p.name))
                 }
@@ -186,8 +273,13 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
                 Some(p) => Ok((*r, Some(p.name.clone()))),
             },
             (None, None) => {
+                // A named pool is used whatever its autoAssign (as MetalLB does).
+                let candidates: Vec<&PoolView> = match want_pool {
+                    Some((_, name)) => pools.iter().filter(|p| p.name == name).collect(),
+                    None => pools.iter().filter(|p| p.auto_assign).collect(),
+                };
                 let mut found = None;
-                for p in pools.iter().filter(|p| p.auto_assign && pool_admits(p, s, ns_labels)) {
+                for p in candidates.iter().copied().filter(|p| pool_admits(p, s, ns_labels)) {
                     // A shareable address already used with our key first, then the lowest free one.
                     let shared =
                         share.and_then(|_| p.addresses.iter().copied().find(|a| usage.contains_key(a) && can_share(&usage, *a, &me, share, &my_ports)));
@@ -196,7 +288,14 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
                         break;
                     }
                 }
-                found.ok_or_else(|| "no VipPool with autoAssign admits this Service and has a free address".to_owned())
+                found.ok_or_else(|| match (want_pool, candidates.first()) {
+                    (None, _) => "no VipPool with autoAssign admits this Service and has a free address".to_owned(),
+                    (Some((ann, name)), None) => format!("no valid VipPool named {name:?} ({ann})"),
+                    (Some((ann, name)), Some(p)) if !pool_admits(p, s, ns_labels) => {
+                        format!("VipPool {name:?} ({ann}) does not admit this Service (its selectors)")
+                    }
+                    (Some((ann, name)), Some(_)) => format!("VipPool {name:?} ({ann}) has no free address"),
+                })
             }
         };
         match chosen {
@@ -376,6 +475,127 @@ mod tests {
         // Admitted again: nothing to say.
         let ns: BTreeMap<String, BTreeMap<String, String>> = [("default".to_owned(), [("env".to_owned(), "prod".to_owned())].into())].into();
         assert!(allocate(&pools, &[running], &ns).is_empty());
+    }
+
+    fn pending(d: &[Decision]) -> Vec<(String, String)> {
+        d.iter().filter_map(|x| if let Decision::Pending { service, why } = x { Some((service.clone(), why.clone())) } else { None }).collect()
+    }
+
+    #[test]
+    fn metallb_load_balancer_ips_are_honoured_ipv4_taken_vip_wins() {
+        let pools = [pool("a", 10, 5, true)];
+        let svcs = [
+            annotate(svc("new-form", 0, &[80]), METALLB_ADDRESSES[0], "198.18.1.12"),
+            annotate(svc("old-form", 1, &[80]), METALLB_ADDRESSES[1], "198.18.1.13"),
+            annotate(svc("dual", 2, &[80]), METALLB_ADDRESSES[0], "2001:db8::5, 198.18.1.14"),
+            annotate(annotate(svc("both", 3, &[80]), METALLB_ADDRESSES[0], "198.18.1.10"), ANNOTATION_ADDRESS, "198.18.1.11"),
+            annotate(svc("v6-only", 4, &[80]), METALLB_ADDRESSES[0], "2001:db8::6"),
+            annotate(svc("two-v4", 5, &[80]), METALLB_ADDRESSES[0], "198.18.1.10,198.18.1.10"),
+            annotate(svc("junk", 6, &[80]), METALLB_ADDRESSES[1], "198.18.1.x"),
+        ];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        assert_eq!(
+            alloc(&d),
+            [
+                ("default/new-form".into(), "198.18.1.12".into()),
+                ("default/old-form".into(), "198.18.1.13".into()),
+                ("default/dual".into(), "198.18.1.14".into()),
+                ("default/both".into(), "198.18.1.11".into()),
+            ]
+        );
+        let p = pending(&d);
+        assert_eq!(p.len(), 3, "{d:?}");
+        assert_eq!(p[0].0, "default/v6-only");
+        assert!(p[0].1.starts_with("metallb.io/loadBalancerIPs asks only for an IPv6 address (2001:db8::6): vip serves IPv4 addresses only"), "{}", p[0].1);
+        assert!(p[1].1.contains("more than one address of a family"), "{}", p[1].1);
+        assert_eq!(p[2].1, "metallb.universe.tf/loadBalancerIPs: \"198.18.1.x\" is not an IP address");
+        // The Warnings' notes: honoured (with the IPv6 part ignored) or overridden.
+        assert_eq!(metallb_note(&svcs[0]).unwrap(), "MetalLB annotations: metallb.io/loadBalancerIPs is honoured: use vip.dev/address instead");
+        assert_eq!(
+            metallb_note(&svcs[2]).unwrap(),
+            "MetalLB annotations: metallb.io/loadBalancerIPs is honoured (its IPv6 address 2001:db8::5 is ignored: vip serves IPv4 only): use vip.dev/address instead"
+        );
+        assert_eq!(metallb_note(&svcs[3]).unwrap(), "MetalLB annotations: metallb.io/loadBalancerIPs is ignored: vip.dev/address is set too and wins");
+        assert_eq!(metallb_note(&svc("plain", 0, &[80])), None);
+        assert_eq!(metallb_note(&annotate(svc("x", 0, &[80]), ANNOTATION_ADDRESS, "198.18.1.10")), None, "vip's own alone: nothing to say");
+    }
+
+    #[test]
+    fn metallb_address_pool_names_the_pool_even_without_auto_assign() {
+        let pools = [pool("auto", 10, 2, true), pool("manual", 20, 2, false)];
+        let svcs = [
+            annotate(svc("named", 0, &[80]), METALLB_POOL[0], "manual"),
+            annotate(svc("old-form", 1, &[80]), METALLB_POOL[1], "manual"),
+            annotate(annotate(svc("vip-wins", 2, &[80]), METALLB_POOL[0], "manual"), ANNOTATION_POOL, "auto"),
+            annotate(svc("full", 3, &[80]), METALLB_POOL[0], "manual"),
+            annotate(svc("missing", 4, &[80]), METALLB_POOL[0], "gold"),
+            annotate(annotate(svc("wrong-pool", 5, &[80]), METALLB_POOL[0], "manual"), METALLB_ADDRESSES[0], "198.18.1.11"),
+            // A held address outside the named pool is not kept: it moves to that pool.
+            annotate(with_ip(svc("moves", 6, &[80]), "198.18.1.10"), ANNOTATION_POOL, "manual"),
+        ];
+        let d = allocate(&pools, &svcs[..6], &BTreeMap::new());
+        assert_eq!(
+            alloc(&d),
+            [
+                ("default/named".into(), "198.18.1.20".into()),
+                ("default/old-form".into(), "198.18.1.21".into()),
+                ("default/vip-wins".into(), "198.18.1.10".into()),
+            ]
+        );
+        let p = pending(&d);
+        assert_eq!(
+            p.iter().map(|(s, w)| format!("{s}: {w}")).collect::<Vec<_>>(),
+            [
+                "default/full: VipPool \"manual\" (metallb.io/address-pool) has no free address",
+                "default/missing: no valid VipPool named \"gold\" (metallb.io/address-pool)",
+                "default/wrong-pool: requested address 198.18.1.11 is in VipPool \"auto\", not in \"manual\" (metallb.io/address-pool)",
+            ]
+        );
+        let d = allocate(&pools, &svcs[6..], &BTreeMap::new());
+        assert!(d.contains(&Decision::Allocate { service: "default/moves".into(), addr: "198.18.1.20".parse().unwrap(), pool: "manual".into() }), "{d:?}");
+        assert!(matches!(&d[0], Decision::Release { addr, .. } if addr.to_string() == "198.18.1.10"), "{d:?}");
+        assert_eq!(metallb_note(&svcs[2]).unwrap(), "MetalLB annotations: metallb.io/address-pool is ignored: vip.dev/pool is set too and wins");
+    }
+
+    #[test]
+    fn metallb_allow_shared_ip_shares_like_the_sharing_key() {
+        let pools = [pool("a", 10, 2, true)];
+        let svcs = [
+            annotate(with_ip(svc("web", 0, &[80]), "198.18.1.11"), METALLB_SHARING_KEY[0], "front"),
+            annotate(with_ip(svc("tls", 1, &[443]), "198.18.1.11"), METALLB_SHARING_KEY[1], "front"),
+            annotate(svc("quic", 2, &[8443]), METALLB_SHARING_KEY[0], "front"),
+            annotate(svc("other-key", 3, &[9000]), METALLB_SHARING_KEY[0], "back"),
+        ];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        // web and tls keep their shared address, quic joins them, other-key gets its own.
+        assert_eq!(alloc(&d), [("default/quic".into(), "198.18.1.11".into()), ("default/other-key".into(), "198.18.1.10".into())], "{d:?}");
+        assert_eq!(d.len(), 2, "nothing released: {d:?}");
+        assert_eq!(metallb_note(&svcs[1]).unwrap(), "MetalLB annotations: metallb.universe.tf/allow-shared-ip is honoured: use vip.dev/sharing-key instead");
+    }
+
+    /// What switching from MetalLB looks like to the allocator: Services already
+    /// hold addresses MetalLB gave them (not the lowest, some shared, some in a pool
+    /// without autoAssign, some asked for by MetalLB's annotations); none moves, and
+    /// a new Service gets a free one.
+    #[test]
+    fn addresses_another_implementation_gave_are_kept() {
+        let pools = [pool("a", 10, 4, true), pool("manual", 20, 2, false)];
+        let svcs = [
+            with_ip(svc("high", 0, &[80]), "198.18.1.13"),
+            annotate(with_ip(svc("asked", 1, &[80]), "198.18.1.12"), METALLB_ADDRESSES[0], "198.18.1.12"),
+            annotate(with_ip(svc("pinned", 2, &[80]), "198.18.1.21"), METALLB_POOL[1], "manual"),
+            with_ip(svc("no-auto", 3, &[80]), "198.18.1.20"),
+            annotate(with_ip(svc("s1", 4, &[80]), "198.18.1.10"), METALLB_SHARING_KEY[0], "k"),
+            annotate(with_ip(svc("s2", 5, &[443]), "198.18.1.10"), METALLB_SHARING_KEY[0], "k"),
+            svc("new", 6, &[80]),
+        ];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        assert_eq!(d, [Decision::Allocate { service: "default/new".into(), addr: "198.18.1.11".parse().unwrap(), pool: "a".into() }]);
+        // The same after a restart, whatever order the watch lists them in.
+        let mut shuffled = svcs.to_vec();
+        shuffled.reverse();
+        shuffled.swap(1, 4);
+        assert_eq!(allocate(&pools, &shuffled, &BTreeMap::new()), d);
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub struct Pass {
     pub conflicts: usize,
     pub pool_statuses: usize,
     pub owner_events: usize,
+    /// `MetalLBAnnotation` Warnings recorded (once per Service generation and note).
+    pub metallb_warnings: usize,
 }
 
 pub struct Controller {
@@ -111,6 +113,10 @@ pub struct Controller {
     held: BTreeMap<String, (String, BTreeSet<Ipv4Addr>)>,
     /// Last stale-address message per Service: an Event only when it changes.
     stale: BTreeMap<String, String>,
+    /// The MetalLB-annotation Warning last recorded per Service, with the uid and
+    /// generation it was for: once per generation (an edit of the annotations alone
+    /// changes the note, not the generation), not on every pass.
+    metallb_said: BTreeMap<String, (String, Option<i64>, String)>,
 }
 
 impl Controller {
@@ -134,6 +140,7 @@ impl Controller {
                 reported_unprogrammed: BTreeMap::new(),
                 held: BTreeMap::new(),
                 stale: BTreeMap::new(),
+                metallb_said: BTreeMap::new(),
             },
             rx,
         )
@@ -167,6 +174,7 @@ impl Controller {
             })
             .collect();
         out.released += self.notice_released(&services).await;
+        out.metallb_warnings = self.report_metallb_annotations(&services).await;
         let decisions = allocate::allocate(&views, &services, &ns_labels);
         // Pool → its Services keeping an address the selectors no longer admit.
         let mut stale: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -264,6 +272,30 @@ impl Controller {
         reported.retain(|v, _| owners.contains_key(v));
         for (ev, svc) in &events {
             self.publish(ev, svc).await;
+        }
+        events.len()
+    }
+
+    /// Records a `MetalLBAnnotation` Warning on each of our Services that uses
+    /// MetalLB's annotations (they are honoured: the note suggests vip's own), once
+    /// per Service generation and note; returns how many were recorded.
+    async fn report_metallb_annotations(&mut self, services: &[Service]) -> usize {
+        let mut events = Vec::new();
+        let mut said = BTreeMap::new();
+        for s in services.iter().filter(|s| allocate::is_ours(s)) {
+            let Some(note) = allocate::metallb_note(s) else { continue };
+            let key = allocate::key(s);
+            let now = (s.uid().unwrap_or_default(), s.metadata.generation, note);
+            if self.metallb_said.get(&key) != Some(&now) {
+                events.push((now.2.clone(), s));
+            }
+            said.insert(key, now);
+        }
+        self.metallb_said = said;
+        for (note, svc) in &events {
+            let ev =
+                Event { type_: EventType::Warning, reason: "MetalLBAnnotation".into(), note: Some(note.clone()), action: "Allocate".into(), secondary: None };
+            self.publish(&ev, svc).await;
         }
         events.len()
     }
