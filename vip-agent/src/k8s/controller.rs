@@ -88,7 +88,7 @@ pub struct Pass {
     pub conflicts: usize,
     pub pool_statuses: usize,
     pub owner_events: usize,
-    /// `MetalLBAnnotation` Warnings recorded (once per Service generation and note).
+    /// `MetalLBAnnotation` Warnings recorded (once per Service and note).
     pub metallb_warnings: usize,
 }
 
@@ -97,7 +97,7 @@ pub struct Controller {
     pools: Store<VipPool>,
     services: Store<Service>,
     namespaces: Store<Namespace>,
-    recorder: Recorder,
+    reporter: Reporter,
     /// Last Pending message per Service: an Event only when it changes.
     pending: BTreeMap<String, String>,
     view: AgentView,
@@ -113,10 +113,11 @@ pub struct Controller {
     held: BTreeMap<String, (String, BTreeSet<Ipv4Addr>)>,
     /// Last stale-address message per Service: an Event only when it changes.
     stale: BTreeMap<String, String>,
-    /// The MetalLB-annotation Warning last recorded per Service, with the uid and
-    /// generation it was for: once per generation (an edit of the annotations alone
-    /// changes the note, not the generation), not on every pass.
-    metallb_said: BTreeMap<String, (String, Option<i64>, String)>,
+    /// The MetalLB-annotation Warning last recorded per Service, with the uid it was
+    /// for: once per Service and note (a changed annotation changes the note), not on
+    /// every pass. Not per generation: a real API server keeps no
+    /// `metadata.generation` on Services.
+    metallb_said: BTreeMap<String, (String, String)>,
 }
 
 impl Controller {
@@ -126,14 +127,14 @@ impl Controller {
         let pools = reflect(Api::<VipPool>::all(client.clone()), tx.clone());
         let services = reflect(Api::<Service>::all(client.clone()), tx.clone());
         let namespaces = reflect(Api::<Namespace>::all(client.clone()), tx);
-        let recorder = Recorder::new(client.clone(), Reporter { controller: "vip-controller".into(), instance: Some(identity.into()) });
+        let reporter = Reporter { controller: "vip-controller".into(), instance: Some(identity.into()) };
         (
             Self {
                 client,
                 pools,
                 services,
                 namespaces,
-                recorder,
+                reporter,
                 pending: BTreeMap::new(),
                 view,
                 reported: None,
@@ -248,9 +249,7 @@ impl Controller {
             }
             let note = format!("{vip} is now held by node {owner} (was {before})");
             for svc in by_vip.get(vip).into_iter().flatten() {
-                // Related to the new owner's Node: the recorder folds Events with the
-                // same (reason, regarding, related) into one series keeping the first
-                // note, so each destination keeps its own Event.
+                // Related to the new owner's Node, for `kubectl describe node`.
                 let node = k8s_openapi::api::core::v1::ObjectReference {
                     api_version: Some("v1".into()),
                     kind: Some("Node".into()),
@@ -278,16 +277,17 @@ impl Controller {
 
     /// Records a `MetalLBAnnotation` Warning on each of our Services that uses
     /// MetalLB's annotations (they are honoured: the note suggests vip's own), once
-    /// per Service generation and note; returns how many were recorded.
+    /// per Service and note (and once more in a new leader's term); returns how many
+    /// were recorded.
     async fn report_metallb_annotations(&mut self, services: &[Service]) -> usize {
         let mut events = Vec::new();
         let mut said = BTreeMap::new();
         for s in services.iter().filter(|s| allocate::is_ours(s)) {
             let Some(note) = allocate::metallb_note(s) else { continue };
             let key = allocate::key(s);
-            let now = (s.uid().unwrap_or_default(), s.metadata.generation, note);
+            let now = (s.uid().unwrap_or_default(), note);
             if self.metallb_said.get(&key) != Some(&now) {
-                events.push((now.2.clone(), s));
+                events.push((now.1.clone(), s));
             }
             said.insert(key, now);
         }
@@ -295,7 +295,7 @@ impl Controller {
         for (note, svc) in &events {
             let ev =
                 Event { type_: EventType::Warning, reason: "MetalLBAnnotation".into(), note: Some(note.clone()), action: "Allocate".into(), secondary: None };
-            self.publish(&ev, svc).await;
+            self.publish(&ev, *svc).await;
         }
         events.len()
     }
@@ -310,7 +310,7 @@ impl Controller {
             let note = format!("{vip}: not in the data path, retried: {}", errors.join("; "));
             let ev = Event { type_: EventType::Warning, reason: "NotProgrammed".into(), note: Some(note), action: "Program".into(), secondary: None };
             for svc in by_vip.get(vip).into_iter().flatten() {
-                self.publish(&ev, svc).await;
+                self.publish(&ev, *svc).await;
             }
         }
         self.reported_unprogrammed = now.clone();
@@ -343,7 +343,7 @@ impl Controller {
         self.held = held;
         for (ev, svc) in &events {
             info!(service = %allocate::key(svc), note = ?ev.note, "released by the server");
-            self.publish(ev, svc).await;
+            self.publish(ev, *svc).await;
         }
         events.len()
     }
@@ -411,8 +411,14 @@ impl Controller {
         Ok(true)
     }
 
-    async fn publish(&self, ev: &Event, svc: &Service) {
-        if let Err(e) = self.recorder.publish(ev, &svc.object_ref(&())).await {
+    /// Records `ev` about `obj` as a new Event. A fresh Recorder each time: a kept
+    /// one folds every later Event of the same reason about the same object into
+    /// the first one's series, keeping the first note (a changed MetalLB annotation
+    /// or allocation failure would show the old message); each caller already says
+    /// a thing only once.
+    async fn publish<K: Resource<DynamicType = ()>>(&self, ev: &Event, obj: &K) {
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        if let Err(e) = recorder.publish(ev, &obj.object_ref(&())).await {
             warn!("event: {e}");
         }
     }
@@ -470,9 +476,7 @@ impl Controller {
                 action: "Validate".into(),
                 secondary: None,
             };
-            if let Err(e) = self.recorder.publish(&ev, &p.object_ref(&())).await {
-                warn!("event: {e}");
-            }
+            self.publish(&ev, p).await;
         }
         Ok(true)
     }
