@@ -213,7 +213,7 @@ impl KubeLab {
         let health = health_servers(&lab, server_exe)?;
         let api_ns = lab.seg.plug(NetNs::new("vapi")?, &format!("{API_HOST}/24"))?;
         let host: IpAddr = API_HOST.parse()?;
-        let server = RealApiServer::start_with(Options { host, netns: Some(api_ns.path()) }).context("no KUBEBUILDER_ASSETS")?;
+        let server = RealApiServer::start_with(Options { host, netns: Some(api_ns.path()), ..Default::default() }).context("no KUBEBUILDER_ASSETS")?;
         let path = tmp.0.join("kubeconfig");
         let nodes: Vec<Value> = lab.nodes.iter().enumerate().map(|(i, n)| node_object(&n.name, &node_addr(i).to_string())).collect();
         let (srv, kc) = (&server, &path);
