@@ -134,7 +134,8 @@ impl Git {
         // Untracked files (build output) do not make the tree dirty, as for `git describe --dirty`.
         let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
         let time = git(&["log", "-1", "--format=%ct"]).and_then(|t| t.parse().ok()).unwrap_or(0);
-        let created = git(&["-c", "log.showSignature=false", "log", "-1", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", "--format=%cd"]).unwrap_or_else(|| EPOCH.into());
+        let created =
+            git(&["-c", "log.showSignature=false", "log", "-1", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", "--format=%cd"]).unwrap_or_else(|| EPOCH.into());
         Self {
             revision: Some(if dirty { format!("{commit}-dirty") } else { commit }),
             source: git(&["remote", "get-url", "origin"]).filter(|u| !u.is_empty()).map(|u| without_credentials(&u)),
@@ -338,12 +339,16 @@ pub fn write_archive(spec: &Spec, path: &Path) -> Result<Written> {
     }));
 
     let mut out = tar::Builder::new(Vec::new());
+    // Names ending in '/' are directories.
     let mut add = |name: &str, body: &[u8]| -> Result<()> {
-        let mut h = header(tar::EntryType::Regular, body.len() as u64, 0o644, spec.mtime);
+        let (kind, mode) = if name.ends_with('/') { (tar::EntryType::Directory, 0o755) } else { (tar::EntryType::Regular, 0o644) };
+        let mut h = header(kind, body.len() as u64, mode, spec.mtime);
         Ok(out.append_data(&mut h, name, body)?)
     };
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     add("index.json", &index)?;
+    add("blobs/", &[])?;
+    add("blobs/sha256/", &[])?;
     for blob in [&config, &manifest, &layer_gz] {
         add(&format!("blobs/sha256/{}", &sha256(blob)["sha256:".len()..]), blob)?;
     }

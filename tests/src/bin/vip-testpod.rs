@@ -140,7 +140,8 @@ fn listen(l: &Listen) -> std::io::Result<()> {
     let active = Arc::new(AtomicUsize::new(0));
     let kinds = l.echo.iter().map(|&p| ("echo", p, echo as fn(TcpStream, &str) -> std::io::Result<()>)).chain(l.http.iter().map(|&p| ("http", p, http as _)));
     for (kind, port, serve) in kinds {
-        let listener = TcpListener::bind(SocketAddr::new(l.bind, port)).map_err(|e| std::io::Error::new(e.kind(), format!("{kind} port {port} on {}: {e}", l.bind)))?;
+        let listener =
+            TcpListener::bind(SocketAddr::new(l.bind, port)).map_err(|e| std::io::Error::new(e.kind(), format!("{kind} port {port} on {}: {e}", l.bind)))?;
         println!("{kind} {}", listener.local_addr()?);
         let (host, active) = (host.clone(), active.clone());
         std::thread::spawn(move || {
