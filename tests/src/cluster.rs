@@ -357,24 +357,34 @@ pub fn http_get(ns: &NetNs, addr: SocketAddr, path: &str) -> Result<(u16, String
 /// One TCP exchange from inside `ns` (3 s timeouts): reads the first line the
 /// server sends, then sends each of `lines` and reads its echo. Returns the first
 /// line and the echoes (the testpod's `serve`: its pod's name, then echoes).
-pub fn converse(ns: &NetNs, addr: SocketAddr, lines: &[&str]) -> Result<(String, Vec<String>)> {
+pub fn converse(ns: &NetNs, addr: SocketAddr, lines: &[&str]) -> Result<Answer> {
     let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    ns.run(move || -> Result<(String, Vec<String>)> {
+    ns.run(move || -> Result<Answer> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).with_context(|| format!("connecting to {addr}"))?;
         s.set_read_timeout(Some(Duration::from_secs(3)))?;
         let mut w = s.try_clone()?;
         let mut r = BufReader::new(s);
         let mut first = String::new();
         r.read_line(&mut first).with_context(|| format!("reading from {addr}"))?;
-        let mut echoes = Vec::new();
+        let (pod, peer) = first.trim_end().split_once(' ').with_context(|| format!("{addr}: greeting {first:?} is not \"POD PEER\""))?;
+        let mut answer = Answer { pod: pod.to_owned(), peer: peer.parse().with_context(|| format!("{addr}: peer {peer:?}"))?, echoes: Vec::new() };
         for l in &lines {
             writeln!(w, "{l}")?;
             let mut e = String::new();
             r.read_line(&mut e)?;
-            echoes.push(e.trim_end().to_owned());
+            answer.echoes.push(e.trim_end().to_owned());
         }
-        Ok((first.trim_end().to_owned(), echoes))
+        Ok(answer)
     })?
+}
+
+/// What the testpod's echo server says on a connection: its pod name, the client
+/// address it sees (kube-proxy's masquerade shows here), then each line echoed.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub pod: String,
+    pub peer: SocketAddr,
+    pub echoes: Vec<String>,
 }
 
 // ---------------------------------------------------------------- processes

@@ -84,9 +84,9 @@ fn reaches_all(ns: &NetNs, from: &str, addr: SocketAddr, want: &BTreeSet<String>
     let t0 = Instant::now();
     for i in 1..=100 {
         match converse(ns, addr, &["ping", "pong"]) {
-            Ok((name, echoes)) => {
-                assert_eq!(echoes, ["ping", "pong"], "{from} -> {addr}: the echo of {name}");
-                seen.insert(name);
+            Ok(a) => {
+                assert_eq!(a.echoes, ["ping", "pong"], "{from} -> {addr}: the echo of {}", a.pod);
+                seen.insert(a.pod);
             }
             Err(e) => errors.push(format!("{e:#}")),
         }
