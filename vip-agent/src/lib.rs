@@ -4,6 +4,7 @@
 //! `k8s` is the Kubernetes source (VipPool resource); `ha` holds VIP ownership, agent heartbeats and gratuitous ARP; `agent` is the
 //! run loop that keeps the maps equal to the model; `inspect` decodes the maps for humans.
 pub mod agent;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dataplane;
