@@ -1,5 +1,6 @@
 pub mod agent;
 pub mod apiserver;
+pub mod docs;
 pub mod flows;
 pub mod frames;
 pub mod halab;

@@ -177,8 +177,12 @@ pub struct KubeTimers {
 }
 
 /// The flags' names of the timers, for errors.
-pub const TIMER_FLAGS: crate::config::TimerFields =
-    crate::config::TimerFields { hold_time: "--hold-time", heartbeat_port: "--heartbeat-port", heartbeat_interval: "--heartbeat-interval", dead_after: "--dead-after" };
+pub const TIMER_FLAGS: crate::config::TimerFields = crate::config::TimerFields {
+    hold_time: "--hold-time",
+    heartbeat_port: "--heartbeat-port",
+    heartbeat_interval: "--heartbeat-interval",
+    dead_after: "--dead-after",
+};
 
 impl KubeTimers {
     /// The timers as the model holds them, checked with the file's bounds.
@@ -315,7 +319,10 @@ mod tests {
         let (a, f) = run(&[]).timers.model().unwrap();
         assert_eq!((a, f), (Announce::default(), Failover::default()));
         let (a, f) = run(&["--hold-time", "1s", "--dead-after", "2s", "--heartbeat-interval", "100ms", "--heartbeat-port", "7000"]).timers.model().unwrap();
-        assert_eq!((a.hold_time, f.dead_after, f.heartbeat_interval, f.heartbeat_port), (Duration::from_secs(1), Duration::from_secs(2), Duration::from_millis(100), 7000));
+        assert_eq!(
+            (a.hold_time, f.dead_after, f.heartbeat_interval, f.heartbeat_port),
+            (Duration::from_secs(1), Duration::from_secs(2), Duration::from_millis(100), 7000)
+        );
         let e = run(&["--hold-time", "1s"]).timers.model().unwrap_err().to_string();
         assert!(e.contains("--dead-after: must be at least --hold-time × 4/3 (1.333333333s)"), "{e}");
         let e = run(&["--heartbeat-interval", "1ms"]).timers.model().unwrap_err().to_string();

@@ -17,5 +17,6 @@ pub mod maglev;
 pub mod model;
 pub mod neighbour;
 pub mod preflight;
+pub mod reference;
 pub mod spec;
 pub mod status;

@@ -34,13 +34,7 @@ fn main() -> Result<()> {
                 Some(path) => agent::Source::File(path),
                 None => {
                     let (announce, failover) = r.timers.model()?;
-                    agent::Source::Kubernetes {
-                        lease_namespace: r.lease_namespace,
-                        kubeconfig: r.kubeconfig,
-                        announce,
-                        failover,
-                        sync_timeout: r.sync_timeout,
-                    }
+                    agent::Source::Kubernetes { lease_namespace: r.lease_namespace, kubeconfig: r.kubeconfig, announce, failover, sync_timeout: r.sync_timeout }
                 }
             };
             let node_name = match r.node_name {

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | test | bench | lab`.
+//! Project tasks: `cargo xtask setup | build-ebpf | test | bench | lab | docs`.
 mod setup;
 
 use std::{path::PathBuf, process::Command};
@@ -38,6 +38,10 @@ enum Cmd {
         #[arg(default_value = "demo")]
         action: String,
     },
+    /// Regenerate the references in docs/reference/ from the code: the command
+    /// line (clap), the VipPool fields (CRD schema), the metrics (registry), the
+    /// data path's reasons (vip-common). `cargo xtask test` fails when they differ.
+    Docs,
 }
 
 pub fn root() -> PathBuf {
@@ -229,6 +233,11 @@ fn main() -> Result<()> {
             let mut c = cargo(None);
             c.args(["run", "--release", "-p", "vip-tests", "--bin", "vip-bench", "--"]).arg(root().join("bench-results"));
             run(&mut c, "running the benchmarks")
+        }
+        Cmd::Docs => {
+            let mut c = cargo(None);
+            c.args(["run", "--quiet", "--release", "-p", "vip-tests", "--bin", "vip-docs"]);
+            run(&mut c, "writing docs/reference/ from the code")
         }
         Cmd::Lab { action } => {
             setup::setup()?;

@@ -333,10 +333,7 @@ pub fn check_timers(announce: &Announce, fo: &Failover, names: &TimerFields) -> 
     if fo.dead_after < fence {
         return invalid(
             names.dead_after,
-            format!(
-                "must be at least {} × 4/3 ({fence:?}): a wedged owner must have stopped answering ARP before a peer takes its VIPs",
-                names.hold_time
-            ),
+            format!("must be at least {} × 4/3 ({fence:?}): a wedged owner must have stopped answering ARP before a peer takes its VIPs", names.hold_time),
         );
     }
     Ok(())

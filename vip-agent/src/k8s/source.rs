@@ -145,7 +145,13 @@ async fn first_lists(waits: Vec<FirstList>, timeout: Duration, every: Duration) 
     let start = tokio::time::Instant::now();
     let mut pending: Vec<&'static str> = waits.iter().map(|(n, _)| *n).collect();
     let mut done: Vec<&'static str> = Vec::new();
-    let mut lists: futures::stream::FuturesUnordered<_> = waits.into_iter().map(|(n, f)| async move { f.await; n }).collect();
+    let mut lists: futures::stream::FuturesUnordered<_> = waits
+        .into_iter()
+        .map(|(n, f)| async move {
+            f.await;
+            n
+        })
+        .collect();
     let mut progress = tokio::time::interval_at(start + every, every);
     let deadline = tokio::time::sleep_until(start + timeout);
     tokio::pin!(deadline);
@@ -427,7 +433,8 @@ mod tests {
 
         let line = progress_line(&["nodes"], &["vippools", "services"], Duration::from_secs(5), Duration::from_secs(60));
         assert_eq!(line, "waiting for the first list of vippools, services from the Kubernetes API (done: nodes); 5 s of 60 s (--sync-timeout)");
-        let m = sync_timeout_message(&[("vippools", Some("the server could not find the requested resource".into())), ("services", None)], Duration::from_secs(60));
+        let m =
+            sync_timeout_message(&[("vippools", Some("the server could not find the requested resource".into())), ("services", None)], Duration::from_secs(60));
         assert!(m.starts_with("the Kubernetes start gave up after 60 s (--sync-timeout / VIP_SYNC_TIMEOUT): no first list of vippools (last error: the server could not find the requested resource); services (no error seen"), "{m}");
         assert!(m.contains("VipPool CRD may not be installed") && m.contains("deploy/10-rbac.yaml"), "{m}");
         assert!(!sync_timeout_message(&[("services", None)], Duration::from_secs(60)).contains("CRD"), "the CRD hint only when VipPools are missing");
