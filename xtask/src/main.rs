@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | image | test | bench | lab`.
+//! Project tasks: `cargo xtask setup | build-ebpf | image | test | bench | lab | docs`.
 mod image;
 mod setup;
 
@@ -47,6 +47,10 @@ enum Cmd {
         #[arg(default_value = "demo")]
         action: String,
     },
+    /// Regenerate the references in docs/reference/ from the code: the command
+    /// line (clap), the VipPool fields (CRD schema), the metrics (registry), the
+    /// data path's reasons (vip-common). `cargo xtask test` fails when they differ.
+    Docs,
 }
 
 pub fn root() -> PathBuf {
@@ -244,6 +248,11 @@ fn main() -> Result<()> {
             let mut c = cargo(None);
             c.args(["run", "--release", "-p", "vip-tests", "--bin", "vip-bench", "--"]).arg(root().join("bench-results"));
             run(&mut c, "running the benchmarks")
+        }
+        Cmd::Docs => {
+            let mut c = cargo(None);
+            c.args(["run", "--quiet", "--release", "-p", "vip-tests", "--bin", "vip-docs"]);
+            run(&mut c, "writing docs/reference/ from the code")
         }
         Cmd::Lab { action } => {
             setup::setup()?;
