@@ -38,18 +38,46 @@ pub fn install(c: &Cluster) -> Result<Duration> {
     Ok(t0.elapsed())
 }
 
-/// A VipPool over [`POOL`] (the shape of deploy/examples/pool.yaml).
+/// deploy/examples/pool.yaml as the README says to use it: only its addresses
+/// replaced by free ones of the segment ([`POOL`]); then waits for its Ready
+/// condition (`kubectl wait --for=condition=Ready vippool/default`).
 pub fn apply_pool(c: &Cluster) -> Result<()> {
-    c.apply_yaml(&format!(
-        "apiVersion: vip.dev/v1alpha1\nkind: VipPool\nmetadata: {{name: lab}}\nspec:\n  addresses: [\"{POOL}\"]\n  \
-         healthCheck: {{type: http, interval: 1s, timeout: 500ms, rise: 2, fall: 3}}\n"
-    ))
+    let example = std::fs::read_to_string(deploy_dir().join("examples/pool.yaml"))?;
+    let (from, to) = ("addresses: [\"192.0.2.100-192.0.2.120\"]", format!("addresses: [\"{POOL}\"]"));
+    let (xfrom, xto) = ("excludedIPs: [\"192.0.2.110\"]", "excludedIPs: [\"198.18.0.210\"]");
+    ensure!(example.contains(from) && example.contains(xfrom), "deploy/examples/pool.yaml no longer has the lines the README tells users to edit");
+    c.apply_yaml(&example.replace(from, &to).replace(xfrom, xto))?;
+    c.kubectl(&["wait", "--for=condition=Ready", "vippool/default", "--timeout=60s"])?;
+    Ok(())
+}
+
+/// deploy/examples/service.yaml as written (Service `web`, port 80 to 8080, pods
+/// labelled app=web).
+pub fn apply_example_service(c: &Cluster) -> Result<()> {
+    c.apply_yaml(&std::fs::read_to_string(deploy_dir().join("examples/service.yaml"))?)
 }
 
 /// A Deployment of the testpod server (port 8080) named `name` with `replicas`
 /// pods, spread one per node (or all on `node`), and a LoadBalancer Service of the
 /// same name on port 80 with `policy` (Cluster or Local).
 pub fn apply_web(c: &Cluster, name: &str, replicas: usize, policy: &str, node: Option<&str>) -> Result<()> {
+    apply_deployment(c, name, replicas, node)?;
+    c.apply_yaml(&format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: {policy}
+  selector: {{app: {name}}}
+  ports: [{{port: 80, targetPort: 8080, protocol: TCP}}]
+"#
+    ))
+}
+
+/// A Deployment of the testpod server (port 8080) named `name`, pods labelled
+/// app=`name`, spread one per node (or all on `node`); waits for its rollout.
+pub fn apply_deployment(c: &Cluster, name: &str, replicas: usize, node: Option<&str>) -> Result<()> {
     let placement = match node {
         Some(n) => format!("nodeSelector: {{kubernetes.io/hostname: {n}}}"),
         None => format!(
@@ -76,15 +104,6 @@ spec:
         command: ["/vip-testpod", "serve", "--port", "8080"]
         ports: [{{containerPort: 8080}}]
         readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  type: LoadBalancer
-  externalTrafficPolicy: {policy}
-  selector: {{app: {name}}}
-  ports: [{{port: 80, targetPort: 8080, protocol: TCP}}]
 "#
     ))?;
     c.wait_rollout(&format!("deployment/{name}"), "default", Duration::from_secs(120))
@@ -184,6 +203,8 @@ pub struct LoadReport {
     /// (an echo not returned within 2 s, or the connection reset).
     pub long_lived: BTreeMap<String, u32>,
     pub broken: BTreeMap<String, u32>,
+    /// Each break: the pod, when its last echo was sent, and the error.
+    pub broken_how: Vec<String>,
 }
 
 impl LoadReport {
@@ -199,7 +220,7 @@ pub struct Load {
     stop: Arc<AtomicBool>,
     started: Instant,
     new: JoinHandle<(u32, u32, Duration, Duration)>,
-    long: JoinHandle<(BTreeMap<String, u32>, BTreeMap<String, u32>)>,
+    long: JoinHandle<(BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>)>,
 }
 
 impl Load {
@@ -236,6 +257,7 @@ impl Load {
         let long = client.spawn(move || {
             let mut served: BTreeMap<String, u32> = BTreeMap::new();
             let mut broken: BTreeMap<String, u32> = BTreeMap::new();
+            let mut how: Vec<String> = Vec::new();
             let mut live: Vec<(String, BufReader<TcpStream>)> = conns;
             for (pod, _) in &live {
                 *served.entry(pod.clone()).or_insert(0) += 1;
@@ -244,21 +266,25 @@ impl Load {
             while !s.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
                 k += 1;
                 live.retain_mut(|(pod, r)| {
-                    let ok = (|| -> std::io::Result<bool> {
+                    let sent = Instant::now();
+                    let outcome = (|| -> std::io::Result<String> {
                         writeln!(r.get_mut(), "ping {k}")?;
                         let mut e = String::new();
                         r.read_line(&mut e)?;
-                        Ok(e.trim_end() == format!("ping {k}"))
-                    })()
-                    .unwrap_or(false);
-                    if !ok {
-                        *broken.entry(pod.clone()).or_insert(0) += 1;
-                    }
-                    ok
+                        Ok(e.trim_end().to_owned())
+                    })();
+                    let why = match outcome {
+                        Ok(e) if e == format!("ping {k}") => return true,
+                        Ok(e) => format!("answered {e:?}"),
+                        Err(e) => e.to_string(),
+                    };
+                    *broken.entry(pod.clone()).or_insert(0) += 1;
+                    how.push(format!("{pod} at {:?}: {why}", sent - started));
+                    false
                 });
                 std::thread::sleep(Duration::from_millis(100));
             }
-            (served, broken)
+            (served, broken, how)
         })?;
         Ok(Self { stop, started, new, long })
     }
@@ -271,8 +297,8 @@ impl Load {
     pub fn finish(self) -> Result<LoadReport> {
         self.stop.store(true, Ordering::Relaxed);
         let (attempts, failed, longest_gap, gap_end) = self.new.join().map_err(|_| anyhow!("the new-connection thread panicked"))?;
-        let (long_lived, broken) = self.long.join().map_err(|_| anyhow!("the long-lived thread panicked"))?;
-        Ok(LoadReport { attempts, failed, longest_gap, gap_end, long_lived, broken })
+        let (long_lived, broken, broken_how) = self.long.join().map_err(|_| anyhow!("the long-lived thread panicked"))?;
+        Ok(LoadReport { attempts, failed, longest_gap, gap_end, long_lived, broken, broken_how })
     }
 }
 
@@ -327,4 +353,39 @@ pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<Option
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The agents' logs, current and previous containers (for failure messages).
+pub fn agent_logs(c: &Cluster) -> String {
+    let mut s = String::new();
+    for (node, pod) in agent_pods(c).unwrap_or_default() {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        for prev in [true, false] {
+            let mut args = vec!["-n", "vip-system", "logs", name.as_str(), "--timestamps"];
+            if prev {
+                args.push("--previous");
+            }
+            let text = c.kubectl(&args).map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| format!("{e:#}"));
+            let lines: Vec<&str> = text.lines().collect();
+            s += &format!("--- {node} {name}{}\n{}\n", if prev { " (previous)" } else { "" }, lines[lines.len().saturating_sub(60)..].join("\n"));
+        }
+    }
+    s
+}
+
+/// Waits until kube-proxy on every node serves the healthCheckNodePort of the
+/// `externalTrafficPolicy: Local` Service `name`: it starts serving it in the
+/// sync that installs the Service's Local rules, so connections made from then
+/// on take the Local path on every node (made before, a node may still DNAT them
+/// to another node's pod, through its own conntrack).
+pub fn wait_local_synced(c: &Cluster, name: &str, limit: Duration) -> Result<()> {
+    poll(&format!("kube-proxy serving the healthCheckNodePort of {name} on every node"), limit, || {
+        let svc = c.get(&format!("/api/v1/namespaces/default/services/{name}"))?;
+        let Some(port) = svc["spec"]["healthCheckNodePort"].as_u64() else { return Ok(None) };
+        let all = c.nodes().iter().enumerate().all(|(i, n)| {
+            http_get(&n.ns, SocketAddr::from((node_addr(i), port as u16)), "/healthz")
+                .is_ok_and(|(code, body)| (code == 200 || code == 503) && body.contains("localEndpoints"))
+        });
+        Ok(all.then_some(()))
+    })
 }

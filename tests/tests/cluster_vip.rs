@@ -18,7 +18,9 @@
 //!    client load running: the VIP moves, new connections resume, long-lived ones
 //!    served by the surviving node keep working; the cut node goes NotReady and is
 //!    tainted by the controller manager; when its link returns it is Ready again
-//!    and vip takes it back;
+//!    and vip takes it back; a node whose kubelet stops (agent and pods running)
+//!    goes NotReady, and vip moves its VIP and drops it from the ring until it is
+//!    Ready again, with no new connection failing;
 //! 5. upgrades under load: `kubectl rollout restart` and an image change: no new
 //!    connection fails and no long-lived connection breaks;
 //! 6. uninstall: `kubectl delete -k deploy/` and deploy/cleanup/ leave no XDP
@@ -98,8 +100,11 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     assert!(secret["data"]["key"].is_string());
 
     // 2. A Cluster-policy Service: spread over both nodes, in both kube-proxy modes.
+    // As the README's quick start: the example pool with the segment's free
+    // addresses, the example Service as written (its pods: a Deployment app=web).
     vc::apply_pool(&c).unwrap();
-    vc::apply_web(&c, "web", n, "Cluster", None).unwrap();
+    vc::apply_deployment(&c, "web", n, None).unwrap();
+    vc::apply_example_service(&c).unwrap();
     let vip = vc::wait_vip(&c, "web", 30 * SECOND).unwrap();
     let holder = vc::holder(&c, vip, 30 * SECOND).unwrap();
     let h = c.nodes().iter().position(|x| x.name == holder).unwrap();
@@ -151,6 +156,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     c.kubectl(&["-n", "default", "delete", "deployment", "local"]).unwrap();
     c.kubectl(&["-n", "default", "delete", "service", "local"]).unwrap();
     vc::apply_web(&c, "web", n, "Local", None).unwrap();
+    vc::wait_local_synced(&c, "web", 30 * SECOND).unwrap();
     let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
     let v = c.nodes().iter().position(|x| x.name == victim).unwrap();
     let pod_nodes = vc::pod_nodes(&c, "web").unwrap();
@@ -166,7 +172,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     std::thread::sleep(2 * SECOND);
     let r = load.finish().unwrap();
     eprintln!("cluster-vip: failover (agent pod SIGKILL on {victim}, then {new_holder:?} held it): {r:?}, killed at {killed_at:?}");
-    survivors_kept(&r, &pod_nodes, &victim, "agent pod killed");
+    survivors_kept(&c, &r, &pod_nodes, &victim, "agent pod killed");
     assert!(r.longest_gap < 5 * SECOND, "agent pod killed: new connections stopped for {:?}", r.longest_gap);
 
     let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
@@ -186,7 +192,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
         r.longest_gap, r.gap_end
     );
     moved.unwrap();
-    survivors_kept(&r, &pod_nodes, &victim, "link cut");
+    survivors_kept(&c, &r, &pod_nodes, &victim, "link cut");
     assert!(r.longest_gap < 3 * SECOND, "link cut: new connections stopped for {:?}", r.longest_gap);
     let not_ready = c.wait_node_ready_status(&victim, "Unknown", Duration::from_secs(90)).unwrap();
     let node = c.get(&format!("/api/v1/nodes/{victim}")).unwrap();
@@ -205,6 +211,40 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     eprintln!("cluster-vip: {victim} Ready again after {back:?}; the VIP is held by {again}");
     live_again.unwrap();
     assert_eq!(vc::spread(&c, vip, 20).unwrap().len(), n, "both pods answer again");
+
+    // A node whose kubelet stops (its agent and pods keep running): the controller
+    // manager marks it NotReady and taints it, and vip follows the Node: its VIPs
+    // move and it leaves every ring while NotReady, and comes back when Ready.
+    let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    let v = c.nodes().iter().position(|x| x.name == victim).unwrap();
+    let pod_nodes = vc::pod_nodes(&c, "web").unwrap();
+    let load = Load::start(c.client(), vip, 12).unwrap();
+    std::thread::sleep(SECOND);
+    assert!(c.node(v).stop_kubelet(), "{victim}: the kubelet was running");
+    let not_ready = c.wait_node_ready_status(&victim, "Unknown", Duration::from_secs(90)).unwrap();
+    let others: Vec<usize> = (0..n).filter(|i| *i != v).collect();
+    let left = vc::poll("the NotReady node's VIP moved and the node out of the ring", 30 * SECOND, || {
+        Ok(others
+            .iter()
+            .all(|i| {
+                vc::status(&c, *i)
+                    .is_ok_and(|s| s.owners.get(&vip).is_some_and(|o| *o != victim) && s.services.iter().any(|x| x.vip == vip && !x.backends.contains(&victim)))
+            })
+            .then_some(()))
+    });
+    std::thread::sleep(2 * SECOND);
+    let r = load.finish().unwrap();
+    eprintln!("cluster-vip: kubelet of {victim} stopped: NotReady (Unknown) after {not_ready:?}; {} of {} new connections failed; {r:?}", r.failed, r.attempts);
+    left.unwrap();
+    survivors_kept(&c, &r, &pod_nodes, &victim, "kubelet stopped");
+    assert_eq!(r.failed, 0, "kubelet stopped: the VIP moved between two live agents, no new connection may fail: {r:?}");
+    c.node(v).start_kubelet().unwrap();
+    let back = c.wait_node_ready_status(&victim, "True", Duration::from_secs(90)).unwrap();
+    vc::poll("the node back in the ring after its kubelet returned", 30 * SECOND, || {
+        Ok((0..n).all(|i| vc::status(&c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && x.backends.contains(&victim)))).then_some(()))
+    })
+    .unwrap();
+    eprintln!("cluster-vip: kubelet of {victim} back: Ready after {back:?}, the VIP held by {}", vc::holder(&c, vip, 30 * SECOND).unwrap());
 
     // 5. Upgrades under load.
     for (what, action) in [("rollout restart", None), ("image change", Some(format!("{AGENT_IMAGE}-next")))] {
@@ -249,9 +289,9 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
 }
 
 /// Long-lived connections served by pods on nodes other than `victim` all survived.
-fn survivors_kept(r: &vc::LoadReport, pod_nodes: &std::collections::BTreeMap<String, String>, victim: &str, what: &str) {
+fn survivors_kept(c: &Cluster, r: &vc::LoadReport, pod_nodes: &std::collections::BTreeMap<String, String>, victim: &str, what: &str) {
     let on_survivors: u32 = r.long_lived.iter().filter(|(p, _)| pod_nodes.get(*p).is_some_and(|n| n != victim)).map(|(_, k)| *k).sum();
     assert!(on_survivors > 0, "{what}: no long-lived connection was served by a surviving node: {r:?}");
     let broken: u32 = r.broken.iter().filter(|(p, _)| pod_nodes.get(*p).is_some_and(|n| n != victim)).map(|(_, k)| *k).sum();
-    assert_eq!(broken, 0, "{what}: {broken} long-lived connections served by surviving nodes broke: {r:?}");
+    assert_eq!(broken, 0, "{what}: {broken} long-lived connections served by surviving nodes broke: {r:?}; pods: {pod_nodes:?}\n{}", vc::agent_logs(c));
 }
