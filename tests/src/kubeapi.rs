@@ -8,9 +8,11 @@
 //! nothing makes EndpointSlices, Node status, garbage collection or namespace
 //! finalisation; tests do what they need of that themselves.
 //!
-//! Children get `PR_SET_PDEATHSIG` (SIGKILL) from a keeper thread that lives as long
-//! as the harness, so a test binary that panics, aborts or exits never leaves a
+//! Children get `PR_SET_PDEATHSIG` (SIGKILL) from a [`Keeper`] thread that lives as
+//! long as the harness, so a test binary that panics, aborts or exits never leaves a
 //! server behind; [`RealApiServer::shared`] also removes its directory at exit.
+//! [`Keeper`], [`Ca`] and [`Options`] also serve the multi-node cluster
+//! (`crate::cluster`), which runs this server as its control plane.
 //!
 //! [`Backend`] lets a test body run against this server or the in-process stand-in
 //! (`crate::apiserver`).
@@ -19,7 +21,10 @@ use std::{
     future::Future,
     io::Read,
     net::{IpAddr, Ipv4Addr, TcpListener},
-    os::{fd::AsRawFd, unix::process::CommandExt},
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::process::CommandExt,
+    },
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{mpsc, Mutex, MutexGuard, OnceLock},
@@ -74,15 +79,163 @@ pub struct Options {
     /// A network namespace (e.g. `/run/netns/NAME`) to run both processes in, so that
     /// agents in a lab reach the server; the harness's own requests enter it too.
     pub netns: Option<PathBuf>,
+    /// The API server's port; `None`: a free one.
+    pub port: Option<u16>,
+    /// `--service-cluster-ip-range`; its first address is the `kubernetes` Service's,
+    /// which the serving certificate names too.
+    pub service_cidr: String,
+    /// The `lease` endpoint reconciler (the `kubernetes` Service gets `host` as its
+    /// endpoint, as in a real cluster) instead of `none`.
+    pub endpoint_reconciler: bool,
+    /// More API server flags; `{dir}` in them stands for the server's directory
+    /// (which holds `ca.crt`, `ca.key`, `admin.crt`, `admin.key`, `sa.key`, `sa.pub`).
+    pub extra_args: Vec<String>,
+    /// A directory of the caller's to work in (kept); `None`: a temporary one.
+    pub dir: Option<PathBuf>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { host: IpAddr::V4(Ipv4Addr::LOCALHOST), netns: None }
+        Self {
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            netns: None,
+            port: None,
+            service_cidr: "10.96.0.0/16".into(),
+            endpoint_reconciler: false,
+            extra_args: Vec::new(),
+            dir: None,
+        }
     }
 }
 
+/// The first address of an IPv4 CIDR (`198.18.128.0/20` gives 198.18.128.1): the
+/// `kubernetes` Service's ClusterIP in a service range.
+pub fn first_host(cidr: &str) -> Result<Ipv4Addr> {
+    let (net, len) = cidr.split_once('/').ok_or_else(|| anyhow!("{cidr}: not a CIDR"))?;
+    let net: Ipv4Addr = net.parse().with_context(|| format!("{cidr}: bad address"))?;
+    let len: u32 = len.parse().ok().filter(|l| *l < 31).ok_or_else(|| anyhow!("{cidr}: bad prefix length"))?;
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    Ok(Ipv4Addr::from((u32::from(net) & mask) + 1))
+}
+
 type Job = Box<dyn FnOnce() + Send>;
+
+/// A thread that spawns children with `PR_SET_PDEATHSIG` (SIGKILL): the signal
+/// comes when the *thread* that forked them ends, so they all die when the last
+/// clone of the keeper is dropped, or when the test binary exits, panics out or is
+/// killed. Clones share the thread.
+#[derive(Clone)]
+pub struct Keeper(mpsc::Sender<Job>);
+
+impl Keeper {
+    pub fn new(name: &str) -> Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new().name(name.into()).spawn(move || {
+            while let Ok(job) = rx.recv() {
+                job();
+            }
+        })?;
+        Ok(Self(tx))
+    }
+
+    /// Spawns `cmd` from the keeper thread, with the death signal (and whatever
+    /// [`enter`] added).
+    pub fn spawn(&self, mut cmd: Command) -> Result<Child> {
+        enter(&mut cmd, Vec::new());
+        let what = cmd.get_program().to_string_lossy().into_owned();
+        let (tx, rx) = mpsc::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(cmd.spawn());
+        });
+        self.0.send(job).map_err(|_| anyhow!("the keeper thread is gone"))?;
+        rx.recv()?.with_context(|| format!("starting {what}"))
+    }
+}
+
+/// Makes `cmd`'s child enter the namespaces `ns` (nsfs files: `/run/netns/NAME`,
+/// `/proc/PID/ns/mnt`, ...; in that order) before it executes, and get SIGKILL
+/// when the thread that spawns it ends. The command owns the files.
+pub fn enter(cmd: &mut Command, ns: Vec<OwnedFd>) {
+    // SAFETY: only async-signal-safe syscalls between fork and exec. Entering a
+    // mount namespace is allowed there: the child is single-threaded.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for fd in &ns {
+                if libc::setns(fd.as_raw_fd(), 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A certificate authority for a test cluster: it signs the serving and client
+/// certificates (PEM) of every component.
+pub struct Ca {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+fn cert_params(cn: &str) -> rcgen::CertificateParams {
+    let mut p = rcgen::CertificateParams::default();
+    p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2120, 1, 1);
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    p
+}
+
+impl Ca {
+    pub fn new() -> Result<Self> {
+        use rcgen::{BasicConstraints, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose};
+        let mut params = cert_params("vip-tests-ca");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        Ok(Self { issuer: CertifiedIssuer::self_signed(params, KeyPair::generate()?)? })
+    }
+
+    /// The CA certificate.
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// The CA key (for a controller manager that signs CSRs).
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
+    /// A client certificate and its key: user `cn` in groups `orgs` for the API
+    /// server's x509 authenticator.
+    pub fn client(&self, cn: &str, orgs: &[&str]) -> Result<(String, String)> {
+        use rcgen::{DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+        let mut p = cert_params(cn);
+        for o in orgs {
+            p.distinguished_name.push(DnType::OrganizationName, *o);
+        }
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate()?;
+        Ok((p.signed_by(&key, &self.issuer)?.pem(), key.serialize_pem()))
+    }
+
+    /// A serving certificate and its key for `ips` and `dns` names.
+    pub fn server(&self, cn: &str, ips: &[IpAddr], dns: &[&str]) -> Result<(String, String)> {
+        use rcgen::{ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose, SanType};
+        let mut p = cert_params(cn);
+        p.subject_alt_names = ips.iter().map(|ip| SanType::IpAddress(*ip)).collect();
+        for d in dns {
+            p.subject_alt_names.push(SanType::DnsName((*d).try_into()?));
+        }
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let key = KeyPair::generate()?;
+        Ok((p.signed_by(&key, &self.issuer)?.pem(), key.serialize_pem()))
+    }
+}
 
 struct Procs {
     etcd: Option<Child>,
@@ -91,13 +244,15 @@ struct Procs {
 
 /// Certificates and keys, PEM.
 struct Pki {
-    ca: String,
+    ca: Ca,
     admin_cert: String,
     admin_key: String,
 }
 
 pub struct RealApiServer {
-    dir: TempDir,
+    dir: PathBuf,
+    /// Removes `dir` on Drop unless the caller gave it ([`Options::dir`]).
+    _temp: Option<TempDir>,
     bin: PathBuf,
     opts: Options,
     etcd_url: String,
@@ -105,7 +260,7 @@ pub struct RealApiServer {
     url: String,
     pki: Pki,
     procs: Mutex<Procs>,
-    keeper: Mutex<mpsc::Sender<Job>>,
+    keeper: Keeper,
     startup: Duration,
     version: String,
 }
@@ -121,57 +276,29 @@ fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
 
-fn make_pki(dir: &Path, host: IpAddr) -> Result<Pki> {
-    use rcgen::{
-        date_time_ymd, BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-        KeyUsagePurpose, SanType,
-    };
-    let base = |cn: &str| {
-        let mut p = CertificateParams::default();
-        p.not_before = date_time_ymd(2020, 1, 1);
-        p.not_after = date_time_ymd(2120, 1, 1);
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, cn);
-        p.distinguished_name = dn;
-        p
-    };
-    let mut ca_params = base("vip-tests-ca");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
-
-    let mut serving = base("kube-apiserver");
-    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv4Addr::new(10, 96, 0, 1).into()];
+fn make_pki(dir: &Path, host: IpAddr, service_ip: Ipv4Addr) -> Result<Pki> {
+    let ca = Ca::new()?;
+    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), service_ip.into()];
     if !ips.contains(&host) {
         ips.push(host);
     }
-    serving.subject_alt_names = ips.into_iter().map(SanType::IpAddress).collect();
-    for dns in ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"] {
-        serving.subject_alt_names.push(SanType::DnsName(dns.try_into()?));
-    }
-    serving.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let serving_key = KeyPair::generate()?;
-    let serving_cert = serving.signed_by(&serving_key, &ca)?;
-
-    let mut admin = base("admin");
-    admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
-    admin.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let admin_key = KeyPair::generate()?;
-    let admin_cert = admin.signed_by(&admin_key, &ca)?;
-
+    let dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"];
+    let (serving_cert, serving_key) = ca.server("kube-apiserver", &ips, &dns)?;
+    let (admin_cert, admin_key) = ca.client("admin", &["system:masters"])?;
     // Service-account tokens: an ECDSA P-256 key (ES256), which the API server accepts
     // as --service-account-signing-key-file like an RSA one.
-    let sa = KeyPair::generate()?;
+    let sa = rcgen::KeyPair::generate()?;
 
     let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).with_context(|| format!("writing {name}"));
     write("ca.crt", &ca.pem())?;
-    write("apiserver.crt", &serving_cert.pem())?;
-    write("apiserver.key", &serving_key.serialize_pem())?;
+    write("ca.key", &ca.key_pem())?;
+    write("apiserver.crt", &serving_cert)?;
+    write("apiserver.key", &serving_key)?;
+    write("admin.crt", &admin_cert)?;
+    write("admin.key", &admin_key)?;
     write("sa.key", &sa.serialize_pem())?;
     write("sa.pub", &sa.public_key_pem())?;
-    Ok(Pki { ca: ca.pem(), admin_cert: admin_cert.pem(), admin_key: admin_key.serialize_pem() })
+    Ok(Pki { ca, admin_cert, admin_key })
 }
 
 /// Runs `f` to completion on a runtime of its own, on a thread of its own (inside
@@ -246,13 +373,14 @@ pub fn resource_path(resource: &str, ns: Option<&str>) -> String {
     }
 }
 
-/// A kubeconfig (JSON, which is YAML) for `url` with the CA and one user.
-fn kubeconfig_text(url: &str, ca_pem: &str, user: Value) -> String {
+/// A kubeconfig (JSON, which is YAML) for `url` with the CA and one user, whose
+/// requests go to `namespace` when they name none.
+pub fn kubeconfig_text(url: &str, ca_pem: &str, user: Value, namespace: &str) -> String {
     serde_json::to_string_pretty(&json!({
         "apiVersion": "v1", "kind": "Config",
         "clusters": [{ "name": "real", "cluster": { "server": url, "certificate-authority-data": b64(ca_pem) } }],
         "users": [{ "name": "user", "user": user }],
-        "contexts": [{ "name": "real", "context": { "cluster": "real", "user": "user", "namespace": "vip-system" } }],
+        "contexts": [{ "name": "real", "context": { "cluster": "real", "user": "user", "namespace": namespace } }],
         "current-context": "real"
     }))
     .unwrap()
@@ -284,7 +412,7 @@ impl RealApiServer {
         extern "C" fn cleanup() {
             if let Some(Some(s)) = SHARED.get() {
                 s.stop();
-                let _ = std::fs::remove_dir_all(&s.dir.0);
+                let _ = std::fs::remove_dir_all(&s.dir);
             }
         }
         SHARED
@@ -297,25 +425,31 @@ impl RealApiServer {
             .as_ref()
     }
 
-    fn launch(bin: PathBuf, opts: Options) -> Result<Self> {
-        let dir = TempDir::new("vip-kube-apiserver-")?;
-        let pki = make_pki(&dir.0, opts.host)?;
-        let (etcd_port, peer_port, port) = (free_port(opts.host), free_port(opts.host), free_port(opts.host));
+    /// Starts etcd and the API server from the binaries in `bin` and waits until
+    /// the server is ready.
+    pub fn launch(bin: PathBuf, opts: Options) -> Result<Self> {
+        let (dir, temp) = match &opts.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).with_context(|| d.display().to_string())?;
+                (d.clone(), None)
+            }
+            None => {
+                let t = TempDir::new("vip-kube-apiserver-")?;
+                (t.0.clone(), Some(t))
+            }
+        };
+        let pki = make_pki(&dir, opts.host, first_host(&opts.service_cidr).context("Options::service_cidr")?)?;
+        let (etcd_port, peer_port) = (free_port(opts.host), free_port(opts.host));
+        let port = opts.port.unwrap_or_else(|| free_port(opts.host));
         let h = match opts.host {
             IpAddr::V6(a) => format!("[{a}]"),
             a => a.to_string(),
         };
         let etcd_url = format!("http://{h}:{etcd_port}");
         let url = format!("https://{h}:{port}");
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new().name("kube-apiserver-keeper".into()).spawn(move || {
-            // The children's parent: they die with this thread (PR_SET_PDEATHSIG).
-            while let Ok(job) = rx.recv() {
-                job();
-            }
-        })?;
         let mut s = Self {
             dir,
+            _temp: temp,
             bin,
             opts,
             etcd_url,
@@ -323,12 +457,12 @@ impl RealApiServer {
             url,
             pki,
             procs: Mutex::new(Procs { etcd: None, apiserver: None }),
-            keeper: Mutex::new(tx),
+            keeper: Keeper::new("kube-apiserver-keeper")?,
             startup: Duration::ZERO,
             version: String::new(),
         };
         let t0 = Instant::now();
-        let data = s.dir.0.join("etcd");
+        let data = s.dir.join("etcd");
         let etcd = s.spawn(
             "etcd",
             &[
@@ -349,42 +483,22 @@ impl RealApiServer {
     }
 
     fn spawn(&self, name: &str, args: &[String]) -> Result<Child> {
-        let log = File::options().create(true).append(true).open(self.dir.0.join(format!("{name}.log")))?;
+        let log = File::options().create(true).append(true).open(self.dir.join(format!("{name}.log")))?;
         let mut cmd = Command::new(self.bin.join(name));
-        cmd.args(args).current_dir(&self.dir.0).stdin(Stdio::null()).stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
-        let ns = self.opts.netns.as_ref().map(File::open).transpose().context("opening the network namespace")?;
-        let ns_fd = ns.as_ref().map(|f| f.as_raw_fd());
-        // SAFETY: only async-signal-safe syscalls between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if let Some(fd) = ns_fd {
-                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        let (tx, rx) = mpsc::channel();
-        let job: Job = Box::new(move || {
-            let _ = tx.send(cmd.spawn());
-            drop(ns);
-        });
-        self.keeper.lock().unwrap().send(job).map_err(|_| anyhow!("the keeper thread is gone"))?;
-        rx.recv()?.with_context(|| format!("starting {}", self.bin.join(name).display()))
+        cmd.args(args).current_dir(&self.dir).stdin(Stdio::null()).stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
+        let ns = self.opts.netns.as_ref().map(|p| File::open(p).map(OwnedFd::from)).transpose().context("opening the network namespace")?;
+        enter(&mut cmd, ns.into_iter().collect());
+        self.keeper.spawn(cmd)
     }
 
     fn spawn_apiserver(&self) -> Result<()> {
-        let d = |f: &str| self.dir.0.join(f).display().to_string();
-        let args = vec![
+        let d = |f: &str| self.dir.join(f).display().to_string();
+        let mut args = vec![
             format!("--etcd-servers={}", self.etcd_url),
             format!("--bind-address={}", self.opts.host),
             format!("--secure-port={}", self.port),
             format!("--advertise-address={}", self.opts.host),
-            "--endpoint-reconciler-type=none".into(),
+            format!("--endpoint-reconciler-type={}", if self.opts.endpoint_reconciler { "lease" } else { "none" }),
             format!("--tls-cert-file={}", d("apiserver.crt")),
             format!("--tls-private-key-file={}", d("apiserver.key")),
             format!("--client-ca-file={}", d("ca.crt")),
@@ -393,20 +507,25 @@ impl RealApiServer {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--service-account-key-file={}", d("sa.pub")),
             format!("--service-account-signing-key-file={}", d("sa.key")),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            format!("--service-cluster-ip-range={}", self.opts.service_cidr),
             "--allow-privileged=true".into(),
             format!("--cert-dir={}", d("certs")),
         ];
+        let dir = self.dir.display().to_string();
+        args.extend(self.opts.extra_args.iter().map(|a| a.replace("{dir}", &dir)));
         let child = self.spawn("kube-apiserver", &args)?;
         self.procs.lock().unwrap().apiserver = Some(child);
         Ok(())
     }
 
     fn log_tail(&self, name: &str) -> String {
-        let mut s = String::new();
-        let _ = File::open(self.dir.0.join(format!("{name}.log"))).and_then(|mut f| f.read_to_string(&mut s));
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        log_tail(&self.dir.join(format!("{name}.log")), 30)
+    }
+
+    /// The process ids of etcd and the API server, while they run.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        let p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        [("etcd", &p.etcd), ("kube-apiserver", &p.apiserver)].into_iter().filter_map(|(n, c)| Some((n, c.as_ref()?.id()))).collect()
     }
 
     /// Waits for `/readyz` (as admin); returns the server's gitVersion.
@@ -456,11 +575,21 @@ impl RealApiServer {
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir.0
+        &self.dir
+    }
+
+    /// The CA that signed the server's certificates and accepts client certificates.
+    pub fn ca(&self) -> &Ca {
+        &self.pki.ca
+    }
+
+    /// A kubeconfig for a user holding a client certificate (PEM) of [`Self::ca`].
+    pub fn kubeconfig_for(&self, cert: &str, key: &str, namespace: &str) -> String {
+        kubeconfig_text(&self.url, &self.pki.ca.pem(), json!({ "client-certificate-data": b64(cert), "client-key-data": b64(key) }), namespace)
     }
 
     pub fn kubeconfig_admin_text(&self) -> String {
-        kubeconfig_text(&self.url, &self.pki.ca, json!({ "client-certificate-data": b64(&self.pki.admin_cert), "client-key-data": b64(&self.pki.admin_key) }))
+        self.kubeconfig_for(&self.pki.admin_cert, &self.pki.admin_key, "vip-system")
     }
 
     /// Writes a kubeconfig for the admin (`system:masters`) to `path`.
@@ -527,7 +656,7 @@ impl RealApiServer {
         let tr =
             raw(client, Method::POST, &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"), "application/json", Some(&req)).await?.ok()?;
         let token = tr["status"]["token"].as_str().ok_or_else(|| anyhow!("no token in {tr}"))?;
-        let text = kubeconfig_text(&self.url, &self.pki.ca, json!({ "token": token }));
+        let text = kubeconfig_text(&self.url, &self.pki.ca.pem(), json!({ "token": token }), "vip-system");
         std::fs::write(path, &text)?;
         Ok(text)
     }
@@ -549,7 +678,8 @@ impl RealApiServer {
         Ok(t0.elapsed())
     }
 
-    fn stop(&self) {
+    /// SIGKILLs etcd and the API server for good.
+    pub fn stop(&self) {
         let mut p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         for c in [p.apiserver.take(), p.etcd.take()].into_iter().flatten() {
             let mut c = c;
@@ -564,6 +694,14 @@ impl Drop for RealApiServer {
         self.stop();
         // The TempDir field removes the directory.
     }
+}
+
+/// The last `lines` lines of a log file (empty if it cannot be read).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let mut s = String::new();
+    let _ = File::open(path).and_then(|mut f| f.read_to_string(&mut s));
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Every YAML document of a file, as JSON (empty documents skipped).

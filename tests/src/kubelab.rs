@@ -19,8 +19,8 @@ use http::Method;
 use serde_json::{json, Value};
 
 use crate::{
-    agent::{write_atomic, TempDir},
-    apiserver::{ApiServer, ResourceSpec},
+    agent::TempDir,
+    apiserver::{write_kubeconfig, ApiServer, ResourceSpec},
     halab::{node_addr, HaLab, HaSpec, Naming},
     kubeapi::{apply, ensure_namespace, raw, resource_path, Options, RealApiServer},
     netns::NetNs,
@@ -156,12 +156,7 @@ pub fn api_in(ns: &NetNs, addr: SocketAddr) -> Result<(ApiServer, mpsc::Sender<(
 }
 
 fn kubeconfig(dir: &Path) -> Result<std::path::PathBuf> {
-    let path = dir.join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: http://{API_ADDR}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n    namespace: vip-system\ncurrent-context: lab\nusers:\n- name: lab\n  user: {{}}\n"
-    );
-    write_atomic(&path, &text)?;
-    Ok(path)
+    write_kubeconfig(&dir.join("kubeconfig"), &format!("http://{API_ADDR}"))
 }
 
 /// Starts `server_exe serve NAME HEALTH_CHECK_NODE_PORT` on every node (kube-proxy's
@@ -213,7 +208,7 @@ impl KubeLab {
         let health = health_servers(&lab, server_exe)?;
         let api_ns = lab.seg.plug(NetNs::new("vapi")?, &format!("{API_HOST}/24"))?;
         let host: IpAddr = API_HOST.parse()?;
-        let server = RealApiServer::start_with(Options { host, netns: Some(api_ns.path()) }).context("no KUBEBUILDER_ASSETS")?;
+        let server = RealApiServer::start_with(Options { host, netns: Some(api_ns.path()), ..Default::default() }).context("no KUBEBUILDER_ASSETS")?;
         let path = tmp.0.join("kubeconfig");
         let nodes: Vec<Value> = lab.nodes.iter().enumerate().map(|(i, n)| node_object(&n.name, &node_addr(i).to_string())).collect();
         let (srv, kc) = (&server, &path);

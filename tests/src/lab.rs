@@ -22,7 +22,7 @@ use crate::netns::{attach_xdp_pass, ethtool_features, veth, NetNs};
 pub struct Segment {
     pub ns: NetNs,
     /// Namespace name of the host on each bridge port, in port order.
-    hosts: std::cell::RefCell<Vec<String>>,
+    hosts: std::sync::Mutex<Vec<String>>,
 }
 
 impl Segment {
@@ -52,8 +52,11 @@ impl Segment {
     /// Both ends are set up so that the segment behaves like a switch and wires
     /// for XDP in either attach mode (see [`wire_port`] and [`wire_host`]).
     pub fn plug_as(&self, host: NetNs, iface: &str, addr: &str) -> Result<NetNs> {
-        let port = format!("p{}", self.hosts.borrow().len());
-        self.hosts.borrow_mut().push(host.name.clone());
+        let port = {
+            let mut hosts = self.hosts.lock().unwrap();
+            hosts.push(host.name.clone());
+            format!("p{}", hosts.len() - 1)
+        };
         veth(&host, iface, &self.ns, &port)?;
         self.ns.ip(&["link", "set", &port, "master", "br0"])?;
         wire_port(&self.ns, &port)?;
@@ -62,12 +65,16 @@ impl Segment {
         Ok(host)
     }
 
+    fn port_of(&self, host: &NetNs) -> Result<usize> {
+        self.hosts.lock().unwrap().iter().position(|h| *h == host.name).context("host not on this segment")
+    }
+
     /// Cuts `host` off the segment (or joins it again) while its link stays up:
     /// its bridge port is set to the STP state "disabled" (forwarding again), which
     /// drops every frame through it both ways, so the host keeps its carrier and
     /// sees a silent network: a partition rather than a lost NIC.
     pub fn isolate(&self, host: &NetNs, cut: bool) -> Result<()> {
-        let i = self.hosts.borrow().iter().position(|h| *h == host.name).context("host not on this segment")?;
+        let i = self.port_of(host)?;
         let state = if cut { "0" } else { "3" };
         let o = self.ns.cmd("bridge").args(["link", "set", "dev", &format!("p{i}"), "state", state]).output()?;
         anyhow::ensure!(o.status.success(), "bridge link set p{i} state {state}: {}", String::from_utf8_lossy(&o.stderr));
@@ -77,7 +84,7 @@ impl Segment {
     /// Pulls (or plugs back) the cable of `host`: its bridge port goes down (up),
     /// and with it the carrier of the host's eth0.
     pub fn cable(&self, host: &NetNs, up: bool) -> Result<()> {
-        let i = self.hosts.borrow().iter().position(|h| *h == host.name).context("host not on this segment")?;
+        let i = self.port_of(host)?;
         self.ns.ip(&["link", "set", &format!("p{i}"), if up { "up" } else { "down" }])?;
         Ok(())
     }

@@ -1,5 +1,7 @@
 pub mod agent;
 pub mod apiserver;
+pub mod cluster;
+pub mod docs;
 pub mod flows;
 pub mod frames;
 pub mod halab;
@@ -10,3 +12,4 @@ pub mod lab;
 pub mod mapmem;
 pub mod netns;
 pub mod tap;
+pub mod vipcluster;

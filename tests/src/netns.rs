@@ -100,7 +100,8 @@ impl NetNs {
 impl Drop for NetNs {
     fn drop(&mut self) {
         // Deleting the namespace removes its veth ends (and their peers).
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        // Quietly: a cluster's reaper may have deleted it already.
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).stderr(std::process::Stdio::null()).status();
     }
 }
 

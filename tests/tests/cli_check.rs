@@ -18,7 +18,7 @@ fn example() -> std::path::PathBuf {
 
 #[test]
 fn the_example_config_is_valid_and_a_broken_copy_is_refused_with_its_line() {
-    let o = std::process::Command::new(agent_bin().unwrap()).arg("check").arg(example()).output().unwrap();
+    let o = std::process::Command::new(agent_bin().unwrap()).args(["check", "--config"]).arg(example()).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("valid: 3 nodes, 1 pools (10 addresses), 2 services (3 service-ports)"), "{}", text(&o));
 
@@ -28,6 +28,7 @@ fn the_example_config_is_valid_and_a_broken_copy_is_refused_with_its_line() {
     let uncommented = dir.0.join("uncommented.yaml");
     assert!(good.contains("    # interfaces: [eth0, ens3]\n"), "the example shows a pool's interfaces");
     std::fs::write(&uncommented, good.replace("    # interfaces: ", "    interfaces: ")).unwrap();
+    // The file as a positional argument: the form before --config, kept.
     let o = std::process::Command::new(agent_bin().unwrap()).arg("check").arg(&uncommented).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let world = vip_agent::config::parse(&std::fs::read_to_string(&uncommented).unwrap()).unwrap();
@@ -35,7 +36,7 @@ fn the_example_config_is_valid_and_a_broken_copy_is_refused_with_its_line() {
 
     let broken = dir.0.join("vip.yaml");
     std::fs::write(&broken, good.replace("    protocol: udp\n", "    protocol: udp\n    tableSise: 251\n")).unwrap();
-    let o = std::process::Command::new(agent_bin().unwrap()).arg("check").arg(&broken).output().unwrap();
+    let o = std::process::Command::new(agent_bin().unwrap()).args(["check", "--config"]).arg(&broken).output().unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let line = good.lines().position(|l| l == "    protocol: udp").unwrap() + 2;
     assert!(text(&o).contains(&format!("line {line}: services[1].tableSise: unknown field `tableSise`")), "{}", text(&o));
@@ -59,7 +60,9 @@ fn check_names_what_a_backend_host_lacks_until_it_is_ready() {
     .unwrap();
     let host = NetNs::new("vchk").unwrap();
     host.ip(&["link", "set", "lo", "up"]).unwrap();
-    let check = || host.cmd(agent_bin().unwrap().to_str().unwrap()).arg("check").arg(&cfg).args(["--node-name", "n1", "--iface", "lo"]).output().unwrap();
+    let check = || {
+        host.cmd(agent_bin().unwrap().to_str().unwrap()).args(["check", "--config"]).arg(&cfg).args(["--node-name", "n1", "--iface", "lo"]).output().unwrap()
+    };
 
     let o = check();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -84,7 +87,7 @@ fn check_names_what_a_backend_host_lacks_until_it_is_ready() {
 
     // Without --iface: the pool lives by its addresses or the node's; this host has
     // neither network, then gets the node's address on an interface.
-    let check = || host.cmd(agent_bin().unwrap().to_str().unwrap()).arg("check").arg(&cfg).args(["--node-name", "n1"]).output().unwrap();
+    let check = || host.cmd(agent_bin().unwrap().to_str().unwrap()).args(["check", "--config"]).arg(&cfg).args(["--node-name", "n1"]).output().unwrap();
     let o = check();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("pool \"p\": no interface of this node has an IPv4 network containing 198.18.1.0"), "{}", text(&o));

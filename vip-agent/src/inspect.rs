@@ -1,5 +1,13 @@
-//! `vip-agent inspect`: the pinned maps decoded for a human, or as JSON.
-use std::{fmt::Write as _, net::Ipv4Addr};
+//! `vip-agent inspect`: the pinned maps decoded for a human, or as JSON, with
+//! the names the agent's status file knows (Services, nodes) in place of the data
+//! path's internal ids.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::Result;
 use serde::Serialize;
@@ -8,7 +16,7 @@ use crate::{
     clock::monotonic_ns,
     dataplane::{Announce, Dataplane},
     spec::Mac,
-    status::Status,
+    status::{Status, REFRESH_INTERVAL},
 };
 
 #[derive(Serialize)]
@@ -18,8 +26,63 @@ pub struct Report {
     pub backends: Vec<BackendRow>,
     pub reasons: Vec<CounterRow>,
     pub flows: usize,
+    /// The agent's status file: where, whether it was read, how old it is.
+    pub status: StatusInfo,
     /// From the agent's status file, when there is one.
     pub agent: Option<AgentSection>,
+}
+
+/// The status file as `inspect` found it.
+#[derive(Serialize)]
+pub struct StatusInfo {
+    pub path: PathBuf,
+    /// `ok`, `missing` or `unreadable`.
+    pub state: &'static str,
+    /// Why it could not be read or parsed.
+    pub error: Option<String>,
+    /// When the agent wrote it (ms since the Unix epoch; absent from old agents).
+    pub updated_unix_ms: Option<u64>,
+    /// How old it was when read, in ms.
+    pub age_ms: Option<u64>,
+}
+
+impl StatusInfo {
+    /// Whether the agent has not rewritten it for longer than it would while running.
+    pub fn stale(&self) -> bool {
+        self.age_ms.is_some_and(|a| a > 3 * REFRESH_INTERVAL.as_millis() as u64)
+    }
+}
+
+/// Reads the agent's status file; a missing, unreadable or unparsable file is
+/// reported, not ignored.
+pub fn read_status(path: &Path, now_unix_ms: u64) -> (StatusInfo, Option<Status>) {
+    let mut info = StatusInfo { path: path.to_owned(), state: "ok", error: None, updated_unix_ms: None, age_ms: None };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            info.state = "missing";
+            return (info, None);
+        }
+        Err(e) => {
+            info.state = "unreadable";
+            info.error = Some(e.to_string());
+            return (info, None);
+        }
+    };
+    match serde_json::from_str::<Status>(&text) {
+        Ok(st) => {
+            if st.updated_unix_ms != 0 {
+                info.updated_unix_ms = Some(st.updated_unix_ms);
+                info.age_ms = Some(now_unix_ms.saturating_sub(st.updated_unix_ms));
+            }
+            (info, Some(st))
+        }
+        Err(e) => {
+            info.state = "unreadable";
+            info.error = Some(format!("not a status: {e}"));
+            (info, None)
+        }
+    }
 }
 
 /// What only the agent knows: owners, backend health, config state.
@@ -28,7 +91,7 @@ pub struct AgentSection {
     pub node: String,
     pub config_generation: u64,
     pub config_error: Option<String>,
-    pub owners: std::collections::BTreeMap<Ipv4Addr, String>,
+    pub owners: BTreeMap<Ipv4Addr, String>,
     pub backends: Vec<HealthRow>,
     /// Service-ports the agent could not program, with why.
     pub unprogrammed: Vec<crate::status::UnprogrammedStatus>,
@@ -62,20 +125,44 @@ pub struct HeldRow {
 
 #[derive(Serialize)]
 pub struct ServiceRow {
+    /// The Service's name as the agent's model has it (`namespace/name` from
+    /// Kubernetes, the file's `name`); None without a status.
+    pub name: Option<String>,
     pub vip: Ipv4Addr,
     pub port: u16,
     pub proto: &'static str,
+    /// The data path's id of the service (its counters' key).
     pub id: u32,
     pub table_size: u32,
     pub packets: u64,
     pub bytes: u64,
-    /// (backend id, slots) of this service's ring.
-    pub ring_share: Vec<(u32, u32)>,
+    /// The backends in its ring with their slots; empty: no backend (new flows are dropped).
+    pub ring: Vec<RingMember>,
+}
+
+#[derive(Serialize)]
+pub struct RingMember {
+    pub backend_id: u32,
+    /// The backend's node, where the status knows it.
+    pub node: Option<String>,
+    pub addr: Option<Ipv4Addr>,
+    pub slots: u32,
+    pub share_pct: f64,
+}
+
+impl ServiceRow {
+    /// The port-0 entry all fragments of the VIP's datagrams use (an alias of
+    /// the service with the lowest port).
+    pub fn fragment_alias(&self) -> bool {
+        self.port == 0
+    }
 }
 
 #[derive(Serialize)]
 pub struct BackendRow {
     pub id: u32,
+    /// Its node, where the status knows it.
+    pub node: Option<String>,
     pub addr: Ipv4Addr,
     pub mac: String,
     pub local: bool,
@@ -90,7 +177,7 @@ pub struct CounterRow {
     pub bytes: u64,
 }
 
-pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
+pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -> Result<Report> {
     let now = monotonic_ns() as i64;
     let counters = dp.counters()?;
     let held = dp
@@ -108,14 +195,47 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
             }
         })
         .collect();
+    let node_of: BTreeMap<Ipv4Addr, &str> = status.iter().flat_map(|s| s.nodes.iter()).map(|n| (n.addr, n.node.as_str())).collect();
+    let backends: Vec<BackendRow> = dp
+        .backends()?
+        .into_iter()
+        .map(|(id, b)| {
+            let (packets, bytes) = counters.backends.get(&id).copied().unwrap_or_default();
+            let addr = Ipv4Addr::from(b.addr);
+            BackendRow {
+                id,
+                node: node_of.get(&addr).map(|n| n.to_string()),
+                addr,
+                mac: Mac(b.mac).to_string(),
+                local: b.flags & vip_common::BACKEND_LOCAL != 0,
+                packets,
+                bytes,
+            }
+        })
+        .collect();
     let mut services = Vec::new();
     for (a, s, ring) in dp.services()? {
-        let mut share = std::collections::BTreeMap::<u32, u32>::new();
-        for id in ring {
-            *share.entry(id).or_default() += 1;
+        let mut slots = BTreeMap::<u32, u32>::new();
+        for id in ring.into_iter().filter(|&id| id != vip_common::NO_BACKEND) {
+            *slots.entry(id).or_default() += 1;
         }
+        let ring = slots
+            .into_iter()
+            .map(|(id, n)| {
+                let b = backends.iter().find(|b| b.id == id);
+                RingMember {
+                    backend_id: id,
+                    node: b.and_then(|b| b.node.clone()),
+                    addr: b.map(|b| b.addr),
+                    slots: n,
+                    share_pct: 100.0 * f64::from(n) / f64::from(s.ring_size.max(1)),
+                }
+            })
+            .collect();
+        let name = status.iter().flat_map(|st| st.services.iter()).find(|v| v.vip == a.vip && v.port == a.port && v.protocol == a.protocol.name());
         let (packets, bytes) = counters.services.get(&s.id).copied().unwrap_or_default();
         services.push(ServiceRow {
+            name: name.map(|v| v.name.clone()),
             vip: a.vip,
             port: a.port,
             proto: a.protocol.name(),
@@ -123,19 +243,11 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
             table_size: s.ring_size,
             packets,
             bytes,
-            ring_share: share.into_iter().collect(),
+            ring,
         });
     }
-    let backends = dp
-        .backends()?
-        .into_iter()
-        .map(|(id, b)| {
-            let (packets, bytes) = counters.backends.get(&id).copied().unwrap_or_default();
-            BackendRow { id, addr: Ipv4Addr::from(b.addr), mac: Mac(b.mac).to_string(), local: b.flags & vip_common::BACKEND_LOCAL != 0, packets, bytes }
-        })
-        .collect();
     let reasons = counters.reasons.iter().map(|(&reason, &(packets, bytes))| CounterRow { reason, packets, bytes }).collect();
-    let mut r = Report { held, services, backends, reasons, flows: dp.flow_count(), agent: None };
+    let mut r = Report { held, services, backends, reasons, flows: dp.flow_count(), status: status_info, agent: None };
     r.agent = status.map(|st| agent_section(&r, st));
     Ok(r)
 }
@@ -143,16 +255,12 @@ pub fn report(dp: &Dataplane, status: Option<Status>) -> Result<Report> {
 /// Rows per service (first port of each) and backend: the nodes in its ring with
 /// their share (from the maps), and the nodes its health check has down.
 fn agent_section(r: &Report, st: Status) -> AgentSection {
-    let addr_of: std::collections::BTreeMap<&str, Ipv4Addr> = st.nodes.iter().map(|n| (n.node.as_str(), n.addr)).collect();
+    let addr_of: BTreeMap<&str, Ipv4Addr> = st.nodes.iter().map(|n| (n.node.as_str(), n.addr)).collect();
     let mut backends = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     for s in st.services.iter().filter(|s| seen.insert(s.name.clone())) {
         let row = r.services.iter().find(|v| v.vip == s.vip && v.port == s.port && v.proto == s.protocol);
-        let share = |addr: Ipv4Addr| -> f64 {
-            let Some(v) = row else { return 0.0 };
-            let Some(id) = r.backends.iter().find(|b| b.addr == addr).map(|b| b.id) else { return 0.0 };
-            100.0 * v.ring_share.iter().find(|(b, _)| *b == id).map_or(0, |(_, n)| *n) as f64 / v.table_size.max(1) as f64
-        };
+        let share = |addr: Ipv4Addr| -> f64 { row.and_then(|v| v.ring.iter().find(|m| m.addr == Some(addr))).map_or(0.0, |m| m.share_pct) };
         let health = |node: &str| st.health.iter().find(|h| Some(&h.check) == s.check.as_ref() && h.node == node);
         for node in &s.backends {
             let Some(&addr) = addr_of.get(node.as_str()) else { continue };
@@ -183,69 +291,254 @@ fn agent_section(r: &Report, st: Status) -> AgentSection {
     }
 }
 
-pub fn render(r: &Report) -> String {
+/// A duration as people read it: `3 s`, `5 min 2 s`, `2 h 10 min`.
+fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// The line that says whose status this is and how old, or why there is none.
+fn status_line(r: &Report) -> String {
+    let st = &r.status;
+    let path = st.path.display();
+    match (st.state, &r.agent) {
+        ("missing", _) => format!(
+            "AGENT: no status file at {path}: Service names, owners and health are not shown \
+             (the agent is not running on this node, or writes its status elsewhere: run --status-file / VIP_STATUS_FILE)"
+        ),
+        ("unreadable", _) => format!("AGENT: the status file {path} could not be read: {}", st.error.as_deref().unwrap_or("?")),
+        (_, Some(a)) => {
+            let cfg = match &a.config_error {
+                None => format!("config generation {}", a.config_generation),
+                Some(e) => format!("config generation {}; LAST CONFIG REJECTED: {e}", a.config_generation),
+            };
+            let when = match (st.updated_unix_ms, st.age_ms) {
+                (Some(t), Some(ms)) => {
+                    let at = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(t));
+                    let stale = if st.stale() {
+                        format!(
+                            "; STALE: not rewritten for {} (a running agent rewrites it every {} s): the agent is probably not running, this is its last state",
+                            age(ms),
+                            REFRESH_INTERVAL.as_secs()
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!("status written {} ago ({at}){stale}", age(ms))
+                }
+                _ => "status age unknown (written by an agent without timestamps)".to_owned(),
+            };
+            format!("AGENT {} ({cfg}): {when}", a.node)
+        }
+        _ => String::new(),
+    }
+}
+
+/// What a service's ring holds, for the table: `n1 50.0%, n2 50.0%`.
+fn ring_text(v: &ServiceRow, verbose: bool) -> String {
+    if v.ring.is_empty() {
+        return "none: new connections are dropped (drop_no_backend)".to_owned();
+    }
+    let members: Vec<String> = v
+        .ring
+        .iter()
+        .map(|m| {
+            let who = match (&m.node, m.addr) {
+                (Some(n), _) => n.clone(),
+                (None, Some(a)) => a.to_string(),
+                (None, None) => format!("backend {}", m.backend_id),
+            };
+            if verbose {
+                format!("{who} (id {}) {}/{}", m.backend_id, m.slots, v.table_size)
+            } else {
+                format!("{who} {:.1}%", m.share_pct)
+            }
+        })
+        .collect();
+    members.join(", ")
+}
+
+pub fn render(r: &Report, verbose: bool) -> String {
     let mut s = String::new();
+    let _ = writeln!(s, "{}\n", status_line(r));
     let _ = writeln!(s, "HELD VIPS\n  {:<16} {:<16} {:<9} EXPIRES", "NETWORK", "VIP", "ANNOUNCE");
     for h in &r.held {
         let state = if h.expires_in_ms >= 0 { format!("in {} ms", h.expires_in_ms) } else { "STALE (not answered)".into() };
         let _ = writeln!(s, "  {:<16} {:<16} {:<9} {}", h.network, h.vip, h.announce, state);
     }
-    let _ = writeln!(s, "\nSERVICES\n  {:<22} {:<4} {:<6} {:<10} {:<10} RING SHARE (backend:slots)", "VIP:PORT", "ID", "PROTO", "PACKETS", "BYTES");
-    for v in &r.services {
-        let share: Vec<String> = v.ring_share.iter().map(|(b, n)| format!("{b}:{n}")).collect();
-        let port = if v.port == 0 { "*frag".to_string() } else { v.port.to_string() };
+    let id_col = |id: String| if verbose { format!("{id:<5} ") } else { String::new() };
+    let _ = writeln!(
+        s,
+        "\nSERVICES\n  {}{:<24} {:<26} {:<10} {:<12} BACKENDS (share of the ring)",
+        id_col("ID".into()),
+        "SERVICE",
+        "VIP:PORT/PROTO",
+        "PACKETS",
+        "BYTES"
+    );
+    for v in r.services.iter().filter(|v| verbose || !v.fragment_alias()) {
+        let port = if v.fragment_alias() { "*fragments".to_owned() } else { v.port.to_string() };
         let _ = writeln!(
             s,
-            "  {:<22} {:<4} {:<6} {:<10} {:<10} {} / {}",
-            format!("{}:{}", v.vip, port),
-            v.id,
-            v.proto,
+            "  {}{:<24} {:<26} {:<10} {:<12} {}",
+            id_col(v.id.to_string()),
+            v.name.as_deref().unwrap_or("?"),
+            format!("{}:{port}/{}", v.vip, v.proto),
             v.packets,
             v.bytes,
-            share.join(" "),
-            v.table_size
+            ring_text(v, verbose)
         );
     }
-    let _ = writeln!(s, "\nBACKENDS\n  {:<4} {:<16} {:<18} {:<6} {:<10} BYTES", "ID", "ADDRESS", "MAC", "LOCAL", "PACKETS");
+    let _ = writeln!(s, "\nBACKENDS\n  {}{:<16} {:<16} {:<18} {:<6} {:<10} BYTES", id_col("ID".into()), "NODE", "ADDRESS", "MAC", "LOCAL", "PACKETS");
     for b in &r.backends {
-        let _ = writeln!(s, "  {:<4} {:<16} {:<18} {:<6} {:<10} {}", b.id, b.addr, b.mac, b.local, b.packets, b.bytes);
+        let _ = writeln!(
+            s,
+            "  {}{:<16} {:<16} {:<18} {:<6} {:<10} {}",
+            id_col(b.id.to_string()),
+            b.node.as_deref().unwrap_or("?"),
+            b.addr,
+            b.mac,
+            b.local,
+            b.packets,
+            b.bytes
+        );
     }
     if let Some(a) = &r.agent {
-        let cfg = match &a.config_error {
-            None => format!("config generation {}", a.config_generation),
-            Some(e) => format!("config generation {}; LAST FILE REJECTED: {e}", a.config_generation),
-        };
-        let _ = writeln!(s, "\nAGENT {} ({cfg})\n  {:<16} OWNER", a.node, "VIP");
+        let _ = writeln!(s, "\nOWNERS (as node {} sees them)\n  {:<16} OWNER", a.node, "VIP");
         for (vip, owner) in &a.owners {
             let _ = writeln!(s, "  {:<16} {}", vip, owner);
         }
-        let _ = writeln!(s, "\n  {:<14} {:<14} {:<16} {:<8} {:>7}  DETAIL", "SERVICE", "BACKEND", "ADDRESS", "HEALTH", "RING");
+        let _ = writeln!(s, "\nHEALTH\n  {:<24} {:<14} {:<16} {:<8} {:>7}  DETAIL", "SERVICE", "BACKEND", "ADDRESS", "HEALTH", "RING");
         for b in &a.backends {
             let h = if b.healthy { "up" } else { "DOWN" };
-            let _ = writeln!(s, "  {:<14} {:<14} {:<16} {:<8} {:>6.2}%  {}", b.service, b.node, b.addr, h, b.ring_share_pct, b.detail);
+            let _ = writeln!(s, "  {:<24} {:<14} {:<16} {:<8} {:>6.2}%  {}", b.service, b.node, b.addr, h, b.ring_share_pct, b.detail);
         }
         let u = &a.usage;
         let _ = writeln!(
             s,
-            "\n  TABLES: services {}/{}, rings {} using {}/{} slots, backends {}/{}",
+            "\nTABLES: services {}/{}, rings {} using {}/{} slots, backends {}/{}",
             u.services, u.services_max, u.rings, u.ring_slots, u.ring_capacity, u.backends, u.backends_max
         );
         if !a.unprogrammed.is_empty() {
-            let _ = writeln!(s, "\n  NOT PROGRAMMED (retried)\n  {:<14} {:<22} {:<6} ERROR", "SERVICE", "VIP:PORT", "PROTO");
+            let _ = writeln!(s, "\nNOT PROGRAMMED (retried)\n  {:<24} {:<26} ERROR", "SERVICE", "VIP:PORT/PROTO");
             for u in &a.unprogrammed {
-                let _ = writeln!(s, "  {:<14} {:<22} {:<6} {}", u.name, format!("{}:{}", u.vip, u.port), u.protocol, u.error);
+                let _ = writeln!(s, "  {:<24} {:<26} {}", u.name, format!("{}:{}/{}", u.vip, u.port, u.protocol), u.error);
             }
         }
         if !a.host_problems.is_empty() {
-            let _ = writeln!(s, "\n  HOST NOT READY");
+            let _ = writeln!(s, "\nHOST NOT READY");
             for p in &a.host_problems {
                 let _ = writeln!(s, "  {p}");
             }
         }
     }
     let _ = writeln!(s, "\nCOUNTERS (flows in table: {})", r.flows);
-    for c in r.reasons.iter().filter(|c| c.packets > 0) {
+    for c in r.reasons.iter().filter(|c| verbose || c.packets > 0) {
         let _ = writeln!(s, "  {:<28} {:>10} pkts {:>12} bytes", c.reason, c.packets, c.bytes);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{NodeStatus, ServiceStatus};
+
+    fn status(updated_unix_ms: u64) -> Status {
+        Status {
+            node: "n1".into(),
+            updated_unix_ms,
+            nodes: vec![
+                NodeStatus { node: "n1".into(), addr: "198.18.0.11".parse().unwrap(), mac: None },
+                NodeStatus { node: "n2".into(), addr: "198.18.0.12".parse().unwrap(), mac: None },
+            ],
+            services: vec![ServiceStatus {
+                name: "shop/web".into(),
+                vip: "198.18.1.10".parse().unwrap(),
+                port: 80,
+                protocol: "tcp".into(),
+                backends: vec!["n1".into(), "n2".into()],
+                check: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn service(port: u16, ring: Vec<RingMember>) -> ServiceRow {
+        ServiceRow { name: None, vip: "198.18.1.10".parse().unwrap(), port, proto: "tcp", id: 7, table_size: 251, packets: 5, bytes: 300, ring }
+    }
+
+    fn member(id: u32, node: &str, addr: &str, slots: u32) -> RingMember {
+        RingMember { backend_id: id, node: Some(node.into()), addr: Some(addr.parse().unwrap()), slots, share_pct: 100.0 * f64::from(slots) / 251.0 }
+    }
+
+    fn report(info: StatusInfo, st: Option<Status>, services: Vec<ServiceRow>) -> Report {
+        let mut r = Report { held: vec![], services, backends: vec![], reasons: vec![], flows: 0, status: info, agent: None };
+        r.agent = st.map(|st| agent_section(&r, st));
+        r
+    }
+
+    fn read(text: Option<&str>, now: u64) -> (StatusInfo, Option<Status>) {
+        let dir = std::env::temp_dir().join(format!("vip-inspect-{}-{now}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("status.json");
+        let _ = std::fs::remove_file(&path);
+        if let Some(t) = text {
+            std::fs::write(&path, t).unwrap();
+        }
+        let r = read_status(&path, now);
+        std::fs::remove_dir_all(&dir).unwrap();
+        r
+    }
+
+    #[test]
+    fn services_show_names_and_nodes_not_ids() {
+        let (info, st) = read(Some(&serde_json::to_string(&status(1_000)).unwrap()), 4_000);
+        let mut web = service(80, vec![member(3, "n1", "198.18.0.11", 126), member(9, "n2", "198.18.0.12", 125)]);
+        web.name = Some("shop/web".into());
+        let r = report(info, st, vec![web, service(0, vec![])]);
+        let text = render(&r, false);
+        let row = text.lines().find(|l| l.contains("198.18.1.10:80/tcp")).unwrap();
+        assert!(row.contains("shop/web") && row.contains("n1 50.2%, n2 49.8%"), "{text}");
+        assert!(!row.contains(" 7 ") && !row.contains("3:126"), "no internal ids: {row}");
+        assert!(!text.contains("fragments"), "the fragment alias is internal: {text}");
+        assert!(text.starts_with("AGENT n1 (config generation 0): status written 3 s ago (1970-01-01T00:00:01.000Z)\n"), "{text}");
+        let verbose = render(&r, true);
+        assert!(verbose.contains("198.18.1.10:*fragments/tcp") && verbose.contains("n1 (id 3) 126/251"), "{verbose}");
+    }
+
+    #[test]
+    fn a_service_without_backends_says_so() {
+        let (info, _) = read(None, 0);
+        let text = render(&report(info, None, vec![service(80, vec![])]), false);
+        let row = text.lines().find(|l| l.contains("198.18.1.10:80/tcp")).unwrap();
+        assert!(row.contains("none: new connections are dropped (drop_no_backend)"), "{row}");
+        assert!(!text.contains("4294967295"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_unreadable_or_old_status_is_reported() {
+        let (info, st) = read(None, 0);
+        assert_eq!((info.state, st.is_none()), ("missing", true));
+        assert!(render(&report(info, None, vec![]), false).starts_with("AGENT: no status file at "));
+
+        let (info, st) = read(Some("{\"node\": 3"), 0);
+        assert_eq!((info.state, st.is_none()), ("unreadable", true));
+        let text = render(&report(info, None, vec![]), false);
+        assert!(text.contains("could not be read: not a status: "), "{text}");
+
+        let (info, st) = read(Some(&serde_json::to_string(&status(1_000)).unwrap()), 1_000 + 5 * 60_000 + 2_000);
+        assert!(info.stale());
+        let text = render(&report(info, st, vec![]), false);
+        assert!(text.contains("status written 5 min 2 s ago") && text.contains("STALE: not rewritten for 5 min 2 s"), "{text}");
+
+        // A status from an agent before timestamps: read, age unknown.
+        let (info, st) = read(Some(&serde_json::to_string(&status(0)).unwrap().replace("\"updated_unix_ms\":0,", "")), 9_000);
+        assert!(st.is_some() && !info.stale());
+        assert!(render(&report(info, st, vec![]), false).contains("status age unknown"));
+    }
 }

@@ -5,6 +5,7 @@
 //! run loop that keeps the maps equal to the model; `inspect` decodes the maps for humans.
 pub mod agent;
 pub mod cleanup;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dataplane;
@@ -17,5 +18,6 @@ pub mod maglev;
 pub mod model;
 pub mod neighbour;
 pub mod preflight;
+pub mod reference;
 pub mod spec;
 pub mod status;

@@ -1,140 +1,13 @@
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::Path};
 
-use anyhow::Result;
-use clap::{Parser, Subcommand};
+use anyhow::{bail, Result};
+use clap::Parser;
 use vip_agent::{
     agent,
-    dataplane::{self, AttachMode, Dataplane},
+    cli::{CheckArgs, Cli, Cmd, DetachArgs, InspectArgs},
+    dataplane::{self, Dataplane},
     inspect, preflight,
 };
-
-#[derive(Parser)]
-#[command(
-    name = "vip-agent",
-    version,
-    about = "vip: bare-metal virtual IP load balancer, node agent",
-    after_help = "The config file format, an example (deploy/file/vip.yaml), a systemd unit (deploy/file/vip-agent.service) and \
-                  what each node needs: README, \"Run it on your machines\". Check a file and a host with `vip-agent check FILE --node-name NAME`."
-)]
-struct Cli {
-    /// bpffs directory holding the pinned program, links and maps.
-    #[arg(long, global = true, env = "VIP_PIN_DIR", default_value = dataplane::DEFAULT_PIN_DIR)]
-    pin_dir: PathBuf,
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Run the node agent from a YAML config file (re-read on change and on SIGHUP).
-    Run {
-        /// The YAML model of the world (nodes, pools, services).
-        #[arg(long, env = "VIP_CONFIG", required_unless_present = "kubernetes", conflicts_with = "kubernetes")]
-        config: Option<PathBuf>,
-        /// Take the model from the Kubernetes API instead (in-cluster config or KUBECONFIG).
-        #[arg(long)]
-        kubernetes: bool,
-        /// With --kubernetes: a kubeconfig file (default: in-cluster config, else $KUBECONFIG).
-        #[arg(long, env = "KUBECONFIG")]
-        kubeconfig: Option<PathBuf>,
-        /// Namespace of the leader-election Lease (the agent's own, from the downward API).
-        #[arg(long, env = "POD_NAMESPACE", default_value = "vip-system")]
-        lease_namespace: String,
-        /// This node's name in the config's `nodes` (default: the host name).
-        #[arg(long, env = "VIP_NODE_NAME")]
-        node_name: Option<String>,
-        /// The interface of pools that name none (`interfaces:` in a pool), and where
-        /// this node is reached. Default: each pool on the interface whose network
-        /// holds its addresses, else the one holding the node's address.
-        #[arg(long, env = "VIP_IFACE")]
-        iface: Option<String>,
-        #[arg(long, value_enum, default_value = "auto")]
-        mode: AttachMode,
-        /// Slots in lb4_ring shared by all services' rings (only used when the map is created).
-        #[arg(long, default_value_t = vip_common::DEFAULT_RING_CAPACITY)]
-        ring_capacity: u32,
-        /// Address for /metrics, /healthz, /readyz and /status; "off" for none.
-        #[arg(long, env = "VIP_METRICS_ADDR", default_value = "127.0.0.1:9472")]
-        metrics_addr: String,
-        /// Status JSON written after every change (read by `inspect`).
-        #[arg(long, env = "VIP_STATUS_FILE", default_value = "/run/vip/status.json")]
-        status_file: PathBuf,
-        /// How often the config file is checked for changes, e.g. 1s, 250ms.
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-        reload_interval: Duration,
-        /// How gratuitous ARP and ARP requests leave: `xdp` (through the XDP
-        /// program; needs no CAP_NET_RAW, needs a native attachment), `packet` (a
-        /// packet socket; CAP_NET_RAW), `auto` (xdp where attached natively).
-        #[arg(long, value_enum, env = "VIP_ARP_SENDER", default_value = "auto")]
-        arp_sender: vip_agent::ha::garp::ArpSender,
-        /// Log as JSON lines instead of text.
-        #[arg(long)]
-        log_json: bool,
-        /// The cluster's heartbeat key file: one key per line (at least 32 bytes
-        /// each), the first signs, all are accepted (rotation). Re-read every 5 s.
-        /// With --kubernetes the default is the Secret of --heartbeat-secret.
-        #[arg(long, env = "VIP_HEARTBEAT_KEY_FILE")]
-        heartbeat_key_file: Option<PathBuf>,
-        /// With --kubernetes and no key file: the Secret (in the agent's namespace)
-        /// holding the heartbeat keys under `key`; created with a random key when
-        /// absent, watched for rotations.
-        #[arg(long, env = "VIP_HEARTBEAT_SECRET", default_value = "vip-heartbeat")]
-        heartbeat_secret: String,
-        /// Run without a heartbeat key: heartbeats go unsigned and anyone on the
-        /// segment can forge them. Only for a segment you trust.
-        #[arg(long, env = "VIP_TRUSTED_SEGMENT", conflicts_with = "heartbeat_key_file")]
-        trusted_segment: bool,
-    },
-    /// Check a config file (and, with --node-name, this host for that node) without
-    /// running anything. Exit status: 0 ready, 1 invalid file, 2 host not ready.
-    Check {
-        /// The YAML config (see deploy/file/vip.yaml).
-        file: PathBuf,
-        /// Also check this host as that node: VIPs it backs on lo, ARP sysctls.
-        #[arg(long, env = "VIP_NODE_NAME")]
-        node_name: Option<String>,
-        /// The uplink whose ARP sysctls count (with --node-name).
-        #[arg(long, env = "VIP_IFACE", default_value = "all")]
-        iface: String,
-    },
-    /// Print the VipPool CustomResourceDefinition (YAML), as committed in deploy/crd.yaml.
-    Crd,
-    /// Load the XDP program (re-using pinned maps) and attach it to an interface.
-    Attach {
-        #[arg(long)]
-        iface: String,
-        #[arg(long, value_enum, default_value = "auto")]
-        mode: AttachMode,
-        /// Slots in lb4_ring shared by all services' rings (only used when the map is created).
-        #[arg(long, default_value_t = vip_common::DEFAULT_RING_CAPACITY)]
-        ring_capacity: u32,
-    },
-    /// Detach from an interface; with --purge also remove every pinned map.
-    Detach {
-        #[arg(long)]
-        iface: Option<String>,
-        #[arg(long)]
-        purge: bool,
-    },
-    /// Remove what vip leaves on this node when uninstalled: detach the program
-    /// from every interface, remove the pinned program and maps, vip's addresses on
-    /// lo and the status file. The agent must not be running.
-    Cleanup {
-        #[arg(long, env = "VIP_STATUS_FILE", default_value = "/run/vip/status.json")]
-        status_file: PathBuf,
-        /// Then wait until terminated (a DaemonSet's container: deploy/cleanup/).
-        #[arg(long)]
-        wait: bool,
-    },
-    /// Decode the pinned maps: held VIPs, services, backends, counters; with the
-    /// agent's status file, also owners and backend health.
-    Inspect {
-        #[arg(long)]
-        json: bool,
-        #[arg(long, env = "VIP_STATUS_FILE", default_value = "/run/vip/status.json")]
-        status_file: PathBuf,
-    },
-}
 
 fn init_logs(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
@@ -148,88 +21,65 @@ fn init_logs(json: bool) {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    init_logs(matches!(cli.cmd, Cmd::Run { log_json: true, .. }));
+    init_logs(matches!(&cli.cmd, Cmd::Run(r) if r.log_json));
     match cli.cmd {
-        Cmd::Run {
-            config,
-            kubernetes,
-            kubeconfig,
-            lease_namespace,
-            node_name,
-            iface,
-            mode,
-            ring_capacity,
-            metrics_addr,
-            status_file,
-            reload_interval,
-            arp_sender,
-            log_json: _,
-            heartbeat_key_file,
-            heartbeat_secret,
-            trusted_segment,
-        } => {
-            let heartbeat_key = match (heartbeat_key_file, trusted_segment) {
+        Cmd::Run(r) => {
+            let heartbeat_key = match (r.heartbeat_key_file, r.trusted_segment) {
                 (Some(file), _) => agent::HeartbeatKey::File(file),
                 (None, true) => agent::HeartbeatKey::Trusted,
-                (None, false) if kubernetes => agent::HeartbeatKey::Secret(heartbeat_secret),
+                (None, false) if r.kubernetes => agent::HeartbeatKey::Secret(r.heartbeat_secret),
                 (None, false) => anyhow::bail!(
                     "heartbeats need a cluster key: --heartbeat-key-file FILE (one key of at least 32 bytes per line, the same \
                      file on every node; make one with `head -c 48 /dev/urandom | base64`), or --trusted-segment to run \
                      without authentication on a segment you trust"
                 ),
             };
-            let source = match config {
+            let source = match r.config {
                 Some(path) => agent::Source::File(path),
-                None => agent::Source::Kubernetes { lease_namespace, kubeconfig },
+                None => {
+                    let (announce, failover) = r.timers.model()?;
+                    agent::Source::Kubernetes { lease_namespace: r.lease_namespace, kubeconfig: r.kubeconfig, announce, failover, sync_timeout: r.sync_timeout }
+                }
             };
-            let node_name = match node_name {
+            let node_name = match r.node_name {
                 Some(n) => n,
                 None => hostname()?,
             };
-            let metrics_addr = match metrics_addr.as_str() {
+            let metrics_addr = match r.metrics_addr.as_str() {
                 "off" => None,
-                a => Some(a.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics-addr {a:?}: {e}"))?),
+                a => Some(a.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics-addr {a:?}: {e} (an address:port, or \"off\")"))?),
             };
             let opts = agent::Options {
                 source,
                 node_name,
-                iface,
-                attach_mode: mode,
+                iface: r.iface,
+                attach_mode: r.mode,
                 pin_dir: cli.pin_dir,
-                ring_capacity,
+                ring_capacity: r.ring_capacity,
                 metrics_addr,
-                status_file: Some(status_file),
-                reload_interval,
-                arp_sender,
+                status_file: Some(r.status_file),
+                reload_interval: r.reload_interval,
+                arp_sender: r.arp_sender,
                 heartbeat_key,
             };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
         }
-        Cmd::Check { file, node_name, iface } => std::process::exit(check(&file, node_name.as_deref(), &iface)),
+        Cmd::Check(c) => std::process::exit(check(&c)),
         Cmd::Crd => print!("{}", vip_agent::k8s::crd::crd_yaml()),
-        Cmd::Attach { iface, mode, ring_capacity } => {
-            let mut dp = Dataplane::load(&cli.pin_dir, ring_capacity)?;
-            let a = dp.attach(&iface, mode)?;
-            match a.mode {
-                Some(m) => println!("attached to {iface} (ifindex {}) in {m:?} mode; pins in {}", a.ifindex, cli.pin_dir.display()),
-                None => println!("already attached to {iface}; kept the existing attachment"),
+        Cmd::Attach(a) => {
+            let mut dp = Dataplane::load(&cli.pin_dir, a.ring_capacity)?;
+            let done = dp.attach(&a.iface, a.mode)?;
+            match done.mode {
+                Some(m) => println!("attached to {} (ifindex {}) in {m:?} mode; pins in {}", a.iface, done.ifindex, cli.pin_dir.display()),
+                None => println!("already attached to {}; kept the existing attachment", a.iface),
             }
         }
-        Cmd::Detach { iface, purge } => {
-            if let Some(iface) = iface {
-                let had = dataplane::detach(&cli.pin_dir, &iface)?;
-                println!("{}", if had { format!("detached from {iface}") } else { format!("not attached to {iface}") });
-            }
-            if purge && cli.pin_dir.exists() {
-                std::fs::remove_dir_all(&cli.pin_dir)?;
-                println!("removed {}", cli.pin_dir.display());
-            }
-        }
-        Cmd::Cleanup { status_file, wait } => {
+        Cmd::Detach(d) => detach(&cli.pin_dir, &d)?,
+        Cmd::Cleanup(c) => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let removed = rt.block_on(vip_agent::cleanup::cleanup(&cli.pin_dir, &status_file))?;
+            let removed = rt.block_on(vip_agent::cleanup::cleanup(&cli.pin_dir, &c.status_file))?;
             print!("{removed}");
-            if wait {
+            if c.wait {
                 rt.block_on(async {
                     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
                     term.recv().await;
@@ -237,22 +87,81 @@ fn main() -> Result<()> {
                 })?;
             }
         }
-        Cmd::Inspect { json, status_file } => {
-            let dp = Dataplane::open(&cli.pin_dir)?;
-            let status = std::fs::read_to_string(&status_file).ok().and_then(|t| serde_json::from_str(&t).ok());
-            let r = inspect::report(&dp, status)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print!("{}", inspect::render(&r));
-            }
+        Cmd::Inspect(i) => inspect_cmd(&cli.pin_dir, &i)?,
+    }
+    Ok(())
+}
+
+/// `vip-agent detach`: refuses without a target, and says what it removed.
+fn detach(dir: &Path, d: &DetachArgs) -> Result<()> {
+    if d.iface.is_none() && !d.all && !d.purge {
+        bail!(
+            "detach needs a target: --iface IFACE (one interface), --all (every interface with a link pinned under {}), \
+             or --purge (remove the program, links and maps)",
+            dir.display()
+        );
+    }
+    let ifaces = match (&d.iface, d.all) {
+        (Some(i), _) => vec![i.clone()],
+        (None, true) => dataplane::pinned_links(dir)?,
+        (None, false) => Vec::new(),
+    };
+    if d.all && ifaces.is_empty() {
+        println!("no link pinned under {}: the program is attached nowhere by vip", dir.join("links").display());
+    }
+    for iface in &ifaces {
+        if dataplane::detach(dir, iface)? {
+            println!("detached from {iface}");
+        } else {
+            println!("not attached to {iface} (no link pinned at {})", dir.join("links").join(iface).display());
+        }
+    }
+    if d.purge {
+        if !dir.exists() {
+            println!("nothing to purge: {} does not exist", dir.display());
+            return Ok(());
+        }
+        let mut pins: Vec<String> = std::fs::read_dir(dir)?.map(|e| Ok(e?.file_name().to_string_lossy().into_owned())).collect::<Result<_>>()?;
+        pins.sort();
+        let links = dataplane::pinned_links(dir)?;
+        std::fs::remove_dir_all(dir).map_err(|e| anyhow::anyhow!("removing {}: {e}", dir.display()))?;
+        pins.retain(|p| p != "links");
+        println!("removed {}: {}", dir.display(), if pins.is_empty() { "(empty)".to_owned() } else { pins.join(", ") });
+        if !links.is_empty() {
+            println!("detached from {} (their links were pinned there)", links.join(", "));
         }
     }
     Ok(())
 }
 
+/// `vip-agent inspect`: the pinned maps, named with the agent's status.
+fn inspect_cmd(dir: &Path, i: &InspectArgs) -> Result<()> {
+    if !dir.exists() {
+        bail!(
+            "no vip data path on this node: {} does not exist. The agent has not run here (in Kubernetes: is a vip-agent pod \
+             scheduled on this node? `kubectl -n vip-system get pods -o wide`), or it uses another --pin-dir (VIP_PIN_DIR)",
+            dir.display()
+        );
+    }
+    let dp = Dataplane::open(dir).map_err(|e| match std::fs::read_dir(dir) {
+        Err(re) if re.kind() == std::io::ErrorKind::PermissionDenied => {
+            anyhow::anyhow!("reading the pinned maps in {} needs root (or CAP_BPF): {e:#}", dir.display())
+        }
+        _ => e,
+    })?;
+    let (info, status) = inspect::read_status(&i.status_file, vip_agent::status::unix_ms_now());
+    let r = inspect::report(&dp, info, status)?;
+    if i.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", inspect::render(&r, i.verbose));
+    }
+    Ok(())
+}
+
 /// `vip-agent check`: the exit status (0 ready, 1 invalid file, 2 host not ready).
-fn check(file: &std::path::Path, node_name: Option<&str>, iface: &str) -> i32 {
+fn check(args: &CheckArgs) -> i32 {
+    let (file, node_name) = (args.path(), args.node_name.as_deref());
     let world = match std::fs::read_to_string(file).map_err(|e| e.to_string()).and_then(|t| vip_agent::config::parse(&t).map_err(|e| e.to_string())) {
         Ok(w) => w,
         Err(e) => {
@@ -273,16 +182,15 @@ fn check(file: &std::path::Path, node_name: Option<&str>, iface: &str) -> i32 {
         println!("warning: {w}");
     }
     let Some(me) = node_name else { return 0 };
-    if world.node(me).is_none() {
-        eprintln!("{}: nodes: this node ({me:?}) is not listed", file.display());
+    let Some(node) = world.node(me) else {
+        eprintln!("{}: nodes: this node ({me:?}) is not listed; --node-name takes one of the listed names", file.display());
         return 1;
-    }
-    let vips = preflight::backed_vips(&world, me);
-    let facts = preflight::HostFacts::read(iface, vips.iter().copied());
-    let mut problems = preflight::problems(&vips, preflight::Intake::VipOnLo, iface, &facts);
-    // Where each pool this node may hold lives here (--iface as the agent takes it).
-    let default_iface = (iface != "all").then_some(iface);
-    match vip_agent::links::read_host() {
+    };
+    // Where each pool this node may hold lives here, and the node's home, as the
+    // agent finds them (--iface means what it means for `run`).
+    let default_iface = args.iface.as_deref();
+    let mut problems = Vec::new();
+    let home = match vip_agent::links::read_host() {
         Ok(host) => {
             let links = vip_agent::links::resolve(&world, me, default_iface, &host);
             for (pool, l) in &links.by_pool {
@@ -290,9 +198,24 @@ fn check(file: &std::path::Path, node_name: Option<&str>, iface: &str) -> i32 {
                 println!("host: pool {pool:?} answered on {}{vlan}", l.name);
             }
             problems.extend(links.problems);
+            match vip_agent::links::home(node.addr, default_iface, &host) {
+                Ok(l) => Some(l.name),
+                Err(why) => {
+                    problems.push(why);
+                    None
+                }
+            }
         }
-        Err(e) => problems.push(format!("cannot read this host's interfaces: {e:#}")),
-    }
+        Err(e) => {
+            problems.push(format!("cannot read this host's interfaces: {e:#}"));
+            None
+        }
+    };
+    // ARP sysctls matter where the node is reached (its home), as in `run`.
+    let sysctl_iface = home.as_deref().unwrap_or("all");
+    let vips = preflight::backed_vips(&world, me);
+    let facts = preflight::HostFacts::read(sysctl_iface, vips.iter().copied());
+    problems.splice(0..0, preflight::problems(&vips, preflight::Intake::VipOnLo, sysctl_iface, &facts));
     for p in &problems {
         println!("host: {p}");
     }

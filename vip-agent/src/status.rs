@@ -14,6 +14,11 @@ use crate::{
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Status {
     pub node: String,
+    /// When the agent wrote this status, in milliseconds since the Unix epoch. The
+    /// agent rewrites it after every change and at least every 30 s, so an old
+    /// one means the agent is not running (0: written by an agent before this field).
+    #[serde(default)]
+    pub updated_unix_ms: u64,
     pub config: ConfigStatus,
     /// VIP → owner node.
     pub owners: BTreeMap<Ipv4Addr, String>,
@@ -102,3 +107,12 @@ pub fn write_atomic(path: &std::path::Path, text: &str) -> Result<()> {
     std::fs::rename(&tmp, path)?;
     Ok(())
 }
+
+/// Now, in milliseconds since the Unix epoch (the status's timestamps).
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How often the agent rewrites its status when nothing changes; `inspect`
+/// calls a status stale after a few of these.
+pub const REFRESH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);

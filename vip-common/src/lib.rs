@@ -343,6 +343,87 @@ impl Reason {
     }
 }
 
+impl Reason {
+    /// What the program does with a frame counted under this reason.
+    pub const fn verdict(self) -> &'static str {
+        match self {
+            Reason::ArpAnswered | Reason::Forwarded => "XDP_TX",
+            Reason::ForwardedHome => "XDP_TX or XDP_REDIRECT",
+            Reason::DropMalformed | Reason::DropNoBackend | Reason::ArpNotAnnounced | Reason::DropGroupNotOwner => "XDP_DROP",
+            Reason::FlowRehashed => "(an event, counted besides the verdict)",
+            Reason::ArpNotHeld
+            | Reason::ArpStale
+            | Reason::ArpOther
+            | Reason::PassedLocalBackend
+            | Reason::PassedNotVip
+            | Reason::PassedNotOwner
+            | Reason::PassedIcmp
+            | Reason::PassedFragmentNoService
+            | Reason::PassedOther
+            | Reason::ArpConflict
+            | Reason::PassedVlanOther => "XDP_PASS",
+        }
+    }
+
+    /// Why a frame is counted under this reason, and what a rising count means
+    /// (docs/reference/reasons.md is generated from these).
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Reason::ArpAnswered => {
+                "An ARP request for a VIP this node holds, fresh, on the network it arrived on: answered by the data path (rewritten into the reply and sent back out)."
+            }
+            Reason::ArpNotHeld => {
+                "An ARP request for an address this node does not hold on that network (another node's VIP, or no VIP at all): passed to the kernel, which answers for its own addresses."
+            }
+            Reason::ArpStale => {
+                "An ARP request for a VIP this node holds past its deadline: not answered, passed. The holder's agent stopped refreshing it (hung or stopped), or the VIP was just released; rising on one node means its agent is not running its liveness loop."
+            }
+            Reason::ArpOther => {
+                "ARP that is not a request for a held VIP: replies and gratuitous ARP that claim no VIP of ours, ARP for other hardware or protocol types. Passed untouched."
+            }
+            Reason::Forwarded => {
+                "A packet to a VIP service this node holds, sent to a backend on another node of the same network (destination MAC rewritten, out of the interface it came in on)."
+            }
+            Reason::PassedLocalBackend => {
+                "A packet to a VIP service whose chosen backend is this node: passed to the local stack (kube-proxy's rules, or the VIP on lo in file mode, take it)."
+            }
+            Reason::PassedNotVip => {
+                "An IPv4 packet not addressed to a VIP service (another destination, port or IP protocol): ordinary traffic of the node, passed."
+            }
+            Reason::PassedNotOwner => {
+                "A packet to a VIP service this node does not hold fresh: a frame another node forwarded here as a backend (normal on backends), or a new flow reaching a former holder before the client learnt the new owner's MAC. Passed to the stack."
+            }
+            Reason::PassedIcmp => "ICMP (pings, errors), whatever its destination: passed to the stack, which answers pings to the VIPs it holds.",
+            Reason::PassedFragmentNoService => {
+                "An IPv4 fragment to an address and protocol without a VIP service: passed. (Fragments of VIP services go to one backend per datagram.)"
+            }
+            Reason::DropMalformed => "A frame whose Ethernet, VLAN, ARP or IPv4 header is truncated or invalid: dropped.",
+            Reason::DropNoBackend => {
+                "A new flow to a VIP service this node holds whose ring has no backend (no ready, healthy backend node with a known MAC): dropped. See the service's backends and their health with `vip-agent inspect`."
+            }
+            Reason::FlowRehashed => {
+                "An event, not a verdict: a flow whose recorded backend has left (unhealthy, drained or removed) was placed on the service's ring again; its connection most likely breaks."
+            }
+            Reason::PassedOther => "A frame that is neither ARP nor IPv4 (IPv6, LLDP, ...): passed.",
+            Reason::ArpConflict => {
+                "An ARP reply or gratuitous ARP in which another MAC claims a VIP this node holds: two nodes answer for it (a second load balancer, a host with the VIP configured, a partitioned peer). Passed; the agent re-announces the VIP and counts vip_arp_conflicts_total."
+            }
+            Reason::ArpNotAnnounced => {
+                "An ARP request for a VIP of an `announce: lo` pool that this node holds: dropped, so that the node's kernel does not answer for it over ARP (a routing daemon announces the VIP)."
+            }
+            Reason::DropGroupNotOwner => {
+                "A broadcast or multicast frame to a VIP service that this node does not hold fresh: dropped, so that only the holder's stack answers it."
+            }
+            Reason::PassedVlanOther => {
+                "A frame tagged for a VLAN no pool lives on here, or with an 802.1ad (S-tag) or two tags (QinQ): passed untouched."
+            }
+            Reason::ForwardedHome => {
+                "A packet to a VIP of another network than the node's home (another interface, a VLAN), forwarded to its backend out of the home interface, untagged."
+            }
+        }
+    }
+}
+
 /// The flow hash, shared so that userspace can predict the data path's choice
 /// (tests, `inspect`). A Jenkins-style mix of the 5-tuple words; fragments pass
 /// zero ports so every fragment of a datagram hashes alike.

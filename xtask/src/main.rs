@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | test | bench | lab`.
+//! Project tasks: `cargo xtask setup | build-ebpf | image | test | bench | lab | docs`.
+mod image;
 mod setup;
 
 use std::{path::PathBuf, process::Command};
@@ -20,9 +21,17 @@ enum Cmd {
     Setup,
     /// Build the XDP object (release, with BTF) with the nightly toolchain.
     BuildEbpf,
-    /// setup + build-ebpf + lint (rustfmt, clippy -D warnings) + the whole test
-    /// suite with XDP in generic mode, then the lab tests again in native mode
-    /// (BPF and netns tests need root).
+    /// build-ebpf + the release binaries, then the OCI image archives
+    /// `vip-agent.oci.tar` (localhost/vip-agent:VERSION) and `vip-testpod.oci.tar`
+    /// (localhost/vip-testpod:1), for `ctr images import` or `podman load`.
+    Image {
+        /// Where the archives go [default: target/images in the workspace].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// setup + build-ebpf + lint (rustfmt, clippy -D warnings) + the images
+    /// (`image`) + the whole test suite with XDP in generic mode, then the lab
+    /// tests again in native mode (BPF and netns tests need root).
     Test {
         /// Extra arguments for `cargo test` (after `--`).
         #[arg(last = true)]
@@ -38,6 +47,10 @@ enum Cmd {
         #[arg(default_value = "demo")]
         action: String,
     },
+    /// Regenerate the references in docs/reference/ from the code: the command
+    /// line (clap), the VipPool fields (CRD schema), the metrics (registry), the
+    /// data path's reasons (vip-common). `cargo xtask test` fails when they differ.
+    Docs,
 }
 
 pub fn root() -> PathBuf {
@@ -173,7 +186,7 @@ fn test_with_summary(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn build_ebpf() -> Result<()> {
+pub fn build_ebpf() -> Result<()> {
     let mut c = cargo(Some("nightly"));
     c.current_dir(root().join("vip-ebpf")).args(["build", "--release"]);
     run(&mut c, "building the XDP object (vip-ebpf, nightly, bpfel-unknown-none)")?;
@@ -207,7 +220,7 @@ fn lint() -> Result<()> {
 
 /// The `vip-agent` binary the end-to-end tests and the lab run as real
 /// processes (`cargo test` builds only test harnesses of other packages' bins).
-fn build_agent() -> Result<()> {
+pub fn build_agent() -> Result<()> {
     run(cargo(None).args(["build", "--release", "-p", "vip-agent", "--bin", "vip-agent"]), "build the vip-agent binary")
 }
 
@@ -215,12 +228,18 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => setup::setup(),
         Cmd::BuildEbpf => build_ebpf(),
+        Cmd::Image { out } => {
+            build_ebpf()?;
+            image::image(&out.unwrap_or_else(image::default_dir))
+        }
         Cmd::Test { args } => {
             setup::setup()?;
             build_ebpf()?;
             lint()?;
             report_api_server();
-            build_agent()?;
+            // The images (which build the agent) before the tests: the cluster
+            // tests import target/images/*.oci.tar.
+            image::image(&image::default_dir())?;
             test_with_summary(&args)
         }
         Cmd::Bench => {
@@ -229,6 +248,11 @@ fn main() -> Result<()> {
             let mut c = cargo(None);
             c.args(["run", "--release", "-p", "vip-tests", "--bin", "vip-bench", "--"]).arg(root().join("bench-results"));
             run(&mut c, "running the benchmarks")
+        }
+        Cmd::Docs => {
+            let mut c = cargo(None);
+            c.args(["run", "--quiet", "--release", "-p", "vip-tests", "--bin", "vip-docs"]);
+            run(&mut c, "writing docs/reference/ from the code")
         }
         Cmd::Lab { action } => {
             setup::setup()?;

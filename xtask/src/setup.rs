@@ -15,6 +15,13 @@ const PACKAGES: &[(&str, &str)] = &[
     ("tcpdump", "tcpdump"),
     // GRO on a veth peer: native XDP_TX (and the agent's XDP frame sender) on veth.
     ("ethtool", "ethtool"),
+    // The multi-node cluster's nodes (tests/src/cluster.rs): container runtime, CNI
+    // plugins, and kube-proxy's two modes.
+    ("containerd", "containerd"),
+    ("runc", "runc"),
+    ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("nft", "nftables"),
+    ("iptables", "iptables"),
 ];
 
 fn have(bin: &str) -> bool {

@@ -302,6 +302,16 @@ impl Drop for ApiServer {
     }
 }
 
+/// Writes a kubeconfig at `path` for the stand-in at `url` (plain HTTP, no
+/// credentials, namespace vip-system), for agents run as processes.
+pub fn write_kubeconfig(path: &std::path::Path, url: &str) -> anyhow::Result<std::path::PathBuf> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {url}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n    namespace: vip-system\ncurrent-context: lab\nusers:\n- name: lab\n  user: {{}}\n"
+    );
+    crate::agent::write_atomic(path, &text)?;
+    Ok(path.to_owned())
+}
+
 impl ApiServer {
     pub fn builder() -> ApiServerBuilder {
         ApiServerBuilder {

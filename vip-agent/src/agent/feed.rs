@@ -1,12 +1,15 @@
 //! Where models come from: the YAML file (read at start, re-read when it changes
 //! or on SIGHUP) or the Kubernetes watches, as one stream of new models.
-use std::{path::PathBuf, sync::Arc};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use super::{metrics, Agent};
-use crate::{config, model::World};
+use crate::{
+    config,
+    model::{Announce, Failover, World},
+};
 
 /// Where the model comes from.
 #[derive(Clone, Debug)]
@@ -16,7 +19,9 @@ pub enum Source {
     /// The Kubernetes API (in-cluster config or KUBECONFIG): Nodes, VipPools,
     /// Services, EndpointSlices. The agent also takes part in the Lease election in
     /// `lease_namespace`; the leader allocates addresses and writes statuses.
-    Kubernetes { lease_namespace: String, kubeconfig: Option<PathBuf> },
+    /// The cluster objects carry no timers: `announce` and `failover` (flags) do.
+    /// The start gives up after `sync_timeout` without the first list of a watch.
+    Kubernetes { lease_namespace: String, kubeconfig: Option<PathBuf>, announce: Announce, failover: Failover, sync_timeout: Duration },
 }
 
 /// What feeds the loop new models: the file (polled) or the Kubernetes watches.

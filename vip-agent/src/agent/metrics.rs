@@ -284,26 +284,103 @@ impl Collector for BpfCounters {
                 return Ok(());
             }
         };
-        let reason = |(r, v): (&&'static str, &(u64, u64)), bytes: bool| (ReasonLabels { reason: (*r).to_owned() }, if bytes { v.1 } else { v.0 });
-        const_counter_family(&mut enc, "vip_xdp_packets", "Packets seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, false)))?;
-        const_counter_family(&mut enc, "vip_xdp_bytes", "Bytes seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, true)))?;
-        let id = |(i, v): (&u32, &(u64, u64)), bytes: bool| (IdLabels { id: i.to_string() }, if bytes { v.1 } else { v.0 });
-        const_counter_family(
-            &mut enc,
-            "vip_service_packets",
-            "Packets balanced per data-path service id (see /status for names)",
-            c.services.iter().map(|x| id(x, false)),
-        )?;
-        const_counter_family(&mut enc, "vip_service_bytes", "Bytes balanced per data-path service id", c.services.iter().map(|x| id(x, true)))?;
-        const_counter_family(
-            &mut enc,
-            "vip_backend_packets",
-            "Packets sent to each backend id (see /status for nodes)",
-            c.backends.iter().map(|x| id(x, false)),
-        )?;
-        const_counter_family(&mut enc, "vip_backend_bytes", "Bytes sent to each backend id", c.backends.iter().map(|x| id(x, true)))?;
-        Ok(())
+        encode_counters(&mut enc, &c)
     }
+}
+
+/// The data path's counters as metric families (at scrape time, and for the reference).
+fn encode_counters(enc: &mut DescriptorEncoder, c: &crate::dataplane::Counters) -> std::fmt::Result {
+    let reason = |(r, v): (&&'static str, &(u64, u64)), bytes: bool| (ReasonLabels { reason: (*r).to_owned() }, if bytes { v.1 } else { v.0 });
+    const_counter_family(enc, "vip_xdp_packets", "Packets seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, false)))?;
+    const_counter_family(enc, "vip_xdp_bytes", "Bytes seen by the XDP program, by reason", c.reasons.iter().map(|x| reason(x, true)))?;
+    let id = |(i, v): (&u32, &(u64, u64)), bytes: bool| (IdLabels { id: i.to_string() }, if bytes { v.1 } else { v.0 });
+    const_counter_family(
+        enc,
+        "vip_service_packets",
+        "Packets balanced per data-path service id (see /status for names)",
+        c.services.iter().map(|x| id(x, false)),
+    )?;
+    const_counter_family(enc, "vip_service_bytes", "Bytes balanced per data-path service id", c.services.iter().map(|x| id(x, true)))?;
+    const_counter_family(enc, "vip_backend_packets", "Packets sent to each backend id (see /status for nodes)", c.backends.iter().map(|x| id(x, false)))?;
+    const_counter_family(enc, "vip_backend_bytes", "Bytes sent to each backend id", c.backends.iter().map(|x| id(x, true)))?;
+    Ok(())
+}
+
+/// One metric as the reference (docs/reference/metrics.md) lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricDoc {
+    /// The name as scraped (counters end in `_total`; histograms add `_bucket`, `_sum`, `_count`).
+    pub name: String,
+    /// counter, gauge or histogram.
+    pub kind: String,
+    pub labels: Vec<String>,
+    pub help: String,
+}
+
+/// Every metric the agent exports, read back from its registry's own exposition:
+/// one series of each labelled family is made up so that its labels show.
+pub fn reference() -> Vec<MetricDoc> {
+    let mut m = Metrics::new();
+    let l = &m.liveness;
+    let _ = l.vip_owner.get_or_create(&VipLabels { vip: String::new(), node: String::new() });
+    let _ = l.pool_held.get_or_create(&PoolLabels { pool: String::new() });
+    let _ = l.pool_owner_changes.get_or_create(&PoolLabels { pool: String::new() });
+    let _ = l.heartbeat.gap_max.get_or_create(&crate::ha::heartbeat::PeerLabels { peer: String::new() });
+    let _ = l.heartbeat.rejected.get_or_create(&crate::ha::heartbeat::RejectLabels { reason: String::new() });
+    let _ = m.backend_healthy.get_or_create(&BackendLabels { node: String::new(), check: String::new() });
+    let _ = m.ring_updates.get_or_create(&ServiceLabels { service: String::new() });
+    let _ = m.ring_slots_written.get_or_create(&ServiceLabels { service: String::new() });
+    let _ = m.config_reloads.get_or_create(&ResultLabels { result: String::new() });
+    let _ = m.pool_addresses.get_or_create(&PoolStateLabels { pool: String::new(), state: String::new() });
+    #[derive(Debug)]
+    struct Sample;
+    impl Collector for Sample {
+        fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+            let one = std::collections::BTreeMap::from([(0, (0, 0))]);
+            encode_counters(&mut enc, &crate::dataplane::Counters { reasons: [("x", (0, 0))].into(), services: one.clone(), backends: one })
+        }
+    }
+    m.registry.register_collector(Box::new(Sample));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &m.registry).expect("the registry encodes");
+    parse_exposition(&text)
+}
+
+/// The families of an OpenMetrics text: name, type, help, label names.
+fn parse_exposition(text: &str) -> Vec<MetricDoc> {
+    let mut docs: Vec<MetricDoc> = Vec::new();
+    let mut samples: Vec<(&str, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            docs.push(MetricDoc { name: name.to_owned(), kind: String::new(), labels: Vec::new(), help: help.to_owned() });
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            let d = docs.iter_mut().find(|d| d.name == name).unwrap_or_else(|| panic!("TYPE before HELP for {name}"));
+            d.kind = kind.to_owned();
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let series = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+            let (name, labels) = match series.split_once('{') {
+                Some((n, l)) => (n, l.trim_end_matches('}').split(',').filter_map(|kv| kv.split_once('=')).map(|(k, _)| k.to_owned()).collect()),
+                None => (series, Vec::new()),
+            };
+            samples.push((name, labels));
+        }
+    }
+    for d in &mut docs {
+        let suffixes: &[&str] = match d.kind.as_str() {
+            "counter" => &["_total"],
+            "histogram" => &["_bucket", "_sum", "_count"],
+            _ => &[""],
+        };
+        let mine: Vec<&(&str, Vec<String>)> = samples.iter().filter(|(n, _)| suffixes.iter().any(|s| *n == format!("{}{s}", d.name))).collect();
+        assert!(!mine.is_empty(), "metric {} has no series: make one up in metrics::reference() so that its labels show", d.name);
+        d.labels = mine.iter().flat_map(|(_, l)| l.iter().cloned()).filter(|l| l != "le").collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        if d.kind == "counter" {
+            d.name.push_str("_total");
+        }
+    }
+    docs
 }
 
 #[derive(Clone)]

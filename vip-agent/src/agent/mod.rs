@@ -136,11 +136,12 @@ pub async fn run(opts: Options) -> Result<()> {
             }
             (world, Some(text), Feed::File, path.clone())
         }
-        Source::Kubernetes { lease_namespace, kubeconfig } => {
+        Source::Kubernetes { lease_namespace, kubeconfig, announce, failover, sync_timeout } => {
             let client = crate::k8s::kube_client(kubeconfig.as_deref()).await?;
             api_client = Some((client.clone(), lease_namespace.clone()));
             info!("watching Nodes, VipPools, Services and EndpointSlices");
-            let rx = crate::k8s::source::watch_world(client.clone(), World::default()).await;
+            let base = World { announce: announce.clone(), failover: failover.clone(), ..World::default() };
+            let rx = crate::k8s::source::watch_world(client.clone(), base, *sync_timeout).await?;
             let world = rx.borrow().clone();
             let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
             let view =
@@ -253,8 +254,9 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut reload = tokio::time::interval(agent.opts.reload_interval);
     // The key file (a mounted Secret is updated in place) is re-read for rotations.
     let mut rekey = tokio::time::interval(Duration::from_secs(5));
-    // The host may be set up (or broken) after the agent starts.
-    let mut host_check = tokio::time::interval(Duration::from_secs(30));
+    // The host may be set up (or broken) after the agent starts. The status is
+    // rewritten then too: its timestamp tells `inspect` the agent is alive.
+    let mut host_check = tokio::time::interval(crate::status::REFRESH_INTERVAL);
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
     let mut term = unix::signal(unix::SignalKind::terminate())?;
     let mut int = unix::signal(unix::SignalKind::interrupt())?;
@@ -294,6 +296,7 @@ pub async fn run(opts: Options) -> Result<()> {
             _ = host_check.tick() => {
                 agent.place();
                 agent.check_host();
+                agent.publish();
             }
             _ = term.recv() => break,
             _ = int.recv() => break,

@@ -69,6 +69,7 @@ impl Agent {
             self.metrics.backend_healthy.get_or_create(&metrics::BackendLabels { node: t.node.clone(), check: check.clone() }).set(healthy as i64);
             s.health.push(HealthStatus { node: t.node, check, healthy, detail });
         }
+        self.status.updated_unix_ms = crate::status::unix_ms_now();
         let json = serde_json::to_string(&self.status).unwrap_or_default();
         if let Some(path) = &self.opts.status_file {
             if let Err(e) = write_atomic(path, &json) {

@@ -282,9 +282,6 @@ fn validate(f: File) -> Result<World, FieldError> {
     }
 
     let a = f.announce;
-    if a.hold_time < Duration::from_millis(100) {
-        return invalid("announce.holdTime", "must be at least 100ms (the agent refreshes held VIPs three times per hold time)");
-    }
     let garp = gratuitous_arp(
         "announce",
         ["garpCount", "garpInterval", "garpRefresh"],
@@ -292,27 +289,54 @@ fn validate(f: File) -> Result<World, FieldError> {
     )?;
     let announce = Announce { hold_time: a.hold_time, garp };
     let fo = f.failover;
+    let failover = Failover { heartbeat_port: fo.heartbeat_port, heartbeat_interval: fo.heartbeat_interval, dead_after: fo.dead_after };
+    check_timers(&announce, &failover, &FILE_TIMER_FIELDS)?;
+    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed })
+}
+
+/// What a source calls the timers and the heartbeat port in its messages: the
+/// file's field paths, or `run`'s flags in Kubernetes mode.
+pub struct TimerFields {
+    pub hold_time: &'static str,
+    pub heartbeat_port: &'static str,
+    pub heartbeat_interval: &'static str,
+    pub dead_after: &'static str,
+}
+
+/// The config file's names of the timers.
+pub const FILE_TIMER_FIELDS: TimerFields = TimerFields {
+    hold_time: "announce.holdTime",
+    heartbeat_port: "failover.heartbeatPort",
+    heartbeat_interval: "failover.heartbeatInterval",
+    dead_after: "failover.deadAfter",
+};
+
+/// The bounds the timers must keep, whatever sets them (the file, or `run`'s flags
+/// in Kubernetes mode); errors name the field as `names` spell it.
+pub fn check_timers(announce: &Announce, fo: &Failover, names: &TimerFields) -> Result<(), FieldError> {
+    if announce.hold_time < Duration::from_millis(100) {
+        return invalid(names.hold_time, "must be at least 100ms (the agent refreshes held VIPs three times per hold time)");
+    }
     if fo.heartbeat_port == 0 {
-        return invalid("failover.heartbeatPort", "port 0 cannot be bound by every agent alike");
+        return invalid(names.heartbeat_port, "port 0 cannot be bound by every agent alike");
     }
     if fo.heartbeat_interval < Duration::from_millis(5) {
-        return invalid("failover.heartbeatInterval", "must be at least 5ms");
+        return invalid(names.heartbeat_interval, "must be at least 5ms");
     }
     if fo.dead_after < fo.heartbeat_interval * 3 {
         return invalid(
-            "failover.deadAfter",
+            names.dead_after,
             format!("must be at least 3 heartbeat intervals ({:?}), or one lost datagram makes a node look dead", fo.heartbeat_interval * 3),
         );
     }
-    let fence = a.hold_time + a.hold_time / 3;
+    let fence = announce.hold_time + announce.hold_time / 3;
     if fo.dead_after < fence {
         return invalid(
-            "failover.deadAfter",
-            format!("must be at least announce.holdTime × 4/3 ({fence:?}): a wedged owner must have stopped answering ARP before a peer takes its VIPs"),
+            names.dead_after,
+            format!("must be at least {} × 4/3 ({fence:?}): a wedged owner must have stopped answering ARP before a peer takes its VIPs", names.hold_time),
         );
     }
-    let failover = Failover { heartbeat_port: fo.heartbeat_port, heartbeat_interval: fo.heartbeat_interval, dead_after: fo.dead_after };
-    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed })
+    Ok(())
 }
 
 /// Pools whose selector matches no node: nobody will answer for their VIPs.

@@ -249,3 +249,20 @@ pub fn detach(dir: &Path, iface: &str) -> Result<bool> {
     std::fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
     Ok(true)
 }
+
+/// The interfaces with a link pinned under `dir` (`detach --all`), sorted.
+pub fn pinned_links(dir: &Path) -> Result<Vec<String>> {
+    let links = dir.join("links");
+    let mut names = Vec::new();
+    match std::fs::read_dir(&links) {
+        Ok(rd) => {
+            for e in rd {
+                names.push(e.with_context(|| format!("reading {}", links.display()))?.file_name().to_string_lossy().into_owned());
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", links.display())),
+    }
+    names.sort();
+    Ok(names)
+}

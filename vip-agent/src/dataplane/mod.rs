@@ -27,7 +27,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-pub use attach::{detach, iface_info, keep_vlan_tags, link_up, AttachMode};
+pub use attach::{detach, iface_info, keep_vlan_tags, link_up, pinned_links, AttachMode};
 use aya::{
     maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray},
     programs::Xdp,
@@ -104,7 +104,8 @@ fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &st
 
 fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> Result<T> {
     let path = dir.join(name);
-    let data = MapData::from_pin(&path).with_context(|| format!("opening pinned map {} (is the program loaded? run `vip-agent attach`)", path.display()))?;
+    let data = MapData::from_pin(&path)
+        .with_context(|| format!("opening pinned map {} (nothing pinned there: has the agent started on this node?)", path.display()))?;
     let map = Map::from_map_data(data)?;
     T::try_from(map).with_context(|| format!("pinned map {} has an unexpected type", path.display()))
 }

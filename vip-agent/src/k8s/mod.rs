@@ -120,6 +120,8 @@ struct HealthState {
     unlogged: u64,
     /// Whether this outage was logged (its end is then logged too).
     warned: bool,
+    /// The last error of each request kind (`what`) since it last succeeded.
+    last_errors: std::collections::BTreeMap<String, String>,
 }
 
 const WARN_EVERY: Duration = Duration::from_secs(30);
@@ -135,10 +137,16 @@ impl ApiHealth {
         Self { reachable: Gauge::default(), errors: Counter::default(), state: Mutex::new(HealthState::default()) }
     }
 
+    /// The last error of requests of `what` (`watch vippools`), if the last one failed.
+    pub(crate) fn last_error(&self, what: &str) -> Option<String> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).last_errors.get(what).cloned()
+    }
+
     /// A request (of `what`) succeeded.
     pub(crate) fn ok(&self, what: &str) {
         self.reachable.set(1);
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.last_errors.remove(what);
         if let Some(since) = s.down_since.take() {
             if std::mem::take(&mut s.warned) {
                 info!(what, "Kubernetes API reachable again after {:.1} s", since.elapsed().as_secs_f64());
@@ -151,6 +159,7 @@ impl ApiHealth {
         self.errors.inc();
         self.reachable.set(0);
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.last_errors.insert(what.to_owned(), e.to_string());
         let now = Instant::now();
         let since = *s.down_since.get_or_insert(now);
         if s.last_warn.is_none_or(|t| now.duration_since(t) >= WARN_EVERY) {
@@ -172,6 +181,11 @@ impl ApiHealth {
 /// The annotation in which `kubectl apply` keeps a whole copy of what it applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// How a watch of `plural` is named in logs and in [`ApiHealth`].
+pub(crate) fn watch_name(plural: &str) -> String {
+    format!("watch {plural}")
+}
+
 /// Watches `api` into a store; every change pings `changed`.
 ///
 /// A failed request is retried after [`Backoff`] (≤ ~1 s). A 410 Expired (the
@@ -185,7 +199,7 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, mut writer) = reflector::store();
-    let what = format!("watch {}", K::plural(&Default::default()));
+    let what = watch_name(&K::plural(&Default::default()));
     tokio::spawn(async move {
         let health = api_health();
         let mut backoff = Backoff::new();

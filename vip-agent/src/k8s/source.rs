@@ -89,18 +89,21 @@ fn local_endpoint_nodes(svc: &KService, slices: &[EndpointSlice]) -> BTreeSet<St
 
 /// Watches Nodes, VipPools, Services and EndpointSlices and publishes the model
 /// built from them (after the first complete view, then on every change, bursts
-/// coalesced). `base` as for `world_from`.
-pub async fn watch_world(client: kube::Client, base: World) -> tokio::sync::watch::Receiver<World> {
+/// coalesced). `base` as for `world_from`. Fails when a watch has not listed
+/// within `sync_timeout`, naming it.
+pub async fn watch_world(client: kube::Client, base: World, sync_timeout: Duration) -> anyhow::Result<tokio::sync::watch::Receiver<World>> {
     use kube::Api;
     let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
     let nodes = super::reflect(Api::<KNode>::all(client.clone()), tx.clone());
     let pools = super::reflect(Api::<VipPool>::all(client.clone()), tx.clone());
     let services = super::reflect(Api::<KService>::all(client.clone()), tx.clone());
     let slices = super::reflect(Api::<EndpointSlice>::all(client), tx);
-    let _ = nodes.wait_until_ready().await;
-    let _ = pools.wait_until_ready().await;
-    let _ = services.wait_until_ready().await;
-    let _ = slices.wait_until_ready().await;
+    let waits = vec![listed("nodes", &nodes), listed("vippools", &pools), listed("services", &services), listed("endpointslices", &slices)];
+    let every = (sync_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(10));
+    if let Err(missing) = first_lists(waits, sync_timeout, every).await {
+        let errors = missing.iter().map(|m| (*m, super::api_health().last_error(&super::watch_name(m)))).collect::<Vec<_>>();
+        anyhow::bail!("{}", sync_timeout_message(&errors, sync_timeout));
+    }
     let build =
         move || world_from(&super::owned(nodes.state()), &super::owned(pools.state()), &super::owned(services.state()), &super::owned(slices.state()), &base);
     let (out, rx) = tokio::sync::watch::channel(build());
@@ -115,7 +118,93 @@ pub async fn watch_world(client: kube::Client, base: World) -> tokio::sync::watc
             }
         }
     });
-    rx
+    Ok(rx)
+}
+
+/// A watch's name and the future of its first complete list.
+type FirstList = (&'static str, futures::future::BoxFuture<'static, ()>);
+
+fn listed<K: kube::Resource + Clone + Send + Sync + 'static>(name: &'static str, store: &kube::runtime::reflector::Store<K>) -> FirstList
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let store = store.clone();
+    (
+        name,
+        Box::pin(async move {
+            // Err: the writer is gone (the watch task ended); nothing more will come.
+            let _ = store.wait_until_ready().await;
+        }),
+    )
+}
+
+/// Waits for every first list, logging which are done and which pending every
+/// `every`; after `timeout`, the names of those still pending.
+async fn first_lists(waits: Vec<FirstList>, timeout: Duration, every: Duration) -> Result<(), Vec<&'static str>> {
+    use futures::StreamExt;
+    let start = tokio::time::Instant::now();
+    let mut pending: Vec<&'static str> = waits.iter().map(|(n, _)| *n).collect();
+    let mut done: Vec<&'static str> = Vec::new();
+    let mut lists: futures::stream::FuturesUnordered<_> = waits
+        .into_iter()
+        .map(|(n, f)| async move {
+            f.await;
+            n
+        })
+        .collect();
+    let mut progress = tokio::time::interval_at(start + every, every);
+    let deadline = tokio::time::sleep_until(start + timeout);
+    tokio::pin!(deadline);
+    while !pending.is_empty() {
+        tokio::select! {
+            Some(n) = lists.next() => {
+                pending.retain(|p| *p != n);
+                done.push(n);
+            }
+            _ = progress.tick() => tracing::info!("{}", progress_line(&done, &pending, start.elapsed(), timeout)),
+            _ = &mut deadline => return Err(pending),
+        }
+    }
+    tracing::info!("first lists of {} received in {:.1} s", done.join(", "), start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The line logged while the start waits for its first lists.
+fn progress_line(done: &[&str], pending: &[&str], elapsed: Duration, timeout: Duration) -> String {
+    let done = if done.is_empty() { "none yet".to_owned() } else { done.join(", ") };
+    format!(
+        "waiting for the first list of {} from the Kubernetes API (done: {done}); {} s of {} s (--sync-timeout)",
+        pending.join(", "),
+        elapsed.as_secs(),
+        timeout.as_secs()
+    )
+}
+
+/// Why the start gave up, for the operator installing vip: the watches that never
+/// listed, their last errors, and the usual causes.
+fn sync_timeout_message(missing: &[(&str, Option<String>)], timeout: Duration) -> String {
+    let what: Vec<String> = missing
+        .iter()
+        .map(|(m, e)| match e {
+            Some(e) => format!("{m} (last error: {e})"),
+            None => format!("{m} (no error seen: the API server did not answer the list)"),
+        })
+        .collect();
+    let mut hints = Vec::new();
+    if missing.iter().any(|(m, _)| *m == "vippools") {
+        hints.push("the VipPool CRD may not be installed (`kubectl get crd vippools.vip.dev`; apply deploy/crd.yaml)".to_owned());
+    }
+    hints.push(
+        "the agent's ServiceAccount may lack RBAC to list and watch them (deploy/10-rbac.yaml; \
+         `kubectl auth can-i watch <resource> --as system:serviceaccount:vip-system:vip-agent`)"
+            .to_owned(),
+    );
+    format!(
+        "the Kubernetes start gave up after {} s (--sync-timeout / VIP_SYNC_TIMEOUT): no first list of {}. Likely: {}",
+        timeout.as_secs_f64(),
+        what.join("; "),
+        hints.join("; or ")
+    )
 }
 
 /// Builds the model. `base` carries the settings the cluster objects do not
@@ -321,6 +410,34 @@ mod tests {
                 .collect(),
             ports: None,
         }
+    }
+
+    #[tokio::test]
+    async fn the_start_names_the_watches_that_never_listed() {
+        // Lists that arrive after `ms` (None: never), against a timeout far longer than those.
+        let after = |name: &'static str, ms: Option<u64>| -> FirstList {
+            (
+                name,
+                Box::pin(async move {
+                    match ms {
+                        Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                        None => std::future::pending().await,
+                    }
+                }),
+            )
+        };
+        let waits = vec![after("nodes", Some(0)), after("vippools", None), after("services", Some(30)), after("endpointslices", None)];
+        assert_eq!(first_lists(waits, Duration::from_secs(1), Duration::from_millis(300)).await, Err(vec!["vippools", "endpointslices"]));
+        let waits = vec![after("nodes", Some(10)), after("vippools", Some(50))];
+        assert_eq!(first_lists(waits, Duration::from_secs(30), Duration::from_secs(10)).await, Ok(()));
+
+        let line = progress_line(&["nodes"], &["vippools", "services"], Duration::from_secs(5), Duration::from_secs(60));
+        assert_eq!(line, "waiting for the first list of vippools, services from the Kubernetes API (done: nodes); 5 s of 60 s (--sync-timeout)");
+        let m =
+            sync_timeout_message(&[("vippools", Some("the server could not find the requested resource".into())), ("services", None)], Duration::from_secs(60));
+        assert!(m.starts_with("the Kubernetes start gave up after 60 s (--sync-timeout / VIP_SYNC_TIMEOUT): no first list of vippools (last error: the server could not find the requested resource); services (no error seen"), "{m}");
+        assert!(m.contains("VipPool CRD may not be installed") && m.contains("deploy/10-rbac.yaml"), "{m}");
+        assert!(!sync_timeout_message(&[("services", None)], Duration::from_secs(60)).contains("CRD"), "the CRD hint only when VipPools are missing");
     }
 
     #[test]

@@ -1,0 +1,391 @@
+//! vip on a real cluster ([`crate::cluster`]), the way the README's Kubernetes
+//! quick start installs it: `kubectl apply -k deploy/` with the image loaded on
+//! every node, a VipPool, LoadBalancer Services backed by pods of the testpod
+//! image, a client on the nodes' segment. Shared by the cluster test and bench.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, ensure, Context as _, Result};
+use serde_json::Value;
+use vip_agent::status::Status;
+
+use crate::{
+    cluster::{http_get, node_addr, Cluster, TESTPOD_IMAGE},
+    kubeapi::deploy_dir,
+    netns::NetNs,
+};
+
+/// The agents' /metrics, /status port (deploy/20-daemonset.yaml's --metrics-addr).
+pub const METRICS_PORT: u16 = 9472;
+/// The pool of the tests: on the nodes' segment, outside every node's address.
+pub const POOL: &str = "198.18.0.200-198.18.0.219";
+
+/// `kubectl apply -k deploy/` and the DaemonSet's rollout; how long until every
+/// agent pod was Ready.
+pub fn install(c: &Cluster) -> Result<Duration> {
+    let t0 = Instant::now();
+    c.apply_kustomize(&deploy_dir())?;
+    c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(180))?;
+    Ok(t0.elapsed())
+}
+
+/// deploy/examples/pool.yaml as the README says to use it: only its addresses
+/// replaced by free ones of the segment ([`POOL`]); then waits for its Ready
+/// condition (`kubectl wait --for=condition=Ready vippool/default`).
+pub fn apply_pool(c: &Cluster) -> Result<()> {
+    let example = std::fs::read_to_string(deploy_dir().join("examples/pool.yaml"))?;
+    let (from, to) = ("addresses: [\"192.0.2.100-192.0.2.120\"]", format!("addresses: [\"{POOL}\"]"));
+    let (xfrom, xto) = ("excludedIPs: [\"192.0.2.110\"]", "excludedIPs: [\"198.18.0.210\"]");
+    ensure!(example.contains(from) && example.contains(xfrom), "deploy/examples/pool.yaml no longer has the lines the README tells users to edit");
+    c.apply_yaml(&example.replace(from, &to).replace(xfrom, xto))?;
+    c.kubectl(&["wait", "--for=condition=Ready", "vippool/default", "--timeout=60s"])?;
+    Ok(())
+}
+
+/// deploy/examples/service.yaml as written (Service `web`, port 80 to 8080, pods
+/// labelled app=web).
+pub fn apply_example_service(c: &Cluster) -> Result<()> {
+    c.apply_yaml(&std::fs::read_to_string(deploy_dir().join("examples/service.yaml"))?)
+}
+
+/// A Deployment of the testpod server (port 8080) named `name` with `replicas`
+/// pods, spread one per node (or all on `node`), and a LoadBalancer Service of the
+/// same name on port 80 with `policy` (Cluster or Local).
+pub fn apply_web(c: &Cluster, name: &str, replicas: usize, policy: &str, node: Option<&str>) -> Result<()> {
+    apply_deployment(c, name, replicas, node)?;
+    c.apply_yaml(&format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: {policy}
+  selector: {{app: {name}}}
+  ports: [{{port: 80, targetPort: 8080, protocol: TCP}}]
+"#
+    ))
+}
+
+/// A Deployment of the testpod server (port 8080) named `name`, pods labelled
+/// app=`name`, spread one per node (or all on `node`); waits for its rollout.
+pub fn apply_deployment(c: &Cluster, name: &str, replicas: usize, node: Option<&str>) -> Result<()> {
+    let placement = match node {
+        Some(n) => format!("nodeSelector: {{kubernetes.io/hostname: {n}}}"),
+        None => format!(
+            "affinity: {{podAntiAffinity: {{preferredDuringSchedulingIgnoredDuringExecution: [{{weight: 100, podAffinityTerm: \
+             {{labelSelector: {{matchLabels: {{app: {name}}}}}, topologyKey: kubernetes.io/hostname}}}}]}}}}"
+        ),
+    };
+    c.apply_yaml(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      {placement}
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: serve
+        image: {TESTPOD_IMAGE}
+        imagePullPolicy: IfNotPresent
+        command: ["/vip-testpod", "serve", "--port", "8080"]
+        ports: [{{containerPort: 8080}}]
+        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
+"#
+    ))?;
+    c.wait_rollout(&format!("deployment/{name}"), "default", Duration::from_secs(120))
+}
+
+/// The address vip gave Service `name` (waits for it).
+pub fn wait_vip(c: &Cluster, name: &str, limit: Duration) -> Result<Ipv4Addr> {
+    poll(&format!("an address for Service {name}"), limit, || {
+        let s = c.get(&format!("/api/v1/namespaces/default/services/{name}"))?;
+        Ok(s["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().and_then(|ip| ip.parse().ok()))
+    })
+}
+
+/// Node `i`'s agent status (its /status, read from the client as a user would).
+pub fn status(c: &Cluster, i: usize) -> Result<Status> {
+    let (code, body) = http_get(c.client(), SocketAddr::from((node_addr(i), METRICS_PORT)), "/status")?;
+    ensure!(code == 200, "/status of node {i}: HTTP {code}");
+    serde_json::from_str(&body).with_context(|| format!("/status of node {i}"))
+}
+
+/// The sum of the samples of `metric` whose labels contain every `labels` pair
+/// (`reason="forwarded"`), from node `i`'s /metrics.
+pub fn metric(c: &Cluster, i: usize, metric: &str, labels: &[&str]) -> Result<f64> {
+    let (code, body) = http_get(c.client(), SocketAddr::from((node_addr(i), METRICS_PORT)), "/metrics")?;
+    ensure!(code == 200, "/metrics of node {i}: HTTP {code}");
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ', '_']))
+        .filter(|l| labels.iter().all(|p| l.contains(p)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// The node every agent agrees holds `vip` (waits until they agree).
+pub fn holder(c: &Cluster, vip: Ipv4Addr, limit: Duration) -> Result<String> {
+    poll(&format!("one owner of {vip} agreed by every agent"), limit, || {
+        let mut owners = Vec::new();
+        for i in 0..c.nodes().len() {
+            owners.push(status(c, i).ok().and_then(|s| s.owners.get(&vip).cloned()));
+        }
+        Ok(match owners.first() {
+            Some(Some(o)) if owners.iter().all(|x| x.as_ref() == Some(o)) => Some(o.clone()),
+            _ => None,
+        })
+    })
+}
+
+/// Pod name → node name, for the pods of Deployment `app`.
+pub fn pod_nodes(c: &Cluster, app: &str) -> Result<BTreeMap<String, String>> {
+    let pods = c.get(&format!("/api/v1/namespaces/default/pods?labelSelector=app%3D{app}"))?;
+    Ok(pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p["metadata"]["name"].as_str()?.to_owned(), p["spec"]["nodeName"].as_str()?.to_owned())))
+        .collect())
+}
+
+/// `n` new connections from the client to `vip`:80 (each from its own port);
+/// which pod answered each. Fails on the first that fails.
+pub fn spread(c: &Cluster, vip: Ipv4Addr, n: usize) -> Result<BTreeMap<String, usize>> {
+    let addr = SocketAddr::from((vip, 80));
+    c.client().run(move || -> Result<BTreeMap<String, usize>> {
+        let mut seen = BTreeMap::new();
+        for k in 0..n {
+            let (pod, _) = greet(addr).with_context(|| format!("connection {} of {n} to {addr}", k + 1))?;
+            *seen.entry(pod).or_insert(0) += 1;
+        }
+        Ok(seen)
+    })?
+}
+
+/// One connection: the testpod's greeting (`POD PEER`) and the open stream.
+fn greet(addr: SocketAddr) -> Result<(String, BufReader<TcpStream>)> {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let pod = line.split_whitespace().next().ok_or_else(|| anyhow!("no greeting from {addr}"))?.to_owned();
+    Ok((pod, r))
+}
+
+/// What a [`Load`] saw.
+#[derive(Clone, Debug, Default)]
+pub struct LoadReport {
+    /// New connections tried, and those that failed (not connected, or no greeting
+    /// within 2 s).
+    pub attempts: u32,
+    pub failed: u32,
+    /// The longest time between two successful new connections.
+    pub longest_gap: Duration,
+    /// When, after the load's start, that gap ended.
+    pub gap_end: Duration,
+    /// Long-lived connections, by the pod that serves them, and those that broke
+    /// (an echo not returned within 2 s, or the connection reset).
+    pub long_lived: BTreeMap<String, u32>,
+    pub broken: BTreeMap<String, u32>,
+    /// Each break: the pod, when its last echo was sent, and the error.
+    pub broken_how: Vec<String>,
+}
+
+impl LoadReport {
+    pub fn broken_total(&self) -> u32 {
+        self.broken.values().sum()
+    }
+}
+
+/// A client load on `vip`:80 from the client namespace: a new connection every
+/// 20 ms, and long-lived connections each echoing a line every 100 ms. Bounded:
+/// it stops at [`Load::finish`] or after 10 minutes.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    started: Instant,
+    new: JoinHandle<(u32, u32, Duration, Duration)>,
+    long: JoinHandle<(BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>)>,
+}
+
+impl Load {
+    pub fn start(client: &NetNs, vip: Ipv4Addr, long_lived: usize) -> Result<Self> {
+        let addr = SocketAddr::from((vip, 80));
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut conns = Vec::new();
+        for _ in 0..long_lived {
+            conns.push(client.run(move || greet(addr))??);
+        }
+        let s = stop.clone();
+        let new = client.spawn(move || {
+            let (mut attempts, mut failed) = (0, 0);
+            let (mut last_ok, mut longest, mut gap_end) = (Instant::now(), Duration::ZERO, Duration::ZERO);
+            while !s.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
+                attempts += 1;
+                match greet(addr) {
+                    Ok(_) => {
+                        let now = Instant::now();
+                        if now - last_ok > longest {
+                            longest = now - last_ok;
+                            gap_end = now - started;
+                        }
+                        last_ok = now;
+                    }
+                    Err(_) => failed += 1,
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (attempts, failed, longest, gap_end)
+        })?;
+        let s = stop.clone();
+        let long = client.spawn(move || {
+            let mut served: BTreeMap<String, u32> = BTreeMap::new();
+            let mut broken: BTreeMap<String, u32> = BTreeMap::new();
+            let mut how: Vec<String> = Vec::new();
+            let mut live: Vec<(String, BufReader<TcpStream>)> = conns;
+            for (pod, _) in &live {
+                *served.entry(pod.clone()).or_insert(0) += 1;
+            }
+            let mut k = 0u64;
+            while !s.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
+                k += 1;
+                live.retain_mut(|(pod, r)| {
+                    let sent = Instant::now();
+                    let outcome = (|| -> std::io::Result<String> {
+                        writeln!(r.get_mut(), "ping {k}")?;
+                        let mut e = String::new();
+                        r.read_line(&mut e)?;
+                        Ok(e.trim_end().to_owned())
+                    })();
+                    let why = match outcome {
+                        Ok(e) if e == format!("ping {k}") => return true,
+                        Ok(e) => format!("answered {e:?}"),
+                        Err(e) => e.to_string(),
+                    };
+                    *broken.entry(pod.clone()).or_insert(0) += 1;
+                    how.push(format!("{pod} at {:?}: {why}", sent - started));
+                    false
+                });
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (served, broken, how)
+        })?;
+        Ok(Self { stop, started, new, long })
+    }
+
+    /// How long the load has run.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn finish(self) -> Result<LoadReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        let (attempts, failed, longest_gap, gap_end) = self.new.join().map_err(|_| anyhow!("the new-connection thread panicked"))?;
+        let (long_lived, broken, broken_how) = self.long.join().map_err(|_| anyhow!("the long-lived thread panicked"))?;
+        Ok(LoadReport { attempts, failed, longest_gap, gap_end, long_lived, broken, broken_how })
+    }
+}
+
+/// The memory cgroup (v1) charge of the pod with `uid` on `node`: (now, peak) bytes.
+pub fn pod_memory(c: &Cluster, node: usize, uid: &str) -> Result<(u64, u64)> {
+    let root = c.node(node).cgroups().iter().find(|p| p.starts_with("/sys/fs/cgroup/memory")).cloned().ok_or_else(|| anyhow!("no memory cgroup"))?;
+    let want = format!("pod{uid}");
+    let dir = find_dir(&root, &want, 4).ok_or_else(|| anyhow!("no cgroup {want} under {}", root.display()))?;
+    let read = |f: &str| -> Result<u64> { Ok(std::fs::read_to_string(dir.join(f))?.trim().parse()?) };
+    Ok((read("memory.usage_in_bytes")?, read("memory.max_usage_in_bytes")?))
+}
+
+fn find_dir(dir: &std::path::Path, name: &str, depth: u32) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if !p.is_dir() {
+            continue;
+        }
+        if p.file_name().is_some_and(|n| n == name) {
+            return Some(p);
+        }
+        if depth > 0 {
+            if let Some(f) = find_dir(&p, name, depth - 1) {
+                return Some(f);
+            }
+        }
+    }
+    None
+}
+
+/// The vip-agent pod on each node: node name → pod object.
+pub fn agent_pods(c: &Cluster) -> Result<BTreeMap<String, Value>> {
+    let pods = c.get("/api/v1/namespaces/vip-system/pods?labelSelector=app.kubernetes.io%2Fname%3Dvip")?;
+    Ok(pods["items"].as_array().into_iter().flatten().filter_map(|p| Some((p["spec"]["nodeName"].as_str()?.to_owned(), p.clone()))).collect())
+}
+
+/// Polls `f` every 100 ms until it gives a value, for at most `limit`.
+pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let t0 = Instant::now();
+    let mut last = None;
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = Some(e),
+        }
+        if t0.elapsed() > limit {
+            match last {
+                Some(e) => bail!("{what}: not within {limit:?} (last error: {e:#})"),
+                None => bail!("{what}: not within {limit:?}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The agents' logs, current and previous containers (for failure messages).
+pub fn agent_logs(c: &Cluster) -> String {
+    let mut s = String::new();
+    for (node, pod) in agent_pods(c).unwrap_or_default() {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        for prev in [true, false] {
+            let mut args = vec!["-n", "vip-system", "logs", name.as_str(), "--timestamps"];
+            if prev {
+                args.push("--previous");
+            }
+            let text = c.kubectl(&args).map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| format!("{e:#}"));
+            let lines: Vec<&str> = text.lines().collect();
+            s += &format!("--- {node} {name}{}\n{}\n", if prev { " (previous)" } else { "" }, lines[lines.len().saturating_sub(60)..].join("\n"));
+        }
+    }
+    s
+}
+
+/// Waits until kube-proxy on every node serves the healthCheckNodePort of the
+/// `externalTrafficPolicy: Local` Service `name`: it starts serving it in the
+/// sync that installs the Service's Local rules, so connections made from then
+/// on take the Local path on every node (made before, a node may still DNAT them
+/// to another node's pod, through its own conntrack).
+pub fn wait_local_synced(c: &Cluster, name: &str, limit: Duration) -> Result<()> {
+    poll(&format!("kube-proxy serving the healthCheckNodePort of {name} on every node"), limit, || {
+        let svc = c.get(&format!("/api/v1/namespaces/default/services/{name}"))?;
+        let Some(port) = svc["spec"]["healthCheckNodePort"].as_u64() else { return Ok(None) };
+        let all = c.nodes().iter().enumerate().all(|(i, n)| {
+            http_get(&n.ns, SocketAddr::from((node_addr(i), port as u16)), "/healthz")
+                .is_ok_and(|(code, body)| (code == 200 || code == 503) && body.contains("localEndpoints"))
+        });
+        Ok(all.then_some(()))
+    })
+}

@@ -1,0 +1,297 @@
+//! vip as its users run it: on a real cluster (`vip_tests::cluster`: kube-apiserver,
+//! controller manager, scheduler, two kubelet nodes with containerd and kube-proxy,
+//! joined by a bridge over veth links as kind's nodes are), installed with
+//! `kubectl apply -k deploy/` and the image `cargo xtask image` builds, exactly as
+//! docs/install/kubernetes.md says. One scenario, in order:
+//!
+//! 1. install: every agent pod Ready, with only the capabilities the manifest
+//!    grants, its maps pinned on the node's bpffs, XDP attached (generic: `auto`
+//!    on a veth), the heartbeat key Secret created, the pod's memory within its
+//!    limit (the node's first agent: it creates the maps);
+//! 2. a LoadBalancer Service (externalTrafficPolicy Cluster) backed by a pod on
+//!    each node: its address allocated, connections from the client reach pods
+//!    through vip's XDP on the holder (forwarded to the other node and passed to
+//!    its own stack) and kube-proxy, in nftables and then iptables mode;
+//! 3. externalTrafficPolicy Local: only the node with a ready pod is in the ring
+//!    (kube-proxy's healthCheckNodePort), every connection succeeds;
+//! 4. failover: the holder's vip pod killed, then the holder's link cut, with a
+//!    client load running: the VIP moves, new connections resume, long-lived ones
+//!    served by the surviving node keep working; the cut node goes NotReady and is
+//!    tainted by the controller manager; when its link returns it is Ready again
+//!    and vip takes it back; a node whose kubelet stops (agent and pods running)
+//!    goes NotReady, and vip moves its VIP and drops it from the ring until it is
+//!    Ready again, with no new connection failing;
+//! 5. upgrades under load: `kubectl rollout restart` and an image change: no new
+//!    connection fails and no long-lived connection breaks;
+//! 6. uninstall: `kubectl delete -k deploy/` and deploy/cleanup/ leave no XDP
+//!    program attached and no pins on any node.
+use std::{collections::BTreeSet, time::Duration};
+
+use vip_tests::{
+    cluster::{self, Cluster, ClusterSpec, ProxyMode, AGENT_IMAGE},
+    kubeapi::deploy_dir,
+    mapmem::quantity_bytes,
+    vipcluster::{self as vc, Load},
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Capability bits (include/uapi/linux/capability.h) the manifest grants.
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
+const CAP_BPF: u32 = 39;
+
+/// The effective capabilities of the agent container on node `i` (from its task's
+/// /proc status: the pid ctr reports for the container id the pod status names).
+fn agent_caps(c: &Cluster, i: usize) -> u64 {
+    let node = &c.node(i).name;
+    let pods = vc::agent_pods(c).unwrap();
+    let pod = &pods[node];
+    let id = pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://").to_owned();
+    let tasks = stdout(&c.node(i).ctr(&["tasks", "ls"]).unwrap());
+    let pid = tasks.lines().find(|l| l.starts_with(&id)).and_then(|l| l.split_whitespace().nth(1)).unwrap_or_else(|| panic!("no task {id}:\n{tasks}"));
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = st.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+    u64::from_str_radix(hex, 16).unwrap()
+}
+
+#[test]
+fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls() {
+    let spec = ClusterSpec::default();
+    if !cluster::available(&spec) {
+        return;
+    }
+    let c = Cluster::start(spec).expect("the cluster");
+    eprintln!("cluster up: {:?}", c.bring_up());
+    let n = c.nodes().len();
+
+    // 1. Install.
+    let took = vc::install(&c).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("cluster-vip: install: every agent Ready {:.1} s after kubectl apply -k deploy/", took.as_secs_f64());
+    let pods = vc::agent_pods(&c).unwrap();
+    assert_eq!(pods.len(), n, "one agent pod per node: {:?}", pods.keys());
+    let want_caps = (1u64 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW) | (1u64 << CAP_BPF);
+    let limit = quantity_bytes(pods.values().next().unwrap()["spec"]["containers"][0]["resources"]["limits"]["memory"].as_str().unwrap()).unwrap();
+    for i in 0..n {
+        let node = c.node(i);
+        let pod = &pods[&node.name];
+        assert_ne!(pod["spec"]["containers"][0]["securityContext"]["privileged"], true, "the agent runs unprivileged");
+        assert_eq!(agent_caps(&c, i), want_caps, "{}: the agent's effective capabilities are the manifest's BPF, NET_ADMIN, NET_RAW", node.name);
+        let pins = stdout(&node.exec(&["ls", "/sys/fs/bpf/vip"]).unwrap());
+        assert!(pins.contains("lb4_flows") && pins.contains("links"), "{}: pins in the node's bpffs: {pins}", node.name);
+        let link = stdout(&node.exec(&["ip", "-d", "link", "show", "eth0"]).unwrap());
+        assert!(link.contains("xdpgeneric"), "{}: auto mode on a veth attaches generic XDP: {link}", node.name);
+        let uid = pod["metadata"]["uid"].as_str().unwrap();
+        let (now, peak) = vc::pod_memory(&c, i, uid).unwrap();
+        eprintln!(
+            "cluster-vip: memory: {} agent pod {:.1} MiB now, {:.1} MiB peak (limit {:.0} MiB)",
+            node.name,
+            now as f64 / 1048576.0,
+            peak as f64 / 1048576.0,
+            limit as f64 / 1048576.0
+        );
+        assert!(peak < limit, "{}: the agent pod peaked at {peak} bytes, its limit is {limit}", node.name);
+    }
+    let secret = c.get("/api/v1/namespaces/vip-system/secrets/vip-heartbeat").expect("the agents created the heartbeat key Secret");
+    assert!(secret["data"]["key"].is_string());
+
+    // 2. A Cluster-policy Service: spread over both nodes, in both kube-proxy modes.
+    // As the README's quick start: the example pool with the segment's free
+    // addresses, the example Service as written (its pods: a Deployment app=web).
+    vc::apply_pool(&c).unwrap();
+    vc::apply_deployment(&c, "web", n, None).unwrap();
+    vc::apply_example_service(&c).unwrap();
+    let vip = vc::wait_vip(&c, "web", 30 * SECOND).unwrap();
+    let holder = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    let h = c.nodes().iter().position(|x| x.name == holder).unwrap();
+    for mode in [ProxyMode::Nftables, ProxyMode::Iptables] {
+        if c.node(0).proxy_mode() != mode {
+            c.set_proxy_mode(mode).unwrap();
+        }
+        let before = (
+            vc::metric(&c, h, "vip_xdp_packets", &["reason=\"forwarded\""]).unwrap(),
+            vc::metric(&c, h, "vip_xdp_packets", &["reason=\"passed_local_backend\""]).unwrap(),
+        );
+        // kube-proxy applies a change within a second: until every node's rules name
+        // both pods, a fresh rule set may miss or send everything to one.
+        vc::poll("both pods answering through the VIP", 20 * SECOND, || Ok(vc::spread(&c, vip, 10).ok().filter(|s| s.len() == n))).unwrap();
+        let seen = vc::spread(&c, vip, 60).unwrap_or_else(|e| panic!("{}: {e:#}\n{}", mode.as_str(), c.diagnose()));
+        let after = (
+            vc::metric(&c, h, "vip_xdp_packets", &["reason=\"forwarded\""]).unwrap(),
+            vc::metric(&c, h, "vip_xdp_packets", &["reason=\"passed_local_backend\""]).unwrap(),
+        );
+        eprintln!(
+            "cluster-vip: kube-proxy {}: 60 connections to {vip} answered by {seen:?}; holder {holder} forwarded {} frames, passed {} to its own stack",
+            mode.as_str(),
+            after.0 - before.0,
+            after.1 - before.1
+        );
+        assert_eq!(seen.len(), n, "{}: every pod answers: {seen:?}", mode.as_str());
+        assert!(after.0 > before.0 && after.1 > before.1, "{}: the holder's XDP both forwards to the other node and passes to its own", mode.as_str());
+    }
+
+    // 3. Local policy: only the node with a ready pod is a backend.
+    let only = c.node(0).name.clone();
+    vc::apply_web(&c, "local", 1, "Local", Some(&only)).unwrap();
+    let lvip = vc::wait_vip(&c, "local", 30 * SECOND).unwrap();
+    let lh = c.nodes().iter().position(|x| x.name == vc::holder(&c, lvip, 30 * SECOND).unwrap()).unwrap();
+    let ring = |c: &Cluster| -> Option<BTreeSet<String>> {
+        let s = vc::status(c, lh).ok()?;
+        s.services.iter().find(|x| x.vip == lvip).map(|x| x.backends.iter().cloned().collect())
+    };
+    vc::poll("the Local Service's ring holding only the node with its pod", 30 * SECOND, || Ok(ring(&c).filter(|r| *r == BTreeSet::from([only.clone()]))))
+        .unwrap();
+    // A SYN that reaches the node before kube-proxy's rule for the new address
+    // leaves a conntrack entry without DNAT that its retransmits follow: poll with
+    // fresh connections, as for the Cluster Service.
+    vc::poll("the Local Service answering through kube-proxy", 20 * SECOND, || Ok(vc::spread(&c, lvip, 1).ok())).unwrap();
+    let seen = vc::spread(&c, lvip, 40).unwrap_or_else(|e| panic!("Local: {e:#}\n{}", c.diagnose()));
+    assert_eq!(seen.values().sum::<usize>(), 40);
+
+    // 4. Failover: a killed agent pod, then a cut link, under load.
+    c.kubectl(&["-n", "default", "delete", "deployment", "local"]).unwrap();
+    c.kubectl(&["-n", "default", "delete", "service", "local"]).unwrap();
+    vc::apply_web(&c, "web", n, "Local", None).unwrap();
+    vc::wait_local_synced(&c, "web", 30 * SECOND).unwrap();
+    let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    let v = c.nodes().iter().position(|x| x.name == victim).unwrap();
+    let pod_nodes = vc::pod_nodes(&c, "web").unwrap();
+    let load = Load::start(c.client(), vip, 12).unwrap();
+    std::thread::sleep(SECOND);
+    let id =
+        vc::agent_pods(&c).unwrap()[&victim]["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://").to_owned();
+    let killed_at = load.elapsed();
+    c.node(v).ctr(&["tasks", "kill", "-s", "SIGKILL", &id]).unwrap();
+    let new_holder = vc::holder(&c, vip, 10 * SECOND);
+    std::thread::sleep(2 * SECOND);
+    c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(120)).unwrap();
+    std::thread::sleep(2 * SECOND);
+    let r = load.finish().unwrap();
+    eprintln!("cluster-vip: failover (agent pod SIGKILL on {victim}, then {new_holder:?} held it): {r:?}, killed at {killed_at:?}");
+    survivors_kept(&c, &r, &pod_nodes, &victim, "agent pod killed");
+    assert!(r.longest_gap < 5 * SECOND, "agent pod killed: new connections stopped for {:?}", r.longest_gap);
+
+    let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    let v = c.nodes().iter().position(|x| x.name == victim).unwrap();
+    let load = Load::start(c.client(), vip, 12).unwrap();
+    std::thread::sleep(SECOND);
+    let cut_at = load.elapsed();
+    c.segment().isolate(&c.node(v).ns, true).unwrap();
+    let moved = vc::poll("the VIP moved off the cut node", 10 * SECOND, || {
+        let others: Vec<usize> = (0..n).filter(|i| *i != v).collect();
+        Ok(others.iter().all(|i| vc::status(&c, *i).ok().and_then(|s| s.owners.get(&vip).cloned()).is_some_and(|o| o != victim)).then_some(()))
+    });
+    std::thread::sleep(3 * SECOND);
+    let r = load.finish().unwrap();
+    eprintln!(
+        "cluster-vip: failover (link of {victim} cut at {cut_at:?}): longest gap without a new connection {:?} ending at {:?}; {r:?}",
+        r.longest_gap, r.gap_end
+    );
+    moved.unwrap();
+    survivors_kept(&c, &r, &pod_nodes, &victim, "link cut");
+    assert!(r.longest_gap < 3 * SECOND, "link cut: new connections stopped for {:?}", r.longest_gap);
+    let not_ready = c.wait_node_ready_status(&victim, "Unknown", Duration::from_secs(90)).unwrap();
+    let node = c.get(&format!("/api/v1/nodes/{victim}")).unwrap();
+    assert!(
+        node["spec"]["taints"].as_array().is_some_and(|ts| ts.iter().any(|t| t["key"] == "node.kubernetes.io/unreachable")),
+        "the cut node is tainted unreachable: {}",
+        node["spec"]["taints"]
+    );
+    eprintln!("cluster-vip: {victim} NotReady (Unknown) and tainted {not_ready:?} after its VIP had moved");
+    c.segment().isolate(&c.node(v).ns, false).unwrap();
+    let back = c.wait_node_ready_status(&victim, "True", Duration::from_secs(90)).unwrap();
+    let again = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    let live_again = vc::poll("every agent putting the node back in the Service's ring", 30 * SECOND, || {
+        Ok((0..n).all(|i| vc::status(&c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && x.backends.contains(&victim)))).then_some(()))
+    });
+    eprintln!("cluster-vip: {victim} Ready again after {back:?}; the VIP is held by {again}");
+    live_again.unwrap();
+    assert_eq!(vc::spread(&c, vip, 20).unwrap().len(), n, "both pods answer again");
+
+    // A node whose kubelet stops (its agent and pods keep running): the controller
+    // manager marks it NotReady and taints it, and vip follows the Node: its VIPs
+    // move and it leaves every ring while NotReady, and comes back when Ready.
+    let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    let v = c.nodes().iter().position(|x| x.name == victim).unwrap();
+    let pod_nodes = vc::pod_nodes(&c, "web").unwrap();
+    let load = Load::start(c.client(), vip, 12).unwrap();
+    std::thread::sleep(SECOND);
+    assert!(c.node(v).stop_kubelet(), "{victim}: the kubelet was running");
+    let not_ready = c.wait_node_ready_status(&victim, "Unknown", Duration::from_secs(90)).unwrap();
+    let others: Vec<usize> = (0..n).filter(|i| *i != v).collect();
+    let left = vc::poll("the NotReady node's VIP moved and the node out of the ring", 30 * SECOND, || {
+        Ok(others
+            .iter()
+            .all(|i| {
+                vc::status(&c, *i)
+                    .is_ok_and(|s| s.owners.get(&vip).is_some_and(|o| *o != victim) && s.services.iter().any(|x| x.vip == vip && !x.backends.contains(&victim)))
+            })
+            .then_some(()))
+    });
+    std::thread::sleep(2 * SECOND);
+    let r = load.finish().unwrap();
+    eprintln!("cluster-vip: kubelet of {victim} stopped: NotReady (Unknown) after {not_ready:?}; {} of {} new connections failed; {r:?}", r.failed, r.attempts);
+    left.unwrap();
+    survivors_kept(&c, &r, &pod_nodes, &victim, "kubelet stopped");
+    assert_eq!(r.failed, 0, "kubelet stopped: the VIP moved between two live agents, no new connection may fail: {r:?}");
+    c.node(v).start_kubelet().unwrap();
+    let back = c.wait_node_ready_status(&victim, "True", Duration::from_secs(90)).unwrap();
+    vc::poll("the node back in the ring after its kubelet returned", 30 * SECOND, || {
+        Ok((0..n).all(|i| vc::status(&c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && x.backends.contains(&victim)))).then_some(()))
+    })
+    .unwrap();
+    eprintln!("cluster-vip: kubelet of {victim} back: Ready after {back:?}, the VIP held by {}", vc::holder(&c, vip, 30 * SECOND).unwrap());
+
+    // 5. Upgrades under load.
+    for (what, action) in [("rollout restart", None), ("image change", Some(format!("{AGENT_IMAGE}-next")))] {
+        let load = Load::start(c.client(), vip, 12).unwrap();
+        std::thread::sleep(SECOND);
+        match &action {
+            None => {
+                c.kubectl(&["-n", "vip-system", "rollout", "restart", "daemonset/vip-agent"]).unwrap();
+            }
+            Some(image) => {
+                for node in c.nodes() {
+                    node.ctr(&["images", "tag", "--force", AGENT_IMAGE, image]).unwrap();
+                }
+                c.kubectl(&["-n", "vip-system", "set", "image", "daemonset/vip-agent", &format!("agent={image}")]).unwrap();
+            }
+        }
+        std::thread::sleep(SECOND);
+        c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(180)).unwrap();
+        std::thread::sleep(3 * SECOND);
+        let r = load.finish().unwrap();
+        eprintln!(
+            "cluster-vip: upgrade ({what}): {} of {} new connections failed, {} of {} long-lived broke; {r:?}",
+            r.failed,
+            r.attempts,
+            r.broken_total(),
+            r.long_lived.values().sum::<u32>()
+        );
+        assert_eq!((r.failed, r.broken_total()), (0, 0), "{what}: failed new connections and broken long-lived ones: {r:?}");
+    }
+
+    // 6. Uninstall.
+    c.kubectl(&["delete", "-k", deploy_dir().to_str().unwrap(), "--wait=true", "--timeout=120s"]).unwrap();
+    c.apply_kustomize(&deploy_dir().join("cleanup")).unwrap();
+    c.wait_rollout("daemonset/vip-cleanup", "vip-cleanup", Duration::from_secs(120)).unwrap();
+    c.kubectl(&["delete", "-k", deploy_dir().join("cleanup").to_str().unwrap(), "--wait=true", "--timeout=120s"]).unwrap();
+    for node in c.nodes() {
+        let link = stdout(&node.exec(&["ip", "-d", "link", "show", "eth0"]).unwrap());
+        assert!(!link.contains("prog/xdp"), "{}: XDP still attached after the clean-up: {link}", node.name);
+        let bpffs = stdout(&node.exec(&["ls", "-A", "/sys/fs/bpf"]).unwrap());
+        assert!(!bpffs.split_whitespace().any(|x| x == "vip"), "{}: pins left: {bpffs}", node.name);
+    }
+}
+
+/// Long-lived connections served by pods on nodes other than `victim` all survived.
+fn survivors_kept(c: &Cluster, r: &vc::LoadReport, pod_nodes: &std::collections::BTreeMap<String, String>, victim: &str, what: &str) {
+    let on_survivors: u32 = r.long_lived.iter().filter(|(p, _)| pod_nodes.get(*p).is_some_and(|n| n != victim)).map(|(_, k)| *k).sum();
+    assert!(on_survivors > 0, "{what}: no long-lived connection was served by a surviving node: {r:?}");
+    let broken: u32 = r.broken.iter().filter(|(p, _)| pod_nodes.get(*p).is_some_and(|n| n != victim)).map(|(_, k)| *k).sum();
+    assert_eq!(broken, 0, "{what}: {broken} long-lived connections served by surviving nodes broke: {r:?}; pods: {pod_nodes:?}\n{}", vc::agent_logs(c));
+}
