@@ -81,6 +81,9 @@ pub enum Cmd {
     /// Reads the pinned maps (root, or CAP_BPF) and the status file the agent
     /// writes; it changes nothing.
     Inspect(InspectArgs),
+    /// Write VipPools equivalent to another load balancer's configuration (YAML
+    /// on stdout), to switch to vip without changing any Service's address.
+    Import(ImportArgs),
 }
 
 /// `vip-agent run`.
@@ -290,6 +293,48 @@ pub struct InspectArgs {
     pub status_file: PathBuf,
 }
 
+/// `vip-agent import`.
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    #[command(subcommand)]
+    pub from: ImportFrom,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImportFrom {
+    /// MetalLB's IPAddressPools and L2Advertisements (metallb.io/v1beta1) as
+    /// VipPools, from YAML files (`-f`) or from the cluster (`--from-cluster`).
+    ///
+    /// Each IPAddressPool becomes a VipPool of the same name: its IPv4 addresses,
+    /// autoAssign, avoidBuggyIPs, serviceAllocation (namespaces, namespace and
+    /// service selectors) and the nodeSelectors and interfaces of the
+    /// L2Advertisements that select it. The VipPools go to stdout; what has no
+    /// equivalent (IPv6 addresses, BGP, priorities, selectors a VipPool cannot
+    /// express) is listed on stderr as `# warning:` lines naming the object and
+    /// field. Exit status: 0 when the input was read (warnings or not), 1 when it
+    /// could not be.
+    Metallb(MetallbImportArgs),
+}
+
+/// `vip-agent import metallb`.
+#[derive(Args, Debug)]
+pub struct MetallbImportArgs {
+    /// A YAML file of MetalLB objects (several documents, or a `kubectl get -o
+    /// yaml` List); `-` reads stdin. Repeat for more files.
+    #[arg(short = 'f', long = "filename", value_name = "FILE", required_unless_present = "from_cluster", conflicts_with = "from_cluster")]
+    pub files: Vec<PathBuf>,
+    /// Read MetalLB's objects from the cluster (every kind of the metallb.io API
+    /// group in --namespace) instead of files.
+    #[arg(long)]
+    pub from_cluster: bool,
+    /// With --from-cluster: a kubeconfig file (default: $KUBECONFIG, else the in-cluster config).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --from-cluster: the namespace MetalLB reads its configuration from.
+    #[arg(long, default_value = "metallb-system")]
+    pub namespace: String,
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
@@ -354,6 +399,21 @@ mod tests {
         // The file has them: the flags are refused beside --config.
         let e = Cli::try_parse_from(["vip-agent", "run", "--config", "x.yaml", "--dead-after", "1s"]).unwrap_err().to_string();
         assert!(e.contains("--dead-after") && e.contains("cannot be used with"), "{e}");
+    }
+
+    #[test]
+    fn import_metallb_takes_files_or_the_cluster() {
+        let parse = |args: &[&str]| match Cli::try_parse_from([&["vip-agent", "import", "metallb"], args].concat()).map(|c| c.cmd) {
+            Ok(Cmd::Import(ImportArgs { from: ImportFrom::Metallb(m) })) => Ok(m),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.to_string()),
+        };
+        let m = parse(&["-f", "a.yaml", "--filename", "-"]).unwrap();
+        assert_eq!((m.files, m.from_cluster, m.namespace.as_str()), (vec![PathBuf::from("a.yaml"), PathBuf::from("-")], false, "metallb-system"));
+        let m = parse(&["--from-cluster", "--namespace", "lb"]).unwrap();
+        assert!(m.files.is_empty() && m.from_cluster && m.namespace == "lb");
+        assert!(parse(&[]).unwrap_err().contains("--filename"));
+        assert!(parse(&["-f", "a.yaml", "--from-cluster"]).unwrap_err().contains("cannot be used with"));
     }
 
     #[test]

@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use vip_agent::{
     agent,
-    cli::{CheckArgs, Cli, Cmd, DetachArgs, InspectArgs},
+    cli::{CheckArgs, Cli, Cmd, DetachArgs, ImportFrom, InspectArgs, MetallbImportArgs},
     dataplane::{self, Dataplane},
     inspect, preflight,
 };
@@ -88,7 +88,42 @@ fn main() -> Result<()> {
             }
         }
         Cmd::Inspect(i) => inspect_cmd(&cli.pin_dir, &i)?,
+        Cmd::Import(i) => match i.from {
+            ImportFrom::Metallb(m) => import_metallb(&m)?,
+        },
     }
+    Ok(())
+}
+
+/// `vip-agent import metallb`: VipPools on stdout, warnings (and a summary) on
+/// stderr; fails only when the input cannot be read.
+fn import_metallb(m: &MetallbImportArgs) -> Result<()> {
+    use anyhow::Context as _;
+    use vip_agent::k8s::{self, metallb_import};
+    let objects = if m.from_cluster {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(async {
+            let client = k8s::kube_client(m.kubeconfig.as_deref()).await?;
+            metallb_import::from_cluster(&client, &m.namespace).await
+        })?
+    } else {
+        let mut all = Vec::new();
+        for f in &m.files {
+            let (name, text) = if f.as_os_str() == "-" {
+                ("stdin".to_owned(), std::io::read_to_string(std::io::stdin()).context("reading stdin")?)
+            } else {
+                (f.display().to_string(), std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?)
+            };
+            all.extend(metallb_import::documents(&text).with_context(|| format!("reading {name}"))?);
+        }
+        all
+    };
+    let import = metallb_import::import(&objects);
+    for w in &import.warnings {
+        eprintln!("{w}");
+    }
+    eprintln!("# {} VipPool(s) from {} MetalLB object(s), {} warning(s)", import.pools.len(), import.objects, import.warnings.len());
+    print!("{}", metallb_import::to_yaml(&import));
     Ok(())
 }
 

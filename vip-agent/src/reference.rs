@@ -85,17 +85,28 @@ pub fn cli_md() -> String {
     if let Some(after) = root.get_after_help() {
         let _ = writeln!(out, "{}\n", after.to_string().trim().replace('\n', "\n\n"));
     }
-    let subs: Vec<&clap::Command> = root.get_subcommands().filter(|s| s.get_name() != "help" && !s.is_hide_set()).collect();
+    // Commands with subcommands of their own (`import`) are listed by those
+    // (`import metallb`).
+    fn leaves<'a>(c: &'a clap::Command, path: &str, out: &mut Vec<(String, &'a clap::Command)>) {
+        for s in c.get_subcommands().filter(|s| s.get_name() != "help" && !s.is_hide_set()) {
+            let title = format!("{path} {}", s.get_name());
+            if s.has_subcommands() {
+                leaves(s, &title, out);
+            } else {
+                out.push((title, s));
+            }
+        }
+    }
+    let mut subs = Vec::new();
+    leaves(&root, "vip-agent", &mut subs);
     out.push_str("| Command | What it does |\n| --- | --- |\n");
-    for s in &subs {
-        let title = format!("vip-agent {}", s.get_name());
-        let _ = writeln!(out, "| [`{title}`](#{}) | {} |", anchor(&title), cell(&s.get_about().map(|a| a.to_string()).unwrap_or_default()));
+    for (title, s) in &subs {
+        let _ = writeln!(out, "| [`{title}`](#{}) | {} |", anchor(title), cell(&s.get_about().map(|a| a.to_string()).unwrap_or_default()));
     }
     out.push_str("\n## Global flags\n\nAccepted by every command.\n\n");
     let globals: Vec<&clap::Arg> = root.get_arguments().filter(|a| a.is_global_set() && !a.is_hide_set()).collect();
     flag_rows(&mut out, &globals);
-    for s in subs {
-        let title = format!("vip-agent {}", s.get_name());
+    for (title, s) in subs {
         let _ = writeln!(out, "\n## {title}\n");
         let _ = writeln!(out, "{}\n", s.get_long_about().or(s.get_about()).map(|a| a.to_string()).unwrap_or_default().trim());
         let usage = s.clone().render_usage().to_string();
@@ -255,7 +266,15 @@ mod tests {
     #[test]
     fn the_cli_reference_covers_every_flag() {
         let md = cli_md();
-        for s in ["## vip-agent run", "## vip-agent detach", "`--sync-timeout <SYNC_TIMEOUT>` | `VIP_SYNC_TIMEOUT` | `60s`", "`VIP_XDP_MODE`", "`generic`: "] {
+        for s in [
+            "## vip-agent run",
+            "## vip-agent detach",
+            "## vip-agent import metallb",
+            "Usage: vip-agent import metallb",
+            "`--sync-timeout <SYNC_TIMEOUT>` | `VIP_SYNC_TIMEOUT` | `60s`",
+            "`VIP_XDP_MODE`",
+            "`generic`: ",
+        ] {
             assert!(md.contains(s), "{s} missing from:\n{md}");
         }
         assert!(!md.contains("| `FILE`"), "hidden arguments stay out");

@@ -6,6 +6,7 @@ pub mod controller;
 pub mod crd;
 pub mod heartbeat_key;
 pub mod leader;
+pub mod metallb_import;
 pub mod pools;
 pub mod source;
 
