@@ -1,8 +1,12 @@
 //! Switching from MetalLB: Services that MetalLB gave addresses keep them when
 //! vip's controller takes over (also after a restart), and MetalLB's annotations
-//! are honoured with a Warning suggesting vip's own. Run against the stand-in and
-//! a real kube-apiserver (`both_api_servers!`).
-use std::{collections::BTreeMap, time::Duration};
+//! are honoured with a Warning suggesting vip's own (against the stand-in and a
+//! real kube-apiserver, `both_api_servers!`). `vip-agent import metallb` (the
+//! binary) writes VipPools the real server's CRD schema accepts as they are, reads
+//! the same from files, stdin and the cluster, and the pools it writes keep the
+//! address MetalLB gave a Service and admit the namespaces and Services MetalLB
+//! did (the real server only: it labels namespaces with their name).
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -19,9 +23,13 @@ use vip_tests::{
 vip_tests::both_api_servers!(addresses_metallb_gave_are_kept_and_its_annotations_honoured);
 
 fn lb(name: &str, port: i32, annotations: Value) -> Service {
+    lb_in("shop", name, port, json!({}), annotations)
+}
+
+fn lb_in(namespace: &str, name: &str, port: i32, labels: Value, annotations: Value) -> Service {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": name, "namespace": "shop", "annotations": annotations },
+        "metadata": { "name": name, "namespace": namespace, "labels": labels, "annotations": annotations },
         "spec": { "type": "LoadBalancer", "ports": [{ "port": port, "protocol": "TCP" }] }
     }))
     .unwrap()
@@ -127,4 +135,201 @@ async fn addresses_metallb_gave_are_kept_and_its_annotations_honoured(api: Backe
     }
     assert_eq!(ingress_ips(&api), want, "nothing moved after the restart");
     assert!(events(&api, "Released").is_empty(), "{:?}", events(&api, "Released"));
+}
+
+/// MetalLB's configuration as a user may have it (written for this test): a pool
+/// that hands out its /24's network address (no avoidBuggyIPs) and has an IPv6
+/// block, a tenant pool for two namespaces and two apps whose range crosses a .255,
+/// a pool without autoAssign; advertisements by name and by pool label, and BGP.
+const METALLB: &str = r#"apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: general, namespace: metallb-system}
+spec:
+  addresses: [198.18.50.0/24, "2001:db8:50::/120"]
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: tenant, namespace: metallb-system, labels: {tier: tenant}}
+spec:
+  addresses: ["198.18.51.254 - 198.18.52.5"]
+  avoidBuggyIPs: true
+  serviceAllocation:
+    priority: 10
+    namespaces: [team-a, team-b]
+    serviceSelectors:
+    - matchExpressions: [{key: app, operator: In, values: [web, api]}]
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: reserved, namespace: metallb-system}
+spec: {addresses: [198.18.53.8/29], autoAssign: false}
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: tenant-edge, namespace: metallb-system}
+spec:
+  ipAddressPoolSelectors: [{matchLabels: {tier: tenant}}]
+  nodeSelectors: [{matchLabels: {example.com/edge: "true"}}]
+  interfaces: [eth1, ens4]
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: rest, namespace: metallb-system}
+spec: {ipAddressPools: [general, reserved]}
+---
+apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {name: uplink, namespace: metallb-system}
+spec: {ipAddressPools: [general], localPref: 50}
+"#;
+
+/// A namespaced CRD of `metallb.io` that keeps whatever spec it is given: a
+/// stand-in for MetalLB's own (the import reads what the server serves).
+fn metallb_crd(kind: &str, plural: &str, version: &str) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.metallb.io")},
+        "spec": {"group": "metallb.io", "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [{"name": version, "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object",
+                "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
+    })
+}
+
+/// `vip-agent import metallb ARGS` with `stdin`: (exit code, stdout, stderr).
+async fn import(args: &[&str], stdin: &str) -> (Option<i32>, String, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = tokio::process::Command::new(vip_tests::agent::agent_bin().unwrap())
+        .args(["import", "metallb"])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let o = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.expect("import finishes").unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn sorted_lines(s: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = s.lines().collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imported_pools_are_accepted_and_keep_what_metallb_gave() {
+    use vip_tests::kubeapi::{apply, discover, documents, ensure_namespace};
+    let Some(api) = Backend::real().await else { return };
+    let Backend::Real { server, .. } = &api else { unreachable!() };
+    let client = api.client().await;
+    let dir = vip_tests::agent::TempDir::new("vip-import-").unwrap();
+    let (input, kubeconfig) = (dir.0.join("metallb.yaml"), dir.0.join("kubeconfig"));
+    std::fs::write(&input, METALLB).unwrap();
+    server.kubeconfig_admin(&kubeconfig).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+
+    // From a file, and the same from stdin.
+    let (code, pools, warnings) = import(&["-f", &path(&input)], "").await;
+    assert_eq!(code, Some(0), "{warnings}");
+    assert!(warnings.ends_with("# 3 VipPool(s) from 6 MetalLB object(s), 4 warning(s)\n"), "{warnings}");
+    for w in [
+        "# warning: IPAddressPool metallb-system/general: spec.addresses[1]: not imported: \"2001:db8:50::/120\" is IPv6",
+        "# warning: IPAddressPool metallb-system/tenant: spec.serviceAllocation.priority: 10: no equivalent",
+        "# warning: BGPAdvertisement metallb-system/uplink: not imported: vip has no BGP speaker (set here, with no equivalent: localPref)",
+        "# warning: IPAddressPool metallb-system/tenant: interfaces [eth1, ens4]",
+    ] {
+        assert!(warnings.contains(w), "{w} missing:\n{warnings}");
+    }
+    assert_eq!(import(&["-f", "-"], METALLB).await, (Some(0), pools.clone(), warnings.clone()));
+
+    // Accepted by the CRD schema as written: no field pruned or refused.
+    let docs = documents(&pools).unwrap();
+    assert_eq!(docs.len(), 3, "{pools}");
+    for d in &docs {
+        let said = apply(&client, d, false).await.unwrap_or_else(|e| panic!("{e:#}\n{d}"));
+        assert!(said.is_empty(), "server warnings {said:?} for {d}");
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let stored: VipPool = serde_json::from_value(api.get("vippools.vip.dev", None, name).unwrap()).unwrap();
+        let written: VipPool = serde_json::from_value(d.clone()).unwrap();
+        assert_eq!(stored.spec, written.spec, "{name} as stored");
+    }
+    let tenant: VipPool = serde_json::from_value(docs.iter().find(|d| d["metadata"]["name"] == "tenant").unwrap().clone()).unwrap();
+    assert_eq!(tenant.spec.excluded_ips, ["198.18.51.255", "198.18.52.0"]);
+    assert_eq!(tenant.spec.interfaces, ["eth1", "ens4"]);
+    assert_eq!(tenant.spec.node_selector, BTreeMap::from([("example.com/edge".to_owned(), "true".to_owned())]));
+
+    // From the cluster: nothing to read before MetalLB's kinds exist, then the same pools.
+    let (code, out, err) = import(&["--from-cluster", "--kubeconfig", &path(&kubeconfig)], "").await;
+    assert_eq!((code, out.as_str()), (Some(1), ""), "{err}");
+    assert!(err.contains("the cluster serves no metallb.io API group (is MetalLB installed?)"), "{err}");
+    let crds = [
+        ("IPAddressPool", "ipaddresspools", "v1beta1"),
+        ("L2Advertisement", "l2advertisements", "v1beta1"),
+        ("BGPAdvertisement", "bgpadvertisements", "v1beta1"),
+    ];
+    for (kind, plural, version) in crds {
+        apply(&client, &metallb_crd(kind, plural, version), false).await.unwrap();
+    }
+    ensure_namespace(&client, "metallb-system").await.unwrap();
+    for (kind, _, version) in crds {
+        let mut tries = 0;
+        while discover(&client, &format!("metallb.io/{version}"), kind).await.is_err() {
+            tries += 1;
+            assert!(tries < 300, "{kind} never served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for d in documents(METALLB).unwrap() {
+        apply(&client, &d, false).await.unwrap();
+    }
+    let (code, from_cluster, err) = import(&["--from-cluster", "--kubeconfig", &path(&kubeconfig)], "").await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(from_cluster, pools, "the same VipPools from the cluster as from the file");
+    assert_eq!(sorted_lines(&err), sorted_lines(&warnings), "the same warnings");
+    // Unreadable input: exit 1, nothing on stdout.
+    let (code, out, err) = import(&["-f", &path(&dir.0.join("missing.yaml"))], "").await;
+    assert_eq!((code, out.as_str()), (Some(1), ""), "{err}");
+    assert!(err.contains("missing.yaml"), "{err}");
+
+    // What MetalLB gave stays: the general pool's network address (MetalLB hands
+    // it out without avoidBuggyIPs); the tenant pool admits team-a's web and api
+    // Services only, as MetalLB did.
+    for ns in ["team-a", "team-b"] {
+        ensure_namespace(&client, ns).await.unwrap();
+    }
+    let pp = PostParams::default();
+    let shop: Api<Service> = Api::namespaced(client.clone(), "shop");
+    shop.create(&pp, &lb("legacy", 80, json!({}))).await.unwrap();
+    let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": "198.18.50.0"}]}}});
+    shop.patch_status("legacy", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    shop.create(&pp, &lb("fresh", 80, json!({}))).await.unwrap();
+    let tenant_pool = json!({"metallb.io/address-pool": "tenant"});
+    shop.create(&pp, &lb_in("shop", "web", 80, json!({"app": "web"}), tenant_pool.clone())).await.unwrap();
+    let team_a: Api<Service> = Api::namespaced(client.clone(), "team-a");
+    team_a.create(&pp, &lb_in("team-a", "web", 80, json!({"app": "web"}), tenant_pool.clone())).await.unwrap();
+    team_a.create(&pp, &lb_in("team-a", "db", 5432, json!({"app": "db"}), tenant_pool.clone())).await.unwrap();
+    let (mut c, _changed) = Controller::new(client.clone(), "node-1", AgentView::fixed(BTreeMap::new()).1);
+    c.wait_ready().await;
+    let want: BTreeMap<String, String> = [("shop/legacy", "198.18.50.0"), ("shop/fresh", "198.18.50.1"), ("team-a/web", "198.18.51.254")]
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+    let p = passes_until(&mut c, &api, "fresh and team-a/web allocated", |now| now.len() == want.len()).await;
+    assert_eq!(ingress_ips(&api), want);
+    assert_eq!((p.allocated, p.released), (2, 0), "{p:?}");
+    let failed = events(&api, "AllocationFailed");
+    for svc in ["web", "db"] {
+        let why = format!("{svc}: VipPool \"tenant\" (metallb.io/address-pool) does not admit this Service (its selectors)");
+        assert!(failed.contains(&why), "{why} missing: {failed:?}");
+    }
+    // The binary's other tests share this server: MetalLB's kinds go.
+    for (_, plural, _) in crds {
+        let crd = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.metallb.io");
+        vip_tests::kubeapi::raw(&client, http::Method::DELETE, &crd, "", None).await.unwrap().ok().unwrap();
+    }
 }
