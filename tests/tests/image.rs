@@ -275,17 +275,22 @@ impl Podman {
         Self(TempDir::new("vip-podman-").unwrap())
     }
 
+    fn path(&self, name: &str) -> PathBuf {
+        self.0 .0.join(name)
+    }
+
+    /// Runs `podman ARGS`, failing with its output unless it succeeds; its stdout.
     fn run(&self, args: &[&str]) -> String {
-        let dir = |d: &str| self.0 .0.join(d).to_str().unwrap().to_owned();
+        let dir = |d: &str| self.path(d).to_str().unwrap().to_owned();
         let mut c = Command::new("unshare");
         c.args(["--mount", "--", "sh", "-c", r#"mount -t tmpfs -o size=16m vip-podman /var/lib && mkdir /var/lib/containers && exec "$@""#, "sh"]);
         c.args(["podman", "--root", &dir("root"), "--runroot", &dir("run"), "--tmpdir", &dir("tmp"), "--storage-driver", "vfs"]);
         c.args(["--events-backend", "none", "--cgroup-manager", "cgroupfs"]).args(args).env("TMPDIR", dir("tmp"));
         std::fs::create_dir_all(dir("tmp")).unwrap();
         let o = c.output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert!(o.status.success(), "podman {args:?} failed ({}):\n{text}", o.status);
-        text
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "podman {args:?} failed ({}):\n{stdout}{}", o.status, String::from_utf8_lossy(&o.stderr));
+        stdout
     }
 }
 
@@ -328,7 +333,7 @@ fn containerfile_builds_the_archive_image() {
     }
     build.push(rootfs.to_str().unwrap());
     podman.run(&build);
-    let saved = podman.0 .0.join("saved.tar");
+    let saved = podman.path("saved.tar");
     podman.run(&["save", "--format", "oci-archive", "-o", saved.to_str().unwrap(), "localhost/vip-agent:containerfile"]);
     let (outer, _) = untar(&std::fs::read(&saved).unwrap());
     let built = read_image(&outer, "podman save");
