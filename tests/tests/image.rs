@@ -15,7 +15,7 @@ use std::{
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use vip_tests::{
-    agent::wait_for,
+    agent::{wait_for, TempDir},
     netns::{privileged, NetNs},
 };
 
@@ -70,15 +70,57 @@ fn json(bytes: &[u8], what: &str) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{what} is not JSON: {e}"))
 }
 
-/// The blob a descriptor names, with its digest and size checked.
-fn blob<'a>(outer: &'a Files, desc: &Value, media_type: &str) -> &'a [u8] {
-    assert_eq!(desc["mediaType"], media_type, "descriptor {desc}");
+/// The blob a descriptor names, with its media type, digest and size checked.
+fn blob<'a>(outer: &'a Files, desc: &Value, media_types: &[&str]) -> &'a [u8] {
+    assert!(media_types.iter().any(|m| desc["mediaType"] == *m), "descriptor {desc}: not a {media_types:?}");
     let digest = desc["digest"].as_str().expect("digest");
     let name = format!("blobs/sha256/{}", digest.strip_prefix("sha256:").expect("sha256 digest"));
     let (_, body) = outer.get(&name).unwrap_or_else(|| panic!("{name} missing from the archive"));
     assert_eq!(sha256(body), digest, "{name}: content does not match its digest");
     assert_eq!(desc["size"].as_u64(), Some(body.len() as u64), "{name}: size");
     body
+}
+
+/// One image read from an OCI image layout (the files of its tar) as a runtime
+/// reads it: index → manifest → config and layers, every digest and size checked.
+struct Image {
+    /// The index's descriptor of the manifest.
+    desc: Value,
+    manifest: Value,
+    config: Value,
+    /// Uncompressed, each matching its diff_id.
+    layers: Vec<Vec<u8>>,
+}
+
+fn read_image(outer: &Files, what: &str) -> Image {
+    let file = |name: &str| &outer.get(name).unwrap_or_else(|| panic!("{what}: no {name}")).1;
+    assert_eq!(json(file("oci-layout"), "oci-layout")["imageLayoutVersion"], "1.0.0");
+    for (name, (_, body)) in outer.iter().filter(|(n, _)| n.starts_with("blobs/")) {
+        assert_eq!(sha256(body), name.replacen("blobs/sha256/", "sha256:", 1), "{what}: {name}: content does not match its name");
+    }
+    let index = json(file("index.json"), "index.json");
+    assert_eq!(index["schemaVersion"], 2);
+    let manifests = index["manifests"].as_array().expect("index.manifests");
+    assert_eq!(manifests.len(), 1, "{what}: one image per archive");
+    let desc = manifests[0].clone();
+    let manifest = json(blob(outer, &desc, &["application/vnd.oci.image.manifest.v1+json"]), "the manifest");
+    assert_eq!(manifest["schemaVersion"], 2);
+    let config = json(blob(outer, &manifest["config"], &["application/vnd.oci.image.config.v1+json"]), "the config");
+    let media = ["application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.oci.image.layer.v1.tar"];
+    let layers: Vec<Vec<u8>> = (manifest["layers"].as_array().expect("manifest.layers").iter())
+        .map(|d| {
+            let body = blob(outer, d, &media);
+            if d["mediaType"] == media[1] {
+                return body.to_vec();
+            }
+            let mut layer = Vec::new();
+            flate2::read::GzDecoder::new(body).read_to_end(&mut layer).expect("the layer is gzip");
+            layer
+        })
+        .collect();
+    let diff_ids: Vec<_> = layers.iter().map(|l| sha256(l)).collect();
+    assert_eq!(config["rootfs"]["diff_ids"], serde_json::json!(diff_ids), "{what}: diff_ids of the uncompressed layers");
+    Image { desc, manifest, config, layers }
 }
 
 /// The loader's search directories for this machine's multiarch triple.
@@ -118,41 +160,29 @@ fn elf_needs(data: &[u8]) -> Option<(Option<String>, Vec<String>)> {
     Some((interp, needed))
 }
 
-/// Checks one archive; returns its layer's files (path without the leading '/').
-fn check_archive(file: &str, reference: &str, entrypoint: &str) -> Files {
+/// The image this machine's container runtime runs (OCI platform names).
+fn architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Checks one archive; returns it and its layer's files (path without the leading '/').
+fn check_archive(file: &str, reference: &str, entrypoint: &str) -> (Image, Files) {
     let path = images_dir().join(file);
     let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; write it with `cargo xtask image` (cargo xtask test does)", path.display()));
     let (outer, dirs) = untar(&data);
     check_dirs(&outer, &dirs, file);
-    assert_eq!(json(&outer["oci-layout"].1, "oci-layout")["imageLayoutVersion"], "1.0.0");
-    for (name, (_, body)) in outer.iter().filter(|(n, _)| n.starts_with("blobs/")) {
-        assert_eq!(sha256(body), name.replacen("blobs/sha256/", "sha256:", 1), "{name}: content does not match its name");
-    }
-
-    let index = json(&outer["index.json"].1, "index.json");
-    assert_eq!(index["schemaVersion"], 2);
-    let manifests = index["manifests"].as_array().expect("index.manifests");
-    assert_eq!(manifests.len(), 1, "one image per archive");
-    let desc = &manifests[0];
+    let image = read_image(&outer, file);
+    let Image { desc, manifest, config, layers } = &image;
     let tag = reference.rsplit_once(':').unwrap().1;
     assert_eq!(desc["annotations"]["io.containerd.image.name"], reference, "what `ctr images import` names it");
     assert_eq!(desc["annotations"]["org.opencontainers.image.ref.name"], tag);
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    assert_eq!(desc["platform"], serde_json::json!({"architecture": arch, "os": "linux"}));
-
-    let manifest = json(blob(&outer, desc, "application/vnd.oci.image.manifest.v1+json"), "the manifest");
-    assert_eq!(manifest["schemaVersion"], 2);
-    let config = json(blob(&outer, &manifest["config"], "application/vnd.oci.image.config.v1+json"), "the config");
-    let layers = manifest["layers"].as_array().expect("manifest.layers");
+    assert_eq!(desc["platform"], serde_json::json!({"architecture": architecture(), "os": "linux"}));
     assert_eq!(layers.len(), 1, "one layer");
-    let gz = blob(&outer, &layers[0], "application/vnd.oci.image.layer.v1.tar+gzip");
-    let mut layer = Vec::new();
-    flate2::read::GzDecoder::new(gz).read_to_end(&mut layer).expect("the layer is gzip");
-    assert_eq!(config["rootfs"]["diff_ids"], serde_json::json!([sha256(&layer)]), "diff_id of the uncompressed layer");
+    assert_eq!(manifest["layers"][0]["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip");
     assert_eq!((&config["architecture"], &config["os"]), (&desc["platform"]["architecture"], &desc["platform"]["os"]));
     assert_eq!(config["config"]["Entrypoint"], serde_json::json!([entrypoint]));
 
@@ -173,7 +203,7 @@ fn check_archive(file: &str, reference: &str, entrypoint: &str) -> Files {
 
     // The layer: the entrypoint, and exactly the shared objects the ELF files in it
     // need, each where the loader looks (PT_INTERP's path, DT_NEEDED in the lib dirs).
-    let (files, dirs) = untar(&layer);
+    let (files, dirs) = untar(&layers[0]);
     check_dirs(&files, &dirs, "the layer");
     let entry = entrypoint.trim_start_matches('/');
     let (mode, _) = files.get(entry).unwrap_or_else(|| panic!("the entrypoint {entrypoint} is not in the layer: {:?}", files.keys()));
@@ -205,12 +235,12 @@ fn check_archive(file: &str, reference: &str, entrypoint: &str) -> Files {
     let extra: Vec<_> = files.keys().filter(|f| !wanted.contains(*f)).collect();
     assert!(extra.is_empty(), "files no ELF in the image needs: {extra:?}");
     assert!(!files.contains_key("bin/sh"), "no shell");
-    files
+    (image, files)
 }
 
 #[test]
 fn agent_archive() {
-    let files = check_archive("vip-agent.oci.tar", &format!("localhost/vip-agent:{}", env!("CARGO_PKG_VERSION")), "/usr/local/bin/vip-agent");
+    let (_, files) = check_archive("vip-agent.oci.tar", &format!("localhost/vip-agent:{}", env!("CARGO_PKG_VERSION")), "/usr/local/bin/vip-agent");
     // The XDP object is embedded: a second ELF header, for EM_BPF (247).
     let agent = &files["usr/local/bin/vip-agent"].1;
     assert!(agent.windows(20).skip(1).any(|w| w[..4] == *b"\x7fELF" && u16::from_le_bytes([w[18], w[19]]) == 247), "no BPF object inside the agent");
@@ -219,6 +249,117 @@ fn agent_archive() {
 #[test]
 fn testpod_archive() {
     check_archive("vip-testpod.oci.tar", "localhost/vip-testpod:1", "/vip-testpod");
+}
+
+/// Whether `podman` runs here; outside CI its absence skips (printed), with
+/// `CI=true` it fails (`cargo xtask setup` installs it).
+fn have_podman() -> bool {
+    if Command::new("podman").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true but podman does not run: the Containerfile test must run in CI (`cargo xtask setup` installs it)");
+    }
+    eprintln!("skipping: no podman (Debian package podman) to build deploy/Containerfile");
+    false
+}
+
+/// podman with a storage of its own in a temporary directory: the machine's
+/// images, containers and events are neither read nor written. podman as root
+/// keeps a blob cache in /var/lib/containers/cache whatever its storage, so it
+/// runs in a mount namespace of its own with an empty tmpfs on /var/lib.
+struct Podman(TempDir);
+
+impl Podman {
+    fn new() -> Self {
+        Self(TempDir::new("vip-podman-").unwrap())
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0 .0.join(name)
+    }
+
+    /// Runs `podman ARGS`, failing with its output unless it succeeds; its stdout.
+    fn run(&self, args: &[&str]) -> String {
+        let dir = |d: &str| self.path(d).to_str().unwrap().to_owned();
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--", "sh", "-c", r#"mount -t tmpfs -o size=16m vip-podman /var/lib && mkdir /var/lib/containers && exec "$@""#, "sh"]);
+        c.args(["podman", "--root", &dir("root"), "--runroot", &dir("run"), "--tmpdir", &dir("tmp"), "--storage-driver", "vfs"]);
+        c.args(["--events-backend", "none", "--cgroup-manager", "cgroupfs"]).args(args).env("TMPDIR", dir("tmp"));
+        std::fs::create_dir_all(dir("tmp")).unwrap();
+        let o = c.output().unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "podman {args:?} failed ({}):\n{stdout}{}", o.status, String::from_utf8_lossy(&o.stderr));
+        stdout
+    }
+}
+
+/// deploy/Containerfile, built by podman from the tree `cargo xtask image` writes
+/// beside the archive, makes the archive's image: the same files (paths, modes,
+/// contents) and directories, the same entrypoint, environment, working directory,
+/// platform and time, and every label the archive has, with its value. And
+/// `podman load` takes the archive under its name.
+#[test]
+fn containerfile_builds_the_archive_image() {
+    if !privileged() || !have_podman() {
+        return;
+    }
+    let (archive, files) = check_archive("vip-agent.oci.tar", &format!("localhost/vip-agent:{}", env!("CARGO_PKG_VERSION")), "/usr/local/bin/vip-agent");
+    let (_, dirs) = untar(&archive.layers[0]);
+    let rootfs = images_dir().join("vip-agent.rootfs");
+    assert!(rootfs.is_dir(), "{}: missing; `cargo xtask image` writes it", rootfs.display());
+    let labels = archive.config["config"]["Labels"].as_object().expect("labels");
+    let label = |k: &str| labels.get(&format!("org.opencontainers.image.{k}")).and_then(Value::as_str).unwrap_or_default().to_owned();
+    // The archive's file time (the commit's), for podman's files and image.
+    let mut layer = tar::Archive::new(archive.layers[0].as_slice());
+    let mtime = layer.entries().unwrap().next().expect("a file").unwrap().header().mtime().unwrap().to_string();
+    let containerfile = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/Containerfile");
+    let args = [("VERSION", "version"), ("REVISION", "revision"), ("CREATED", "created"), ("SOURCE", "source")].map(|(a, k)| format!("{a}={}", label(k)));
+
+    let podman = Podman::new();
+    let mut build = vec![
+        "build",
+        "--pull=never",
+        "--network=none",
+        "-f",
+        containerfile.to_str().unwrap(),
+        "--timestamp",
+        &mtime,
+        "-t",
+        "localhost/vip-agent:containerfile",
+    ];
+    for a in &args {
+        build.extend(["--build-arg", a]);
+    }
+    build.push(rootfs.to_str().unwrap());
+    podman.run(&build);
+    let saved = podman.path("saved.tar");
+    podman.run(&["save", "--format", "oci-archive", "-o", saved.to_str().unwrap(), "localhost/vip-agent:containerfile"]);
+    let (outer, _) = untar(&std::fs::read(&saved).unwrap());
+    let built = read_image(&outer, "podman save");
+
+    assert_eq!(built.layers.len(), 1, "COPY makes the only layer");
+    let (built_files, built_dirs) = untar(&built.layers[0]);
+    let summary = |f: &Files| f.iter().map(|(name, (mode, body))| (name.clone(), mode & 0o7777, sha256(body))).collect::<Vec<_>>();
+    assert_eq!(summary(&built_files), summary(&files), "the files: path, mode, sha256");
+    assert_eq!(built_dirs, dirs, "the directories");
+
+    let (a, b) = (&archive.config, &built.config);
+    for k in ["architecture", "os", "created"] {
+        assert_eq!(b[k], a[k], "config {k}");
+    }
+    for k in ["Entrypoint", "Cmd", "Env", "WorkingDir"] {
+        assert_eq!(b["config"][k], a["config"][k], "config.config {k}");
+    }
+    for (k, v) in labels {
+        assert_eq!(&b["config"]["Labels"][k], v, "label {k}");
+    }
+
+    // `podman load` of the archive (as docs/install/image.md says) names it as `ctr` does.
+    let reference = format!("localhost/vip-agent:{}", env!("CARGO_PKG_VERSION"));
+    podman.run(&["load", "-i", images_dir().join("vip-agent.oci.tar").to_str().unwrap()]);
+    let id = podman.run(&["image", "inspect", "--format", "{{.Id}}", &reference]);
+    assert_eq!(format!("sha256:{}", id.trim()), archive.manifest["config"]["digest"].as_str().unwrap(), "the image podman loaded as {reference}");
 }
 
 /// vip-testpod as a child process, killed on Drop.

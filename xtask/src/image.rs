@@ -8,8 +8,12 @@
 //! `ctr images import`, `podman load` and `skopeo copy oci-archive:` read. For one
 //! commit and the same binaries the archive is byte-identical: every mtime is the
 //! commit's time, owners are 0, JSON keys are sorted and gzip carries no mtime.
+//!
+//! The agent's layer is also written as a directory (`vip-agent.rootfs`), the build
+//! context of `deploy/Containerfile`, which makes the same image with podman,
+//! buildah or docker (e.g. to push and sign it with a registry's tooling).
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     io::Write as _,
     path::{Path, PathBuf},
@@ -25,6 +29,9 @@ const MT_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const MT_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 const MT_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const EPOCH: &str = "1970-01-01T00:00:00Z";
+/// Every file and directory of a layer: executables and shared objects alike are
+/// readable and executable by all.
+const MODE: u32 = 0o755;
 
 /// What goes into one image.
 pub struct Spec {
@@ -100,14 +107,42 @@ pub fn image(out: &Path) -> Result<()> {
     };
 
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let rootfs = out.join(AGENT_ROOTFS);
+    write_rootfs(&agent_spec, &rootfs)?;
+    let podman = podman_build(&agent_spec, &rootfs);
     for (spec, file) in [(agent_spec, "vip-agent.oci.tar"), (testpod_spec, "vip-testpod.oci.tar")] {
         let w = write_archive(&spec, &out.join(file))?;
         println!("{}  {}  {}  {:.1} MiB", w.reference, w.digest, w.path.display(), w.size as f64 / (1024.0 * 1024.0));
     }
+    println!("{}  the agent's files, for deploy/Containerfile; the same image from them:\n  {podman}", rootfs.display());
     if git.dirty {
         eprintln!("xtask: the work tree has uncommitted changes: revision {} (the images need not be reproducible)", git.revision.as_deref().unwrap_or("?"));
     }
     Ok(())
+}
+
+/// The agent image's file tree beside the archives (`write_rootfs`).
+const AGENT_ROOTFS: &str = "vip-agent.rootfs";
+
+/// The `podman build` of `deploy/Containerfile` that makes `spec`'s image from
+/// `rootfs`: its labels through the Containerfile's build arguments, and the
+/// commit's time for every file and the image (`--timestamp`).
+fn podman_build(spec: &Spec, rootfs: &Path) -> String {
+    let label = |k: &str| spec.annotations.get(&format!("org.opencontainers.image.{k}")).map(String::as_str).unwrap_or_default();
+    let mut c = String::from("podman build -f deploy/Containerfile");
+    for (arg, key) in [("VERSION", "version"), ("REVISION", "revision"), ("CREATED", "created"), ("SOURCE", "source")] {
+        c += &format!(" --build-arg {arg}={}", shell_quote(label(key)));
+    }
+    c + &format!(" --timestamp {} -t {}:{} {}", spec.mtime, spec.name, spec.tag, shell_quote(&rootfs.display().to_string()))
+}
+
+/// `s` as one word for sh (single quotes unless it is plain).
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=@+,".contains(c)) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 /// The commit the images are built from.
@@ -244,9 +279,15 @@ fn header(kind: tar::EntryType, size: u64, mode: u32, mtime: i64) -> tar::Header
     h
 }
 
-/// The image's only layer, uncompressed: every parent directory once, then the files,
-/// in path order so that the bytes depend on nothing but the inputs.
-fn layer(spec: &Spec) -> Result<Vec<u8>> {
+/// An image's files and directories, both in path order.
+struct Tree {
+    /// Path without the leading '/' → contents.
+    files: BTreeMap<String, Vec<u8>>,
+    /// Every parent directory of a file, with a trailing '/'.
+    dirs: BTreeSet<String>,
+}
+
+fn tree(spec: &Spec) -> Result<Tree> {
     let mut entries = BTreeMap::new();
     for (src, dst) in &spec.files {
         ensure!(dst.starts_with('/') && !dst.ends_with('/') && !dst.contains(".."), "image path {dst:?}: must be absolute, a file and without '..'");
@@ -256,7 +297,7 @@ fn layer(spec: &Spec) -> Result<Vec<u8>> {
             ensure!(old == fs::read(src)?, "{dst} given twice with different contents");
         }
     }
-    let mut dirs = std::collections::BTreeSet::new();
+    let mut dirs = BTreeSet::new();
     for rel in entries.keys() {
         let mut p = Path::new(rel).parent();
         while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
@@ -264,17 +305,56 @@ fn layer(spec: &Spec) -> Result<Vec<u8>> {
             p = d.parent();
         }
     }
+    Ok(Tree { files: entries, dirs })
+}
+
+/// The image's only layer, uncompressed: every parent directory once, then the files,
+/// in path order so that the bytes depend on nothing but the inputs.
+fn layer(spec: &Spec) -> Result<Vec<u8>> {
+    let Tree { files, dirs } = tree(spec)?;
     let mut tar = tar::Builder::new(Vec::new());
     for d in &dirs {
-        let mut h = header(tar::EntryType::Directory, 0, 0o755, spec.mtime);
+        let mut h = header(tar::EntryType::Directory, 0, MODE, spec.mtime);
         tar.append_data(&mut h, d, std::io::empty())?;
     }
-    for (rel, body) in &entries {
-        // Executables and shared objects alike: readable and executable by all.
-        let mut h = header(tar::EntryType::Regular, body.len() as u64, 0o755, spec.mtime);
+    for (rel, body) in &files {
+        let mut h = header(tar::EntryType::Regular, body.len() as u64, MODE, spec.mtime);
         tar.append_data(&mut h, rel, body.as_slice())?;
     }
     Ok(tar.into_inner()?)
+}
+
+/// The layer's tree as a directory (replacing `dir`), with the layer's modes and
+/// mtimes: the build context of `deploy/Containerfile`, whose `COPY . /` makes the
+/// same layer with podman, buildah or docker.
+pub fn write_rootfs(spec: &Spec, dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Tree { files, dirs } = tree(spec)?;
+    let name = dir.file_name().with_context(|| format!("{}: no directory name", dir.display()))?;
+    let tmp = dir.with_file_name(format!("{}.tmp", name.to_string_lossy()));
+    let mtime = std::time::UNIX_EPOCH + std::time::Duration::from_secs(spec.mtime.max(0) as u64);
+    let _ = fs::remove_dir_all(&tmp);
+    let finish = |path: &Path, file: fs::File| -> Result<()> {
+        file.set_permissions(fs::Permissions::from_mode(MODE)).with_context(|| format!("chmod {}", path.display()))?;
+        file.set_modified(mtime).with_context(|| format!("setting the mtime of {}", path.display()))
+    };
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    for d in &dirs {
+        fs::create_dir_all(tmp.join(d)).with_context(|| format!("creating {}", tmp.join(d).display()))?;
+    }
+    for (rel, body) in &files {
+        let path = tmp.join(rel);
+        fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
+        finish(&path, fs::File::open(&path)?)?;
+    }
+    // Directories last and deepest first: writing into one changes its mtime.
+    for d in dirs.iter().rev().map(|d| tmp.join(d)).chain([tmp.clone()]) {
+        finish(&d, fs::File::open(&d).with_context(|| format!("opening {}", d.display()))?)?;
+    }
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("removing the old {}", dir.display()))?;
+    }
+    fs::rename(&tmp, dir).with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))
 }
 
 fn sha256(data: &[u8]) -> String {
@@ -367,5 +447,59 @@ mod tests {
     fn credentials_are_dropped() {
         assert_eq!(without_credentials("https://u:tok@example.org/x.git"), "https://example.org/x.git");
         assert_eq!(without_credentials("git@example.org:x.git"), "git@example.org:x.git");
+    }
+
+    #[test]
+    fn shell_words() {
+        assert_eq!(shell_quote("https://example.org/x.git"), "https://example.org/x.git");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b'c"), r"'a b'\''c'");
+    }
+
+    /// The rootfs holds exactly the layer's files and directories, with its modes
+    /// and mtimes, whatever the directory held before.
+    #[test]
+    fn rootfs_is_the_layer() {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        let base = std::env::temp_dir().join(format!("xtask-rootfs-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        let (a, b) = (base.join("a"), base.join("b"));
+        fs::write(&a, b"first").unwrap();
+        fs::write(&b, b"second").unwrap();
+        let spec = Spec {
+            name: "localhost/t".into(),
+            tag: "1".into(),
+            files: vec![(a, "/usr/local/bin/a".into()), (b, "/lib/b.so".into())],
+            entrypoint: vec![],
+            cmd: vec![],
+            annotations: BTreeMap::new(),
+            created: EPOCH.into(),
+            mtime: 1_700_000_000,
+        };
+        let dir = base.join("root");
+        fs::create_dir_all(dir.join("stale")).unwrap();
+        write_rootfs(&spec, &dir).unwrap();
+        let mut found = BTreeMap::new();
+        let mut todo = vec![dir.clone()];
+        while let Some(d) = todo.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let m = fs::symlink_metadata(&p).unwrap();
+                assert_eq!((m.permissions().mode() & 0o7777, m.mtime()), (MODE, spec.mtime), "{}", p.display());
+                let rel = p.strip_prefix(&dir).unwrap().display().to_string();
+                if m.is_dir() {
+                    todo.push(p);
+                    found.insert(rel + "/", None);
+                } else {
+                    found.insert(rel, Some(fs::read(&p).unwrap()));
+                }
+            }
+        }
+        let Tree { files, dirs } = tree(&spec).unwrap();
+        let want: BTreeMap<_, _> = files.into_iter().map(|(k, v)| (k, Some(v))).chain(dirs.into_iter().map(|d| (d, None))).collect();
+        assert_eq!(found, want);
+        assert_eq!(fs::metadata(&dir).unwrap().mtime(), spec.mtime);
+        fs::remove_dir_all(&base).unwrap();
     }
 }

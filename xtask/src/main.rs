@@ -23,9 +23,11 @@ enum Cmd {
     BuildEbpf,
     /// build-ebpf + the release binaries, then the OCI image archives
     /// `vip-agent.oci.tar` (localhost/vip-agent:VERSION) and `vip-testpod.oci.tar`
-    /// (localhost/vip-testpod:1), for `ctr images import` or `podman load`.
+    /// (localhost/vip-testpod:1), for `ctr images import` or `podman load`, and the
+    /// agent image's files as a directory, `vip-agent.rootfs`, from which
+    /// `deploy/Containerfile` builds the same image (the command is printed).
     Image {
-        /// Where the archives go [default: target/images in the workspace].
+        /// Where the archives and the directory go [default: target/images in the workspace].
         #[arg(long)]
         out: Option<PathBuf>,
     },

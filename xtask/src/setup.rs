@@ -22,6 +22,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/lib/cni/bridge", "containernetworking-plugins"),
     ("nft", "nftables"),
     ("iptables", "iptables"),
+    // tests/image.rs builds deploy/Containerfile and compares it with the archive.
+    ("podman", "podman"),
 ];
 
 fn have(bin: &str) -> bool {
