@@ -213,6 +213,9 @@ impl LoadReport {
     }
 }
 
+/// What the long-lived connections of a [`Load`] report.
+type LongLived = (BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>);
+
 /// A client load on `vip`:80 from the client namespace: a new connection every
 /// 20 ms, and long-lived connections each echoing a line every 100 ms. Bounded:
 /// it stops at [`Load::finish`] or after 10 minutes.
@@ -220,7 +223,7 @@ pub struct Load {
     stop: Arc<AtomicBool>,
     started: Instant,
     new: JoinHandle<(u32, u32, Duration, Duration)>,
-    long: JoinHandle<(BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>)>,
+    long: JoinHandle<LongLived>,
 }
 
 impl Load {

@@ -81,13 +81,13 @@ pub fn documents(text: &str) -> Result<Vec<Value>> {
 pub async fn from_cluster(client: &kube::Client, namespace: &str) -> Result<Vec<Value>> {
     use kube::{
         api::{Api, DynamicObject, ListParams},
-        discovery::{self, Scope},
+        discovery::{self, verbs, Scope},
     };
     let group = discovery::group(client, "metallb.io").await.context("the cluster serves no metallb.io API group (is MetalLB installed?)")?;
     let mut resources = group.resources_by_stability();
     resources.sort_by(|a, b| a.0.kind.cmp(&b.0.kind));
     let mut out = Vec::new();
-    for (ar, caps) in resources.into_iter().filter(|(ar, _)| !STATUS_KINDS.contains(&ar.kind.as_str())) {
+    for (ar, caps) in resources.into_iter().filter(|(ar, caps)| !STATUS_KINDS.contains(&ar.kind.as_str()) && caps.supports_operation(verbs::LIST)) {
         let api: Api<DynamicObject> = match caps.scope {
             Scope::Namespaced => Api::namespaced_with(client.clone(), namespace, &ar),
             Scope::Cluster => Api::all_with(client.clone(), &ar),
