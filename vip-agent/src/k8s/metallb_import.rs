@@ -313,7 +313,8 @@ struct Pool {
 struct Advert {
     id: String,
     bgp: bool,
-    /// Pools named, and pool selectors; both empty: every pool.
+    /// Neither pools named nor pool selectors in the object: every pool.
+    all_pools: bool,
     pool_names: Vec<(String, String)>,
     pool_selectors: Vec<(String, LabelSelector)>,
     nodes: Vec<(String, LabelSelector)>,
@@ -324,9 +325,7 @@ struct Advert {
 
 impl Advert {
     fn selects(&self, p: &Pool) -> bool {
-        (self.pool_names.is_empty() && self.pool_selectors.is_empty())
-            || self.pool_names.iter().any(|(_, n)| *n == p.name)
-            || self.pool_selectors.iter().any(|(_, s)| label_selector_matches(s, &p.labels))
+        self.all_pools || self.pool_names.iter().any(|(_, n)| *n == p.name) || self.pool_selectors.iter().any(|(_, s)| label_selector_matches(s, &p.labels))
     }
 }
 
@@ -411,8 +410,10 @@ fn read_advert(kind: &str, v: &Value, out: &mut Vec<Warning>) -> Advert {
     }
     n.unknown_fields(spec, "spec", &known);
     let bgp_fields = if bgp { BGP_ONLY_FIELDS.iter().filter(|f| !spec[**f].is_null()).map(|f| f.to_string()).collect() } else { Vec::new() };
+    let none = |f: &str| spec[f].is_null() || spec[f].as_array().is_some_and(Vec::is_empty);
     Advert {
         bgp,
+        all_pools: none("ipAddressPools") && none("ipAddressPoolSelectors"),
         pool_names: n.strings(&spec["ipAddressPools"], "spec.ipAddressPools"),
         pool_selectors: n.selectors(&spec["ipAddressPoolSelectors"], "spec.ipAddressPoolSelectors"),
         nodes: n.selectors(&spec["nodeSelectors"], "spec.nodeSelectors"),
