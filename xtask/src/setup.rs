@@ -22,6 +22,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/lib/cni/bridge", "containernetworking-plugins"),
     ("nft", "nftables"),
     ("iptables", "iptables"),
+    // promtool: the alert rules' unit tests (tests/tests/monitoring.rs). The package
+    // is Prometheus itself; where systemd runs, Debian starts its server (the tests
+    // do not use it).
+    ("promtool", "prometheus"),
 ];
 
 fn have(bin: &str) -> bool {

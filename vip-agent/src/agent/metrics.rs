@@ -195,10 +195,9 @@ impl Liveness {
     pub fn record(&self, world: &crate::model::World, before: &BTreeMap<Ipv4Addr, String>, o: &super::desired::Ownership, m: &Members) {
         self.vip_owner.set_all(o.owners.iter().map(|(vip, owner)| (VipLabels { vip: vip.to_string(), node: owner.clone() }, 1)));
         self.vips_held.set(o.held.len() as i64);
-        self.vip_held.set_all(
-            o.held.iter().filter_map(|v| Some((HeldLabels { vip: v.to_string(), pool: world.pool_of(*v)?.name.clone() }, 1))),
-        );
-        self.pool_held.set_all(world.pools.iter().map(|p| (PoolLabels { pool: p.name.clone() }, p.addresses.iter().filter(|a| o.held.contains(a)).count() as i64)));
+        self.vip_held.set_all(o.held.iter().filter_map(|v| Some((HeldLabels { vip: v.to_string(), pool: world.pool_of(*v)?.name.clone() }, 1))));
+        self.pool_held
+            .set_all(world.pools.iter().map(|p| (PoolLabels { pool: p.name.clone() }, p.addresses.iter().filter(|a| o.held.contains(a)).count() as i64)));
         // A node that is no member (not in the model, its link down) sees no owner
         // anywhere: its view says nothing about the pools.
         let member = m.live.contains(m.me);
@@ -423,12 +422,7 @@ impl Collector for GapCollector {
             "Longest time without a heartbeat from each peer over the last {} s, the current silence included",
             crate::ha::heartbeat::GAP_WINDOW.as_secs()
         );
-        let mut fam = enc.encode_descriptor(
-            "vip_heartbeat_gap_max_seconds",
-            &help,
-            None,
-            ConstGauge::new(0.0).metric_type(),
-        )?;
+        let mut fam = enc.encode_descriptor("vip_heartbeat_gap_max_seconds", &help, None, ConstGauge::new(0.0).metric_type())?;
         for (peer, g) in gaps {
             ConstGauge::new(g).encode(fam.encode_family(&PeerLabels { peer })?)?;
         }
@@ -799,7 +793,8 @@ services: []
             service_addrs: [(3, web), (4, dns), (9, ServiceAddr { port: 443, ..web })].into(),
             backend_addrs: [(0, b1), (1, b2)].into(),
         };
-        let names = Names { services: [(web, "default/web".into()), (dns, "kube-system/dns".into())].into(), nodes: [(b1, "b1".into()), (b2, "b2".into())].into() };
+        let names =
+            Names { services: [(web, "default/web".into()), (dns, "kube-system/dns".into())].into(), nodes: [(b1, "b1".into()), (b2, "b2".into())].into() };
         #[derive(Debug)]
         struct C(crate::dataplane::Counters, Arc<RwLock<Names>>);
         impl Collector for C {

@@ -24,10 +24,7 @@ use kube::{
     },
     Client, Resource, ResourceExt,
 };
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::gauge::Gauge,
-};
+use prometheus_client::{encoding::EncodeLabelSet, metrics::gauge::Gauge};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
