@@ -364,9 +364,10 @@ impl Gaps {
     pub fn heard(&self, peer: &str, incarnation: u64, now: Instant) {
         let mut all = self.lock();
         let Some(p) = all.get_mut(peer) else { return };
-        // The first heartbeat ends the silence since tracking began; one of a new
-        // incarnation follows a restart, which is no gap.
-        if p.incarnation.is_none_or(|i| i == incarnation) {
+        // Gaps are between heartbeats of one incarnation: the wait for a peer's
+        // first one (its agent starting after ours) and a restart are none; the
+        // silence shows while it lasts all the same (`max_at`).
+        if p.incarnation == Some(incarnation) {
             p.gaps.push_back((now, now.saturating_duration_since(p.last)));
         }
         (p.last, p.incarnation) = (now, Some(incarnation));
@@ -601,9 +602,11 @@ mod tests {
         for ms in [100, 200, 1700, 1800] {
             g.heard("a", 1, at(ms));
         }
+        // b, silent since it was tracked, shows it until it is heard.
+        assert_eq!(g.max_at(at(1700))["b"], 1.7);
         g.heard("b", 1, at(1800));
-        // a: the 1.5 s gap; b: silent since it was tracked, 1.8 s ago.
-        assert_eq!(g.max_at(at(1800)), BTreeMap::from([("a".to_owned(), 1.5), ("b".to_owned(), 1.8)]));
+        // a: the 1.5 s gap; b: its first heartbeat ends a wait, not a gap.
+        assert_eq!(g.max_at(at(1800)), BTreeMap::from([("a".to_owned(), 1.5), ("b".to_owned(), 0.0)]));
         // Once the window has passed the 1.5 s gap, a's steady 100 ms heartbeats show.
         let mut ms = 1800;
         while ms < 1800 + GAP_WINDOW.as_millis() as u64 + 200 {
