@@ -31,3 +31,127 @@ pub fn prometheus_rule(rules: &str) -> Result<String> {
     }
     Ok(out)
 }
+
+/// Whether Prometheus (Debian's package: `prometheus` and `promtool`) is installed;
+/// when it is not, says so and returns false, except in CI (`CI=true`), where that
+/// is a failure.
+pub fn prometheus_installed(bin: &str) -> bool {
+    if std::process::Command::new(bin).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    let why = format!("{bin} is not installed (Debian's prometheus package; `cargo xtask setup` installs it)");
+    assert!(!std::env::var("CI").is_ok_and(|v| v == "true"), "CI=true but {why}: the monitoring tests must run in CI");
+    eprintln!("skipping: {why}");
+    false
+}
+
+/// An alert as Prometheus' `/api/v1/alerts` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Alert {
+    pub name: String,
+    /// pending or firing.
+    pub state: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// A Prometheus server in a test's namespace: it scrapes the agents every second
+/// and evaluates vip's alert rules (deploy/monitoring/vip-alerts.yaml, as
+/// shipped) every second. Its data lives in a temporary directory; it is killed
+/// on drop, and with the test (PR_SET_PDEATHSIG).
+pub struct Prometheus {
+    child: std::process::Child,
+    /// Its network namespace (`/run/netns/NAME`).
+    ns: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    _keeper: crate::kubeapi::Keeper,
+}
+
+/// Where the server listens, inside its namespace.
+const PROMETHEUS_ADDR: &str = "127.0.0.1:9090";
+
+impl Prometheus {
+    /// Starts it in the namespace `ns`, scraping `targets`: (instance name,
+    /// address:port).
+    pub fn start(ns: &crate::netns::NetNs, targets: &[(String, String)]) -> Result<Self> {
+        use anyhow::Context as _;
+        let dir = std::env::temp_dir().join(crate::netns::unique("vip-prometheus-"));
+        std::fs::create_dir_all(&dir)?;
+        let rules = crate::docs::repo_root().join(RULES);
+        let mut config = format!(
+            "global: {{scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}}\nrule_files: [{:?}]\nscrape_configs:\n  - job_name: vip\n    static_configs:\n",
+            rules.display().to_string()
+        );
+        for (instance, addr) in targets {
+            config.push_str(&format!("      - {{targets: [{addr:?}], labels: {{instance: {instance:?}}}}}\n"));
+        }
+        std::fs::write(dir.join("prometheus.yml"), config)?;
+        let log = std::fs::File::create(dir.join("prometheus.log"))?;
+        let mut cmd = ns.cmd("prometheus");
+        cmd.arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address={PROMETHEUS_ADDR}"))
+            .stdout(std::process::Stdio::from(log.try_clone()?))
+            .stderr(std::process::Stdio::from(log));
+        let keeper = crate::kubeapi::Keeper::new("prometheus")?;
+        let child = keeper.spawn(cmd).context("starting prometheus")?;
+        let p = Self { child, ns: ns.path(), dir, _keeper: keeper };
+        let ready = crate::agent::wait_for(std::time::Duration::from_secs(30), || p.get("/-/ready").starts_with("HTTP/1.0 200").then_some(()));
+        if ready.is_none() {
+            bail!("prometheus not ready within 30 s; its log:\n{}", p.log());
+        }
+        Ok(p)
+    }
+
+    /// The body of GET `path` ("" when it does not answer).
+    fn get(&self, path: &'static str) -> String {
+        crate::netns::spawn_in(&self.ns, move || crate::halab::http_get(PROMETHEUS_ADDR, path)).ok().and_then(|t| t.join().ok()).unwrap_or_default()
+    }
+
+    fn api(&self, path: &'static str) -> Result<serde_json::Value> {
+        let text = self.get(path);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(body).map_err(|e| anyhow::anyhow!("{path}: {e}: {text}"))?;
+        if v["status"] != "success" {
+            bail!("{path}: {v}");
+        }
+        Ok(v["data"].clone())
+    }
+
+    /// The alerts pending or firing now.
+    pub fn alerts(&self) -> Result<Vec<Alert>> {
+        let data = self.api("/api/v1/alerts")?;
+        Ok(data["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                let labels: std::collections::BTreeMap<String, String> =
+                    a["labels"].as_object().into_iter().flatten().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect();
+                Alert { name: labels.get("alertname").cloned().unwrap_or_default(), state: a["state"].as_str().unwrap_or_default().to_owned(), labels }
+            })
+            .collect())
+    }
+
+    /// Each scrape target's instance and health (up, down, unknown).
+    pub fn targets(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        let data = self.api("/api/v1/targets")?;
+        Ok(data["activeTargets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| (t["labels"]["instance"].as_str().unwrap_or_default().to_owned(), t["health"].as_str().unwrap_or_default().to_owned()))
+            .collect())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
