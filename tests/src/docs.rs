@@ -14,10 +14,20 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_owned()
 }
 
-/// Writes every generated reference under `root` that differs; returns the paths written.
+/// Every generated file, from the repository's root: the references (from the
+/// code) and the PrometheusRule (from the alert rule file, [`crate::monitoring`]).
+pub fn generated_files(root: &Path) -> Result<Vec<(&'static str, String)>> {
+    use crate::monitoring::{prometheus_rule, PROMETHEUS_RULE, RULES};
+    let mut files = vip_agent::reference::files();
+    let rules = std::fs::read_to_string(root.join(RULES)).with_context(|| format!("reading {RULES}"))?;
+    files.push((PROMETHEUS_RULE, prometheus_rule(&rules)?));
+    Ok(files)
+}
+
+/// Writes every generated file under `root` that differs; returns the paths written.
 pub fn write_references(root: &Path) -> Result<Vec<&'static str>> {
     let mut written = Vec::new();
-    for (path, text) in vip_agent::reference::files() {
+    for (path, text) in generated_files(root)? {
         let full = root.join(path);
         if std::fs::read_to_string(&full).ok().as_deref() == Some(text.as_str()) {
             continue;
@@ -29,11 +39,15 @@ pub fn write_references(root: &Path) -> Result<Vec<&'static str>> {
     Ok(written)
 }
 
-/// The generated references under `root` that differ from what the code makes
-/// now, each with its first differing line.
+/// The generated files under `root` that differ from what the code (and the
+/// rule file) make now, each with its first differing line.
 pub fn stale_references(root: &Path) -> Vec<String> {
     let mut stale = Vec::new();
-    for (path, want) in vip_agent::reference::files() {
+    let files = match generated_files(root) {
+        Ok(f) => f,
+        Err(e) => return vec![format!("{e:#}")],
+    };
+    for (path, want) in files {
         match std::fs::read_to_string(root.join(path)) {
             Err(e) => stale.push(format!("{path}: {e}")),
             Ok(have) if have != want => {

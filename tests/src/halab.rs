@@ -59,6 +59,9 @@ pub struct HaSpec {
     pub heartbeat_net: bool,
     /// How the agents attach XDP (`run --mode`); default: the labs' [`xdp_mode`].
     pub xdp_mode: AttachMode,
+    /// The agents' HTTP port on every address of their namespace (as the DaemonSet
+    /// binds it), for a Prometheus on the segment; else on 127.0.0.1 only.
+    pub metrics_on_segment: bool,
 }
 
 impl Default for HaSpec {
@@ -82,6 +85,7 @@ impl Default for HaSpec {
             ring_capacity: None,
             heartbeat_net: false,
             xdp_mode: xdp_mode(),
+            metrics_on_segment: false,
         }
     }
 }
@@ -280,10 +284,16 @@ pub struct HaLab {
 /// GET `path` from the agent's HTTP port (127.0.0.1:9472) in the calling
 /// thread's namespace; "" when it does not answer.
 pub fn agent_http(path: &str) -> String {
+    http_get("127.0.0.1:9472", path)
+}
+
+/// GET `path` from `addr` in the calling thread's namespace (HTTP/1.0: the whole
+/// body, never chunked), head and body; "" when it does not answer.
+pub fn http_get(addr: &str, path: &str) -> String {
     use std::io::Read;
-    let Ok(mut s) = TcpStream::connect("127.0.0.1:9472") else { return String::new() };
+    let Ok(mut s) = TcpStream::connect(addr) else { return String::new() };
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
@@ -463,7 +473,7 @@ impl HaLab {
             "--reload-interval",
             "200ms",
             "--metrics-addr",
-            "127.0.0.1:9472",
+            if self.spec.metrics_on_segment { "0.0.0.0:9472" } else { "127.0.0.1:9472" },
         ];
         let key = self.dir.join(HEARTBEAT_KEY);
         args.extend(["--heartbeat-key-file", path_str(&key)?]);

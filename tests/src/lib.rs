@@ -10,6 +10,7 @@ pub mod kubefix;
 pub mod kubelab;
 pub mod lab;
 pub mod mapmem;
+pub mod monitoring;
 pub mod netns;
 pub mod tap;
 pub mod vipcluster;

@@ -3,7 +3,7 @@
 use std::{
     fs::File,
     os::fd::AsRawFd,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Output},
     sync::atomic::{AtomicU32, Ordering},
 };
@@ -77,14 +77,7 @@ impl NetNs {
 
     /// Spawns a long-running thread inside the namespace.
     pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<std::thread::JoinHandle<T>> {
-        let file = File::open(self.path())?;
-        Ok(std::thread::spawn(move || {
-            // SAFETY: valid namespace fd; only this thread changes namespace.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                panic!("setns: {}", std::io::Error::last_os_error());
-            }
-            f()
-        }))
+        spawn_in(&self.path(), f)
     }
 
     /// MAC of `iface` in this namespace.
@@ -103,6 +96,18 @@ impl Drop for NetNs {
         // Quietly: a cluster's reaper may have deleted it already.
         let _ = Command::new("ip").args(["netns", "del", &self.name]).stderr(std::process::Stdio::null()).status();
     }
+}
+
+/// Spawns a thread inside the network namespace at `path` (`/run/netns/NAME`).
+pub fn spawn_in<T: Send + 'static>(path: &Path, f: impl FnOnce() -> T + Send + 'static) -> Result<std::thread::JoinHandle<T>> {
+    let file = File::open(path)?;
+    Ok(std::thread::spawn(move || {
+        // SAFETY: valid namespace fd; only this thread changes namespace.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            panic!("setns: {}", std::io::Error::last_os_error());
+        }
+        f()
+    }))
 }
 
 /// Connects `a`:`a_if` to `b`:`b_if` with a veth pair, both up.

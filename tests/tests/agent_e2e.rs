@@ -86,6 +86,14 @@ fn agent_spreads_tracks_health_and_reloads_live() {
     assert!(m.contains(r#"vip_owner{vip="198.18.1.10",node="lb"} 1"#), "{m}");
     assert!(m.lines().any(|l| l.starts_with(r#"vip_xdp_packets_total{reason="forwarded"}"#)), "{m}");
     assert!(m.contains("vip_health_to_maps_seconds_count 1"), "one health change so far: {m}");
+    // The data path's counters by what they count, never by id.
+    assert!(m.lines().any(|l| l.starts_with(r#"vip_service_packets_total{service="web",vip="198.18.1.10",port="80",protocol="tcp"} "#)), "{m}");
+    for b in ["b1", "b3"] {
+        assert!(m.lines().any(|l| l.starts_with(&format!(r#"vip_backend_packets_total{{node="{b}"}} "#))), "{m}");
+    }
+    // b2 is in no ring now: its backend entry, and so its series, are gone.
+    assert!(!m.contains(r#"vip_backend_packets_total{node="b2"}"#), "{m}");
+    assert!(m.contains("vip_build_info{version=") && m.contains("vip_config_valid 1") && !m.contains("vip_kube_api"), "file mode: {m}");
     assert!(http_get(&lab.lb, 9472, "/healthz").starts_with("HTTP/1.1 200"));
     assert!(http_get(&lab.lb, 9472, "/readyz").starts_with("HTTP/1.1 200"));
 
@@ -105,6 +113,8 @@ fn agent_spreads_tracks_health_and_reloads_live() {
         s.services.iter().any(|v| v.port == 8080).then_some(s.config.generation)
     });
     assert_eq!(added, Some(2), "port 8080 not applied; log:\n{}", lab.agent.log_text());
+    let m = http_get(&lab.lb, 9472, "/metrics");
+    assert!(m.contains(r#"vip_ring_updates_total{service="web",vip="198.18.1.10",port="8080",protocol="tcp"} 1"#), "{m}");
 
     // A bad file is rejected with its field path and line; the last good state keeps forwarding.
     write_atomic(&lab.config, &lb_config(3, "80, 8080", CHECK, "\n    colour: red")).unwrap();
@@ -124,5 +134,8 @@ fn agent_spreads_tracks_health_and_reloads_live() {
         (s.config.error.is_none() && s.config.generation == 3 && s.services.len() == 1).then_some(())
     });
     assert!(fixed.is_some(), "fixed config not applied; log:\n{}", lab.agent.log_text());
+    // Port 8080 is gone, and so are its series.
+    let m = http_get(&lab.lb, 9472, "/metrics");
+    assert!(!m.contains(r#"port="8080""#) && m.contains(r#"port="80""#), "{m}");
     lab.agent.check_alive().unwrap();
 }

@@ -224,16 +224,25 @@ pub fn vippool_md() -> String {
 
 /// docs/reference/metrics.md: every metric of /metrics, from the registry.
 pub fn metrics_md() -> String {
+    use crate::agent::metrics::Mode;
     let mut out = header("Metrics reference", "the agent's metrics registry (vip-agent/src/agent/metrics.rs)");
     out.push_str(
         "Served at `/metrics` on `--metrics-addr` (OpenMetrics text). The `vip_xdp_*`, `vip_service_*` and \
          `vip_backend_*` counters are read from the data path's maps at scrape time; the `reason` label takes the \
-         values listed in [reasons.md](reasons.md).\n\n",
+         values listed in [reasons.md](reasons.md). Services are labelled with their name, VIP, port and protocol, \
+         backends and peers with their node's name, never with the data path's ids (which are re-used); the \
+         series of a service, backend, peer, VIP or pool that is gone are removed. Metrics marked *file* exist \
+         only where the model is read from a file, those marked *Kubernetes* only with `--kubernetes`.\n\n",
     );
-    out.push_str("| Metric | Type | Labels | Description |\n| --- | --- | --- | --- |\n");
+    out.push_str("| Metric | Type | Labels | Mode | Description |\n| --- | --- | --- | --- | --- |\n");
     for m in crate::agent::metrics::reference() {
         let labels = m.labels.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", ");
-        let _ = writeln!(out, "| `{}` | {} | {labels} | {} |", m.name, m.kind, cell(&m.help));
+        let mode = match m.only {
+            None => "",
+            Some(Mode::File) => "*file*",
+            Some(Mode::Kubernetes) => "*Kubernetes*",
+        };
+        let _ = writeln!(out, "| `{}` | {} | {labels} | {mode} | {} |", m.name, m.kind, cell(&m.help));
     }
     out
 }
@@ -303,6 +312,15 @@ mod tests {
         assert_eq!(find("vip_health_to_maps_seconds").kind, "histogram");
         assert!(find("vip_health_to_maps_seconds").labels.is_empty(), "le is the histogram's own");
         assert_eq!(find("vip_heartbeats_rejected_total").labels, ["reason"]);
+        assert_eq!(find("vip_service_packets_total").labels, ["port", "protocol", "service", "vip"]);
+        assert_eq!(find("vip_backend_bytes_total").labels, ["node"]);
+        assert_eq!(find("vip_heartbeat_gap_max_seconds").labels, ["peer"]);
+        assert_eq!(find("vip_build_info").labels, ["revision", "version"]);
+        use crate::agent::metrics::Mode;
+        assert_eq!(find("vip_config_valid").only, Some(Mode::File));
+        assert_eq!(find("vip_pool_addresses").only, Some(Mode::Kubernetes));
+        assert_eq!(find("vip_kube_api_reachable").only, Some(Mode::Kubernetes));
+        assert_eq!(find("vip_owner").only, None);
         assert!(m.iter().all(|d| !d.help.is_empty() && !d.kind.is_empty()), "{m:?}");
     }
 

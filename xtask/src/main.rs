@@ -51,7 +51,8 @@ enum Cmd {
     },
     /// Regenerate the references in docs/reference/ from the code: the command
     /// line (clap), the VipPool fields (CRD schema), the metrics (registry), the
-    /// data path's reasons (vip-common). `cargo xtask test` fails when they differ.
+    /// data path's reasons (vip-common); and deploy/monitoring/prometheusrule.yaml
+    /// from the alert rule file. `cargo xtask test` fails when they differ.
     Docs,
 }
 
@@ -254,7 +255,7 @@ fn main() -> Result<()> {
         Cmd::Docs => {
             let mut c = cargo(None);
             c.args(["run", "--quiet", "--release", "-p", "vip-tests", "--bin", "vip-docs"]);
-            run(&mut c, "writing docs/reference/ from the code")
+            run(&mut c, "writing docs/reference/ and the PrometheusRule")
         }
         Cmd::Lab { action } => {
             setup::setup()?;

@@ -24,6 +24,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iptables", "iptables"),
     // tests/image.rs builds deploy/Containerfile and compares it with the archive.
     ("podman", "podman"),
+    // promtool: the alert rules' unit tests (tests/tests/monitoring.rs). The package
+    // is Prometheus itself; where systemd runs, Debian starts its server (the tests
+    // do not use it).
+    ("promtool", "prometheus"),
 ];
 
 fn have(bin: &str) -> bool {

@@ -1,5 +1,6 @@
-//! Writes the generated references (docs/reference/) from the code: what
-//! `cargo xtask docs` runs. tests/tests/docs.rs fails when they are out of date.
+//! Writes the generated files (docs/reference/ from the code, the PrometheusRule
+//! from the alert rule file): what `cargo xtask docs` runs. tests/tests/docs.rs
+//! fails when they are out of date.
 fn main() -> anyhow::Result<()> {
     let root = vip_tests::docs::repo_root();
     let written = vip_tests::docs::write_references(&root)?;
@@ -7,7 +8,7 @@ fn main() -> anyhow::Result<()> {
         println!("wrote {p}");
     }
     if written.is_empty() {
-        println!("docs/reference/ is up to date");
+        println!("the generated files are up to date");
     }
     Ok(())
 }

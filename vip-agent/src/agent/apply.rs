@@ -110,10 +110,14 @@ impl Agent {
             }
         }
         for (addr, slots) in &done.written {
-            let l = metrics::ServiceLabels { service: want[addr].name.clone() };
-            self.metrics.ring_updates.get_or_create(&l).inc();
-            self.metrics.ring_slots_written.get_or_create(&l).inc_by(*slots as u64);
+            let l = metrics::ServiceLabels::new(&want[addr].name, addr);
+            self.metrics.ring_updates.with(&l, |c| c.inc());
+            self.metrics.ring_slots_written.with(&l, |c| c.inc_by(*slots as u64));
         }
+        // The series of service-ports gone (or renamed) go with them.
+        let keep: std::collections::HashSet<metrics::ServiceLabels> = want.iter().map(|(a, d)| metrics::ServiceLabels::new(&d.name, a)).collect();
+        self.metrics.ring_updates.retain(|l| keep.contains(l));
+        self.metrics.ring_slots_written.retain(|l| keep.contains(l));
         for addr in &done.removed {
             info!(vip = %addr.vip, port = addr.port, "service removed");
         }

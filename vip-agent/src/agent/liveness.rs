@@ -446,7 +446,7 @@ impl Liveness {
         }
         self.last_garp.retain(|v, _| o.held.contains(v));
         self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
-        self.s.metrics.record(&self.world, &self.owners, &o);
+        self.s.metrics.record(&self.world, &self.owners, &o, &metrics::Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
         self.owners = o.owners.clone();
         let m = Membership {
             tracked: self.tracked.clone(),

@@ -123,7 +123,10 @@ struct Agent {
 }
 
 pub async fn run(opts: Options) -> Result<()> {
-    let mut metrics = metrics::Metrics::new();
+    let mut metrics = metrics::Metrics::new(match opts.source {
+        Source::File(_) => metrics::Mode::File,
+        Source::Kubernetes { .. } => metrics::Mode::Kubernetes,
+    });
     let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
     let (unprogrammed_tx, unprogrammed_rx) = watch::channel(BTreeMap::new());
     let mut api_client = None;
@@ -209,8 +212,10 @@ pub async fn run(opts: Options) -> Result<()> {
         metrics,
         status_json,
     };
-    agent.metrics.config_valid.set(1);
-    agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
+    if agent.config_text.is_some() {
+        agent.metrics.config_valid.set(1);
+        agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
+    }
     // The program is attached where the model's pools live before anything is held.
     agent.adopt(world);
     if agent.interfaces.attached_count() == 0 {
@@ -401,6 +406,7 @@ impl Agent {
             warn!("this host is not ready for its VIP traffic: {p}");
         }
         if problems != self.status.host_problems {
+            self.metrics.host_problems.set(problems.len() as i64);
             self.status.host_problems = problems;
             self.publish();
         }

@@ -16,6 +16,7 @@ impl Agent {
         let usage = self.dp.usage();
         self.metrics.services_unprogrammed.set(self.failed.len() as i64);
         self.metrics.services_programmed.set(usage.services as i64);
+        self.metrics.services_capacity.set(usage.services_max.into());
         self.metrics.ring_slots_used.set(usage.ring_slots as i64);
         self.metrics.ring_slots_capacity.set(usage.ring_capacity as i64);
         self.metrics.rings.set(usage.rings as i64);
@@ -59,16 +60,21 @@ impl Agent {
             .map(|n| NodeStatus { node: n.name.clone(), addr: n.addr, mac: n.mac.or_else(|| self.macs.get(&n.name).copied()).map(|m| Mac(m).to_string()) })
             .collect();
         s.health.clear();
-        self.metrics.backend_healthy.clear();
+        let mut healthy_now = Vec::new();
         for t in health_targets(&self.world) {
             let (healthy, detail) = match self.health.get(&t) {
                 Some((up, d)) => (*up, d.clone()),
                 None => (true, "no state change yet".into()),
             };
             let check = check_label(&t.check);
-            self.metrics.backend_healthy.get_or_create(&metrics::BackendLabels { node: t.node.clone(), check: check.clone() }).set(healthy as i64);
+            healthy_now.push((metrics::BackendLabels { node: t.node.clone(), check: check.clone() }, healthy as i64));
             s.health.push(HealthStatus { node: t.node, check, healthy, detail });
         }
+        self.metrics.backend_healthy.set_all(healthy_now);
+        self.metrics.set_names(metrics::Names {
+            services: self.applied.iter().map(|(a, d)| (*a, d.name.clone())).collect(),
+            nodes: self.world.nodes.iter().map(|n| (n.addr, n.name.clone())).collect(),
+        });
         self.status.updated_unix_ms = crate::status::unix_ms_now();
         let json = serde_json::to_string(&self.status).unwrap_or_default();
         if let Some(path) = &self.opts.status_file {

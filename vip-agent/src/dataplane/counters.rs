@@ -1,11 +1,14 @@
 //! The data path's counters, summed over CPUs.
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
 
 use anyhow::Result;
 use aya::maps::{IterableMap as _, MapData, PerCpuArray};
 use vip_common::*;
 
-use super::{batch, Dataplane};
+use super::{batch, service_addr, Dataplane, ServiceAddr};
 
 /// Summed counters.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -13,6 +16,12 @@ pub struct Counters {
     pub reasons: BTreeMap<&'static str, (u64, u64)>,
     pub services: BTreeMap<u32, (u64, u64)>,
     pub backends: BTreeMap<u32, (u64, u64)>,
+    /// The service-port of each service id (fragment aliases aside).
+    #[serde(skip)]
+    pub service_addrs: BTreeMap<u32, ServiceAddr>,
+    /// The node address of each backend id.
+    #[serde(skip)]
+    pub backend_addrs: BTreeMap<u32, Ipv4Addr>,
 }
 
 impl Dataplane {
@@ -25,13 +34,22 @@ impl Dataplane {
         // From the maps, not the mirrors: a handle opened for reading (the metrics
         // endpoint, inspect) sees services another handle programmed since. Two
         // batched reads, then one read per id.
-        let ids: BTreeSet<u32> = batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?.into_iter().map(|(_, s)| s.id).collect();
+        let mut ids = BTreeSet::new();
+        for (k, s) in batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())? {
+            ids.insert(s.id);
+            if k.port != [0, 0] {
+                if let Some(a) = service_addr(&k) {
+                    c.service_addrs.insert(s.id, a);
+                }
+            }
+        }
         for id in ids {
             c.services.insert(id, sum(&self.service_stats, id)?);
         }
         for (id, b) in batch::lookup_all::<u32, Lb4Backend>(self.backends.map())? {
             if b.flags & BACKEND_PRESENT != 0 {
                 c.backends.insert(id, sum(&self.backend_stats, id)?);
+                c.backend_addrs.insert(id, Ipv4Addr::from(b.addr));
             }
         }
         Ok(c)

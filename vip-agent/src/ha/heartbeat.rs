@@ -305,7 +305,7 @@ pub struct RejectLabels {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, prometheus_client::encoding::EncodeLabelSet)]
 pub struct PeerLabels {
     pub peer: String,
 }
@@ -316,11 +316,77 @@ pub struct Metrics {
     /// Turns on which the gate was shut or this task itself had not run for a
     /// while: a tripwire that should stay at zero.
     pub stalls: prometheus_client::metrics::counter::Counter,
-    /// The longest time between two heartbeats received from each peer (same
-    /// incarnation), in seconds: how close the peer came to being declared dead.
-    pub gap_max: prometheus_client::metrics::family::Family<PeerLabels, prometheus_client::metrics::gauge::Gauge<f64, AtomicU64>>,
+    /// How close each peer came to being declared dead, lately.
+    pub gaps: Gaps,
     /// Datagrams that changed nothing, by reason.
     pub rejected: prometheus_client::metrics::family::Family<RejectLabels, prometheus_client::metrics::counter::Counter>,
+}
+
+/// How far back [`Gaps`] looks: longer than a scrape interval (Prometheus' default
+/// is one minute), so that every gap is seen by at least one scrape.
+pub const GAP_WINDOW: Duration = Duration::from_secs(120);
+
+/// The longest time without a heartbeat from each peer over the last
+/// [`GAP_WINDOW`], the current silence included: a rolling maximum, so that one
+/// slow moment long ago does not hide how the peer is doing now, and a peer that
+/// went silent shows at once. Shared by the heartbeat tasks an agent runs in turn.
+#[derive(Clone, Debug, Default)]
+pub struct Gaps(Arc<std::sync::Mutex<BTreeMap<String, PeerGaps>>>);
+
+#[derive(Debug)]
+struct PeerGaps {
+    /// When it was last heard (or first tracked), and by which incarnation (None:
+    /// not heard yet).
+    last: Instant,
+    incarnation: Option<u64>,
+    /// Gaps between heartbeats of one incarnation (a restart is no gap), by end.
+    gaps: std::collections::VecDeque<(Instant, Duration)>,
+}
+
+impl Gaps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PeerGaps>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The peers heartbeats are exchanged with now: others are forgotten (their
+    /// series go), new ones are counted from `now`.
+    pub fn track<'a>(&self, peers: impl IntoIterator<Item = &'a str>, now: Instant) {
+        let peers: BTreeSet<&str> = peers.into_iter().collect();
+        let mut all = self.lock();
+        all.retain(|p, _| peers.contains(p.as_str()));
+        for p in peers {
+            all.entry(p.to_owned()).or_insert_with(|| PeerGaps { last: now, incarnation: None, gaps: Default::default() });
+        }
+    }
+
+    /// A heartbeat accepted from `peer` at `now` (untracked peers are ignored: a
+    /// task that is being replaced must not bring back a peer that left).
+    pub fn heard(&self, peer: &str, incarnation: u64, now: Instant) {
+        let mut all = self.lock();
+        let Some(p) = all.get_mut(peer) else { return };
+        // Gaps are between heartbeats of one incarnation: the wait for a peer's
+        // first one (its agent starting after ours) and a restart are none; the
+        // silence shows while it lasts all the same (`max_at`).
+        if p.incarnation == Some(incarnation) {
+            p.gaps.push_back((now, now.saturating_duration_since(p.last)));
+        }
+        (p.last, p.incarnation) = (now, Some(incarnation));
+        while p.gaps.front().is_some_and(|(end, _)| now.saturating_duration_since(*end) > GAP_WINDOW) {
+            p.gaps.pop_front();
+        }
+    }
+
+    /// Each tracked peer's longest gap in the window ending at `now`, in seconds.
+    pub fn max_at(&self, now: Instant) -> BTreeMap<String, f64> {
+        self.lock()
+            .iter()
+            .map(|(name, p)| {
+                let silence = now.saturating_duration_since(p.last);
+                let recent = p.gaps.iter().filter(|(end, _)| now.saturating_duration_since(*end) <= GAP_WINDOW).map(|(_, g)| *g);
+                (name.clone(), recent.fold(silence, Duration::max).as_secs_f64())
+            })
+            .collect()
+    }
 }
 
 /// Binds `bind` and spawns the heartbeat task on the current tokio runtime. The
@@ -332,6 +398,9 @@ pub struct Metrics {
 /// its last heartbeat (expiry is checked on every send tick and receive).
 pub async fn run(o: Options) -> io::Result<watch::Receiver<PeerSets>> {
     let sock = UdpSocket::bind(o.bind).await?;
+    if let Some(m) = &o.metrics {
+        m.gaps.track(o.peers.iter().map(|(n, _)| n.as_str()), Instant::now());
+    }
     let mut table = PeerTable::new(o.dead_after);
     let now = Instant::now();
     for (name, _) in o.peers.iter().filter(|(n, _)| !o.dead.contains(n)) {
@@ -380,8 +449,6 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
             m.stalls.inc();
         }
     };
-    // Last heartbeat received per peer (name, incarnation), for the gap metric.
-    let mut last_heard: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
     let incarnation = new_incarnation();
     // A sender is the peer the model puts at its address, and no one else.
     let known: HashMap<SocketAddr, String> = peers.iter().map(|(n, a)| (*a, n.clone())).collect();
@@ -472,15 +539,7 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                             Seen::Stale => reject(Rejected::Stale, from, now),
                             Seen::Fresh(e) => {
                                 if let Some(m) = &metrics {
-                                    if let Some((inc, at)) = last_heard.insert(hb.node.clone(), (hb.incarnation, now)) {
-                                        if inc == hb.incarnation {
-                                            let g = m.gap_max.get_or_create(&PeerLabels { peer: hb.node.clone() });
-                                            let gap = now.duration_since(at).as_secs_f64();
-                                            if gap > g.get() {
-                                                g.set(gap);
-                                            }
-                                        }
-                                    }
+                                    m.gaps.heard(&hb.node, hb.incarnation, now);
                                 }
                                 ev.extend(e);
                             }
@@ -533,6 +592,50 @@ mod tests {
     }
 
     const QUIET: Seen = Seen::Fresh(None);
+
+    #[test]
+    fn the_gap_is_a_rolling_maximum_with_the_current_silence() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let g = Gaps::default();
+        g.track(["a", "b"], t0);
+        for ms in [100, 200, 1700, 1800] {
+            g.heard("a", 1, at(ms));
+        }
+        // b, silent since it was tracked, shows it until it is heard.
+        assert_eq!(g.max_at(at(1700))["b"], 1.7);
+        g.heard("b", 1, at(1800));
+        // a: the 1.5 s gap; b: its first heartbeat ends a wait, not a gap.
+        assert_eq!(g.max_at(at(1800)), BTreeMap::from([("a".to_owned(), 1.5), ("b".to_owned(), 0.0)]));
+        // Once the window has passed the 1.5 s gap, a's steady 100 ms heartbeats show.
+        let mut ms = 1800;
+        while ms < 1800 + GAP_WINDOW.as_millis() as u64 + 200 {
+            ms += 100;
+            g.heard("a", 1, at(ms));
+            g.heard("b", 1, at(ms));
+        }
+        let now = g.max_at(at(ms));
+        assert!((now["a"] - 0.1).abs() < 1e-9 && (now["b"] - 0.1).abs() < 1e-9, "{now:?}");
+        // A peer that goes silent shows it before its next heartbeat.
+        assert!((g.max_at(at(ms + 2500))["a"] - 2.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_restart_is_no_gap_and_untracked_peers_go() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let g = Gaps::default();
+        g.track(["a", "b"], t0);
+        g.heard("a", 1, at(100));
+        // A new incarnation 5 s later: the agent restarted, its silence was not a gap.
+        g.heard("a", 2, at(5100));
+        g.heard("a", 2, at(5200));
+        assert_eq!(g.max_at(at(5200))["a"], 0.1);
+        g.track(["a"], at(5200));
+        // A task being replaced cannot bring back a peer that left.
+        g.heard("b", 1, at(5300));
+        assert_eq!(g.max_at(at(5300)).into_keys().collect::<Vec<_>>(), ["a"]);
+    }
 
     #[test]
     fn up_then_down_after_dead_after_without_heartbeat() {

@@ -24,10 +24,7 @@ use kube::{
     },
     Client, Resource, ResourceExt,
 };
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{family::Family, gauge::Gauge},
-};
+use prometheus_client::{encoding::EncodeLabelSet, metrics::gauge::Gauge};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -51,7 +48,7 @@ pub struct AgentView {
     /// VIP → owner node, as the agent computes it from its live view.
     pub owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
     /// `vip_pool_addresses`, set while leading.
-    pub pool_addresses: Option<Family<PoolStateLabels, Gauge>>,
+    pub pool_addresses: Option<crate::agent::metrics::Tracked<PoolStateLabels, Gauge>>,
     /// VIP → its service-ports the agent could not program ("port/proto: why").
     pub unprogrammed: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>,
 }
@@ -229,6 +226,9 @@ impl Controller {
                 Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
                 Err(e) => warn!(pool = %c.name, "status: {e}"),
             }
+        }
+        if let Some(g) = &self.view.pool_addresses {
+            g.retain(|l| checks.iter().any(|c| c.name == l.pool));
         }
         out
     }
@@ -447,7 +447,7 @@ impl Controller {
         };
         if let Some(g) = &self.view.pool_addresses {
             for (state, n) in [("total", new.total), ("allocated", new.allocated), ("free", new.free)] {
-                g.get_or_create(&PoolStateLabels { pool: c.name.clone(), state: state.into() }).set(n.into());
+                g.with(&PoolStateLabels { pool: c.name.clone(), state: state.into() }, |g| g.set(n.into()));
             }
         }
         let same_conditions = old.conditions.len() == new.conditions.len()
@@ -503,6 +503,10 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             c.reported = None;
             c.held.clear();
             c.stale.clear();
+            // Only the leader's counts are current.
+            if let Some(g) = &c.view.pool_addresses {
+                g.retain(|_| false);
+            }
         }
         tokio::select! {
             Some(()) = changed.recv() => {
