@@ -437,7 +437,7 @@ pub fn wait_cut_node_tainted(c: &Cluster, victim: &str) -> Result<Duration> {
 }
 
 /// After [`restore_link`]: how long until the node was Ready, and until every
-/// agent had it in the Service's ring again; who holds the VIP then.
+/// agent had every node in the Service's ring again; who holds the VIP then.
 #[derive(Clone, Debug)]
 pub struct Rejoin {
     pub ready: Duration,
@@ -445,8 +445,9 @@ pub struct Rejoin {
     pub holder: String,
 }
 
-/// Joins the cut node `victim` to the segment again: it is Ready, every agent puts
-/// it back in `vip`'s ring, and new connections reach every pod of the Service again.
+/// Joins the cut node `victim` to the segment again: it is Ready, every agent has
+/// every node in `vip`'s ring again, and new connections reach every pod of the
+/// Service (a pod on each node) again.
 pub fn restore_link(c: &Cluster, victim: &str, vip: Ipv4Addr) -> Result<Rejoin> {
     let v = c.nodes().iter().position(|x| x.name == victim).ok_or_else(|| anyhow!("{victim} is not a node"))?;
     let t0 = Instant::now();
@@ -454,8 +455,13 @@ pub fn restore_link(c: &Cluster, victim: &str, vip: Ipv4Addr) -> Result<Rejoin> 
     let ready = c.wait_node_ready_status(victim, "True", Duration::from_secs(90))?;
     let holder = holder(c, vip, Duration::from_secs(30))?;
     let n = c.nodes().len();
+    // Every node in every agent's ring, not only the victim: the cut node's own
+    // agent took its peers out too (failed health checks) and puts them back
+    // (rise) about when they put it back; until then the VIP's traffic can reach
+    // one node's pod only.
+    let names: Vec<String> = c.nodes().iter().map(|x| x.name.clone()).collect();
     poll("every agent putting the node back in the Service's ring", Duration::from_secs(30), || {
-        Ok((0..n).all(|i| status(c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && x.backends.contains(&victim.to_owned())))).then_some(()))
+        Ok((0..n).all(|i| status(c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && names.iter().all(|m| x.backends.contains(m))))).then_some(()))
     })?;
     let in_ring = t0.elapsed();
     let seen = spread(c, vip, 20)?;

@@ -106,7 +106,7 @@ pub fn section() -> Result<Section> {
         let a = at("cluster_rejoin");
         s.para(
             line!(
-                "After each link cut (restored about 4 s after the cut, before the node went NotReady): link restored → every agent had the node in the Service's ring again: median {} ms, max {} ms ({} trials).",
+                "After each link cut (restored about 4 s after the cut, before the node went NotReady): link restored → every agent's ring for the Service whole again (both nodes back): median {} ms, max {} ms ({} trials).",
                 a.f("in_ring_ms_median").num(percentile(&ring, 0.5), 0),
                 a.f("in_ring_ms_max").num(percentile(&ring, 1.0), 0),
                 a.f("n").show(rejoins.len())
@@ -190,6 +190,10 @@ fn failover_table(s: &mut Section, cuts: &[FaultReport], kills: &[FaultReport]) 
             .with(a.f("longest_gap_ms").data(&gaps))
             .with(a.f("failed_per_trial").data(&failed))
             .with(a.f("fault_at_ms").data(rs.iter().map(|r| ms(r.fault_at)).collect::<Vec<_>>()))
+            // Where the longest gap ended, on the load's clock (as fault_at_ms): at the
+            // fault, or later (a killed agent's return takes the VIP back).
+            .with(a.f("gap_end_ms").data(rs.iter().map(|r| ms(r.load.gap_end)).collect::<Vec<_>>()))
+            .with(a.f("attempts_per_trial").data(rs.iter().map(|r| r.load.attempts).collect::<Vec<_>>()))
             .with(a.f("victims").data(rs.iter().map(|r| r.victim.clone()).collect::<Vec<_>>())),
         );
     }
