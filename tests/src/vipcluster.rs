@@ -19,8 +19,9 @@ use serde_json::Value;
 use vip_agent::status::Status;
 
 use crate::{
-    cluster::{http_get, node_addr, Cluster, TESTPOD_IMAGE},
+    cluster::{http_get, node_addr, Cluster, AGENT_IMAGE, TESTPOD_IMAGE},
     kubeapi::deploy_dir,
+    mapmem::quantity_bytes,
     netns::NetNs,
 };
 
@@ -336,6 +337,204 @@ fn find_dir(dir: &std::path::Path, name: &str, depth: u32) -> Option<std::path::
 pub fn agent_pods(c: &Cluster) -> Result<BTreeMap<String, Value>> {
     let pods = c.get("/api/v1/namespaces/vip-system/pods?labelSelector=app.kubernetes.io%2Fname%3Dvip")?;
     Ok(pods["items"].as_array().into_iter().flatten().filter_map(|p| Some((p["spec"]["nodeName"].as_str()?.to_owned(), p.clone()))).collect())
+}
+
+/// The containerd id of the vip-agent container on node `node` (from its pod's
+/// status), for `ctr tasks`.
+pub fn agent_container_id(c: &Cluster, node: &str) -> Result<String> {
+    let pods = agent_pods(c)?;
+    let pod = pods.get(node).ok_or_else(|| anyhow!("no vip-agent pod on {node}"))?;
+    let id = pod["status"]["containerStatuses"][0]["containerID"].as_str().ok_or_else(|| anyhow!("{node}: the vip-agent pod has no container id yet"))?;
+    Ok(id.trim_start_matches("containerd://").to_owned())
+}
+
+/// One vip-agent pod's memory cgroup charge.
+#[derive(Clone, Debug)]
+pub struct PodMemory {
+    pub node: String,
+    pub pod: String,
+    /// Bytes charged now, and the most ever charged (memory.max_usage_in_bytes).
+    pub now: u64,
+    pub peak: u64,
+}
+
+/// The memory limit of the agent container (the manifest's `limits.memory`) and
+/// each agent pod's charge, in node order.
+pub fn agent_memory(c: &Cluster) -> Result<(u64, Vec<PodMemory>)> {
+    let pods = agent_pods(c)?;
+    let any = pods.values().next().ok_or_else(|| anyhow!("no vip-agent pod"))?;
+    let limit = any["spec"]["containers"][0]["resources"]["limits"]["memory"].as_str().ok_or_else(|| anyhow!("the agent container has no memory limit"))?;
+    let limit = quantity_bytes(limit)?;
+    let mut out = Vec::new();
+    for (i, node) in c.nodes().iter().enumerate() {
+        let pod = pods.get(&node.name).ok_or_else(|| anyhow!("no vip-agent pod on {}", node.name))?;
+        let uid = pod["metadata"]["uid"].as_str().ok_or_else(|| anyhow!("{}: a pod without a uid", node.name))?;
+        let (now, peak) = pod_memory(c, i, uid)?;
+        out.push(PodMemory { node: node.name.clone(), pod: pod["metadata"]["name"].as_str().unwrap_or_default().to_owned(), now, peak });
+    }
+    Ok((limit, out))
+}
+
+/// What a fault on the holder of a VIP did to a [`Load`] on it.
+#[derive(Clone, Debug)]
+pub struct FaultReport {
+    /// The node that held the VIP and got the fault.
+    pub victim: String,
+    /// When, after the load's start, the fault was made.
+    pub fault_at: Duration,
+    /// The holder every agent agreed on after the fault (agent kill), or the owner
+    /// the other agents moved the VIP to (link cut); None: not seen in time.
+    pub new_holder: Option<String>,
+    pub load: LoadReport,
+    /// The Service's pods → their nodes, taken before the fault.
+    pub pod_nodes: BTreeMap<String, String>,
+}
+
+impl FaultReport {
+    /// Long-lived connections (served, broken) by pods on the victim (`true`) or
+    /// on the other nodes (`false`).
+    pub fn long_lived_on(&self, victim: bool) -> (u32, u32) {
+        let on = |m: &BTreeMap<String, u32>| -> u32 {
+            m.iter().filter(|(p, _)| self.pod_nodes.get(*p).is_some_and(|n| (n == &self.victim) == victim)).map(|(_, k)| *k).sum()
+        };
+        (on(&self.load.long_lived), on(&self.load.broken))
+    }
+}
+
+/// The holder of `vip` (Service `app`): its index and name, and the Service's pods.
+fn victim(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<(usize, String, BTreeMap<String, String>)> {
+    let name = holder(c, vip, Duration::from_secs(30))?;
+    let v = c.nodes().iter().position(|x| x.name == name).ok_or_else(|| anyhow!("the holder {name} is not a node"))?;
+    Ok((v, name, pod_nodes(c, app)?))
+}
+
+/// Under a [`Load`] (12 long-lived connections) on `vip`, the holder's vip-agent
+/// container gets SIGKILL (`ctr tasks kill`); the load runs on until the DaemonSet
+/// is whole again (the kubelet restarted the container) and 2 s more.
+pub fn kill_agent_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultReport> {
+    let (v, victim, pod_nodes) = victim(c, app, vip)?;
+    let load = Load::start(c.client(), vip, 12)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let id = agent_container_id(c, &victim)?;
+    let fault_at = load.elapsed();
+    c.node(v).ctr(&["tasks", "kill", "-s", "SIGKILL", &id])?;
+    let new_holder = holder(c, vip, Duration::from_secs(10)).ok();
+    // Until the kubelet has seen the container die, the DaemonSet still counts it.
+    std::thread::sleep(Duration::from_secs(2));
+    c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(120))?;
+    std::thread::sleep(Duration::from_secs(2));
+    let load = load.finish()?;
+    Ok(FaultReport { victim, fault_at, new_holder, load, pod_nodes })
+}
+
+/// Under a [`Load`] (12 long-lived connections) on `vip`, the holder is cut off
+/// the segment (its bridge port disabled, the link stays up); the load runs until
+/// the other agents have moved the VIP and 3 s more. The link stays cut: the
+/// caller restores it ([`restore_link`]), after [`wait_cut_node_tainted`] or not.
+/// Fails (after finishing the load) when the VIP did not move within 10 s.
+pub fn cut_link_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultReport> {
+    let (v, victim, pod_nodes) = victim(c, app, vip)?;
+    let load = Load::start(c.client(), vip, 12)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let fault_at = load.elapsed();
+    c.segment().isolate(&c.node(v).ns, true)?;
+    let others: Vec<usize> = (0..c.nodes().len()).filter(|i| *i != v).collect();
+    let moved = poll("the VIP moved off the cut node", Duration::from_secs(10), || {
+        let owners: Vec<Option<String>> = others.iter().map(|i| status(c, *i).ok().and_then(|s| s.owners.get(&vip).cloned())).collect();
+        Ok(match owners.first() {
+            Some(Some(o)) if *o != victim && owners.iter().all(|x| x.as_ref() == Some(o)) => Some(o.clone()),
+            _ => None,
+        })
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let load = load.finish()?;
+    let new_holder = Some(moved.with_context(|| format!("the load: {load:?}"))?);
+    Ok(FaultReport { victim, fault_at, new_holder, load, pod_nodes })
+}
+
+/// The cut node `victim` goes NotReady (Unknown: its kubelet is silent) and is
+/// tainted unreachable by the controller manager; how long that took.
+pub fn wait_cut_node_tainted(c: &Cluster, victim: &str) -> Result<Duration> {
+    let not_ready = c.wait_node_ready_status(victim, "Unknown", Duration::from_secs(90))?;
+    let node = c.get(&format!("/api/v1/nodes/{victim}"))?;
+    ensure!(
+        node["spec"]["taints"].as_array().is_some_and(|ts| ts.iter().any(|t| t["key"] == "node.kubernetes.io/unreachable")),
+        "the cut node {victim} is not tainted unreachable: {}",
+        node["spec"]["taints"]
+    );
+    Ok(not_ready)
+}
+
+/// After [`restore_link`]: how long until the node was Ready, and until every
+/// agent had every node in the Service's ring again; who holds the VIP then.
+#[derive(Clone, Debug)]
+pub struct Rejoin {
+    pub ready: Duration,
+    pub in_ring: Duration,
+    pub holder: String,
+}
+
+/// Joins the cut node `victim` to the segment again: it is Ready, every agent has
+/// every node in `vip`'s ring again, and new connections reach every pod of the
+/// Service (a pod on each node) again.
+pub fn restore_link(c: &Cluster, victim: &str, vip: Ipv4Addr) -> Result<Rejoin> {
+    let v = c.nodes().iter().position(|x| x.name == victim).ok_or_else(|| anyhow!("{victim} is not a node"))?;
+    let t0 = Instant::now();
+    c.segment().isolate(&c.node(v).ns, false)?;
+    let ready = c.wait_node_ready_status(victim, "True", Duration::from_secs(90))?;
+    let holder = holder(c, vip, Duration::from_secs(30))?;
+    let n = c.nodes().len();
+    // Every node in every agent's ring, not only the victim: the cut node's own
+    // agent took its peers out too (failed health checks) and puts them back
+    // (rise) about when they put it back; until then the VIP's traffic can reach
+    // one node's pod only.
+    let names: Vec<String> = c.nodes().iter().map(|x| x.name.clone()).collect();
+    poll("every agent putting the node back in the Service's ring", Duration::from_secs(30), || {
+        Ok((0..n).all(|i| status(c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && names.iter().all(|m| x.backends.contains(m))))).then_some(()))
+    })?;
+    let in_ring = t0.elapsed();
+    let seen = spread(c, vip, 20)?;
+    ensure!(seen.len() == n, "after {victim} came back, 20 connections reached only {seen:?}");
+    Ok(Rejoin { ready, in_ring, holder })
+}
+
+/// A rolling upgrade of the vip-agent DaemonSet.
+#[derive(Clone, Debug)]
+pub enum Upgrade {
+    /// `kubectl rollout restart`: new pods, same image.
+    RolloutRestart,
+    /// `kubectl set image` to this name, tagged on every node as the same image
+    /// (a new image as far as Kubernetes knows).
+    Image(String),
+}
+
+impl Upgrade {
+    /// The image change the cluster test makes: [`AGENT_IMAGE`] with `-next` appended.
+    pub fn next_image() -> Self {
+        Upgrade::Image(format!("{AGENT_IMAGE}-next"))
+    }
+}
+
+/// Under a [`Load`] (12 long-lived connections) on `vip`, the DaemonSet is
+/// upgraded; the load runs until its rollout is complete and 3 s more.
+pub fn upgrade_under_load(c: &Cluster, vip: Ipv4Addr, upgrade: &Upgrade) -> Result<LoadReport> {
+    let load = Load::start(c.client(), vip, 12)?;
+    std::thread::sleep(Duration::from_secs(1));
+    match upgrade {
+        Upgrade::RolloutRestart => {
+            c.kubectl(&["-n", "vip-system", "rollout", "restart", "daemonset/vip-agent"])?;
+        }
+        Upgrade::Image(image) => {
+            for node in c.nodes() {
+                node.ctr(&["images", "tag", "--force", AGENT_IMAGE, image])?;
+            }
+            c.kubectl(&["-n", "vip-system", "set", "image", "daemonset/vip-agent", &format!("agent={image}")])?;
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(180))?;
+    std::thread::sleep(Duration::from_secs(3));
+    load.finish()
 }
 
 /// Polls `f` every 100 ms until it gives a value, for at most `limit`.

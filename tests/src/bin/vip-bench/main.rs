@@ -1,10 +1,11 @@
 //! `cargo xtask bench`: one module per section, each measuring into one
 //! [`report::Report`] that is written as OUT_DIR/bench.md and OUT_DIR/bench.json.
-//! `VIP_BENCH_ONLY=xdp,live,maglev,health,failover,k8s,auth,scale` runs a subset
+//! `VIP_BENCH_ONLY=xdp,live,maglev,health,failover,k8s,cluster,auth,scale` runs a subset
 //! (for quick iteration; BENCHMARKS.md quotes full runs). The sections that send
 //! real frames through an attached program (live, failover) measure generic and
 //! native XDP in the same run.
 mod auth;
+mod cluster;
 mod failover;
 mod health;
 mod k8s;
@@ -42,12 +43,13 @@ fn main() -> Result<()> {
         let section = if std::env::var("VIP_BENCH_NETNS").as_deref() == Ok("caller") { xdp::section()? } else { NetNs::new("vbench")?.run(xdp::section)?? };
         report.push(section);
     }
-    let sections: [(&str, Bench); 7] = [
+    let sections: [(&str, Bench); 8] = [
         ("live", live::section),
         ("maglev", maglev::section),
         ("health", health::section),
         ("failover", failover::section),
         ("k8s", k8s::section),
+        ("cluster", cluster::section),
         ("auth", auth::section),
         ("scale", scale::section),
     ];
