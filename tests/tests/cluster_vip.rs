@@ -28,9 +28,8 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use vip_tests::{
-    cluster::{self, Cluster, ClusterSpec, ProxyMode, AGENT_IMAGE},
+    cluster::{self, Cluster, ClusterSpec, ProxyMode},
     kubeapi::deploy_dir,
-    mapmem::quantity_bytes,
     vipcluster::{self as vc, Load},
 };
 
@@ -48,10 +47,7 @@ const CAP_BPF: u32 = 39;
 /// The effective capabilities of the agent container on node `i` (from its task's
 /// /proc status: the pid ctr reports for the container id the pod status names).
 fn agent_caps(c: &Cluster, i: usize) -> u64 {
-    let node = &c.node(i).name;
-    let pods = vc::agent_pods(c).unwrap();
-    let pod = &pods[node];
-    let id = pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://").to_owned();
+    let id = vc::agent_container_id(c, &c.node(i).name).unwrap();
     let tasks = stdout(&c.node(i).ctr(&["tasks", "ls"]).unwrap());
     let pid = tasks.lines().find(|l| l.starts_with(&id)).and_then(|l| l.split_whitespace().nth(1)).unwrap_or_else(|| panic!("no task {id}:\n{tasks}"));
     let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -75,8 +71,8 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     let pods = vc::agent_pods(&c).unwrap();
     assert_eq!(pods.len(), n, "one agent pod per node: {:?}", pods.keys());
     let want_caps = (1u64 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW) | (1u64 << CAP_BPF);
-    let limit = quantity_bytes(pods.values().next().unwrap()["spec"]["containers"][0]["resources"]["limits"]["memory"].as_str().unwrap()).unwrap();
-    for i in 0..n {
+    let (limit, memory) = vc::agent_memory(&c).unwrap();
+    for (i, m) in memory.iter().enumerate() {
         let node = c.node(i);
         let pod = &pods[&node.name];
         assert_ne!(pod["spec"]["containers"][0]["securityContext"]["privileged"], true, "the agent runs unprivileged");
@@ -85,16 +81,9 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
         assert!(pins.contains("lb4_flows") && pins.contains("links"), "{}: pins in the node's bpffs: {pins}", node.name);
         let link = stdout(&node.exec(&["ip", "-d", "link", "show", "eth0"]).unwrap());
         assert!(link.contains("xdpgeneric"), "{}: auto mode on a veth attaches generic XDP: {link}", node.name);
-        let uid = pod["metadata"]["uid"].as_str().unwrap();
-        let (now, peak) = vc::pod_memory(&c, i, uid).unwrap();
-        eprintln!(
-            "cluster-vip: memory: {} agent pod {:.1} MiB now, {:.1} MiB peak (limit {:.0} MiB)",
-            node.name,
-            now as f64 / 1048576.0,
-            peak as f64 / 1048576.0,
-            limit as f64 / 1048576.0
-        );
-        assert!(peak < limit, "{}: the agent pod peaked at {peak} bytes, its limit is {limit}", node.name);
+        let mib = |b: u64| b as f64 / 1048576.0;
+        eprintln!("cluster-vip: memory: {} agent pod {:.1} MiB now, {:.1} MiB peak (limit {:.0} MiB)", m.node, mib(m.now), mib(m.peak), mib(limit));
+        assert!(m.peak < limit, "{}: the agent pod peaked at {} bytes, its limit is {limit}", m.node, m.peak);
     }
     let secret = c.get("/api/v1/namespaces/vip-system/secrets/vip-heartbeat").expect("the agents created the heartbeat key Secret");
     assert!(secret["data"]["key"].is_string());
@@ -157,60 +146,22 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     c.kubectl(&["-n", "default", "delete", "service", "local"]).unwrap();
     vc::apply_web(&c, "web", n, "Local", None).unwrap();
     vc::wait_local_synced(&c, "web", 30 * SECOND).unwrap();
-    let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
-    let v = c.nodes().iter().position(|x| x.name == victim).unwrap();
-    let pod_nodes = vc::pod_nodes(&c, "web").unwrap();
-    let load = Load::start(c.client(), vip, 12).unwrap();
-    std::thread::sleep(SECOND);
-    let id =
-        vc::agent_pods(&c).unwrap()[&victim]["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://").to_owned();
-    let killed_at = load.elapsed();
-    c.node(v).ctr(&["tasks", "kill", "-s", "SIGKILL", &id]).unwrap();
-    let new_holder = vc::holder(&c, vip, 10 * SECOND);
-    std::thread::sleep(2 * SECOND);
-    c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(120)).unwrap();
-    std::thread::sleep(2 * SECOND);
-    let r = load.finish().unwrap();
-    eprintln!("cluster-vip: failover (agent pod SIGKILL on {victim}, then {new_holder:?} held it): {r:?}, killed at {killed_at:?}");
-    survivors_kept(&c, &r, &pod_nodes, &victim, "agent pod killed");
-    assert!(r.longest_gap < 5 * SECOND, "agent pod killed: new connections stopped for {:?}", r.longest_gap);
+    let f = vc::kill_agent_trial(&c, "web", vip).unwrap();
+    eprintln!("cluster-vip: failover (agent pod SIGKILL on {}, then {:?} held it): {:?}, killed at {:?}", f.victim, f.new_holder, f.load, f.fault_at);
+    survivors_kept(&c, &f, "agent pod killed");
+    assert!(f.load.longest_gap < 5 * SECOND, "agent pod killed: new connections stopped for {:?}", f.load.longest_gap);
 
-    let victim = vc::holder(&c, vip, 30 * SECOND).unwrap();
-    let v = c.nodes().iter().position(|x| x.name == victim).unwrap();
-    let load = Load::start(c.client(), vip, 12).unwrap();
-    std::thread::sleep(SECOND);
-    let cut_at = load.elapsed();
-    c.segment().isolate(&c.node(v).ns, true).unwrap();
-    let moved = vc::poll("the VIP moved off the cut node", 10 * SECOND, || {
-        let others: Vec<usize> = (0..n).filter(|i| *i != v).collect();
-        Ok(others.iter().all(|i| vc::status(&c, *i).ok().and_then(|s| s.owners.get(&vip).cloned()).is_some_and(|o| o != victim)).then_some(()))
-    });
-    std::thread::sleep(3 * SECOND);
-    let r = load.finish().unwrap();
+    let f = vc::cut_link_trial(&c, "web", vip).unwrap();
     eprintln!(
-        "cluster-vip: failover (link of {victim} cut at {cut_at:?}): longest gap without a new connection {:?} ending at {:?}; {r:?}",
-        r.longest_gap, r.gap_end
+        "cluster-vip: failover (link of {} cut at {:?}, the VIP moved to {:?}): longest gap without a new connection {:?} ending at {:?}; {:?}",
+        f.victim, f.fault_at, f.new_holder, f.load.longest_gap, f.load.gap_end, f.load
     );
-    moved.unwrap();
-    survivors_kept(&c, &r, &pod_nodes, &victim, "link cut");
-    assert!(r.longest_gap < 3 * SECOND, "link cut: new connections stopped for {:?}", r.longest_gap);
-    let not_ready = c.wait_node_ready_status(&victim, "Unknown", Duration::from_secs(90)).unwrap();
-    let node = c.get(&format!("/api/v1/nodes/{victim}")).unwrap();
-    assert!(
-        node["spec"]["taints"].as_array().is_some_and(|ts| ts.iter().any(|t| t["key"] == "node.kubernetes.io/unreachable")),
-        "the cut node is tainted unreachable: {}",
-        node["spec"]["taints"]
-    );
-    eprintln!("cluster-vip: {victim} NotReady (Unknown) and tainted {not_ready:?} after its VIP had moved");
-    c.segment().isolate(&c.node(v).ns, false).unwrap();
-    let back = c.wait_node_ready_status(&victim, "True", Duration::from_secs(90)).unwrap();
-    let again = vc::holder(&c, vip, 30 * SECOND).unwrap();
-    let live_again = vc::poll("every agent putting the node back in the Service's ring", 30 * SECOND, || {
-        Ok((0..n).all(|i| vc::status(&c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && x.backends.contains(&victim)))).then_some(()))
-    });
-    eprintln!("cluster-vip: {victim} Ready again after {back:?}; the VIP is held by {again}");
-    live_again.unwrap();
-    assert_eq!(vc::spread(&c, vip, 20).unwrap().len(), n, "both pods answer again");
+    survivors_kept(&c, &f, "link cut");
+    assert!(f.load.longest_gap < 3 * SECOND, "link cut: new connections stopped for {:?}", f.load.longest_gap);
+    let not_ready = vc::wait_cut_node_tainted(&c, &f.victim).unwrap();
+    eprintln!("cluster-vip: {} NotReady (Unknown) and tainted {not_ready:?} after its VIP had moved", f.victim);
+    let back = vc::restore_link(&c, &f.victim, vip).unwrap();
+    eprintln!("cluster-vip: {} back: {back:?}", f.victim);
 
     // A node whose kubelet stops (its agent and pods keep running): the controller
     // manager marks it NotReady and taints it, and vip follows the Node: its VIPs
@@ -220,6 +171,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     let pod_nodes = vc::pod_nodes(&c, "web").unwrap();
     let load = Load::start(c.client(), vip, 12).unwrap();
     std::thread::sleep(SECOND);
+    let fault_at = load.elapsed();
     assert!(c.node(v).stop_kubelet(), "{victim}: the kubelet was running");
     let not_ready = c.wait_node_ready_status(&victim, "Unknown", Duration::from_secs(90)).unwrap();
     let others: Vec<usize> = (0..n).filter(|i| *i != v).collect();
@@ -236,8 +188,9 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     let r = load.finish().unwrap();
     eprintln!("cluster-vip: kubelet of {victim} stopped: NotReady (Unknown) after {not_ready:?}; {} of {} new connections failed; {r:?}", r.failed, r.attempts);
     left.unwrap();
-    survivors_kept(&c, &r, &pod_nodes, &victim, "kubelet stopped");
     assert_eq!(r.failed, 0, "kubelet stopped: the VIP moved between two live agents, no new connection may fail: {r:?}");
+    let f = vc::FaultReport { victim: victim.clone(), fault_at, new_holder: None, load: r, pod_nodes };
+    survivors_kept(&c, &f, "kubelet stopped");
     c.node(v).start_kubelet().unwrap();
     let back = c.wait_node_ready_status(&victim, "True", Duration::from_secs(90)).unwrap();
     vc::poll("the node back in the ring after its kubelet returned", 30 * SECOND, || {
@@ -247,24 +200,8 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     eprintln!("cluster-vip: kubelet of {victim} back: Ready after {back:?}, the VIP held by {}", vc::holder(&c, vip, 30 * SECOND).unwrap());
 
     // 5. Upgrades under load.
-    for (what, action) in [("rollout restart", None), ("image change", Some(format!("{AGENT_IMAGE}-next")))] {
-        let load = Load::start(c.client(), vip, 12).unwrap();
-        std::thread::sleep(SECOND);
-        match &action {
-            None => {
-                c.kubectl(&["-n", "vip-system", "rollout", "restart", "daemonset/vip-agent"]).unwrap();
-            }
-            Some(image) => {
-                for node in c.nodes() {
-                    node.ctr(&["images", "tag", "--force", AGENT_IMAGE, image]).unwrap();
-                }
-                c.kubectl(&["-n", "vip-system", "set", "image", "daemonset/vip-agent", &format!("agent={image}")]).unwrap();
-            }
-        }
-        std::thread::sleep(SECOND);
-        c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(180)).unwrap();
-        std::thread::sleep(3 * SECOND);
-        let r = load.finish().unwrap();
+    for (what, upgrade) in [("rollout restart", vc::Upgrade::RolloutRestart), ("image change", vc::Upgrade::next_image())] {
+        let r = vc::upgrade_under_load(&c, vip, &upgrade).unwrap();
         eprintln!(
             "cluster-vip: upgrade ({what}): {} of {} new connections failed, {} of {} long-lived broke; {r:?}",
             r.failed,
@@ -288,10 +225,9 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     }
 }
 
-/// Long-lived connections served by pods on nodes other than `victim` all survived.
-fn survivors_kept(c: &Cluster, r: &vc::LoadReport, pod_nodes: &std::collections::BTreeMap<String, String>, victim: &str, what: &str) {
-    let on_survivors: u32 = r.long_lived.iter().filter(|(p, _)| pod_nodes.get(*p).is_some_and(|n| n != victim)).map(|(_, k)| *k).sum();
-    assert!(on_survivors > 0, "{what}: no long-lived connection was served by a surviving node: {r:?}");
-    let broken: u32 = r.broken.iter().filter(|(p, _)| pod_nodes.get(*p).is_some_and(|n| n != victim)).map(|(_, k)| *k).sum();
-    assert_eq!(broken, 0, "{what}: {broken} long-lived connections served by surviving nodes broke: {r:?}; pods: {pod_nodes:?}\n{}", vc::agent_logs(c));
+/// Long-lived connections served by pods on nodes other than the victim all survived.
+fn survivors_kept(c: &Cluster, f: &vc::FaultReport, what: &str) {
+    let (served, broken) = f.long_lived_on(false);
+    assert!(served > 0, "{what}: no long-lived connection was served by a surviving node: {f:?}");
+    assert_eq!(broken, 0, "{what}: {broken} long-lived connections served by surviving nodes broke: {f:?}\n{}", vc::agent_logs(c));
 }
