@@ -211,6 +211,10 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
     order.sort_by_key(|s| (ingress_ips(s).is_empty(), s.metadata.creation_timestamp.as_ref().map(|t| t.0), key(s)));
     let mut usage: Usage = BTreeMap::new();
     let mut out = Vec::new();
+    // Every kept address is taken before any Service is given a new one: a Service
+    // whose address went (its pool was deleted) must not take the address a Service
+    // later in the order still holds.
+    let mut to_choose = Vec::new();
     for s in order {
         let me = key(s);
         let held: Vec<Ipv4Addr> = ingress_ips(s).into_iter().filter(|a| pool_of(*a).is_some()).collect();
@@ -255,10 +259,21 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
         for a in held.iter().filter(|a| Some(**a) != keep) {
             out.push(Decision::Release { service: me.clone(), addr: *a, why: "the address no longer fits the Service or its pool".into() });
         }
-        let chosen = match (keep, &want) {
-            (Some(a), _) => Ok((a, None)),
-            (None, Some(Err(e))) => Err(e.clone()),
-            (None, Some(Ok(r))) => match pool_of(*r) {
+        match keep {
+            Some(a) => usage.entry(a).or_default().push((me, share.map(str::to_owned), my_ports)),
+            None => to_choose.push(s),
+        }
+    }
+    for s in to_choose {
+        let me = key(s);
+        let my_ports = ports(s);
+        let share = sharing_key(s);
+        let want = requested(s);
+        let want_pool = requested_pool(s);
+        let in_wanted_pool = |a: Ipv4Addr| want_pool.is_none_or(|(_, name)| pool_of(a).is_some_and(|p| p.name == name));
+        let chosen = match &want {
+            Some(Err(e)) => Err(e.clone()),
+            Some(Ok(r)) => match pool_of(*r) {
                 None => Err(format!("requested address {r} is in no VipPool")),
                 Some(p) if !in_wanted_pool(*r) => {
                     let (ann, name) = want_pool.expect("a requested pool");
@@ -270,9 +285,9 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
                 Some(_) if !can_share(&usage, *r, &me, share, &my_ports) => {
                     Err(format!("requested address {r} is in use by another Service (share it with a common {ANNOTATION_SHARING_KEY} and distinct ports)"))
                 }
-                Some(p) => Ok((*r, Some(p.name.clone()))),
+                Some(p) => Ok((*r, p.name.clone())),
             },
-            (None, None) => {
+            None => {
                 // A named pool is used whatever its autoAssign (as MetalLB does).
                 let candidates: Vec<&PoolView> = match want_pool {
                     Some((_, name)) => pools.iter().filter(|p| p.name == name).collect(),
@@ -284,7 +299,7 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
                     let shared =
                         share.and_then(|_| p.addresses.iter().copied().find(|a| usage.contains_key(a) && can_share(&usage, *a, &me, share, &my_ports)));
                     if let Some(a) = shared.or_else(|| p.addresses.iter().copied().find(|a| !usage.contains_key(a))) {
-                        found = Some((a, Some(p.name.clone())));
+                        found = Some((a, p.name.clone()));
                         break;
                     }
                 }
@@ -301,9 +316,7 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
         match chosen {
             Ok((a, pool)) => {
                 usage.entry(a).or_default().push((me.clone(), share.map(str::to_owned), my_ports));
-                if let Some(pool) = pool {
-                    out.push(Decision::Allocate { service: me, addr: a, pool });
-                }
+                out.push(Decision::Allocate { service: me, addr: a, pool });
             }
             Err(why) => out.push(Decision::Pending { service: me, why }),
         }
@@ -390,6 +403,23 @@ mod tests {
         // Order of the input does not matter.
         let rev: Vec<Service> = svcs.iter().rev().cloned().collect();
         assert_eq!(allocate(&pools, &rev, &BTreeMap::new()), d);
+    }
+
+    #[test]
+    fn an_address_still_held_is_never_given_to_a_service_earlier_in_the_order() {
+        // "early" lost its address (its pool went); "late" holds the pool's only one.
+        let pools = [pool("a", 30, 1, true)];
+        let svcs = [with_ip(svc("early", 0, &[80]), "198.18.1.12"), with_ip(svc("late", 1, &[80]), "198.18.1.30")];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        assert!(alloc(&d).is_empty(), "{d:?}");
+        assert!(d.iter().any(|x| matches!(x, Decision::Release { service, .. } if service == "default/early")), "{d:?}");
+        assert!(!d.iter().any(|x| matches!(x, Decision::Release { service, .. } if service == "default/late")), "{d:?}");
+        assert!(d.iter().any(|x| matches!(x, Decision::Pending { service, .. } if service == "default/early")), "{d:?}");
+        // An address asked for is no different.
+        let svcs = [annotate(svcs[0].clone(), ANNOTATION_ADDRESS, "198.18.1.30"), svcs[1].clone()];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        assert!(alloc(&d).is_empty(), "{d:?}");
+        assert!(!d.iter().any(|x| matches!(x, Decision::Release { service, .. } if service == "default/late")), "{d:?}");
     }
 
     #[test]
