@@ -231,6 +231,10 @@ pub struct World {
     pub failover: Failover,
     /// Seed of the Maglev permutation: equal on every node, or rings differ.
     pub maglev_seed: u64,
+    /// Nodes of the cluster not in `nodes`, with why (Kubernetes: excluded from
+    /// load balancers, not ready): said when a pool is left with no node to hold
+    /// its VIPs.
+    pub left_out: BTreeMap<String, String>,
 }
 
 impl World {

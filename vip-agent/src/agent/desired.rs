@@ -49,6 +49,39 @@ pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership 
     d
 }
 
+/// The VIPs of every pool that no node holds, with why, as this node can tell:
+/// a pool that no node of the model may hold (the node selector and tolerations
+/// admit none; nodes excluded from load balancers or not ready are not in the
+/// model) is known to every agent; one whose eligible nodes are all dead is said
+/// only by a live member (a node cut off sees every peer dead).
+pub fn unheld(world: &World, me: &str, live: &BTreeSet<String>, owners: &BTreeMap<Ipv4Addr, String>) -> BTreeMap<Ipv4Addr, String> {
+    let mut out = BTreeMap::new();
+    for pool in &world.pools {
+        let eligible: Vec<&str> = world.eligible(pool).into_iter().map(|n| n.name.as_str()).collect();
+        let why = if eligible.is_empty() {
+            let mut why = format!(
+                "no node may hold VipPool {:?}'s addresses: none of the {} node(s) in use matches its nodeSelector and tolerations",
+                pool.name,
+                world.nodes.len()
+            );
+            if !world.left_out.is_empty() {
+                let some: Vec<String> = world.left_out.iter().take(5).map(|(n, r)| format!("{n} ({r})")).collect();
+                let more = world.left_out.len().saturating_sub(5);
+                why += &format!("; left out: {}{}", some.join(", "), if more > 0 { format!(" and {more} more") } else { String::new() });
+            }
+            why
+        } else if live.contains(me) {
+            format!("none of VipPool {:?}'s eligible nodes ({}) is alive: no heartbeats heard", pool.name, eligible.join(", "))
+        } else {
+            continue;
+        };
+        for a in pool.addresses.iter().filter(|a| !owners.contains_key(a)) {
+            out.insert(*a, why.clone());
+        }
+    }
+    out
+}
+
 /// What the service maps of one node should hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
@@ -146,6 +179,31 @@ services:
     backendSelector: {}
     healthCheck: {type: tcp, rise: 1, fall: 1}
 "#;
+
+    #[test]
+    fn unheld_vips_say_why() {
+        let mut w = parse(CFG).unwrap();
+        let all: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
+        let o = ownership(&w, "b1", &all);
+        assert!(unheld(&w, "b1", &all, &o.owners).is_empty(), "every VIP has an owner");
+        // Both eligible nodes dead, as a live member sees it.
+        let only_b1: BTreeSet<String> = ["b1".to_owned()].into();
+        let o = ownership(&w, "b1", &only_b1);
+        let u = unheld(&w, "b1", &only_b1, &o.owners);
+        assert_eq!(u.len(), 4);
+        assert_eq!(u[&"198.18.1.1".parse().unwrap()], r#"none of VipPool "p"'s eligible nodes (lb1, lb2) is alive: no heartbeats heard"#);
+        // A node that is no member cannot tell dead from cut off: it says nothing...
+        assert!(unheld(&w, "b1", &BTreeSet::new(), &BTreeMap::new()).is_empty());
+        // ...but a pool no node of the model may hold is known to everyone.
+        w.nodes.retain(|n| !n.name.starts_with("lb"));
+        w.left_out = [("lb1".to_owned(), "labelled node.kubernetes.io/exclude-from-external-load-balancers".to_owned())].into();
+        let u = unheld(&w, "b1", &BTreeSet::new(), &BTreeMap::new());
+        assert_eq!(u.len(), 4);
+        assert_eq!(
+            u[&"198.18.1.4".parse().unwrap()],
+            r#"no node may hold VipPool "p"'s addresses: none of the 2 node(s) in use matches its nodeSelector and tolerations; left out: lb1 (labelled node.kubernetes.io/exclude-from-external-load-balancers)"#
+        );
+    }
 
     fn names(d: &DesiredService) -> Vec<&str> {
         d.spec.backends.iter().map(|b| b.name.as_str()).collect()

@@ -291,7 +291,7 @@ fn validate(f: File) -> Result<World, FieldError> {
     let fo = f.failover;
     let failover = Failover { heartbeat_port: fo.heartbeat_port, heartbeat_interval: fo.heartbeat_interval, dead_after: fo.dead_after };
     check_timers(&announce, &failover, &FILE_TIMER_FIELDS)?;
-    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed })
+    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed, left_out: BTreeMap::new() })
 }
 
 /// What a source calls the timers and the heartbeat port in its messages: the
