@@ -244,6 +244,8 @@ pub struct Metrics {
     pub backend_healthy: Tracked<BackendLabels, Gauge>,
     pub ring_updates: Tracked<ServiceLabels, Counter>,
     pub ring_slots_written: Tracked<ServiceLabels, Counter>,
+    /// 1 for each service-port failing open (every backend's check down).
+    pub service_failing_open: Tracked<ServiceLabels, Gauge>,
     /// One batch of service changes written to the maps (sweep excluded).
     pub map_write_seconds: Histogram,
     /// The flow-table sweep that follows a batch which took backends from services.
@@ -294,6 +296,7 @@ impl Metrics {
             backend_healthy: Tracked::default(),
             ring_updates: Tracked::default(),
             ring_slots_written: Tracked::default(),
+            service_failing_open: Tracked::default(),
             map_write_seconds: buckets(),
             flow_sweep_seconds: buckets(),
             flows_evicted: Counter::default(),
@@ -354,6 +357,11 @@ impl Metrics {
         );
         registry.register("vip_backend_healthy", "Health of each backend node under each health check (1 healthy, 0 down)", m.backend_healthy.family());
         registry.register("vip_ring_updates", "Maglev ring changes per service-port", m.ring_updates.family());
+        registry.register(
+            "vip_service_failing_open",
+            "1 for each service-port whose health check has every backend down and that fails open: new connections go to all of them (the pool's noHealthyBackend: FailOpen)",
+            m.service_failing_open.family(),
+        );
         registry.register(
             "vip_ring_slots_written",
             "Ring slots written per service-port (0 when it joined a ring another service had)",
@@ -575,6 +583,7 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     for f in [&m.ring_updates, &m.ring_slots_written] {
         f.with(&ServiceLabels::new("", &svc), |_| ());
     }
+    m.service_failing_open.with(&ServiceLabels::new("", &svc), |_| ());
     let _ = m.config_reloads.get_or_create(&ResultLabels { result: s() });
     m.pool_addresses.with(&PoolStateLabels { pool: s(), state: s() }, |_| ());
     #[derive(Debug)]

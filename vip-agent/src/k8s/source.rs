@@ -334,6 +334,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                     backend_selector: pool.spec.node_selector.clone(),
                     backend_nodes: local.then(|| local_endpoint_nodes(svc, slices)),
                     health,
+                    no_healthy_backend: pool.spec.no_healthy_backend,
                 });
             }
         }
