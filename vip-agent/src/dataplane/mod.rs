@@ -65,7 +65,7 @@ pub struct Dataplane {
     backends: Array<MapData, Lb4Backend>,
     ring: Array<MapData, u32>,
     flows: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
-    flows_new: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
+    first_packets: Array<MapData, Lb4FirstPacket>,
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
@@ -118,7 +118,7 @@ macro_rules! maps_from {
             $get(s, names::BACKENDS)?,
             $get(s, names::RING)?,
             $get(s, names::FLOWS)?,
-            $get(s, names::FLOWS_NEW)?,
+            $get(s, names::FIRST_PACKETS)?,
             $get(s, names::STATS)?,
             $get(s, names::SERVICE_STATS)?,
             $get(s, names::BACKEND_STATS)?,
@@ -131,7 +131,7 @@ type MapSet = (
     Array<MapData, Lb4Backend>,
     Array<MapData, u32>,
     HashMap<MapData, Lb4FlowKey, Lb4Flow>,
-    HashMap<MapData, Lb4FlowKey, Lb4Flow>,
+    Array<MapData, Lb4FirstPacket>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
@@ -166,7 +166,7 @@ impl Dataplane {
     }
 
     fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl) -> Result<Self> {
-        let (services, backends, ring, flows, flows_new, stats, service_stats, backend_stats) = m;
+        let (services, backends, ring, flows, first_packets, stats, service_stats, backend_stats) = m;
         let mut dp = Self {
             dir: dir.to_owned(),
             ebpf,
@@ -176,7 +176,7 @@ impl Dataplane {
             backends,
             ring,
             flows,
-            flows_new,
+            first_packets,
             stats,
             service_stats,
             backend_stats,
