@@ -14,6 +14,7 @@ pub mod map_names {
     pub const RING: &str = "lb4_ring";
     pub const FLOWS: &str = "lb4_flows";
     pub const FIRST_PACKETS: &str = "lb4_first_packets";
+    pub const VIP_FILTER: &str = "lb4_vip_filter";
     pub const STATS: &str = "lb_stats";
     pub const SERVICE_STATS: &str = "lb4_service_stats";
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
@@ -21,8 +22,24 @@ pub mod map_names {
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
     pub const VLANS: &str = "lb_vlans";
     pub const HOME: &str = "lb_home";
-    pub const ALL: [&str; 15] =
-        [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, FIRST_PACKETS, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL, VLANS, HOME];
+    pub const ALL: [&str; 16] = [
+        IFACES,
+        HELD,
+        CONFLICTS,
+        SERVICES,
+        BACKENDS,
+        RING,
+        FLOWS,
+        FIRST_PACKETS,
+        STATS,
+        SERVICE_STATS,
+        BACKEND_STATS,
+        FLOW_CACHE,
+        FLOW_CACHE_CTL,
+        VLANS,
+        HOME,
+        VIP_FILTER,
+    ];
 }
 
 /// Name of the XDP program inside the object, and of its pin.
@@ -50,6 +67,17 @@ pub const FIRST_PACKET_BITS: u32 = 14;
 /// may use fewer (see [`flow_cache_slots_for`]).
 pub const FLOW_CACHE_SLOTS: u32 = 1 << FLOW_CACHE_BITS;
 pub const FLOW_CACHE_BITS: u32 = 12;
+/// Words of `lb4_vip_filter`, a bitmap with one bit per [`vip_filter_bit`]: set
+/// for every address some service uses (8 KiB, 65,536 bits).
+pub const VIP_FILTER_WORDS: u32 = 2048;
+
+/// The `lb4_vip_filter` bit of an address (network byte order, as in packets):
+/// word `bit / 32`, bit `bit % 32`. A multiplicative hash's top 16 bits.
+#[inline(always)]
+pub fn vip_filter_bit(addr: [u8; 4]) -> u32 {
+    u32::from_ne_bytes(addr).wrapping_mul(0x9e37_79b1) >> 16
+}
+
 /// Default number of ring slots in `lb4_ring`, shared by all services.
 pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
 

@@ -13,8 +13,8 @@ use vip_common::*;
 use crate::{
     arp::arp_held_entry,
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services, lb_home,
-        lb_key0, lb_scratch, lookup_at, Scratch,
+        lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services,
+        lb4_vip_filter, lb_home, lb_key0, lb_scratch, lookup_at, Scratch,
     },
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
@@ -62,6 +62,13 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     }
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
+    }
+    // Not a service's address (most of a node's traffic): out before anything else.
+    let bit = vip_filter_bit(ip.dst_addr);
+    unsafe { (*s).key = bit / 32 };
+    match lookup_at::<_, u32>(&lb4_vip_filter, unsafe { &(*s).key }) {
+        Some(w) if unsafe { *w } & (1 << (bit % 32)) != 0 => {}
+        _ => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     }
     let fragment = u16::from_be_bytes(ip.frags) & IP_MF_OFFSET != 0;
     // The Lb4FlowKey as the two words lookups compare: (src, dst) and (sport, dport,

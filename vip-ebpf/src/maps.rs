@@ -59,6 +59,12 @@ pub static lb4_flows: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_F
 #[map]
 pub static lb4_first_packets: Array<Lb4FirstPacket> = Array::pinned(FIRST_PACKET_SLOTS, 0);
 
+/// vip_filter_bit(address) / 32 → 32 bits, set for every address a service uses
+/// (the agent keeps it): most frames to other addresses leave the program after
+/// this one inlined array lookup, before the flow cache and the service hash.
+#[map]
+pub static lb4_vip_filter: Array<u32> = Array::pinned(VIP_FILTER_WORDS, 0);
+
 /// Reason → packets and bytes, per CPU.
 #[map]
 pub static lb_stats: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);

@@ -69,6 +69,10 @@ pub struct Dataplane {
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
+    /// Bits of the addresses services use (see vip_common::vip_filter_bit), and
+    /// its mirror (the words as written).
+    vip_filter: Array<MapData, u32>,
+    vip_filter_words: Vec<u32>,
     /// Bumped after every change a cached answer may depend on (see flow_cache).
     epoch: flow_cache::Ctl,
     rings: rings::Rings,
@@ -122,6 +126,7 @@ macro_rules! maps_from {
             $get(s, names::STATS)?,
             $get(s, names::SERVICE_STATS)?,
             $get(s, names::BACKEND_STATS)?,
+            $get(s, names::VIP_FILTER)?,
         )
     }};
 }
@@ -135,6 +140,7 @@ type MapSet = (
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
+    Array<MapData, u32>,
 );
 
 impl Dataplane {
@@ -166,7 +172,7 @@ impl Dataplane {
     }
 
     fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl) -> Result<Self> {
-        let (services, backends, ring, flows, first_packets, stats, service_stats, backend_stats) = m;
+        let (services, backends, ring, flows, first_packets, stats, service_stats, backend_stats, vip_filter) = m;
         let mut dp = Self {
             dir: dir.to_owned(),
             ebpf,
@@ -180,6 +186,8 @@ impl Dataplane {
             stats,
             service_stats,
             backend_stats,
+            vip_filter,
+            vip_filter_words: Vec::new(),
             epoch,
             programmed: BTreeMap::new(),
             ids: BTreeSet::new(),
@@ -215,7 +223,9 @@ impl Dataplane {
             self.rings.add_user(svc.ring_offset, addr);
             self.programmed.insert(addr, Programmed { id: svc.id, ring: svc.ring_offset });
         }
-        Ok(())
+        // An older version's maps have no filter yet: it is written from the services.
+        self.vip_filter_words = batch::array_range::<u32>(self.vip_filter.map(), 0, VIP_FILTER_WORDS).context("reading lb4_vip_filter")?;
+        self.sync_vip_filter(std::iter::empty())
     }
 
     /// The held-VIP side of the maps.
