@@ -1,6 +1,6 @@
 //! IPv4 load balancing: per-CPU flow cache, else flow table, else Maglev ring,
 //! then L2 direct server return.
-use core::ptr::{read_unaligned, write_unaligned, write_volatile};
+use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -31,14 +31,16 @@ const IP_MF_OFFSET: u16 = 0x3fff;
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
 
-/// What the counters count for an IPv4 packet behind an `L2`-byte layer-2 header:
-/// `L2` + the IPv4 total length (no Ethernet padding), which spares the hot path a
-/// helper call for the frame length. Read again where needed rather than kept.
+/// What the counters count for the IPv4 packet [`lb4_handle`] just handled: its
+/// layer-2 header and IPv4 total length (no Ethernet padding), which spares the
+/// hot path a helper call for the frame length. Written to the scratch before any
+/// verdict (a forward out of the home interface moves the headers), read after:
+/// not kept in a register across the whole path.
 #[inline(always)]
-pub fn lb4_bytes<const L2: usize>(ctx: &XdpContext) -> usize {
-    match ptr_at::<Ipv4Hdr>(ctx, L2) {
-        Ok(ip) => L2 + usize::from(u16::from_be_bytes(unsafe { (*ip).tot_len })),
-        Err(()) => 0,
+pub fn lb4_bytes() -> usize {
+    match lookup_at::<_, Scratch>(&lb_scratch, lb_key0()) {
+        Some(s) => unsafe { (*s).bytes as usize },
+        None => 0,
     }
 }
 
@@ -55,6 +57,16 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     if ip.vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN {
         return Err(());
     }
+    // The bytes to count, for every verdict below (see lb4_bytes).
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + usize::from(u16::from_be_bytes(ip.tot_len))) as u32) };
+    // Not a service's address (most of a node's traffic): out before anything
+    // else, while little is live (values kept across a lookup are spilled to the
+    // stack, each spill a speculation barrier without CAP_PERFMON).
+    let bit = vip_filter_bit(ip.dst_addr);
+    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
+    if unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0 {
+        return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
+    }
     let proto = ip.proto;
     if proto == IPPROTO_ICMP {
         // Pings and ICMP errors for a VIP belong to the node's own stack.
@@ -62,13 +74,6 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     }
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
-    }
-    // Not a service's address (most of a node's traffic): out before anything else.
-    let bit = vip_filter_bit(ip.dst_addr);
-    unsafe { (*s).key = bit / 32 };
-    match lookup_at::<_, u32>(&lb4_vip_filter, unsafe { &(*s).key }) {
-        Some(w) if unsafe { *w } & (1 << (bit % 32)) != 0 => {}
-        _ => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     }
     let fragment = u16::from_be_bytes(ip.frags) & IP_MF_OFFSET != 0;
     // The Lb4FlowKey as the two words lookups compare: (src, dst) and (sport, dport,
@@ -78,7 +83,6 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     unsafe {
         write_volatile(&raw mut (*s).words[0], read_unaligned((iph as *const u8).add(12) as *const u64));
         write_volatile(&raw mut (*s).ifindex, ifindex);
-        write_volatile(&raw mut (*s).bytes, (L2 + usize::from(u16::from_be_bytes(ip.tot_len))) as u32);
         write_volatile(&raw mut (*s).fragment, fragment as u32);
     }
     // Fragments carry no ports past the first: all fragments of a datagram hash on
@@ -108,7 +112,8 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     // A SYN skips it: its flow may be a reused 5-tuple whose cached answer is stale.
     let cached = lb4_cache_lookup(s);
     if let Some(p) = cached {
-        if !group && !syn && lb4_cache_hit(p, s) {
+        // The SYN flag read back from the scratch (not kept in a register, see above).
+        if !group && unsafe { read_volatile(&(*s).syn) } == 0 && lb4_cache_hit(p, s) {
             return lb4_cached(ctx, p, s);
         }
     }

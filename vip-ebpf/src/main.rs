@@ -68,10 +68,8 @@ fn try_l3<const L2: usize>(ctx: &XdpContext, l3: L3, ifindex: u32) -> Result<(u3
         let (action, reason) = arp::arp_handle::<L2>(ctx, ifindex)?;
         return Ok((action, reason, L2 + ArpHdr::LEN));
     }
-    // Read first: a forward out of the home interface moves the headers.
-    let bytes = lb4::lb4_bytes::<L2>(ctx);
     let (action, reason) = lb4::lb4_handle::<L2>(ctx, ifindex)?;
-    Ok((action, reason, bytes))
+    Ok((action, reason, lb4::lb4_bytes()))
 }
 
 #[cfg(not(test))]

@@ -59,11 +59,12 @@ pub static lb4_flows: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_F
 #[map]
 pub static lb4_first_packets: Array<Lb4FirstPacket> = Array::pinned(FIRST_PACKET_SLOTS, 0);
 
-/// vip_filter_bit(address) / 32 → 32 bits, set for every address a service uses
-/// (the agent keeps it): most frames to other addresses leave the program after
-/// this one inlined array lookup, before the flow cache and the service hash.
+/// 0 → a bitmap of VIP_FILTER_WORDS words: bit vip_filter_bit(address) set for
+/// every address a service uses (the agent keeps it). Frames to other addresses
+/// leave the program after this one inlined array lookup (its key the .rodata
+/// zero), before the flow cache and the service hash.
 #[map]
-pub static lb4_vip_filter: Array<u32> = Array::pinned(VIP_FILTER_WORDS, 0);
+pub static lb4_vip_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinned(1, 0);
 
 /// Reason → packets and bytes, per CPU.
 #[map]
@@ -125,6 +126,9 @@ pub struct Scratch {
     pub fragment: u32,
     /// A TCP SYN without ACK: a new connection.
     pub syn: u32,
+    /// The bytes a reason counter is bumped by (`stats::count_reason`; not
+    /// `bytes`, which holds the packet's until its verdict).
+    pub counted: u32,
     /// The `lb4_services` key being looked up (an Lb4ServiceKey as a word).
     pub svc: u64,
 }

@@ -71,8 +71,8 @@ pub struct Dataplane {
     backend_stats: PerCpuArray<MapData, Counter>,
     /// Bits of the addresses services use (see vip_common::vip_filter_bit), and
     /// its mirror (the words as written).
-    vip_filter: Array<MapData, u32>,
-    vip_filter_words: Vec<u32>,
+    vip_filter: Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
+    vip_filter_words: [u32; VIP_FILTER_WORDS as usize],
     /// Bumped after every change a cached answer may depend on (see flow_cache).
     epoch: flow_cache::Ctl,
     rings: rings::Rings,
@@ -140,7 +140,7 @@ type MapSet = (
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
-    Array<MapData, u32>,
+    Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
 );
 
 impl Dataplane {
@@ -150,6 +150,7 @@ impl Dataplane {
     pub fn load(dir: &Path, ring_capacity: u32) -> Result<Self> {
         ensure_bpffs_dir(dir)?;
         replace_outgrown_stats(dir)?;
+        remove_obsolete_pins(dir)?;
         let mut ebpf = aya::EbpfLoader::new()
             .default_map_pin_directory(dir)
             .map_max_entries(names::RING, ring_capacity)
@@ -187,7 +188,7 @@ impl Dataplane {
             service_stats,
             backend_stats,
             vip_filter,
-            vip_filter_words: Vec::new(),
+            vip_filter_words: [0; VIP_FILTER_WORDS as usize],
             epoch,
             programmed: BTreeMap::new(),
             ids: BTreeSet::new(),
@@ -224,7 +225,7 @@ impl Dataplane {
             self.programmed.insert(addr, Programmed { id: svc.id, ring: svc.ring_offset });
         }
         // An older version's maps have no filter yet: it is written from the services.
-        self.vip_filter_words = batch::array_range::<u32>(self.vip_filter.map(), 0, VIP_FILTER_WORDS).context("reading lb4_vip_filter")?;
+        self.vip_filter_words = self.vip_filter.get(&0, 0).context("reading lb4_vip_filter")?;
         self.sync_vip_filter(std::iter::empty())
     }
 
@@ -317,6 +318,20 @@ fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<()> {
 /// one left by an older version with fewer slots is replaced (its counts restart;
 /// the running program keeps the old one until the new one is attached). Kept, it
 /// would leave the new reasons uncounted and make reading them fail.
+/// Maps an older version pinned that this one no longer uses: `lb4_flows_new`
+/// (first-packet records, now `lb4_first_packets`). Their memory goes with the pin.
+fn remove_obsolete_pins(dir: &Path) -> Result<()> {
+    let path = dir.join("lb4_flows_new");
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            tracing::info!(map = "lb4_flows_new", "removed a map an older version pinned");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
 fn replace_outgrown_stats(dir: &Path) -> Result<()> {
     let path = dir.join(names::STATS);
     let Ok(pinned) = MapData::from_pin(&path) else { return Ok(()) };

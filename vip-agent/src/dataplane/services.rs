@@ -273,19 +273,19 @@ impl Dataplane {
         Ok(out)
     }
 
-    /// Writes the words of `lb4_vip_filter` that differ from the bits of the
-    /// programmed services' addresses and of `extra`.
+    /// Writes `lb4_vip_filter` when it differs from the bits of the programmed
+    /// services' addresses and of `extra` (one write of the whole bitmap: each word
+    /// a reader sees is the old or the new one, and a sync only sets or only
+    /// clears the bits that change).
     pub(super) fn sync_vip_filter(&mut self, extra: impl Iterator<Item = Ipv4Addr>) -> Result<()> {
-        let mut want = vec![0u32; VIP_FILTER_WORDS as usize];
+        let mut want = [0u32; VIP_FILTER_WORDS as usize];
         for vip in self.programmed.keys().map(|a| a.vip).chain(extra) {
             let bit = vip_filter_bit(vip.octets());
             want[(bit / 32) as usize] |= 1 << (bit % 32);
         }
-        for (i, (w, have)) in want.iter().zip(self.vip_filter_words.iter_mut()).enumerate() {
-            if w != have {
-                self.vip_filter.set(i as u32, w, 0).context("writing lb4_vip_filter")?;
-                *have = *w;
-            }
+        if want != self.vip_filter_words {
+            self.vip_filter.set(0, want, 0).context("writing lb4_vip_filter")?;
+            self.vip_filter_words = want;
         }
         Ok(())
     }
