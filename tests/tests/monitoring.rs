@@ -77,6 +77,8 @@ fn exported() -> BTreeMap<String, MetricDoc> {
             out.insert(d.name.clone(), d);
         }
     }
+    // Prometheus' own series of each target: 1 when the last scrape succeeded.
+    out.insert("up".into(), MetricDoc { name: "up".into(), kind: "gauge".into(), labels: Vec::new(), help: String::new(), only: None });
     out
 }
 
