@@ -32,15 +32,17 @@ struct BatchAttr {
     flags: u64,
 }
 
-fn sys_bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+/// The bpf(2) system call with `attr`, a `#[repr(C)]` prefix of `union bpf_attr`
+/// for `cmd`; its result (a new fd for the commands that open one).
+pub(super) fn sys_bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a valid, fully initialised bpf_attr prefix of the size given;
-    // the kernel reads and writes only the buffers it points at, which the callers
-    // size for `count` entries.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut BatchAttr, size_of::<BatchAttr>()) };
+    // the kernel reads and writes only it and the buffers it points at, which the
+    // callers keep alive and size for the command (`count` entries for the batches).
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, size_of::<A>()) };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(r)
     }
 }
 
@@ -155,7 +157,7 @@ pub fn delete<K: Pod>(map: &MapData, keys: &[K]) -> io::Result<usize> {
         let done = attr.count as usize;
         deleted += done;
         match r {
-            Ok(()) => rest = &rest[part.len()..],
+            Ok(_) => rest = &rest[part.len()..],
             // The kernel stops at the first key that is not there (an LRU map may
             // have evicted it meanwhile): skip that one and go on.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => rest = &rest[(done + 1).min(rest.len())..],
