@@ -261,20 +261,23 @@ fn can_share(usage: &Usage, addr: IpAddr, me: &str, key: Option<&str>, my_ports:
 }
 
 /// Decides allocations for every Service. Services are taken in a fixed order
-/// (those holding an address first, then by creation time and name), so the result
+/// (those holding an address of a pool first, then by creation time and name), so the result
 /// does not depend on the order of the input or on which agent computes it. Each
 /// family of a Service (`Families`) is decided on its own: a held address that
 /// still fits, else the requested one, else the lowest free one of the first pool
 /// that admits the Service and has one of that family.
 pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<Decision> {
     let pool_of = |a: IpAddr| pools.iter().find(|p| p.addresses.contains(a));
+    let held_of = |s: &Service| -> Vec<IpAddr> { ingress_ips(s).into_iter().filter(|a| pool_of(*a).is_some()).collect() };
+    // Holders of a pool's address first: a Service whose address left every pool
+    // must not take the address of one not yet looked at.
     let mut order: Vec<&Service> = services.iter().collect();
-    order.sort_by_key(|s| (ingress_ips(s).is_empty(), s.metadata.creation_timestamp.as_ref().map(|t| t.0), key(s)));
+    order.sort_by_key(|s| (held_of(s).is_empty(), s.metadata.creation_timestamp.as_ref().map(|t| t.0), key(s)));
     let mut usage: Usage = BTreeMap::new();
     let mut out = Vec::new();
     for s in order {
         let me = key(s);
-        let held: Vec<IpAddr> = ingress_ips(s).into_iter().filter(|a| pool_of(*a).is_some()).collect();
+        let held = held_of(s);
         let my_ports = ports(s);
         let share = sharing_key(s);
         if !is_ours(s) {
@@ -868,6 +871,27 @@ mod tests {
         assert_eq!(alloc(&allocate(&pools, &all, &BTreeMap::new())), [("default/new".into(), "2001:2::4".into())]);
         let u = pool_usage(&pools, &used);
         assert_eq!(u["v6"], (3, u32::MAX), "counts beyond u32 saturate");
+    }
+
+    /// A Service whose address left every pool waits; it does not take the address
+    /// of a Service that sorts after it (one write each, no move).
+    #[test]
+    fn an_address_out_of_every_pool_does_not_take_anothers() {
+        let pools = [pool("a", 30, 1, true)];
+        let svcs = [with_ip(svc("third", 0, &[80]), "198.18.1.12"), with_ip(svc("web", 0, &[80]), "198.18.1.30")];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        assert_eq!(
+            d,
+            [
+                Decision::Release {
+                    service: "default/third".into(),
+                    addr: "198.18.1.12".parse().unwrap(),
+                    why: "the address is in no VipPool".into(),
+                    ingress: vec![]
+                },
+                Decision::Pending { service: "default/third".into(), why: "no VipPool with autoAssign admits this Service and has a free address".into() },
+            ]
+        );
     }
 
     #[test]
