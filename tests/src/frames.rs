@@ -161,6 +161,11 @@ pub fn tcp(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, src: (Ipv4Addr, u16), 
     ipv4(dst_mac, src_mac, vlan, Ip4::new(src.0, dst.0, 6), &tcp_header(src.1, dst.1, TCP_SYN))
 }
 
+/// A TCP segment with ACK only: a connection's packets after the SYN.
+pub fn tcp_ack(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16)) -> Vec<u8> {
+    ipv4(dst_mac, src_mac, vlan, Ip4::new(src.0, dst.0, 6), &tcp_header(src.1, dst.1, TCP_ACK))
+}
+
 pub fn udp(dst_mac: Mac, src_mac: Mac, src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), data: &[u8]) -> Vec<u8> {
     ipv4(dst_mac, src_mac, None, Ip4::new(src.0, dst.0, 17), &udp_header(src.1, dst.1, data))
 }

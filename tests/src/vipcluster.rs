@@ -206,6 +206,10 @@ pub struct LoadReport {
     pub broken: BTreeMap<String, u32>,
     /// Each break: the pod, when its last echo was sent, and the error.
     pub broken_how: Vec<String>,
+    /// When each break's last echo was sent, and when each failed new connection
+    /// was tried, after the load's start.
+    pub broken_at: Vec<Duration>,
+    pub failed_at: Vec<Duration>,
 }
 
 impl LoadReport {
@@ -215,7 +219,7 @@ impl LoadReport {
 }
 
 /// What the long-lived connections of a [`Load`] report.
-type LongLived = (BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>);
+type LongLived = (BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>, Vec<Duration>);
 
 /// A client load on `vip`:80 from the client namespace: a new connection every
 /// 20 ms, and long-lived connections each echoing a line every 100 ms. Bounded:
@@ -223,7 +227,7 @@ type LongLived = (BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>);
 pub struct Load {
     stop: Arc<AtomicBool>,
     started: Instant,
-    new: JoinHandle<(u32, u32, Duration, Duration)>,
+    new: JoinHandle<(u32, Vec<Duration>, Duration, Duration)>,
     long: JoinHandle<LongLived>,
 }
 
@@ -238,10 +242,11 @@ impl Load {
         }
         let s = stop.clone();
         let new = client.spawn(move || {
-            let (mut attempts, mut failed) = (0, 0);
+            let (mut attempts, mut failed) = (0, Vec::new());
             let (mut last_ok, mut longest, mut gap_end) = (Instant::now(), Duration::ZERO, Duration::ZERO);
             while !s.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(600) {
                 attempts += 1;
+                let tried = started.elapsed();
                 match greet(addr) {
                     Ok(_) => {
                         let now = Instant::now();
@@ -251,7 +256,7 @@ impl Load {
                         }
                         last_ok = now;
                     }
-                    Err(_) => failed += 1,
+                    Err(_) => failed.push(tried),
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -262,6 +267,7 @@ impl Load {
             let mut served: BTreeMap<String, u32> = BTreeMap::new();
             let mut broken: BTreeMap<String, u32> = BTreeMap::new();
             let mut how: Vec<String> = Vec::new();
+            let mut at: Vec<Duration> = Vec::new();
             let mut live: Vec<(String, BufReader<TcpStream>)> = conns;
             for (pod, _) in &live {
                 *served.entry(pod.clone()).or_insert(0) += 1;
@@ -284,11 +290,12 @@ impl Load {
                     };
                     *broken.entry(pod.clone()).or_insert(0) += 1;
                     how.push(format!("{pod} at {:?}: {why}", sent - started));
+                    at.push(sent - started);
                     false
                 });
                 std::thread::sleep(Duration::from_millis(100));
             }
-            (served, broken, how)
+            (served, broken, how, at)
         })?;
         Ok(Self { stop, started, new, long })
     }
@@ -300,9 +307,9 @@ impl Load {
 
     pub fn finish(self) -> Result<LoadReport> {
         self.stop.store(true, Ordering::Relaxed);
-        let (attempts, failed, longest_gap, gap_end) = self.new.join().map_err(|_| anyhow!("the new-connection thread panicked"))?;
-        let (long_lived, broken, broken_how) = self.long.join().map_err(|_| anyhow!("the long-lived thread panicked"))?;
-        Ok(LoadReport { attempts, failed, longest_gap, gap_end, long_lived, broken, broken_how })
+        let (attempts, failed_at, longest_gap, gap_end) = self.new.join().map_err(|_| anyhow!("the new-connection thread panicked"))?;
+        let (long_lived, broken, broken_how, broken_at) = self.long.join().map_err(|_| anyhow!("the long-lived thread panicked"))?;
+        Ok(LoadReport { attempts, failed: failed_at.len() as u32, longest_gap, gap_end, long_lived, broken, broken_how, broken_at, failed_at })
     }
 }
 

@@ -139,3 +139,46 @@ fn agent_spreads_tracks_health_and_reloads_live() {
     assert!(!m.contains(r#"port="8080""#) && m.contains(r#"port="80""#), "{m}");
     lab.agent.check_alive().unwrap();
 }
+
+/// Every backend's health check fails (it probes a port nothing listens on, as when
+/// kube-proxy's health server is down everywhere) while the service port still
+/// answers: by default the service fails open and connections still reach all
+/// three; with `noHealthyBackend: Drop` its ring is empty and they are dropped.
+#[test]
+fn every_check_down_fails_open_or_drops_as_configured() {
+    if !privileged() {
+        return;
+    }
+    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
+    let config =
+        |extra: &str| lb_config(3, "80", CHECK, "").replace("healthCheck: {type: tcp, port: 80,", &format!("{extra}healthCheck: {{type: tcp, port: 81,"));
+    let mut lab = LbLab::start(3, &config(""), 9473).unwrap();
+    let failing_open = wait_for(Duration::from_secs(10), || {
+        let s = lab.status()?;
+        let web = s.services.first()?;
+        (web.failing_open && web.backends.len() == 3 && s.held.len() == 1).then_some(())
+    });
+    assert!(failing_open.is_some(), "not failing open; status {:?}; log:\n{}", lab.status(), lab.agent.log_text());
+    let seen = lab.spread(44000, 30).unwrap();
+    assert_eq!(names(&seen), ["b1", "b2", "b3"], "every check down, failing open: {seen:?}");
+    let m = http_get(&lab.lb, 9473, "/metrics");
+    assert!(m.contains(r#"vip_service_failing_open{service="web",vip="198.18.1.10",port="80",protocol="tcp"} 1"#), "{m}");
+    assert!(m.contains(r#"vip_backend_healthy{node="b1",check="tcp:81"} 0"#), "{m}");
+    assert!(lab.agent.log_text().contains("failing open"), "{}", lab.agent.log_text());
+
+    // Drop: the ring empties and connections are dropped in XDP.
+    write_atomic(&lab.config, &config("noHealthyBackend: Drop\n    ")).unwrap();
+    let dropping = wait_for(Duration::from_secs(5), || {
+        let s = lab.status()?;
+        let web = s.services.first()?;
+        (s.config.generation == 2 && !web.failing_open && web.backends.is_empty()).then_some(())
+    });
+    assert!(dropping.is_some(), "ring not emptied; status {:?}; log:\n{}", lab.status(), lab.agent.log_text());
+    let seen = lab.spread(45000, 2).unwrap();
+    assert!(seen.keys().all(|k| k.starts_with("error")), "dropped: {seen:?}");
+    let m = http_get(&lab.lb, 9473, "/metrics");
+    assert!(!m.contains("vip_service_failing_open{"), "{m}");
+    let dropped = m.lines().find_map(|l| l.strip_prefix(r#"vip_xdp_packets_total{reason="drop_no_backend"} "#)).and_then(|v| v.parse::<f64>().ok());
+    assert!(dropped.is_some_and(|n| n >= 2.0), "drop_no_backend counted: {m}");
+    lab.agent.check_alive().unwrap();
+}

@@ -436,6 +436,15 @@ fn every_vip_has_one_answerer_through_random_membership_changes() {
         );
         eprintln!("{} -> checked in {t:.2?} (bound {bound:?}); answering: {connected:?}, running: {running:?}, cut: {cut:?}", history[step]);
     }
+    // Every pool has its interface on every node here: an agent that said it owns a
+    // VIP with no interface for it decided from a model and a placement that did
+    // not belong together (a node removed from the file, for an instant).
+    for n in &lab.nodes {
+        let log = std::fs::read_to_string(&n.log).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains("its pool has no interface here")) {
+            fail(seed, &lab, &history, format!("{}: a false ownership error: {line}", n.name));
+        }
+    }
     took.sort();
     eprintln!(
         "membership test: seed {seed}, {EVENTS} events checked in {:.1?}; per event median {:.2?}, max {:.2?}",

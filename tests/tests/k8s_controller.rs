@@ -31,6 +31,7 @@ vip_tests::both_api_servers!(allocates_reports_pools_and_follows_live_edits);
 vip_tests::both_api_servers!(leader_change_mid_allocation_hands_out_no_address_twice);
 vip_tests::both_api_servers!(pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events);
 vip_tests::both_api_servers!(unprogrammed_services_are_reported_on_the_pool_and_the_service);
+vip_tests::both_api_servers!(vips_no_node_holds_are_reported_on_the_pool_and_the_service);
 
 fn lb(name: &str, port: i32, annotations: Value) -> Service {
     serde_json::from_value(json!({
@@ -224,5 +225,48 @@ async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Bac
     unprogrammed.send_replace(BTreeMap::new());
     eventually("programmed again", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
     assert_eq!(events(&api, "NotProgrammed").len(), 1);
+    task.abort();
+}
+
+/// A VIP in use that no node holds (its only node labelled out of load
+/// balancers, say) is said where users look: a `Held=False` condition on its pool
+/// naming it and why, one `NotHeld` Warning on its Service, and a `Held` Event
+/// once a node holds it again.
+async fn vips_no_node_holds_are_reported_on_the_pool_and_the_service(api: Backend) {
+    let client = api.client().await;
+    api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})).unwrap();
+    let pp = PostParams::default();
+    Api::<VipPool>::all(client.clone()).create(&pp, &vip_pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
+    Api::<Service>::namespaced(client.clone(), "shop").create(&pp, &lb("web", 80, json!({}))).await.unwrap();
+    let (owners, mut view) = controller::AgentView::fixed(BTreeMap::new());
+    let (unheld, rx) = watch::channel(BTreeMap::new());
+    view.unheld = rx;
+    let (_lead, leading) = watch::channel(true);
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
+    eventually("web allocated", || ingress_ips(&api).contains_key("shop/web")).await;
+    let vip: std::net::Ipv4Addr = ingress_ips(&api)["shop/web"].parse().unwrap();
+    owners.send_replace(BTreeMap::from([(vip, "node-1".to_owned())]));
+    eventually("held", || pool_condition(&api, "p", "Held").is_some_and(|c| c.0 == "True")).await;
+
+    // node-1 is excluded: the agent tells no node may hold the pool's addresses
+    // (both of them; only the one in use is reported).
+    let why = r#"no node may hold VipPool "p"'s addresses: none of the 0 node(s) in use matches its nodeSelector and tolerations; left out: node-1 (labelled node.kubernetes.io/exclude-from-external-load-balancers)"#;
+    owners.send_replace(BTreeMap::new());
+    let other: std::net::Ipv4Addr = if vip.octets()[3] == 10 { "198.18.1.11" } else { "198.18.1.10" }.parse().unwrap();
+    unheld.send_replace(BTreeMap::from([(vip, why.to_owned()), (other, why.to_owned())]));
+    eventually("not held", || pool_condition(&api, "p", "Held").is_some_and(|c| c.0 == "False")).await;
+    assert_eq!(pool_condition(&api, "p", "Held").unwrap().1, format!("1 VIP(s) in use held by no node, not answered: {vip}: {why}"));
+    eventually("a Warning", || events(&api, "NotHeld").len() == 1).await;
+    assert_eq!(events(&api, "NotHeld"), [format!("web: {vip} is answered by no node: {why}")]);
+    // The pool's other conditions are unchanged by it.
+    assert_eq!(pool_condition(&api, "p", "Programmed").unwrap().0, "True");
+
+    // The label goes: held again, one Held Event, no second Warning.
+    unheld.send_replace(BTreeMap::new());
+    owners.send_replace(BTreeMap::from([(vip, "node-1".to_owned())]));
+    eventually("held again", || pool_condition(&api, "p", "Held").is_some_and(|c| c.0 == "True")).await;
+    eventually("a Held Event", || events(&api, "Held").len() == 1).await;
+    assert_eq!(events(&api, "Held"), [format!("web: {vip} is held again, by node node-1")]);
+    assert_eq!(events(&api, "NotHeld").len(), 1);
     task.abort();
 }

@@ -380,7 +380,9 @@ fn flow_table_keeps_flows_across_ring_changes() {
     let four = [backend(1), backend(2), backend(3), backend(4)];
     let mut flows = Vec::new();
     for sport in 30000..31000u16 {
-        let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+        // Established: the SYN, then the ACK that pins it.
+        w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), 1, None).unwrap();
+        let f = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
         let (_, out, _) = w.dp.test_run(&f, 1, None).unwrap();
         flows.push((sport, f, <Mac>::try_from(&out[0..6]).unwrap()));
     }
@@ -481,10 +483,12 @@ fn released_vip_keeps_pinned_flows_only() {
     }
     let mut w = world();
     let s = svc(VIP, 80, PROTO_TCP);
-    let old = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41000), (VIP, 80));
+    let old = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41000), (VIP, 80));
     let new = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41001), (VIP, 80));
+    let new_ack = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41002), (VIP, 80));
     let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
     let to = ring_choice(&w.dp, s, CLIENT, 41000, 80);
+    assert_eq!(w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41000), (VIP, 80)), 1, None).unwrap().0, XDP_TX);
     assert_eq!(w.dp.test_run(&old, 1, None).unwrap().0, XDP_TX, "pins the flow while held");
 
     w.dp.release_vip(IFINDEX, VIP).unwrap();
@@ -492,6 +496,8 @@ fn released_vip_keeps_pinned_flows_only() {
     assert_eq!((verdict, out), (XDP_TX, forwarded(&old, to)), "pinned flow still forwarded after release");
     let (verdict, out, _) = w.dp.test_run(&new, 1, None).unwrap();
     assert_eq!((verdict, out), (XDP_PASS, new.clone()), "no new flow on a released VIP");
+    let (verdict, out, _) = w.dp.test_run(&new_ack, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_PASS, new_ack.clone()), "no flow picked up mid-connection on a released VIP");
     let (verdict, out, _) = w.dp.test_run(&arp, 1, None).unwrap();
     assert_eq!((verdict, out), (XDP_PASS, arp.clone()), "a released VIP is not answered");
     let held = w.dp.held_vips().unwrap();
@@ -691,8 +697,9 @@ fn run_cached(w: &mut World, frame: &[u8], flow: (Ipv4Addr, u16, Ipv4Addr, u16))
     (v, out)
 }
 
+/// A TCP flow's packets past its SYN (ACKs): recorded at the first one seen, pinned at the next.
 fn tcp_flow(sport: u16) -> (Vec<u8>, (Ipv4Addr, u16, Ipv4Addr, u16)) {
-    (frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), (CLIENT, sport, VIP, 80))
+    (frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), (CLIENT, sport, VIP, 80))
 }
 
 /// A cached flow gives the flow table's answer with the same counters, and after
@@ -841,7 +848,7 @@ fn flow_cache_slot_collisions_and_local_backends() {
         }
     }
     // The local backend: passed unchanged, from the cache too, counted each time.
-    let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP_LOCAL, 80));
+    let f = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP_LOCAL, 80));
     let before = w.dp.counters().unwrap().reasons["passed_local_backend"].0;
     let (v, out) = run_cached(&mut w, &f, (CLIENT, 40000, VIP_LOCAL, 80));
     assert_eq!((v, out), (XDP_PASS, f.clone()));
@@ -877,8 +884,11 @@ fn flow_cache_rechecks_the_flow_table() {
 }
 
 /// Flows first seen with a SYN and flows first seen mid-connection (an ACK: the
-/// client was talking to a previous owner) are recorded alike; both stay on their
-/// backend when the ring changes, and a SYN of an already recorded flow keeps it too.
+/// client was talking to a previous owner) are recorded alike at their first
+/// packet and pinned at their next: both stay on their backend when the ring
+/// changes in between. (The flows are chosen with distinct `lb4_first_packets`
+/// slots: a first-packet record lasts until another flow's first packet takes its
+/// slot, see data-path.md.)
 #[test]
 fn flows_opened_with_and_without_syn_are_pinned() {
     if !privileged() {
@@ -886,23 +896,72 @@ fn flows_opened_with_and_without_syn_are_pinned() {
     }
     let mut w = world();
     let s = svc(VIP, 80, PROTO_TCP);
-    let ack = |sport: u16| frames::ipv4(OUR_MAC, CLIENT_MAC, None, frames::Ip4::new(CLIENT, VIP, PROTO_TCP), &frames::tcp_header(sport, 80, frames::TCP_ACK));
+    let ack = |sport: u16| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    let mut slots = std::collections::HashSet::new();
     let mut flows = Vec::new();
-    for sport in 32000..33000u16 {
+    for sport in (32000..33000u16).filter(|p| slots.insert(first_slot(CLIENT, *p, VIP, 80))) {
         let f = if sport % 2 == 0 { ack(sport) } else { frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)) };
         let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
         assert_eq!((v, &out), (XDP_TX, &forwarded(&f, ring_choice(&w.dp, s, CLIENT, sport, 80))), "new flow {sport}");
-        flows.push((sport, f, <Mac>::try_from(&out[0..6]).unwrap()));
+        flows.push((sport, <Mac>::try_from(&out[0..6]).unwrap()));
     }
+    assert!(flows.len() > 900, "{} flows with distinct slots", flows.len());
     let four = [backend(1), backend(2), backend(3), backend(4)];
     w.dp.set_service(s, &four, TABLE, 0).unwrap();
-    let moved: Vec<_> = flows.iter().filter(|(sport, _, m)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *m).collect();
-    assert!(moved.iter().any(|(p, _, _)| p % 2 == 0) && moved.iter().any(|(p, _, _)| p % 2 == 1), "the ring change moved no flow of one kind");
-    for (sport, f, pinned) in &moved {
-        let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
-        assert_eq!(&out[0..6], pinned, "flow {sport} (first packet {}) followed the new ring", if sport % 2 == 0 { "ACK" } else { "SYN" });
+    let moved: Vec<_> = flows.iter().filter(|(sport, m)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *m).collect();
+    assert!(moved.iter().any(|(p, _)| p % 2 == 0) && moved.iter().any(|(p, _)| p % 2 == 1), "the ring change moved no flow of one kind");
+    for (sport, pinned) in &moved {
+        for _ in 0..2 {
+            let (_, out, _) = w.dp.test_run(&ack(*sport), 1, None).unwrap();
+            assert_eq!(&out[0..6], pinned, "flow {sport} (first packet {}) followed the new ring", if sport % 2 == 0 { "ACK" } else { "SYN" });
+        }
+    }
+}
+
+/// The `lb4_first_packets` slot of a TCP flow.
+fn first_slot(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> u32 {
+    let key = Lb4FlowKey { src: src.octets(), dst: dst.octets(), sport: sport.to_be_bytes(), dport: dport.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    let w = key.words();
+    vip_common::first_packet_slot(w[0], w[1])
+}
+
+/// A pin outlives its connection: a 5-tuple reused after a ring change must not
+/// go to the old connection's backend. A SYN starts a new connection: it follows
+/// the current ring, and its next packet pins that choice over the stale one (the
+/// old answer cached on this CPU is dropped too). The old connection's packets
+/// kept their backend until then.
+#[test]
+fn a_syn_repins_a_reused_five_tuple_to_the_current_ring() {
+    if !privileged() {
+        return;
+    }
+    stay_on_cpu0();
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    let four = [backend(1), backend(2), backend(3), backend(4)];
+    // Flows the fourth backend would take over, established (and cached) on three.
+    let cached: Vec<(u16, Mac)> = (48000..48300u16)
+        .map(|sport| {
+            w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), 1, None).unwrap();
+            let (f, flow) = tcp_flow(sport);
+            let (_, out) = run_cached(&mut w, &f, flow);
+            (sport, <Mac>::try_from(&out[0..6]).unwrap())
+        })
+        .collect();
+    w.dp.set_service(s, &four, TABLE, 0).unwrap();
+    let moved: Vec<_> = cached.iter().filter(|(p, m)| ring_choice(&w.dp, s, CLIENT, *p, 80) != *m).collect();
+    assert!(!moved.is_empty(), "the fourth backend took no flow of 300");
+    for (sport, old) in moved {
+        let (f, flow) = tcp_flow(*sport);
+        assert_eq!(w.dp.test_run(&f, 1, None).unwrap().1[0..6], old[..], "old connection {sport} kept its backend");
+        assert!(cached_to(&w, flow.0, flow.1, flow.2, flow.3).is_some(), "flow {sport} not cached: the test proves less");
+        // The connection ends; the client reuses the 5-tuple.
+        let now = ring_choice(&w.dp, s, CLIENT, *sport, 80);
         let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, *sport), (VIP, 80));
-        assert_eq!(&w.dp.test_run(&syn, 1, None).unwrap().1[0..6], pinned, "a SYN of recorded flow {sport} re-hashed it");
+        assert_eq!(w.dp.test_run(&syn, 1, None).unwrap().1[0..6], now, "SYN of reused {sport} went to the stale pin");
+        for _ in 0..3 {
+            assert_eq!(w.dp.test_run(&f, 1, None).unwrap().1[0..6], now, "reused {sport}: later packets went to the stale pin");
+        }
     }
 }
 
@@ -936,8 +995,8 @@ fn an_outgrown_stats_map_from_an_older_version_is_replaced() {
 
 /// A spoofed-SYN flood of twice the flow table's size, then a ring change (a
 /// backend added: Maglev moves about a quarter of the slots): established flows
-/// (past their first packet) keep their backend. One-packet flows only ever enter
-/// `lb4_flows_new`, so the flood cannot evict them from `lb4_flows`.
+/// (SYN then ACK) keep their backend. One-packet flows only ever overwrite slots of
+/// `lb4_first_packets`, so the flood cannot evict them from `lb4_flows`.
 #[test]
 fn a_spoofed_syn_flood_does_not_break_established_flows_on_a_ring_change() {
     if !privileged() {
@@ -945,15 +1004,13 @@ fn a_spoofed_syn_flood_does_not_break_established_flows_on_a_ring_change() {
     }
     let mut w = world();
     const ESTABLISHED: u32 = 1000;
-    let flow = |i: u32| {
-        let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + i);
-        frames::tcp(OUR_MAC, CLIENT_MAC, None, (src, 20000 + (i % 40000) as u16), (VIP, 80))
-    };
+    let tuple = |i: u32| (Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + i), 20000 + (i % 40000) as u16);
+    let flow = |i: u32| frames::tcp(OUR_MAC, CLIENT_MAC, None, tuple(i), (VIP, 80));
+    let ack = |i: u32| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, tuple(i), (VIP, 80));
     let mut before = Vec::new();
     for i in 0..ESTABLISHED {
-        let f = flow(i);
-        w.dp.test_run(&f, 1, None).unwrap();
-        let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+        w.dp.test_run(&flow(i), 1, None).unwrap();
+        let (v, out, _) = w.dp.test_run(&ack(i), 1, None).unwrap();
         assert_eq!(v, XDP_TX);
         before.push(out[0..6].to_vec());
     }
@@ -970,15 +1027,16 @@ fn a_spoofed_syn_flood_does_not_break_established_flows_on_a_ring_change() {
         assert_eq!(v, XDP_TX);
     }
     eprintln!("flood of {flood} one-packet flows in {:?}", t.elapsed());
-    assert!(w.dp.new_flow_count() <= vip_common::MAX_NEW_FLOWS as usize);
-    assert!(w.dp.new_flow_count() >= vip_common::MAX_NEW_FLOWS as usize / 2, "the flood filled lb4_flows_new: {}", w.dp.new_flow_count());
+    let slots = vip_common::FIRST_PACKET_SLOTS as usize;
+    assert!(w.dp.new_flow_count() <= slots);
+    assert!(w.dp.new_flow_count() >= slots / 2, "the flood filled lb4_first_packets: {}", w.dp.new_flow_count());
     assert_eq!(w.dp.flow_count(), ESTABLISHED as usize, "the flood evicted established flows");
     let four = [backend(1), backend(2), backend(3), backend(4)];
     let moved_slots = w.dp.set_service(svc(VIP, 80, PROTO_TCP), &four, TABLE, 0).unwrap().slots_written;
     assert!(moved_slots > TABLE as usize / 8, "the ring change moved {moved_slots} slots");
     let broken = (0..ESTABLISHED)
         .filter(|&i| {
-            let (v, out, _) = w.dp.test_run(&flow(i), 1, None).unwrap();
+            let (v, out, _) = w.dp.test_run(&ack(i), 1, None).unwrap();
             v != XDP_TX || out[0..6] != before[i as usize][..]
         })
         .count();

@@ -39,19 +39,15 @@ impl std::fmt::Display for Removed {
     }
 }
 
-/// Detaches the program from every interface (removing the link pins drops the
-/// attachments), removes the pin directory (program and maps: the kernel frees them
+/// Detaches the program from every interface (each link detached, its pin
+/// removed), removes the pin directory (program and maps: the kernel frees them
 /// with their last reference), vip's addresses on `lo` and the status file.
 pub async fn cleanup(pin_dir: &Path, status_file: &Path) -> Result<Removed> {
     let mut out = Removed::default();
-    let links = pin_dir.join("links");
-    if links.is_dir() {
-        for e in std::fs::read_dir(&links).with_context(|| format!("reading {}", links.display()))? {
-            let e = e?;
-            std::fs::remove_file(e.path()).with_context(|| format!("removing {}", e.path().display()))?;
-            out.detached.push(e.file_name().to_string_lossy().into_owned());
+    for iface in crate::dataplane::pinned_links(pin_dir)? {
+        if crate::dataplane::detach(pin_dir, &iface)? {
+            out.detached.push(iface);
         }
-        out.detached.sort();
     }
     if pin_dir.exists() {
         std::fs::remove_dir_all(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;

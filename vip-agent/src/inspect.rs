@@ -264,10 +264,13 @@ fn agent_section(r: &Report, st: Status) -> AgentSection {
         let health = |node: &str| st.health.iter().find(|h| Some(&h.check) == s.check.as_ref() && h.node == node);
         for node in &s.backends {
             let Some(&addr) = addr_of.get(node.as_str()) else { continue };
-            let detail = health(node).map_or_else(|| "not checked".to_owned(), |h| h.detail.clone());
-            backends.push(HealthRow { service: s.name.clone(), node: node.clone(), addr, healthy: true, ring_share_pct: share(addr), detail });
+            let mut detail = health(node).map_or_else(|| "not checked".to_owned(), |h| h.detail.clone());
+            if s.failing_open {
+                detail = format!("failing open (every backend down): {detail}");
+            }
+            backends.push(HealthRow { service: s.name.clone(), node: node.clone(), addr, healthy: !s.failing_open, ring_share_pct: share(addr), detail });
         }
-        for h in st.health.iter().filter(|h| Some(&h.check) == s.check.as_ref() && !h.healthy) {
+        for h in st.health.iter().filter(|h| Some(&h.check) == s.check.as_ref() && !h.healthy && !(s.failing_open && s.backends.contains(&h.node))) {
             let Some(&addr) = addr_of.get(h.node.as_str()) else { continue };
             backends.push(HealthRow {
                 service: s.name.clone(),
@@ -463,6 +466,7 @@ mod tests {
                 protocol: "tcp".into(),
                 backends: vec!["n1".into(), "n2".into()],
                 check: None,
+                failing_open: false,
             }],
             ..Default::default()
         }

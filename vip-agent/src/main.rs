@@ -159,6 +159,9 @@ fn detach(dir: &Path, d: &DetachArgs) -> Result<()> {
         let mut pins: Vec<String> = std::fs::read_dir(dir)?.map(|e| Ok(e?.file_name().to_string_lossy().into_owned())).collect::<Result<_>>()?;
         pins.sort();
         let links = dataplane::pinned_links(dir)?;
+        for iface in &links {
+            dataplane::detach(dir, iface)?;
+        }
         std::fs::remove_dir_all(dir).map_err(|e| anyhow::anyhow!("removing {}: {e}", dir.display()))?;
         pins.retain(|p| p != "links");
         println!("removed {}: {}", dir.display(), if pins.is_empty() { "(empty)".to_owned() } else { pins.join(", ") });

@@ -152,6 +152,8 @@ pub struct Service {
     /// Local`: the nodes with ready endpoints of the Service).
     pub backend_nodes: Option<std::collections::BTreeSet<String>>,
     pub health: Option<HealthCheck>,
+    /// What happens when the health check has every backend down.
+    pub no_healthy_backend: NoHealthyBackend,
 }
 
 impl Service {
@@ -159,6 +161,20 @@ impl Service {
     pub fn addrs(&self) -> impl Iterator<Item = ServiceAddr> + '_ {
         self.ports.iter().map(|&port| ServiceAddr { vip: self.vip, port, protocol: self.protocol })
     }
+}
+
+/// What a service-port does when its health check has every backend down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum NoHealthyBackend {
+    /// Spread new connections over every backend the health check has down (nodes
+    /// whose agent is dead or that left the cluster stay out), as cloud load
+    /// balancers do: when every check fails at once, the cause is more likely the
+    /// checks (kube-proxy restarting everywhere, its health port blocked) than
+    /// every backend.
+    #[default]
+    FailOpen,
+    /// Drop new connections (`drop_no_backend`) until a backend is healthy again.
+    Drop,
 }
 
 /// How the holder of a pool's VIP makes the network send it the VIP's traffic.
@@ -231,6 +247,10 @@ pub struct World {
     pub failover: Failover,
     /// Seed of the Maglev permutation: equal on every node, or rings differ.
     pub maglev_seed: u64,
+    /// Nodes of the cluster not in `nodes`, with why (Kubernetes: excluded from
+    /// load balancers, not ready): said when a pool is left with no node to hold
+    /// its VIPs.
+    pub left_out: BTreeMap<String, String>,
 }
 
 impl World {

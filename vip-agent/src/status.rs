@@ -54,10 +54,15 @@ pub struct ServiceStatus {
     pub vip: Ipv4Addr,
     pub port: u16,
     pub protocol: String,
-    /// Backend nodes in the ring now (candidates that are healthy, with a known MAC).
+    /// Backend nodes in the ring now (candidates that are healthy, with a known MAC;
+    /// when failing open, the unhealthy ones).
     pub backends: Vec<String>,
     /// Its health check (`HealthStatus::check`), if any.
     pub check: Option<String>,
+    /// Every backend's check is down and the service fails open: `backends` are
+    /// those unhealthy nodes (the pool's `noHealthyBackend: FailOpen`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failing_open: bool,
 }
 
 /// A service-port that is not in the data path.

@@ -13,7 +13,8 @@ pub mod map_names {
     pub const BACKENDS: &str = "lb4_backends";
     pub const RING: &str = "lb4_ring";
     pub const FLOWS: &str = "lb4_flows";
-    pub const FLOWS_NEW: &str = "lb4_flows_new";
+    pub const FIRST_PACKETS: &str = "lb4_first_packets";
+    pub const VIP_FILTER: &str = "lb4_vip_filter";
     pub const STATS: &str = "lb_stats";
     pub const SERVICE_STATS: &str = "lb4_service_stats";
     pub const BACKEND_STATS: &str = "lb4_backend_stats";
@@ -21,8 +22,24 @@ pub mod map_names {
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
     pub const VLANS: &str = "lb_vlans";
     pub const HOME: &str = "lb_home";
-    pub const ALL: [&str; 15] =
-        [IFACES, HELD, CONFLICTS, SERVICES, BACKENDS, RING, FLOWS, FLOWS_NEW, STATS, SERVICE_STATS, BACKEND_STATS, FLOW_CACHE, FLOW_CACHE_CTL, VLANS, HOME];
+    pub const ALL: [&str; 16] = [
+        IFACES,
+        HELD,
+        CONFLICTS,
+        SERVICES,
+        BACKENDS,
+        RING,
+        FLOWS,
+        FIRST_PACKETS,
+        STATS,
+        SERVICE_STATS,
+        BACKEND_STATS,
+        FLOW_CACHE,
+        FLOW_CACHE_CTL,
+        VLANS,
+        HOME,
+        VIP_FILTER,
+    ];
 }
 
 /// Name of the XDP program inside the object, and of its pin.
@@ -39,14 +56,28 @@ pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 16384;
 pub const MAX_BACKENDS: u32 = 4096;
 pub const MAX_FLOWS: u32 = 1 << 20;
-/// Flows seen once, until their second packet (`lb4_flows_new`): a table of their
-/// own, so that a flood of one-packet flows (spoofed SYNs) churns it alone and never
-/// evicts an established flow from `lb4_flows`.
-pub const MAX_NEW_FLOWS: u32 = 1 << 16;
+/// Slots of `lb4_first_packets`, the direct-mapped record of flows seen once until
+/// their second packet pins them in `lb4_flows`: a flood of one-packet flows
+/// (spoofed SYNs) overwrites these slots alone and never evicts an established flow.
+/// A record needs to live one round trip; 24 bytes each, 384 KiB in all: it stays
+/// in the caches, where a hash table of flows would not.
+pub const FIRST_PACKET_SLOTS: u32 = 1 << FIRST_PACKET_BITS;
+pub const FIRST_PACKET_BITS: u32 = 14;
 /// Slots of the per-CPU flow cache (`lb4_flow_cache`), a power of two; the agent
 /// may use fewer (see [`flow_cache_slots_for`]).
 pub const FLOW_CACHE_SLOTS: u32 = 1 << FLOW_CACHE_BITS;
 pub const FLOW_CACHE_BITS: u32 = 12;
+/// Words of `lb4_vip_filter`, a bitmap with one bit per [`vip_filter_bit`]: set
+/// for every address some service uses (8 KiB, 65,536 bits).
+pub const VIP_FILTER_WORDS: u32 = 2048;
+
+/// The `lb4_vip_filter` bit of an address (network byte order, as in packets):
+/// word `bit / 32`, bit `bit % 32`. A multiplicative hash's top 16 bits.
+#[inline(always)]
+pub fn vip_filter_bit(addr: [u8; 4]) -> u32 {
+    u32::from_ne_bytes(addr).wrapping_mul(0x9e37_79b1) >> 16
+}
+
 /// Default number of ring slots in `lb4_ring`, shared by all services.
 pub const DEFAULT_RING_CAPACITY: u32 = 1 << 20;
 
@@ -185,12 +216,50 @@ pub struct Lb4FlowKey {
     pub _pad: [u8; 3],
 }
 
+impl Lb4FlowKey {
+    /// The key as the two native-endian words the data path loads and compares.
+    pub fn words(&self) -> [u64; 2] {
+        let (s, d, sp, dp) = (self.src, self.dst, self.sport, self.dport);
+        let p = self._pad;
+        [u64::from_ne_bytes([s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]]), u64::from_ne_bytes([sp[0], sp[1], dp[0], dp[1], self.proto, p[0], p[1], p[2]])]
+    }
+}
+
 /// `lb4_flows` value: the backend chosen for the flow when it was first seen.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Lb4Flow {
     pub backend: u32,
     pub _pad: u32,
+}
+
+/// `lb4_first_packets` value: a flow whose first packet went to `backend` by the
+/// ring, until its next packet pins it in `lb4_flows` (index: [`first_packet_slot`]).
+/// One array for all CPUs: a flow's packets need not arrive on one CPU. Two CPUs
+/// writing one slot at once can tear a record; `check` ([`first_packet_check`])
+/// ties the backend to the key, so a torn record matches no flow.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Lb4FirstPacket {
+    /// The flow, as in `lb4_flows` (compared as two u64 words).
+    pub key: Lb4FlowKey,
+    pub backend: u32,
+    pub check: u32,
+}
+
+/// Slot of a flow in `lb4_first_packets`: the flow cache's multiplicative hash,
+/// its top [`FIRST_PACKET_BITS`] bits.
+#[inline(always)]
+pub fn first_packet_slot(w0: u64, w1: u64) -> u32 {
+    ((w0 ^ w1.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FIRST_PACKET_BITS)) as u32
+}
+
+/// [`Lb4FirstPacket::check`] for a flow (its key as two words) and backend. An
+/// all-zero slot (never written, or cleared) fails it, and matches no TCP or UDP key.
+#[inline(always)]
+pub fn first_packet_check(w0: u64, w1: u64, backend: u32) -> u32 {
+    let x = w0 ^ w1.rotate_left(17);
+    ((x ^ (x >> 32)) as u32) ^ backend ^ 0x5bd1_e995
 }
 
 /// `lb4_flow_cache` flag: the cached backend is this node (pass to the stack).
@@ -464,6 +533,7 @@ mod pod {
     unsafe impl aya::Pod for Lb4Backend {}
     unsafe impl aya::Pod for Lb4FlowKey {}
     unsafe impl aya::Pod for Lb4Flow {}
+    unsafe impl aya::Pod for Lb4FirstPacket {}
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for Lb4FlowCacheEntry {}
     unsafe impl aya::Pod for Lb4FlowCacheCtl {}

@@ -1,6 +1,6 @@
 //! IPv4 load balancing: per-CPU flow cache, else flow table, else Maglev ring,
 //! then L2 direct server return.
-use core::ptr::{read_unaligned, write_unaligned, write_volatile};
+use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -13,28 +13,34 @@ use vip_common::*;
 use crate::{
     arp::arp_held_entry,
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_flows_new, lb4_ring, lb4_service_stats, lb4_services, lb_home,
-        lb_key0, lb_scratch, lookup_at, Scratch,
+        lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services,
+        lb4_vip_filter, lb_home, lb_key0, lb_scratch, lookup_at, Scratch,
     },
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
 };
 
 const IPPROTO_ICMP: u8 = 1;
+/// The flags byte's offset in the TCP header, and the flags that tell a SYN.
+const TCP_FLAGS: usize = 13;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 /// More-fragments flag and fragment offset, in the host-order `frags` word.
 const IP_MF_OFFSET: u16 = 0x3fff;
 
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
 
-/// What the counters count for an IPv4 packet behind an `L2`-byte layer-2 header:
-/// `L2` + the IPv4 total length (no Ethernet padding), which spares the hot path a
-/// helper call for the frame length. Read again where needed rather than kept.
+/// What the counters count for the IPv4 packet [`lb4_handle`] just handled: its
+/// layer-2 header and IPv4 total length (no Ethernet padding), which spares the
+/// hot path a helper call for the frame length. Written to the scratch before any
+/// verdict (a forward out of the home interface moves the headers), read after:
+/// not kept in a register across the whole path.
 #[inline(always)]
-pub fn lb4_bytes<const L2: usize>(ctx: &XdpContext) -> usize {
-    match ptr_at::<Ipv4Hdr>(ctx, L2) {
-        Ok(ip) => L2 + usize::from(u16::from_be_bytes(unsafe { (*ip).tot_len })),
-        Err(()) => 0,
+pub fn lb4_bytes() -> usize {
+    match lookup_at::<_, Scratch>(&lb_scratch, lb_key0()) {
+        Some(s) => unsafe { (*s).bytes as usize },
+        None => 0,
     }
 }
 
@@ -50,6 +56,16 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     let ihl = ((ip.vihl & 0x0f) as usize) * 4;
     if ip.vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN {
         return Err(());
+    }
+    // The bytes to count, for every verdict below (see lb4_bytes).
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + usize::from(u16::from_be_bytes(ip.tot_len))) as u32) };
+    // Not a service's address (most of a node's traffic): out before anything
+    // else, while little is live (values kept across a lookup are spilled to the
+    // stack, each spill a speculation barrier without CAP_PERFMON).
+    let bit = vip_filter_bit(ip.dst_addr);
+    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
+    if unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0 {
+        return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
     }
     let proto = ip.proto;
     if proto == IPPROTO_ICMP {
@@ -67,20 +83,24 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     unsafe {
         write_volatile(&raw mut (*s).words[0], read_unaligned((iph as *const u8).add(12) as *const u64));
         write_volatile(&raw mut (*s).ifindex, ifindex);
-        write_volatile(&raw mut (*s).bytes, (L2 + usize::from(u16::from_be_bytes(ip.tot_len))) as u32);
         write_volatile(&raw mut (*s).fragment, fragment as u32);
     }
     // Fragments carry no ports past the first: all fragments of a datagram hash on
-    // (src, dst, proto) and use the VIP's port-0 service entry.
-    let ports = if fragment {
-        0
+    // (src, dst, proto) and use the VIP's port-0 service entry. A TCP segment's
+    // flags tell a new connection (SYN) from the rest.
+    let (ports, syn) = if fragment {
+        (0, false)
     } else if ihl == Ipv4Hdr::LEN {
         let p: *const u32 = ptr_at(ctx, L2 + Ipv4Hdr::LEN)?;
-        unsafe { read_unaligned(p) }
+        let syn = proto == PROTO_TCP && matches!(ptr_at::<u8>(ctx, L2 + Ipv4Hdr::LEN + TCP_FLAGS), Ok(f) if unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
+        (unsafe { read_unaligned(p) }, syn)
     } else {
-        lb4_ports_past_options(ctx, L2 + ihl)?
+        lb4_ports_past_options(ctx, L2 + ihl, proto)?
     };
-    unsafe { write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports, proto)) };
+    unsafe {
+        write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports, proto));
+        write_volatile(&raw mut (*s).syn, syn as u32);
+    }
 
     // A frame to a broadcast or multicast MAC reaches every node: only the VIP's
     // fresh holder may handle it (checked below, past the cache), or every
@@ -89,20 +109,22 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     let group = unsafe { (*eth).dst_addr[0] } & 1 != 0;
     // The flow cache first: a hit is the whole answer, with no map helper call
     // (array lookups are inlined by the verifier).
+    // A SYN skips it: its flow may be a reused 5-tuple whose cached answer is stale.
     let cached = lb4_cache_lookup(s);
     if let Some(p) = cached {
-        if !group && lb4_cache_hit(p, s) {
+        // The SYN flag read back from the scratch (not kept in a register, see above).
+        if !group && unsafe { read_volatile(&(*s).syn) } == 0 && lb4_cache_hit(p, s) {
             return lb4_cached(ctx, p, s);
         }
     }
-    let (words, epoch, ifindex, bytes, fragment) = unsafe { ((*s).words, (*s).epoch, (*s).ifindex, (*s).bytes as usize, (*s).fragment != 0) };
-    let (addrs, ports, proto) = (words[0], words[1] as u32, (words[1] >> 32) as u8);
-
-    let dst = ((addrs >> 32) as u32).to_ne_bytes();
-    let dport = ((ports >> 16) as u16).to_ne_bytes();
-    let skey = Lb4ServiceKey { vip: dst, port: dport, proto, _pad: 0 };
-    let svc = match unsafe { lb4_services.get(&skey) } {
-        Some(s) => *s,
+    let (words, epoch, ifindex, bytes, fragment, syn) =
+        unsafe { ((*s).words, (*s).epoch, (*s).ifindex, (*s).bytes as usize, (*s).fragment != 0, (*s).syn != 0) };
+    let dst = ((words[0] >> 32) as u32).to_ne_bytes();
+    // The Lb4ServiceKey (VIP, dport, proto) as one word, in the scratch: a key on
+    // the stack costs a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
+    unsafe { write_volatile(&raw mut (*s).svc, (words[0] >> 32) | (words[1] >> 16 & 0xffff) << 32 | (words[1] >> 32 & 0xff) << 48) };
+    let svc = match lookup_at::<_, Lb4Service>(&lb4_services, unsafe { &raw const (*s).svc }.cast()) {
+        Some(s) => unsafe { *s },
         None if fragment => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     };
@@ -119,29 +141,45 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     let fkey: Lb4FlowKey = unsafe { core::mem::transmute(words) };
     // Whether the flow is in lb4_flows now (only those are memoised in the cache).
     let mut established = true;
-    let (backend_id, backend) = match lb4_flow_backend(&fkey) {
-        Some(b) => b,
-        None => match lb4_new_flow_backend(&fkey) {
-            // Its second packet: the flow is past its first, it moves to lb4_flows.
+    let (backend_id, backend) = if syn {
+        // A new connection, also on a reused 5-tuple whose pin is stale: the ring
+        // decides, and its next packet pins that choice over any old one.
+        if !fresh {
+            return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
+        }
+        if let Some(e) = cached {
+            lb4_cache_forget(e, &words);
+        }
+        established = false;
+        match lb4_first_packet(s, &svc, &fkey) {
+            Some(b) => b,
+            None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
+        }
+    } else {
+        match lb4_second_packet(s) {
+            // Its second packet: the flow is pinned to where its first went.
             Some((id, b)) => {
                 let _ = lb4_flows.insert(&fkey, &Lb4Flow { backend: id, _pad: 0 }, 0);
-                let _ = lb4_flows_new.remove(&fkey);
                 (id, b)
             }
-            // A stale entry (fenced, or released when the VIP moved) takes no new
-            // flow, but keeps the flows it already pinned: a client still sending to
-            // our MAC until the new owner's gratuitous ARP reaches it keeps its
-            // connection instead of getting a RST from our stack.
-            None if !fresh => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
-            None => match lb4_ring_backend(&svc, &fkey) {
-                Some((id, b)) => {
-                    let _ = lb4_flows_new.insert(&fkey, &Lb4Flow { backend: id, _pad: 0 }, 0);
-                    established = false;
-                    (id, b)
-                }
-                None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
+            None => match lb4_flow_backend(&fkey) {
+                Some(b) => b,
+                // A stale entry (fenced, or released when the VIP moved) takes no new
+                // flow, but keeps the flows it already pinned: a client still sending to
+                // our MAC until the new owner's gratuitous ARP reaches it keeps its
+                // connection instead of getting a RST from our stack.
+                None if !fresh => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
+                // A flow seen for the first time without a SYN (UDP, or TCP picked up
+                // mid-connection after a failover): recorded like a SYN.
+                None => match lb4_first_packet(s, &svc, &fkey) {
+                    Some(b) => {
+                        established = false;
+                        b
+                    }
+                    None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
+                },
             },
-        },
+        }
     };
     let local = backend.flags & BACKEND_LOCAL != 0;
     // A VIP of another network than home: its frames reach the backend out of home.
@@ -219,21 +257,6 @@ fn lb4_forward_home<const L2: usize>(ctx: &XdpContext, to: &[u8; 6], h: &LbHome)
     Ok((unsafe { bpf_redirect(h.ifindex, 0) } as u32, Reason::ForwardedHome))
 }
 
-/// The flow-table work of a miss alone, for `xdp_floor_flow_insert`: untagged
-/// IPv4 without options only, the frames the benchmark sends.
-#[inline(always)]
-pub fn lb4_floor_flow_insert(ctx: &XdpContext) -> Result<u32, ()> {
-    const IP: usize = ETH_LEN;
-    let addrs = unsafe { read_unaligned(ptr_at::<u64>(ctx, IP + 12)?) };
-    let ports = unsafe { read_unaligned(ptr_at::<u32>(ctx, IP + Ipv4Hdr::LEN)?) };
-    let proto = unsafe { *ptr_at::<u8>(ctx, IP + 9)? };
-    let fkey: Lb4FlowKey = unsafe { core::mem::transmute([addrs, lb4_ports_proto(ports, proto)]) };
-    if unsafe { lb4_flows.get(&fkey) }.is_none() && unsafe { lb4_flows_new.get(&fkey) }.is_none() {
-        let _ = lb4_flows_new.insert(&fkey, &Lb4Flow { backend: 0, _pad: 0 }, 0);
-    }
-    Ok(xdp_action::XDP_PASS)
-}
-
 /// The Lb4FlowKey's second word as loaded: the ports word (sport, dport) and the
 /// protocol above it.
 #[inline(always)]
@@ -308,16 +331,21 @@ fn lb4_copy_macs(dst: *mut u8, to: &[u8; 6], ours: &[u8; 6]) {
     }
 }
 
-/// The ports word of a packet with IP options (rare): copied by a helper, which
-/// takes the variable offset the verifier refuses on a packet pointer.
+/// The ports word of a packet with IP options (rare), and whether it is a TCP SYN
+/// without ACK: copied by a helper, which takes the variable offset the verifier
+/// refuses on a packet pointer.
 #[inline(always)]
-fn lb4_ports_past_options(ctx: &XdpContext, off: usize) -> Result<u32, ()> {
+fn lb4_ports_past_options(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u32, bool), ()> {
     let mut ports = 0u32;
     let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, (&mut ports as *mut u32).cast(), 4) };
     if r != 0 {
         return Err(());
     }
-    Ok(ports)
+    let mut flags = 0u8;
+    let syn = proto == PROTO_TCP
+        && unsafe { bpf_xdp_load_bytes(ctx.ctx, (off + TCP_FLAGS) as u32, (&mut flags as *mut u8).cast(), 1) } == 0
+        && flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    Ok((ports, syn))
 }
 
 /// The backend recorded for this established flow, if it still exists. A flow
@@ -327,10 +355,64 @@ fn lb4_flow_backend(fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
     lb4_present_backend(unsafe { lb4_flows.get(fkey) }?.backend)
 }
 
-/// [`lb4_flow_backend`] for a flow seen once (`lb4_flows_new`).
+/// A flow's first packet: the ring's backend, recorded in its `lb4_first_packets`
+/// slot (over whatever flow was there) for its second packet to pin. No hash table
+/// is touched: a flood of first packets costs array writes and evicts nothing.
 #[inline(always)]
-fn lb4_new_flow_backend(fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
-    lb4_present_backend(unsafe { lb4_flows_new.get(fkey) }?.backend)
+fn lb4_first_packet(s: *mut Scratch, svc: &Lb4Service, fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
+    let (id, b) = lb4_ring_backend(svc, fkey)?;
+    if let Some(p) = lb4_first_packet_slot(s) {
+        unsafe {
+            let (w0, w1) = ((*s).words[0], (*s).words[1]);
+            let w = p as *mut u64;
+            *w = w0;
+            *w.add(1) = w1;
+            (*p).backend = id;
+            (*p).check = first_packet_check(w0, w1, id);
+        }
+    }
+    Some((id, b))
+}
+
+/// The backend recorded at the first packet of the flow in `s`, if its slot holds
+/// it (whole: see [`Lb4FirstPacket`]) and the backend still exists; the slot is
+/// cleared, as the flow is about to be pinned.
+#[inline(always)]
+fn lb4_second_packet(s: *mut Scratch) -> Option<(u32, Lb4Backend)> {
+    let p = lb4_first_packet_slot(s)?;
+    unsafe {
+        let (w0, w1) = ((*s).words[0], (*s).words[1]);
+        let w = p as *mut u64;
+        if *w != w0 || *w.add(1) != w1 || (*p).check != first_packet_check(w0, w1, (*p).backend) {
+            return None;
+        }
+        // Volatile: two plain zero stores become a memset, whose pointer
+        // arithmetic the verifier refuses without CAP_PERFMON.
+        write_volatile(w, 0);
+        write_volatile(w.add(1), 0);
+        lb4_present_backend((*p).backend)
+    }
+}
+
+/// The `lb4_first_packets` slot of the flow in `s` (the key in `s`).
+#[inline(always)]
+fn lb4_first_packet_slot(s: *mut Scratch) -> Option<*mut Lb4FirstPacket> {
+    unsafe {
+        (*s).key = first_packet_slot((*s).words[0], (*s).words[1]);
+        lookup_at::<_, Lb4FirstPacket>(&lb4_first_packets, &(*s).key)
+    }
+}
+
+/// Drops this CPU's cached answer for the flow `words`, if the cache holds one.
+#[inline(always)]
+fn lb4_cache_forget(e: *mut Lb4FlowCacheEntry, words: &[u64; 2]) {
+    let w = e as *mut u64;
+    unsafe {
+        if *w == words[0] && *w.add(1) == words[1] {
+            write_volatile(w, 0); // volatile: see lb4_second_packet
+            write_volatile(w.add(1), 0);
+        }
+    }
 }
 
 #[inline(always)]

@@ -32,15 +32,6 @@ pub fn xdp_baseline_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// Benchmark reference for the miss path: the frame's 5-tuple looked up in the
-/// flow table and, when absent, inserted; nothing else. Any design that records
-/// each new flow in a table of this size pays at least this (BENCHMARKS.md).
-/// The agent never attaches it.
-#[xdp]
-pub fn xdp_floor_flow_insert(ctx: XdpContext) -> u32 {
-    lb4::lb4_floor_flow_insert(&ctx).unwrap_or(xdp_action::XDP_ABORTED)
-}
-
 /// Transmits the frame it is run on out of the interface the run names (XDP_TX).
 /// The agent sends gratuitous ARP through it with BPF_PROG_RUN in live-frames
 /// mode, so it needs no packet socket (no CAP_NET_RAW). Never attached.
@@ -77,10 +68,8 @@ fn try_l3<const L2: usize>(ctx: &XdpContext, l3: L3, ifindex: u32) -> Result<(u3
         let (action, reason) = arp::arp_handle::<L2>(ctx, ifindex)?;
         return Ok((action, reason, L2 + ArpHdr::LEN));
     }
-    // Read first: a forward out of the home interface moves the headers.
-    let bytes = lb4::lb4_bytes::<L2>(ctx);
     let (action, reason) = lb4::lb4_handle::<L2>(ctx, ifindex)?;
-    Ok((action, reason, bytes))
+    Ok((action, reason, lb4::lb4_bytes()))
 }
 
 #[cfg(not(test))]

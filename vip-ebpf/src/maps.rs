@@ -46,15 +46,25 @@ pub static lb4_backends: Array<Lb4Backend> = Array::pinned(MAX_BACKENDS, 0);
 pub static lb4_ring: Array<u32> = Array::pinned(DEFAULT_RING_CAPACITY, 0);
 
 /// 5-tuple → backend chosen at the flow's first packet, for flows past it
-/// (connection stickiness). Per-CPU LRU lists: inserts do not contend across CPUs.
+/// (connection stickiness), written at their second packet. Per-CPU LRU lists:
+/// inserts do not contend across CPUs.
 #[map]
 pub static lb4_flows: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_FLOWS, BPF_F_NO_COMMON_LRU);
 
-/// 5-tuple → backend chosen at the flow's first packet, until its second packet
-/// moves it to `lb4_flows`: one-packet flows (a spoofed-SYN flood) churn this table
-/// alone, like the unassured entries Linux conntrack drops first.
+/// first_packet_slot(5-tuple) → a flow seen once and the backend its first packet
+/// went to, until its second packet pins it in `lb4_flows`: one-packet flows (a
+/// spoofed-SYN flood) overwrite these slots alone, like the unassured entries
+/// Linux conntrack drops first. An array, small enough to stay in the caches: its
+/// lookups are inlined and touch no cold hash bucket (data-path.md, "New flows").
 #[map]
-pub static lb4_flows_new: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_NEW_FLOWS, BPF_F_NO_COMMON_LRU);
+pub static lb4_first_packets: Array<Lb4FirstPacket> = Array::pinned(FIRST_PACKET_SLOTS, 0);
+
+/// 0 → a bitmap of VIP_FILTER_WORDS words: bit vip_filter_bit(address) set for
+/// every address a service uses (the agent keeps it). Frames to other addresses
+/// leave the program after this one inlined array lookup (its key the .rodata
+/// zero), before the flow cache and the service hash.
+#[map]
+pub static lb4_vip_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinned(1, 0);
 
 /// Reason → packets and bytes, per CPU.
 #[map]
@@ -114,6 +124,13 @@ pub struct Scratch {
     pub epoch: u64,
     pub bytes: u32,
     pub fragment: u32,
+    /// A TCP SYN without ACK: a new connection.
+    pub syn: u32,
+    /// The bytes a reason counter is bumped by (`stats::count_reason`; not
+    /// `bytes`, which holds the packet's until its verdict).
+    pub counted: u32,
+    /// The `lb4_services` key being looked up (an Lb4ServiceKey as a word).
+    pub svc: u64,
 }
 
 /// 0 → this CPU's Scratch.

@@ -35,9 +35,9 @@ pub fn count_reason(reason: Reason, bytes: usize) {
     if let Some(s) = lookup_at::<_, Scratch>(&lb_scratch, lb_key0()) {
         unsafe {
             (*s).key = reason as u32;
-            (*s).bytes = bytes as u32;
+            (*s).counted = bytes as u32;
         }
-        count_at(&lb_stats, unsafe { &(*s).key }, unsafe { &(*s).bytes })
+        count_at(&lb_stats, unsafe { &(*s).key }, unsafe { &(*s).counted })
     }
 }
 

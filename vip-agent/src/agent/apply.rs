@@ -3,7 +3,7 @@
 //! swept. The liveness thread never waits for any of it.
 use std::{collections::BTreeMap, time::Instant};
 
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::{desired, metrics, Agent, DesiredService, Observed};
 use crate::{
@@ -40,6 +40,17 @@ impl Agent {
             &Observed { me: &self.opts.node_name, tracked: &m.tracked, live: &m.live, leaving: &m.leaving, health: &health, macs: &self.macs },
         );
         self.unresolved = want.unresolved;
+        for (a, d) in &want.services {
+            let was = self.applied.get(a).is_some_and(|o| o.failing_open);
+            if d.failing_open && !was {
+                warn!(service = %d.name, vip = %a.vip, port = a.port, backends = d.spec.backends.len(), "every backend's health check is down: failing open, new connections go to all of them");
+            } else if was && !d.failing_open {
+                info!(service = %d.name, vip = %a.vip, port = a.port, "no longer failing open");
+            }
+        }
+        self.metrics
+            .service_failing_open
+            .set_all(want.services.iter().filter(|(_, d)| d.failing_open).map(|(a, d)| (metrics::ServiceLabels::new(&d.name, a), 1)));
         // What changed, and what the maps hold that the model no longer has
         // (from the data path's own record, so services left by an earlier agent
         // are swept too).

@@ -9,13 +9,16 @@ use std::{
 use crate::{
     dataplane::{BackendSpec, ServiceAddr, ServiceSpec},
     health::Target,
-    model::World,
+    model::{NoHealthyBackend, World},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredService {
     pub name: String,
     pub spec: ServiceSpec,
+    /// Every backend's health check is down and the service fails open: its ring
+    /// holds them all (`NoHealthyBackend::FailOpen`).
+    pub failing_open: bool,
 }
 
 /// Who holds which VIP, as this node sees it: decided by the liveness thread
@@ -49,6 +52,39 @@ pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership 
     d
 }
 
+/// The VIPs of every pool that no node holds, with why, as this node can tell:
+/// a pool that no node of the model may hold (the node selector and tolerations
+/// admit none; nodes excluded from load balancers or not ready are not in the
+/// model) is known to every agent; one whose eligible nodes are all dead is said
+/// only by a live member (a node cut off sees every peer dead).
+pub fn unheld(world: &World, me: &str, live: &BTreeSet<String>, owners: &BTreeMap<Ipv4Addr, String>) -> BTreeMap<Ipv4Addr, String> {
+    let mut out = BTreeMap::new();
+    for pool in &world.pools {
+        let eligible: Vec<&str> = world.eligible(pool).into_iter().map(|n| n.name.as_str()).collect();
+        let why = if eligible.is_empty() {
+            let mut why = format!(
+                "no node may hold VipPool {:?}'s addresses: none of the {} node(s) in use matches its nodeSelector and tolerations",
+                pool.name,
+                world.nodes.len()
+            );
+            if !world.left_out.is_empty() {
+                let some: Vec<String> = world.left_out.iter().take(5).map(|(n, r)| format!("{n} ({r})")).collect();
+                let more = world.left_out.len().saturating_sub(5);
+                why += &format!("; left out: {}{}", some.join(", "), if more > 0 { format!(" and {more} more") } else { String::new() });
+            }
+            why
+        } else if live.contains(me) {
+            format!("none of VipPool {:?}'s eligible nodes ({}) is alive: no heartbeats heard", pool.name, eligible.join(", "))
+        } else {
+            continue;
+        };
+        for a in pool.addresses.iter().filter(|a| !owners.contains_key(a)) {
+            out.insert(*a, why.clone());
+        }
+    }
+    out
+}
+
 /// What the service maps of one node should hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
@@ -78,7 +114,7 @@ pub struct Observed<'a> {
 pub fn desired(world: &World, seen: &Observed) -> Desired {
     let mut d = Desired::default();
     for svc in &world.services {
-        let (mut backends, mut absent) = (Vec::new(), Vec::new());
+        let (mut backends, mut absent, mut down) = (Vec::new(), Vec::new(), Vec::new());
         for node in world.backend_candidates(svc) {
             if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) && !seen.leaving.contains(&node.name) {
                 absent.push(node.name.clone());
@@ -91,10 +127,6 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
                 }
                 None => true,
             };
-            if !healthy {
-                absent.push(node.name.clone());
-                continue;
-            }
             let local = node.name == seen.me;
             let mac = match node.mac.or_else(|| seen.macs.get(&node.name).copied()) {
                 Some(m) => m,
@@ -106,11 +138,24 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
                     continue;
                 }
             };
-            backends.push(BackendSpec { name: node.name.clone(), addr: node.addr, mac, weight: 1, local });
+            let b = BackendSpec { name: node.name.clone(), addr: node.addr, mac, weight: 1, local };
+            if healthy {
+                backends.push(b);
+            } else {
+                absent.push(b.name.clone());
+                down.push(b);
+            }
+        }
+        // Every backend's check down: fail open to all of them (the alive ones)
+        // unless the service drops instead.
+        let failing_open = backends.is_empty() && !down.is_empty() && svc.no_healthy_backend == NoHealthyBackend::FailOpen;
+        if failing_open {
+            absent.retain(|n| !down.iter().any(|b| b.name == *n));
+            backends = down;
         }
         let spec = ServiceSpec { backends, table_size: svc.table_size, absent };
         for addr in svc.addrs() {
-            d.services.insert(addr, DesiredService { name: svc.name.clone(), spec: spec.clone() });
+            d.services.insert(addr, DesiredService { name: svc.name.clone(), spec: spec.clone(), failing_open });
         }
     }
     d
@@ -146,6 +191,63 @@ services:
     backendSelector: {}
     healthCheck: {type: tcp, rise: 1, fall: 1}
 "#;
+
+    #[test]
+    fn every_backend_down_fails_open_unless_the_service_drops() {
+        let mut w = parse(CFG).unwrap();
+        let live: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
+        let tracked: BTreeSet<String> = ["lb1".to_owned(), "lb2".to_owned()].into();
+        let macs = [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into();
+        let check = w.services[0].health.clone().unwrap();
+        let mut health: BTreeMap<Target, bool> = w.nodes.iter().map(|n| (Target { node: n.name.clone(), addr: n.addr, check: check.clone() }, false)).collect();
+        // lb2's agent is dead: out in any case.
+        let alive: BTreeSet<String> = live.iter().filter(|n| *n != "lb2").cloned().collect();
+        let seen = |health: &BTreeMap<Target, bool>| {
+            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health, macs: &macs }).services
+        };
+        let web = seen(&health).into_values().next().unwrap();
+        assert!(web.failing_open);
+        assert_eq!(names(&web), ["b1", "b2", "lb1"], "every alive candidate, down as they are");
+        assert_eq!(web.spec.absent, ["lb2"]);
+        // One backend back: only it.
+        health.insert(Target { node: "b2".into(), addr: w.node("b2").unwrap().addr, check: check.clone() }, true);
+        let web = seen(&health).into_values().next().unwrap();
+        assert!(!web.failing_open);
+        assert_eq!(names(&web), ["b2"]);
+        assert_eq!(web.spec.absent, ["b1", "lb1", "lb2"]);
+        // Drop: every backend down means an empty ring.
+        health.insert(Target { node: "b2".into(), addr: w.node("b2").unwrap().addr, check }, false);
+        w.services[0].no_healthy_backend = NoHealthyBackend::Drop;
+        let seen = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health: &health, macs: &macs }).services;
+        let web = seen.into_values().next().unwrap();
+        assert!(!web.failing_open && web.spec.backends.is_empty());
+        assert_eq!(web.spec.absent, ["b1", "b2", "lb1", "lb2"]);
+    }
+
+    #[test]
+    fn unheld_vips_say_why() {
+        let mut w = parse(CFG).unwrap();
+        let all: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
+        let o = ownership(&w, "b1", &all);
+        assert!(unheld(&w, "b1", &all, &o.owners).is_empty(), "every VIP has an owner");
+        // Both eligible nodes dead, as a live member sees it.
+        let only_b1: BTreeSet<String> = ["b1".to_owned()].into();
+        let o = ownership(&w, "b1", &only_b1);
+        let u = unheld(&w, "b1", &only_b1, &o.owners);
+        assert_eq!(u.len(), 4);
+        assert_eq!(u[&"198.18.1.1".parse().unwrap()], r#"none of VipPool "p"'s eligible nodes (lb1, lb2) is alive: no heartbeats heard"#);
+        // A node that is no member cannot tell dead from cut off: it says nothing...
+        assert!(unheld(&w, "b1", &BTreeSet::new(), &BTreeMap::new()).is_empty());
+        // ...but a pool no node of the model may hold is known to everyone.
+        w.nodes.retain(|n| !n.name.starts_with("lb"));
+        w.left_out = [("lb1".to_owned(), "labelled node.kubernetes.io/exclude-from-external-load-balancers".to_owned())].into();
+        let u = unheld(&w, "b1", &BTreeSet::new(), &BTreeMap::new());
+        assert_eq!(u.len(), 4);
+        assert_eq!(
+            u[&"198.18.1.4".parse().unwrap()],
+            r#"no node may hold VipPool "p"'s addresses: none of the 2 node(s) in use matches its nodeSelector and tolerations; left out: lb1 (labelled node.kubernetes.io/exclude-from-external-load-balancers)"#
+        );
+    }
 
     fn names(d: &DesiredService) -> Vec<&str> {
         d.spec.backends.iter().map(|b| b.name.as_str()).collect()

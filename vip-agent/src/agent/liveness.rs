@@ -71,11 +71,19 @@ impl Uplinks {
     }
 }
 
+/// What the thread decides from: the model and where its pools live here, always
+/// sent together. A placement is computed from a model: were they two channels, the
+/// thread could see the new placement with the old model for an instant (a node
+/// that just left the model would still own its VIPs, with no interface for them).
+#[derive(Clone, Debug, Default)]
+pub struct Inputs {
+    pub world: Arc<World>,
+    pub uplinks: Arc<Uplinks>,
+}
+
 /// What the thread needs from the agent's start.
 pub struct Setup {
     pub me: String,
-    /// Where VIPs are answered (updated by the agent when the model or host changes).
-    pub uplinks: watch::Receiver<Arc<Uplinks>>,
     pub held: HeldVips,
     /// The VIPs of `announce: lo` pools we hold, for the loopback task.
     pub on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
@@ -91,7 +99,7 @@ pub struct Setup {
 /// no longer holds are released, those of VIPs in no pool removed) and takes
 /// what it owns; returns once that is done. It runs until `world`'s sender is
 /// dropped.
-pub fn spawn(setup: Setup, frames: FrameTx, world: watch::Receiver<Arc<World>>) -> Result<watch::Receiver<Membership>> {
+pub fn spawn(setup: Setup, frames: FrameTx, inputs: watch::Receiver<Inputs>) -> Result<watch::Receiver<Membership>> {
     let (tx, rx) = watch::channel(Membership::default());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -106,7 +114,7 @@ pub fn spawn(setup: Setup, frames: FrameTx, world: watch::Receiver<Arc<World>>) 
             };
             rt.block_on(async move {
                 let arp_tx = ha::garp::spawn_sender(frames);
-                let mut l = Liveness::new(setup, world, tx, arp_tx);
+                let mut l = Liveness::new(setup, inputs, tx, arp_tx);
                 let first = l.start().await;
                 let ok = first.is_ok();
                 let _ = ready_tx.send(first);
@@ -122,7 +130,7 @@ pub fn spawn(setup: Setup, frames: FrameTx, world: watch::Receiver<Arc<World>>) 
 
 struct Liveness {
     s: Setup,
-    world_rx: watch::Receiver<Arc<World>>,
+    inputs: watch::Receiver<Inputs>,
     world: Arc<World>,
     uplinks: Arc<Uplinks>,
     out: watch::Sender<Membership>,
@@ -157,12 +165,11 @@ pub fn hold_refresh(w: &World) -> tokio::time::Interval {
 }
 
 impl Liveness {
-    fn new(s: Setup, world_rx: watch::Receiver<Arc<World>>, out: watch::Sender<Membership>, arp_tx: mpsc::UnboundedSender<Order>) -> Self {
-        let world = world_rx.borrow().clone();
-        let uplinks = s.uplinks.borrow().clone();
+    fn new(s: Setup, mut inputs: watch::Receiver<Inputs>, out: watch::Sender<Membership>, arp_tx: mpsc::UnboundedSender<Order>) -> Self {
+        let Inputs { world, uplinks } = inputs.borrow_and_update().clone();
         Self {
             s,
-            world_rx,
+            inputs,
             world,
             uplinks,
             out,
@@ -231,30 +238,28 @@ impl Liveness {
         loop {
             self.s.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
             tokio::select! {
-                changed = self.world_rx.changed() => {
+                changed = self.inputs.changed() => {
                     if changed.is_err() {
                         break;
                     }
-                    let world = self.world_rx.borrow_and_update().clone();
+                    let Inputs { world, uplinks } = self.inputs.borrow_and_update().clone();
+                    let world_changed = !Arc::ptr_eq(&world, &self.world);
                     let timers_changed = world.announce.hold_time != self.world.announce.hold_time;
                     self.world = world;
+                    if !Arc::ptr_eq(&uplinks, &self.uplinks) {
+                        self.uplinks = uplinks;
+                        info!(pools = self.uplinks.by_pool.len(), "interfaces of the pools changed");
+                        self.link_up = self.links_up();
+                    }
                     self.sync_heartbeat().await;
                     if timers_changed {
                         refresh = hold_refresh(&self.world);
                     }
                     self.decide(false);
-                    // Deadlines follow the new hold time at once.
-                    self.refresh();
-                }
-                changed = self.s.uplinks.changed() => {
-                    if changed.is_err() {
-                        break;
+                    if world_changed {
+                        // Deadlines follow the new hold time at once.
+                        self.refresh();
                     }
-                    self.uplinks = self.s.uplinks.borrow_and_update().clone();
-                    info!(pools = self.uplinks.by_pool.len(), "interfaces of the pools changed");
-                    self.link_up = self.links_up();
-                    self.sync_heartbeat().await;
-                    self.decide(false);
                 }
                 Some(sets) = next_live(&mut self.heartbeat) => {
                     info!(live = ?sets.live, leaving = ?sets.leaving, "live nodes changed");

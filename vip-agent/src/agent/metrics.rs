@@ -199,13 +199,14 @@ impl Liveness {
         self.pool_held
             .set_all(world.pools.iter().map(|p| (PoolLabels { pool: p.name.clone() }, p.addresses.iter().filter(|a| o.held.contains(a)).count() as i64)));
         // A node that is no member (not in the model, its link down) sees no owner
-        // anywhere: its view says nothing about the pools.
+        // anywhere: its view says nothing about the pools, except those no node of
+        // the model may hold (every agent knows those are unowned).
         let member = m.live.contains(m.me);
         self.pool_unowned.set_all(
             world
                 .pools
                 .iter()
-                .filter(|_| member)
+                .filter(|p| member || world.eligible(p).is_empty())
                 .map(|p| (PoolLabels { pool: p.name.clone() }, p.addresses.iter().filter(|a| !o.owners.contains_key(a)).count() as i64)),
         );
         for pool in &world.pools {
@@ -243,6 +244,8 @@ pub struct Metrics {
     pub backend_healthy: Tracked<BackendLabels, Gauge>,
     pub ring_updates: Tracked<ServiceLabels, Counter>,
     pub ring_slots_written: Tracked<ServiceLabels, Counter>,
+    /// 1 for each service-port failing open (every backend's check down).
+    pub service_failing_open: Tracked<ServiceLabels, Gauge>,
     /// One batch of service changes written to the maps (sweep excluded).
     pub map_write_seconds: Histogram,
     /// The flow-table sweep that follows a batch which took backends from services.
@@ -293,6 +296,7 @@ impl Metrics {
             backend_healthy: Tracked::default(),
             ring_updates: Tracked::default(),
             ring_slots_written: Tracked::default(),
+            service_failing_open: Tracked::default(),
             map_write_seconds: buckets(),
             flow_sweep_seconds: buckets(),
             flows_evicted: Counter::default(),
@@ -325,7 +329,7 @@ impl Metrics {
         registry.register("vip_pool_vips_held", "VIPs of each pool this node holds", l.pool_held.family());
         registry.register(
             "vip_pool_vips_unowned",
-            "VIPs of each pool that no live eligible node owns, as this node sees it (exported while this node is a live member)",
+            "VIPs of each pool that no live eligible node owns, as this node sees it (exported while this node is a live member, and by every node for a pool no node of the model may hold)",
             l.pool_unowned.family(),
         );
         registry.register(
@@ -353,6 +357,11 @@ impl Metrics {
         );
         registry.register("vip_backend_healthy", "Health of each backend node under each health check (1 healthy, 0 down)", m.backend_healthy.family());
         registry.register("vip_ring_updates", "Maglev ring changes per service-port", m.ring_updates.family());
+        registry.register(
+            "vip_service_failing_open",
+            "1 for each service-port whose health check has every backend down and that fails open: new connections go to all of them (the pool's noHealthyBackend: FailOpen)",
+            m.service_failing_open.family(),
+        );
         registry.register(
             "vip_ring_slots_written",
             "Ring slots written per service-port (0 when it joined a ring another service had)",
@@ -574,6 +583,7 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     for f in [&m.ring_updates, &m.ring_slots_written] {
         f.with(&ServiceLabels::new("", &svc), |_| ());
     }
+    m.service_failing_open.with(&ServiceLabels::new("", &svc), |_| ());
     let _ = m.config_reloads.get_or_create(&ResultLabels { result: s() });
     m.pool_addresses.with(&PoolStateLabels { pool: s(), state: s() }, |_| ());
     #[derive(Debug)]
@@ -765,7 +775,7 @@ services: []
     }
 
     #[test]
-    fn a_node_that_is_no_member_says_nothing_of_unowned_vips() {
+    fn a_node_that_is_no_member_says_only_what_the_model_tells_of_unowned_vips() {
         let m = Metrics::new(Mode::Kubernetes);
         let w = parse(CFG).unwrap();
         let none = BTreeSet::new();
@@ -778,6 +788,12 @@ services: []
         m.liveness.record(&w2, &BTreeMap::new(), &ownership(&w2, "lb1", &only_me), &Members { me: "lb1", tracked: &tracked, live: &only_me });
         let t = scrape(&m.registry);
         assert!(t.contains(r#"vip_pool_vips_unowned{pool="b"} 1"#) && t.contains(r#"vip_pool_vips_unowned{pool="a"} 0"#), "{t}");
+        // No member (excluded itself, say), but pool b admits no node of the model:
+        // every agent knows b's VIPs are unowned, and says so.
+        m.liveness.record(&w2, &BTreeMap::new(), &ownership(&w2, "lb1", &none), &Members { me: "lb1", tracked: &tracked, live: &none });
+        let t = scrape(&m.registry);
+        assert_eq!(series(&t, "vip_pool_vips_unowned"), [r#"pool="b""#], "{t}");
+        assert!(t.contains(r#"vip_pool_vips_unowned{pool="b"} 1"#), "{t}");
     }
 
     #[test]

@@ -92,15 +92,14 @@ struct Agent {
     dp: Dataplane,
     /// Where pools' VIPs are answered here; the program attached there.
     interfaces: interfaces::Interfaces,
-    /// The latest placement, for the liveness thread.
-    uplinks_tx: watch::Sender<Arc<Uplinks>>,
+    /// The model and the latest placement, for the liveness thread (together:
+    /// see `liveness::Inputs`).
+    liveness_tx: watch::Sender<liveness::Inputs>,
     /// What the latest placement found wrong (part of the host problems).
     iface_problems: Vec<String>,
     /// The VIPs this node is a backend of in `world` (what the host check reads).
     backed: BTreeSet<Ipv4Addr>,
     world: Arc<World>,
-    /// The model as the liveness thread sees it.
-    world_tx: watch::Sender<Arc<World>>,
     /// Bytes of the config file last read (valid or not): reloads only on change.
     config_text: Option<String>,
     health: BTreeMap<Target, (bool, String)>,
@@ -112,6 +111,8 @@ struct Agent {
     owners_tx: watch::Sender<BTreeMap<Ipv4Addr, String>>,
     /// VIP → its service-ports not programmed, for the controller (pool condition, Events).
     unprogrammed_tx: watch::Sender<BTreeMap<Ipv4Addr, Vec<String>>>,
+    /// VIP → why no node holds it, for the controller (pool condition, Events).
+    unheld_tx: watch::Sender<BTreeMap<Ipv4Addr, String>>,
     /// What the service maps hold (services that failed are absent: retried).
     applied: BTreeMap<ServiceAddr, DesiredService>,
     /// Services the model wants that could not be programmed, with why.
@@ -129,6 +130,7 @@ pub async fn run(opts: Options) -> Result<()> {
     });
     let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
     let (unprogrammed_tx, unprogrammed_rx) = watch::channel(BTreeMap::new());
+    let (unheld_tx, unheld_rx) = watch::channel(BTreeMap::new());
     let mut api_client = None;
     let (world, text, mut feed, source_name) = match &opts.source {
         Source::File(path) => {
@@ -147,8 +149,12 @@ pub async fn run(opts: Options) -> Result<()> {
             let rx = crate::k8s::source::watch_world(client.clone(), base, *sync_timeout).await?;
             let world = rx.borrow().clone();
             let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
-            let view =
-                crate::k8s::controller::AgentView { owners: owners_rx, pool_addresses: Some(metrics.pool_addresses.clone()), unprogrammed: unprogrammed_rx };
+            let view = crate::k8s::controller::AgentView {
+                owners: owners_rx,
+                pool_addresses: Some(metrics.pool_addresses.clone()),
+                unprogrammed: unprogrammed_rx,
+                unheld: unheld_rx,
+            };
             tokio::spawn(crate::k8s::controller::run(client, opts.node_name.clone(), leading, Duration::from_secs(30), view));
             (world, None, Feed::Kubernetes(rx), PathBuf::from("kubernetes"))
         }
@@ -186,19 +192,17 @@ pub async fn run(opts: Options) -> Result<()> {
         }
     };
     let world = Arc::new(world);
-    let (world_tx, world_rx) = watch::channel(world.clone());
     let held = dp.held_handle()?;
-    let (uplinks_tx, uplinks_rx) = watch::channel(Arc::new(Uplinks::default()));
+    let (liveness_tx, liveness_rx) = watch::channel(liveness::Inputs::default());
     let mut agent = Agent {
         interfaces: interfaces::Interfaces::new(opts.iface.clone(), opts.attach_mode),
-        uplinks_tx,
+        liveness_tx,
         iface_problems: Vec::new(),
         backed: BTreeSet::new(),
         status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: source_name, generation: 1, error: None }, ..Default::default() },
         opts,
         dp,
         world: Arc::new(World::default()),
-        world_tx,
         config_text: text,
         health: BTreeMap::new(),
         monitor: health::Monitor::new(health_tx),
@@ -206,6 +210,7 @@ pub async fn run(opts: Options) -> Result<()> {
         membership: Membership::default(),
         owners_tx,
         unprogrammed_tx,
+        unheld_tx,
         applied: BTreeMap::new(),
         failed: BTreeMap::new(),
         unresolved: BTreeSet::new(),
@@ -238,14 +243,13 @@ pub async fn run(opts: Options) -> Result<()> {
     let (leave_tx, leave_rx) = watch::channel(None);
     let setup = liveness::Setup {
         me: agent.opts.node_name.clone(),
-        uplinks: uplinks_rx,
         held,
         on_lo,
         metrics: agent.metrics.liveness.clone(),
         keys: keys.as_ref().map(|k| k.keys.clone()),
         leave: leave_rx,
     };
-    let mut members = liveness::spawn(setup, frame_tx, world_rx)?;
+    let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
     agent.membership = members.borrow_and_update().clone();
     agent.owners_tx.send_replace(agent.membership.owners.clone());
     agent.reconcile(None);
@@ -370,23 +374,42 @@ impl Agent {
         // services and endpoints that change far more often. Interfaces first: the
         // liveness thread then finds the new pools placed.
         let moved = before.pools != world.pools || before.node(&me) != world.node(&me);
-        if moved {
-            self.place();
-        }
-        let backed = preflight::backed_vips(&world, &me);
+        let uplinks = if moved { self.placement() } else { self.liveness_tx.borrow().uplinks.clone() };
+        // The model and its placement in one message (see `liveness::Inputs`).
+        self.liveness_tx.send_replace(liveness::Inputs { world, uplinks });
+        let backed = preflight::backed_vips(&self.world, &me);
         if moved || backed != self.backed {
             self.backed = backed;
             self.check_host();
         }
-        self.world_tx.send_replace(world);
+    }
+
+    /// Tells the controller which VIPs no node holds, and why.
+    fn tell_unheld(&self) {
+        let m = &self.membership;
+        let now = desired::unheld(&self.world, &self.opts.node_name, &m.live, &m.owners);
+        self.unheld_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &now));
     }
 
     /// Resolves where this node's pools live and attaches the program there
-    /// (`interfaces::place`); the liveness thread follows the result.
-    fn place(&mut self) {
+    /// (`interfaces::place`): the uplinks for the current model.
+    fn placement(&mut self) -> Arc<Uplinks> {
         let placed = self.interfaces.place(&mut self.dp, &self.world, &self.opts.node_name);
-        self.uplinks_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &placed.uplinks));
         self.iface_problems = placed.problems;
+        placed.uplinks
+    }
+
+    /// A new placement for the same model (the host changed); the liveness thread
+    /// follows it.
+    fn place(&mut self) {
+        let uplinks = self.placement();
+        self.liveness_tx.send_if_modified(|cur| {
+            let changed = *cur.uplinks != *uplinks;
+            if changed {
+                cur.uplinks = uplinks;
+            }
+            changed
+        });
     }
 
     /// Logs what is wrong with this host (the placement's problems and the backed
@@ -398,7 +421,7 @@ impl Agent {
             Source::Kubernetes { .. } => preflight::Intake::KubeProxy,
         };
         // ARP sysctls matter where the node is reached (its home interface).
-        let home = self.uplinks_tx.borrow().home.as_ref().map_or_else(|| "all".to_owned(), |l| l.name.clone());
+        let home = self.liveness_tx.borrow().uplinks.home.as_ref().map_or_else(|| "all".to_owned(), |l| l.name.clone());
         let facts = preflight::HostFacts::read(&home, self.backed.iter().copied());
         let mut problems = self.iface_problems.clone();
         problems.extend(preflight::problems(&self.backed, intake, &home, &facts));
@@ -417,6 +440,7 @@ impl Agent {
         let live_changed = (&m.tracked, &m.live) != (&self.membership.tracked, &self.membership.live);
         self.owners_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &m.owners));
         self.membership = m;
+        self.tell_unheld();
         if live_changed {
             self.reconcile(None);
         } else {

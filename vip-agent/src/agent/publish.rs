@@ -35,6 +35,7 @@ impl Agent {
                 protocol: a.protocol.name().to_owned(),
                 backends: d.spec.backends.iter().map(|b| b.name.clone()).collect(),
                 check: checks.get(d.name.as_str()).cloned(),
+                failing_open: d.failing_open,
             })
             .collect();
         let mut by_vip: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();

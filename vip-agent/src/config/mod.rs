@@ -15,7 +15,7 @@ pub use crate::spec::{FieldError, MAX_POOL_ADDRESSES};
 use crate::{
     addrs::{Family, IPV6_NOT_SERVED},
     maglev,
-    model::{Announce, AnnounceMode, Failover, Garp, Node, Pool, Protocol, Selector, Service, World},
+    model::{Announce, AnnounceMode, Failover, Garp, NoHealthyBackend, Node, Pool, Protocol, Selector, Service, World},
     spec::{self, gratuitous_arp, health_check, invalid, pool_addresses, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Mac},
 };
 
@@ -131,6 +131,8 @@ struct FileService {
     backend_selector: Option<Selector>,
     #[serde(default)]
     health_check: Option<HealthCheckSpec>,
+    #[serde(default)]
+    no_healthy_backend: NoHealthyBackend,
 }
 
 #[derive(Deserialize)]
@@ -296,6 +298,7 @@ fn validate(f: File) -> Result<World, FieldError> {
             backend_selector,
             backend_nodes: None,
             health,
+            no_healthy_backend: fs.no_healthy_backend,
         });
     }
 
@@ -309,7 +312,7 @@ fn validate(f: File) -> Result<World, FieldError> {
     let fo = f.failover;
     let failover = Failover { heartbeat_port: fo.heartbeat_port, heartbeat_interval: fo.heartbeat_interval, dead_after: fo.dead_after };
     check_timers(&announce, &failover, &FILE_TIMER_FIELDS)?;
-    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed })
+    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed, left_out: BTreeMap::new() })
 }
 
 /// What a source calls the timers and the heartbeat port in its messages: the

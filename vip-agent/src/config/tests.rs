@@ -163,6 +163,15 @@ fn service_errors() {
 }
 
 #[test]
+fn no_healthy_backend_defaults_to_fail_open() {
+    use crate::model::NoHealthyBackend;
+    assert_eq!(parse(GOOD).unwrap().services[0].no_healthy_backend, NoHealthyBackend::FailOpen);
+    let w = parse(&GOOD.replacen("tableSize: 251", "tableSize: 251\n    noHealthyBackend: Drop", 1)).unwrap();
+    assert_eq!(w.services[0].no_healthy_backend, NoHealthyBackend::Drop);
+    rejects("tableSize: 251", "tableSize: 251\n    noHealthyBackend: Close", "services[0].noHealthyBackend", "Close", "unknown variant `Close`");
+}
+
+#[test]
 fn health_check_errors() {
     rejects("rise: 2", "rise: 0", "services[0].healthCheck.rise", "rise: 0", "must be at least 1");
     rejects("fall: 3", "fall: 0", "services[0].healthCheck.fall", "fall: 0", "must be at least 1");

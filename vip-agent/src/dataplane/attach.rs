@@ -246,8 +246,48 @@ pub fn detach(dir: &Path, iface: &str) -> Result<bool> {
     if !pin.exists() {
         return Ok(false);
     }
+    link_detach(&pin)?;
     std::fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
     Ok(true)
+}
+
+/// Detaches the link pinned at `pin` now (BPF_LINK_DETACH): removing the pin alone
+/// frees the link, and so detaches the program, only when the kernel's deferred
+/// release gets to it, after `detach` has said it was done.
+fn link_detach(pin: &Path) -> Result<()> {
+    use std::os::{
+        fd::{FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    };
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    // The leading fields of `union bpf_attr` for these two commands.
+    #[repr(C)]
+    struct ObjGet {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    #[repr(C)]
+    struct LinkDetach {
+        link_fd: u32,
+    }
+    let path = CString::new(pin.as_os_str().as_bytes()).context("a pin path with a NUL byte")?;
+    let get = ObjGet { pathname: path.as_ptr() as u64, bpf_fd: 0, file_flags: 0 };
+    // SAFETY: `get` is a valid bpf_attr prefix of the size passed; `path` outlives the call.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, &get as *const ObjGet, size_of::<ObjGet>()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("opening the link pinned at {}", pin.display()));
+    }
+    // SAFETY: the kernel just returned this fd; owning it closes it on every path.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let detach = LinkDetach { link_fd: std::os::fd::AsRawFd::as_raw_fd(&fd) as u32 };
+    // SAFETY: as above.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, &detach as *const LinkDetach, size_of::<LinkDetach>()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("detaching the link pinned at {}", pin.display()));
+    }
+    Ok(())
 }
 
 /// The interfaces with a link pinned under `dir` (`detach --all`), sorted.

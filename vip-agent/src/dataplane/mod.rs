@@ -65,10 +65,14 @@ pub struct Dataplane {
     backends: Array<MapData, Lb4Backend>,
     ring: Array<MapData, u32>,
     flows: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
-    flows_new: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
+    first_packets: Array<MapData, Lb4FirstPacket>,
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
+    /// Bits of the addresses services use (see vip_common::vip_filter_bit), and
+    /// its mirror (the words as written).
+    vip_filter: Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
+    vip_filter_words: [u32; VIP_FILTER_WORDS as usize],
     /// Bumped after every change a cached answer may depend on (see flow_cache).
     epoch: flow_cache::Ctl,
     rings: rings::Rings,
@@ -118,10 +122,11 @@ macro_rules! maps_from {
             $get(s, names::BACKENDS)?,
             $get(s, names::RING)?,
             $get(s, names::FLOWS)?,
-            $get(s, names::FLOWS_NEW)?,
+            $get(s, names::FIRST_PACKETS)?,
             $get(s, names::STATS)?,
             $get(s, names::SERVICE_STATS)?,
             $get(s, names::BACKEND_STATS)?,
+            $get(s, names::VIP_FILTER)?,
         )
     }};
 }
@@ -131,10 +136,11 @@ type MapSet = (
     Array<MapData, Lb4Backend>,
     Array<MapData, u32>,
     HashMap<MapData, Lb4FlowKey, Lb4Flow>,
-    HashMap<MapData, Lb4FlowKey, Lb4Flow>,
+    Array<MapData, Lb4FirstPacket>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
+    Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
 );
 
 impl Dataplane {
@@ -144,6 +150,7 @@ impl Dataplane {
     pub fn load(dir: &Path, ring_capacity: u32) -> Result<Self> {
         ensure_bpffs_dir(dir)?;
         replace_outgrown_stats(dir)?;
+        remove_obsolete_pins(dir)?;
         let mut ebpf = aya::EbpfLoader::new()
             .default_map_pin_directory(dir)
             .map_max_entries(names::RING, ring_capacity)
@@ -166,7 +173,7 @@ impl Dataplane {
     }
 
     fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl) -> Result<Self> {
-        let (services, backends, ring, flows, flows_new, stats, service_stats, backend_stats) = m;
+        let (services, backends, ring, flows, first_packets, stats, service_stats, backend_stats, vip_filter) = m;
         let mut dp = Self {
             dir: dir.to_owned(),
             ebpf,
@@ -176,10 +183,12 @@ impl Dataplane {
             backends,
             ring,
             flows,
-            flows_new,
+            first_packets,
             stats,
             service_stats,
             backend_stats,
+            vip_filter,
+            vip_filter_words: [0; VIP_FILTER_WORDS as usize],
             epoch,
             programmed: BTreeMap::new(),
             ids: BTreeSet::new(),
@@ -215,7 +224,9 @@ impl Dataplane {
             self.rings.add_user(svc.ring_offset, addr);
             self.programmed.insert(addr, Programmed { id: svc.id, ring: svc.ring_offset });
         }
-        Ok(())
+        // An older version's maps have no filter yet: it is written from the services.
+        self.vip_filter_words = self.vip_filter.get(&0, 0).context("reading lb4_vip_filter")?;
+        self.sync_vip_filter(std::iter::empty())
     }
 
     /// The held-VIP side of the maps.
@@ -307,6 +318,20 @@ fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<()> {
 /// one left by an older version with fewer slots is replaced (its counts restart;
 /// the running program keeps the old one until the new one is attached). Kept, it
 /// would leave the new reasons uncounted and make reading them fail.
+/// Maps an older version pinned that this one no longer uses: `lb4_flows_new`
+/// (first-packet records, now `lb4_first_packets`). Their memory goes with the pin.
+fn remove_obsolete_pins(dir: &Path) -> Result<()> {
+    let path = dir.join("lb4_flows_new");
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            tracing::info!(map = "lb4_flows_new", "removed a map an older version pinned");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
 fn replace_outgrown_stats(dir: &Path) -> Result<()> {
     let path = dir.join(names::STATS);
     let Ok(pinned) = MapData::from_pin(&path) else { return Ok(()) };

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use aya::maps::IterableMap as _;
 use vip_common::*;
 
@@ -172,6 +172,8 @@ impl Dataplane {
     pub fn apply(&mut self, set: &BTreeMap<ServiceAddr, &ServiceSpec>, remove: &[ServiceAddr], seed: u64) -> Result<Applied> {
         let start = Instant::now();
         let mut out = Applied::default();
+        // The new services' addresses pass the data path's filter before they exist.
+        self.sync_vip_filter(set.keys().map(|a| a.vip))?;
         // New content → the services that want it.
         let mut groups: BTreeMap<Vec<u32>, Vec<ServiceAddr>> = BTreeMap::new();
         // Maglev builds are the CPU cost: services with equal specs (thousands,
@@ -263,11 +265,29 @@ impl Dataplane {
         for (vip, protocol) in aliases {
             self.update_fragment_alias(vip, protocol)?;
         }
+        self.sync_vip_filter(std::iter::empty())?;
         let gone = self.collect_backends()?;
         self.epoch.bump()?;
         out.write_time = start.elapsed();
         out.sweep = Sweep { lost, gone };
         Ok(out)
+    }
+
+    /// Writes `lb4_vip_filter` when it differs from the bits of the programmed
+    /// services' addresses and of `extra` (one write of the whole bitmap: each word
+    /// a reader sees is the old or the new one, and a sync only sets or only
+    /// clears the bits that change).
+    pub(super) fn sync_vip_filter(&mut self, extra: impl Iterator<Item = Ipv4Addr>) -> Result<()> {
+        let mut want = [0u32; VIP_FILTER_WORDS as usize];
+        for vip in self.programmed.keys().map(|a| a.vip).chain(extra) {
+            let bit = vip_filter_bit(vip.octets());
+            want[(bit / 32) as usize] |= 1 << (bit % 32);
+        }
+        if want != self.vip_filter_words {
+            self.vip_filter.set(0, want, 0).context("writing lb4_vip_filter")?;
+            self.vip_filter_words = want;
+        }
+        Ok(())
     }
 
     /// Evicts the flows a batch left pinned to a backend their service lost (or

@@ -260,35 +260,60 @@ fn can_share(usage: &Usage, addr: IpAddr, me: &str, key: Option<&str>, my_ports:
         .is_none_or(|users| users.iter().filter(|(svc, _, _)| svc != me).all(|(_, k, p)| key.is_some() && k.as_deref() == key && p.is_disjoint(my_ports)))
 }
 
+/// One family of one of our Services, between the two passes of `allocate`.
+struct Slot {
+    family: Family,
+    /// The address of this family the Service asks for, or why its request is bad.
+    request: Option<Result<IpAddr, String>>,
+    /// The held address it keeps.
+    keep: Option<IpAddr>,
+}
+
+/// One of our Services, between the two passes of `allocate`.
+struct Plan<'a> {
+    s: &'a Service,
+    me: String,
+    fam: Families,
+    share: Option<&'a str>,
+    my_ports: BTreeSet<(String, i32)>,
+    held: Vec<IpAddr>,
+    /// Held addresses in no pool, with why they go.
+    released: Vec<(IpAddr, String)>,
+    slots: Vec<Slot>,
+    stale: Vec<Decision>,
+}
+
 /// Decides allocations for every Service. Services are taken in a fixed order
-/// (those holding an address of a pool first, then by creation time and name), so the result
+/// (those holding an address first, then by creation time and name), so the result
 /// does not depend on the order of the input or on which agent computes it. Each
 /// family of a Service (`Families`) is decided on its own: a held address that
 /// still fits, else the requested one, else the lowest free one of the first pool
-/// that admits the Service and has one of that family.
+/// that admits the Service and has one of that family. Every kept address is
+/// taken before any Service is given a new one: a Service whose address went (its
+/// pool was deleted) or that lacks a family must not take the address a Service
+/// later in the order still holds.
 pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<Decision> {
     let pool_of = |a: IpAddr| pools.iter().find(|p| p.addresses.contains(a));
-    let held_of = |s: &Service| -> Vec<IpAddr> { ingress_ips(s).into_iter().filter(|a| pool_of(*a).is_some()).collect() };
-    // Holders of a pool's address first: a Service whose address left every pool
-    // must not take the address of one not yet looked at.
     let mut order: Vec<&Service> = services.iter().collect();
-    order.sort_by_key(|s| (held_of(s).is_empty(), s.metadata.creation_timestamp.as_ref().map(|t| t.0), key(s)));
+    order.sort_by_key(|s| (ingress_ips(s).is_empty(), s.metadata.creation_timestamp.as_ref().map(|t| t.0), key(s)));
     let mut usage: Usage = BTreeMap::new();
     let mut out = Vec::new();
+    let mut plans: Vec<Plan> = Vec::new();
+    // First pass: the held addresses kept.
     for s in order {
         let me = key(s);
-        let held = held_of(s);
-        let my_ports = ports(s);
-        let share = sharing_key(s);
+        let held: Vec<IpAddr> = ingress_ips(s).into_iter().filter(|a| pool_of(*a).is_some()).collect();
         if !is_ours(s) {
             for a in held {
                 out.push(Decision::Release { service: me.clone(), addr: a, why: why_not_ours(s), ingress: Vec::new() });
             }
             continue;
         }
+        let my_ports = ports(s);
+        let share = sharing_key(s);
         // Our Services' statuses are ours: an address in no pool (its pool was
         // deleted or narrowed) is served by nobody and goes.
-        let mut released: Vec<(IpAddr, String)> =
+        let released: Vec<(IpAddr, String)> =
             ingress_ips(s).into_iter().filter(|a| pool_of(*a).is_none()).map(|a| (a, "the address is in no VipPool".to_owned())).collect();
         let fam = Families::of(s);
         let want_pool = requested_pool(s);
@@ -303,11 +328,10 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
                 None => Ok(addrs),
             })
         });
-        let mut chosen: Vec<(IpAddr, Option<String>)> = Vec::new();
-        let mut failed: Vec<String> = Vec::new();
-        let mut stale: Vec<Decision> = Vec::new();
+        let mut slots = Vec::new();
+        let mut stale = Vec::new();
         for f in fam.order.iter().copied() {
-            if chosen.len() >= fam.max() {
+            if slots.iter().filter(|x: &&Slot| x.keep.is_some()).count() >= fam.max() {
                 break;
             }
             let request: Option<Result<IpAddr, String>> = match &want {
@@ -335,34 +359,34 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
                 };
                 fits_request && in_wanted_pool(*a) && can_share(&usage, *a, &me, share, &my_ports)
             });
-            if let Some(p) = keep.and_then(pool_of).filter(|p| !pool_admits(p, s, ns_labels)) {
-                let addr = keep.expect("kept");
-                let why = format!(
-                    "{addr} kept although the selectors of VipPool {:?} no longer admit this Service; recreate it or ask for another address ({ANNOTATION_ADDRESS}) to move it",
-                    p.name
-                );
-                stale.push(Decision::Stale { service: me.clone(), addr, pool: p.name.clone(), why });
+            if let Some(addr) = keep {
+                if let Some(p) = pool_of(addr).filter(|p| !pool_admits(p, s, ns_labels)) {
+                    let why = format!(
+                        "{addr} kept although the selectors of VipPool {:?} no longer admit this Service; recreate it or ask for another address ({ANNOTATION_ADDRESS}) to move it",
+                        p.name
+                    );
+                    stale.push(Decision::Stale { service: me.clone(), addr, pool: p.name.clone(), why });
+                }
+                usage.entry(addr).or_default().push((me.clone(), share.map(str::to_owned), my_ports.clone()));
             }
-            let got = match (keep, &request) {
-                (Some(a), _) => Ok((a, None)),
-                (None, Some(Err(e))) => Err(e.clone()),
-                (None, Some(Ok(r))) => match pool_of(*r) {
-                    None => Err(format!("requested address {r} is in no VipPool")),
-                    Some(p) if !in_wanted_pool(*r) => {
-                        let (ann, name) = want_pool.expect("a requested pool");
-                        Err(format!("requested address {r} is in VipPool {:?}, not in {name:?} ({ann})", p.name))
-                    }
-                    Some(p) if !pool_admits(p, s, ns_labels) => {
-                        Err(format!("requested address {r} is in pool {:?}, whose selectors do not admit this Service", p.name))
-                    }
-                    Some(_) if !can_share(&usage, *r, &me, share, &my_ports) => {
-                        Err(format!("requested address {r} is in use by another Service (share it with a common {ANNOTATION_SHARING_KEY} and distinct ports)"))
-                    }
-                    Some(p) => Ok((*r, Some(p.name.clone()))),
-                },
-                (None, None) => free_address(pools, f, &fam, s, ns_labels, &usage, &me, share, &my_ports),
-            };
-            match got {
+            slots.push(Slot { family: f, request, keep });
+        }
+        plans.push(Plan { s, me, fam, share, my_ports, held, released, slots, stale });
+    }
+    // Second pass: the families without a kept address, in the same order.
+    for Plan { s, me, fam, share, my_ports, held, mut released, slots, stale } in plans {
+        let kept = slots.iter().filter(|x| x.keep.is_some()).count();
+        let mut chosen: Vec<(IpAddr, Option<String>)> = Vec::new();
+        let mut failed: Vec<String> = Vec::new();
+        for slot in slots {
+            if let Some(a) = slot.keep {
+                chosen.push((a, None));
+                continue;
+            }
+            if kept + chosen.iter().filter(|(_, p)| p.is_some()).count() >= fam.max() {
+                continue;
+            }
+            match new_address(pools, slot, &fam, s, ns_labels, &usage, &me, share, &my_ports) {
                 Ok(x) => chosen.push(x),
                 Err(e) => failed.push(e),
             }
@@ -392,14 +416,48 @@ pub fn allocate(pools: &[PoolView], services: &[Service], ns_labels: &BTreeMap<S
             out.push(Decision::Release { service: me.clone(), addr, why, ingress: ingress.clone() });
         }
         for (a, pool) in chosen {
-            usage.entry(a).or_default().push((me.clone(), share.map(str::to_owned), my_ports.clone()));
+            // Kept addresses are in `usage` already.
             if let Some(pool) = pool {
+                usage.entry(a).or_default().push((me.clone(), share.map(str::to_owned), my_ports.clone()));
                 out.push(Decision::Allocate { service: me.clone(), addr: a, pool, ingress: ingress.clone() });
             }
         }
         out.extend(pending);
     }
     out
+}
+
+/// The new address a family of a Service gets (with its pool): the requested one
+/// if it is free for it, else a free one (`free_address`); or why none.
+#[allow(clippy::too_many_arguments)]
+fn new_address(
+    pools: &[PoolView],
+    slot: Slot,
+    fam: &Families,
+    s: &Service,
+    ns_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    usage: &Usage,
+    me: &str,
+    share: Option<&str>,
+    my_ports: &BTreeSet<(String, i32)>,
+) -> Result<(IpAddr, Option<String>), String> {
+    let r = match slot.request {
+        None => return free_address(pools, slot.family, fam, s, ns_labels, usage, me, share, my_ports),
+        Some(r) => r?,
+    };
+    let want_pool = requested_pool(s);
+    match pools.iter().find(|p| p.addresses.contains(r)) {
+        None => Err(format!("requested address {r} is in no VipPool")),
+        Some(p) if want_pool.is_some_and(|(_, name)| p.name != name) => {
+            let (ann, name) = want_pool.expect("a requested pool");
+            Err(format!("requested address {r} is in VipPool {:?}, not in {name:?} ({ann})", p.name))
+        }
+        Some(p) if !pool_admits(p, s, ns_labels) => Err(format!("requested address {r} is in pool {:?}, whose selectors do not admit this Service", p.name)),
+        Some(_) if !can_share(usage, r, me, share, my_ports) => {
+            Err(format!("requested address {r} is in use by another Service (share it with a common {ANNOTATION_SHARING_KEY} and distinct ports)"))
+        }
+        Some(p) => Ok((r, Some(p.name.clone()))),
+    }
 }
 
 /// The address of family `f` a Service that asks for none gets: a shareable one
@@ -537,6 +595,31 @@ mod tests {
     }
 
     #[test]
+    fn an_address_still_held_is_never_given_to_a_service_earlier_in_the_order() {
+        // "early" lost its address (its pool went); "late" holds the pool's only one.
+        let pools = [pool("a", 30, 1, true)];
+        let svcs = [with_ip(svc("early", 0, &[80]), "198.18.1.12"), with_ip(svc("late", 1, &[80]), "198.18.1.30")];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        assert!(alloc(&d).is_empty(), "{d:?}");
+        assert!(d.iter().any(|x| matches!(x, Decision::Release { service, .. } if service == "default/early")), "{d:?}");
+        assert!(!d.iter().any(|x| matches!(x, Decision::Release { service, .. } if service == "default/late")), "{d:?}");
+        assert!(d.iter().any(|x| matches!(x, Decision::Pending { service, .. } if service == "default/early")), "{d:?}");
+        // An address asked for is no different.
+        let svcs = [annotate(svcs[0].clone(), ANNOTATION_ADDRESS, "198.18.1.30"), svcs[1].clone()];
+        let d = allocate(&pools, &svcs, &BTreeMap::new());
+        assert!(alloc(&d).is_empty(), "{d:?}");
+        assert!(!d.iter().any(|x| matches!(x, Decision::Release { service, .. } if service == "default/late")), "{d:?}");
+        // Nor is one of a family: "early" holds its IPv4 address and lacks its IPv6
+        // one, "late" holds the IPv6 pool's lowest.
+        let v6 = PoolView { addresses: set(&[("2001:2::1", "2001:2::2")]), ..pool("v6", 0, 1, true) };
+        let dual = |s| families(s, "RequireDualStack", &["IPv4", "IPv6"]);
+        let svcs = [dual(with_ip(svc("early", 0, &[80]), "198.18.1.30")), families(with_ip(svc("late", 1, &[80]), "2001:2::1"), "SingleStack", &["IPv6"])];
+        let d = allocate(&[pools[0].clone(), v6], &svcs, &BTreeMap::new());
+        assert_eq!(alloc(&d), [("default/early".into(), "2001:2::2".into())], "{d:?}");
+        assert!(!d.iter().any(|x| matches!(x, Decision::Release { .. })), "{d:?}");
+    }
+
+    #[test]
     fn exhausted_pool_and_requests() {
         let pools = [pool("a", 10, 1, true), pool("manual", 20, 2, false)];
         let svcs = [
@@ -631,9 +714,9 @@ mod tests {
         let svcs = [
             annotate(svc("new-form", 0, &[80]), METALLB_ADDRESSES[0], "198.18.1.12"),
             annotate(svc("old-form", 1, &[80]), METALLB_ADDRESSES[1], "198.18.1.13"),
-            annotate(svc("dual", 2, &[80]), METALLB_ADDRESSES[0], "2001:db8::5, 198.18.1.14"),
+            annotate(svc("dual", 2, &[80]), METALLB_ADDRESSES[0], "2001:2::5, 198.18.1.14"),
             annotate(annotate(svc("both", 3, &[80]), METALLB_ADDRESSES[0], "198.18.1.10"), ANNOTATION_ADDRESS, "198.18.1.11"),
-            annotate(svc("v6-only", 4, &[80]), METALLB_ADDRESSES[0], "2001:db8::6"),
+            annotate(svc("v6-only", 4, &[80]), METALLB_ADDRESSES[0], "2001:2::6"),
             annotate(svc("two-v4", 5, &[80]), METALLB_ADDRESSES[0], "198.18.1.10,198.18.1.10"),
             annotate(svc("junk", 6, &[80]), METALLB_ADDRESSES[1], "198.18.1.x"),
         ];
@@ -650,7 +733,7 @@ mod tests {
         let p = pending(&d);
         assert_eq!(p.len(), 3, "{d:?}");
         assert_eq!(p[0].0, "default/v6-only");
-        assert_eq!(p[0].1, "requested address 2001:db8::6 is in no VipPool");
+        assert_eq!(p[0].1, "requested address 2001:2::6 is in no VipPool");
         assert!(p[1].1.contains("more than one address of a family"), "{}", p[1].1);
         assert_eq!(p[2].1, "metallb.universe.tf/loadBalancerIPs: \"198.18.1.x\" is not an IP address");
         // The Warnings' notes: honoured or overridden.
@@ -871,27 +954,6 @@ mod tests {
         assert_eq!(alloc(&allocate(&pools, &all, &BTreeMap::new())), [("default/new".into(), "2001:2::4".into())]);
         let u = pool_usage(&pools, &used);
         assert_eq!(u["v6"], (3, u32::MAX), "counts beyond u32 saturate");
-    }
-
-    /// A Service whose address left every pool waits; it does not take the address
-    /// of a Service that sorts after it (one write each, no move).
-    #[test]
-    fn an_address_out_of_every_pool_does_not_take_anothers() {
-        let pools = [pool("a", 30, 1, true)];
-        let svcs = [with_ip(svc("third", 0, &[80]), "198.18.1.12"), with_ip(svc("web", 0, &[80]), "198.18.1.30")];
-        let d = allocate(&pools, &svcs, &BTreeMap::new());
-        assert_eq!(
-            d,
-            [
-                Decision::Release {
-                    service: "default/third".into(),
-                    addr: "198.18.1.12".parse().unwrap(),
-                    why: "the address is in no VipPool".into(),
-                    ingress: vec![]
-                },
-                Decision::Pending { service: "default/third".into(), why: "no VipPool with autoAssign admits this Service and has a free address".into() },
-            ]
-        );
     }
 
     #[test]

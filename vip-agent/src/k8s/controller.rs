@@ -52,13 +52,15 @@ pub struct AgentView {
     pub pool_addresses: Option<crate::agent::metrics::Tracked<PoolStateLabels, Gauge>>,
     /// VIP → its service-ports the agent could not program ("port/proto: why").
     pub unprogrammed: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>,
+    /// VIP → why no node holds it (`agent::desired::unheld`).
+    pub unheld: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
 }
 
 impl AgentView {
     /// A view whose owners the caller sets (tests, a controller without an agent).
     pub fn fixed(owners: BTreeMap<Ipv4Addr, String>) -> (watch::Sender<BTreeMap<Ipv4Addr, String>>, Self) {
         let (tx, rx) = watch::channel(owners);
-        (tx, Self { owners: rx, pool_addresses: None, unprogrammed: watch::channel(BTreeMap::new()).1 })
+        (tx, Self { owners: rx, pool_addresses: None, unprogrammed: watch::channel(BTreeMap::new()).1, unheld: watch::channel(BTreeMap::new()).1 })
     }
 }
 
@@ -94,6 +96,16 @@ fn ipv6_unserved(pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -
         .collect()
 }
 
+/// What a pool's conditions say beyond its spec.
+struct PoolProblems<'a> {
+    /// Its service-ports the data path could not take ("VIP port/proto: why").
+    unprogrammed: &'a [String],
+    /// Services keeping an address its selectors no longer admit.
+    stale: &'a [String],
+    /// Its VIPs in use that no node holds, with why.
+    unheld: BTreeMap<IpAddr, &'a String>,
+}
+
 /// What one pass did (for logs and tests).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pass {
@@ -107,6 +119,8 @@ pub struct Pass {
     pub owner_events: usize,
     /// `MetalLBAnnotation` Warnings recorded (once per Service and note).
     pub metallb_warnings: usize,
+    /// `NotHeld` Warnings and `Held` Events recorded.
+    pub unheld_events: usize,
 }
 
 pub struct Controller {
@@ -123,6 +137,8 @@ pub struct Controller {
     reported: Option<BTreeMap<IpAddr, String>>,
     /// Unprogrammed service-ports already reported (Events), by VIP.
     reported_unprogrammed: BTreeMap<IpAddr, Vec<String>>,
+    /// VIPs in use held by no node, already reported (Events), with why.
+    reported_unheld: BTreeMap<IpAddr, String>,
     /// The addresses each of our Services held when last seen (with its uid): the
     /// server clears `status.loadBalancer` itself when a Service's type leaves
     /// LoadBalancer, so a release is only seen as a Service that held an address
@@ -156,6 +172,7 @@ impl Controller {
                 view,
                 reported: None,
                 reported_unprogrammed: BTreeMap::new(),
+                reported_unheld: BTreeMap::new(),
                 held: BTreeMap::new(),
                 stale: BTreeMap::new(),
                 metallb_said: BTreeMap::new(),
@@ -235,6 +252,9 @@ impl Controller {
             .collect();
         unprogrammed.extend(ipv6_unserved(&views, &by_vip));
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
+        let unheld: BTreeMap<IpAddr, String> =
+            self.view.unheld.borrow().iter().map(|(v, w)| (IpAddr::V4(*v), w)).filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (v, w.clone())).collect();
+        out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {
                 Some(v) => owners.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, o)| (a.to_string(), o.clone())).collect(),
@@ -247,7 +267,12 @@ impl Controller {
                 None => Vec::new(),
             };
             let stale = stale.get(&c.name).map_or(&[][..], Vec::as_slice);
-            match self.write_pool_status(p, c, &bad, stale, usage.get(&c.name).copied(), in_pool).await {
+            let not_held: BTreeMap<IpAddr, &String> = match &c.valid {
+                Some(v) => unheld.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, w)| (*a, w)).collect(),
+                None => BTreeMap::new(),
+            };
+            let said = PoolProblems { unprogrammed: &bad, stale, unheld: not_held };
+            match self.write_pool_status(p, c, &said, usage.get(&c.name).copied(), in_pool).await {
                 Ok(true) => out.pool_statuses += 1,
                 Ok(false) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => out.conflicts += 1,
@@ -343,6 +368,38 @@ impl Controller {
             }
         }
         self.reported_unprogrammed = now.clone();
+    }
+
+    /// Records a `NotHeld` Warning on each Service of a VIP in use that no node
+    /// holds (its address is not answered), when that starts or its reason
+    /// changes, and a `Held` Event once a node holds it again; returns how many
+    /// were recorded.
+    async fn report_unheld(&mut self, now: &BTreeMap<IpAddr, String>, owners: &BTreeMap<IpAddr, String>, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> usize {
+        let mut events = Vec::new();
+        for (vip, why) in now {
+            if self.reported_unheld.get(vip) != Some(why) {
+                let note = format!("{vip} is answered by no node: {why}");
+                events
+                    .push((*vip, Event { type_: EventType::Warning, reason: "NotHeld".into(), note: Some(note), action: "Announce".into(), secondary: None }));
+            }
+        }
+        for vip in self.reported_unheld.keys().filter(|v| !now.contains_key(v)) {
+            let Some(owner) = owners.get(vip) else { continue };
+            let note = format!("{vip} is held again, by node {owner}");
+            events.push((*vip, Event { type_: EventType::Normal, reason: "Held".into(), note: Some(note), action: "Announce".into(), secondary: None }));
+        }
+        // A VIP no longer in use, or with no owner yet in this view, is forgotten
+        // only once it has one (no Held Event is lost to a lagging owner view).
+        self.reported_unheld.retain(|v, _| by_vip.contains_key(v) && !owners.contains_key(v));
+        self.reported_unheld.extend(now.iter().map(|(v, w)| (*v, w.clone())));
+        let mut n = 0;
+        for (vip, ev) in &events {
+            for svc in by_vip.get(vip).into_iter().flatten() {
+                self.publish(ev, *svc).await;
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Records a `Released` Event for each address one of our Services held and no
@@ -453,8 +510,7 @@ impl Controller {
         &self,
         p: &VipPool,
         c: &pools::PoolCheck,
-        unprogrammed: &[String],
-        stale: &[String],
+        said: &PoolProblems<'_>,
         usage: Option<(u32, u32)>,
         owners: BTreeMap<String, String>,
     ) -> Result<bool, kube::Error> {
@@ -462,14 +518,9 @@ impl Controller {
         let now = Time(Timestamp::now());
         let total = c.valid.as_ref().map_or(0, |v| v.addresses.len() as u32);
         let (allocated, free) = usage.unwrap_or((0, total));
-        let new = VipPoolStatus {
-            conditions: pools::conditions(c, unprogrammed, stale, p.metadata.generation, &old.conditions, now),
-            observed_generation: p.metadata.generation,
-            total,
-            allocated,
-            free,
-            owners,
-        };
+        let mut conditions = pools::conditions(c, said.unprogrammed, said.stale, p.metadata.generation, &old.conditions, now.clone());
+        conditions.push(held_condition(&said.unheld, p.metadata.generation, &old.conditions, &now));
+        let new = VipPoolStatus { conditions, observed_generation: p.metadata.generation, total, allocated, free, owners };
         if let Some(g) = &self.view.pool_addresses {
             for (state, n) in [("total", new.total), ("allocated", new.allocated), ("free", new.free)] {
                 g.with(&PoolStateLabels { pool: c.name.clone(), state: state.into() }, |g| g.set(n.into()));
@@ -507,6 +558,26 @@ impl Controller {
     }
 }
 
+/// The pool's `Held` condition: whether every VIP of it in use has a node that
+/// answers it, and if not which VIPs and why (grouped by reason).
+fn held_condition(
+    unheld: &BTreeMap<IpAddr, &String>,
+    generation: Option<i64>,
+    previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    now: &Time,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    if unheld.is_empty() {
+        return pools::condition("Held", "True", "AllHeld", "every VIP of the pool in use is held by a node".into(), generation, previous, now);
+    }
+    let mut by_why: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (vip, why) in unheld {
+        by_why.entry(why.as_str()).or_default().push(vip.to_string());
+    }
+    let groups: Vec<String> = by_why.into_iter().map(|(why, vips)| format!("{}: {why}", vips.join(", "))).collect();
+    let msg = format!("{} VIP(s) in use held by no node, not answered: {}", unheld.len(), pools::some_of(&groups));
+    pools::condition("Held", "False", "NoHolder", msg, generation, previous, now)
+}
+
 /// Runs the controller: a pass after every watched change (coalesced) and every
 /// `resync`, while `leader` is true.
 pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<bool>, resync: Duration, view: AgentView) {
@@ -514,6 +585,8 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
     let mut owners_open = true;
     let mut unprogrammed = view.unprogrammed.clone();
     let mut unprogrammed_open = true;
+    let mut unheld = view.unheld.clone();
+    let mut unheld_open = true;
     let (mut c, mut changed) = Controller::new(client, &identity, view);
     c.wait_ready().await;
     loop {
@@ -526,6 +599,7 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             // A later term starts again from what the pools' statuses report, and
             // from the Services as they are then (another leader reported meanwhile).
             c.reported = None;
+            c.reported_unheld.clear();
             c.held.clear();
             c.stale.clear();
             // Only the leader's counts are current.
@@ -542,6 +616,7 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             r = leader.changed() => if r.is_err() { return },
             r = owners.changed(), if owners_open => owners_open = r.is_ok(),
             r = unprogrammed.changed(), if unprogrammed_open => unprogrammed_open = r.is_ok(),
+            r = unheld.changed(), if unheld_open => unheld_open = r.is_ok(),
             _ = tokio::time::sleep(resync) => {}
         }
     }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     addrs::AddrSet,
     maglev,
-    model::{AnnounceMode, Garp, HealthCheck},
+    model::{AnnounceMode, Garp, HealthCheck, NoHealthyBackend},
     spec::{self, AddrEntry, FieldError, GratuitousArpSpec, HealthCheckSpec},
 };
 
@@ -82,6 +82,14 @@ pub struct VipPoolSpec {
     /// Health check of backend nodes (default: none; a node is a backend while Ready).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheckSpec>,
+    /// What a Service of the pool does when the health check has every backend
+    /// down. `FailOpen` (the default): new connections go to all of them (nodes
+    /// whose agent is dead or that left the cluster stay out), as cloud load
+    /// balancers do, since a check failing everywhere at once (kube-proxy
+    /// restarting on every node) says more about the checks than the backends.
+    /// `Drop`: new connections are dropped until a backend is healthy again.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub no_healthy_backend: NoHealthyBackend,
     /// Gratuitous ARP on takeover and while holding (default: the agent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gratuitous_arp: Option<GratuitousArpSpec>,
@@ -109,6 +117,10 @@ pub struct VipPoolSpec {
 
 fn default_true() -> bool {
     true
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -554,6 +554,7 @@ fn vip_pool(p: &Pool, adverts: &[Advert], warnings: &mut Vec<Warning>) -> Option
         announce: AnnounceMode::Arp,
         table_size: None,
         health_check: None,
+        no_healthy_backend: Default::default(),
         gratuitous_arp: None,
         interfaces: Vec::new(),
         vlan: None,

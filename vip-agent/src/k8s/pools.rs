@@ -44,7 +44,7 @@ pub fn check_pools(pools: &[VipPool]) -> Vec<PoolCheck> {
 }
 
 /// Up to three items, then how many more.
-fn some_of(items: &[String]) -> String {
+pub fn some_of(items: &[String]) -> String {
     let shown: Vec<&str> = items.iter().take(3).map(String::as_str).collect();
     let more = if items.len() > 3 { format!(" (and {} more)", items.len() - 3) } else { String::new() };
     format!("{}{more}", shown.join("; "))
@@ -79,18 +79,15 @@ pub fn conditions(check: &PoolCheck, unprogrammed: &[String], stale: &[String], 
     };
     [("Ready", ready), ("Conflicting", conflicting), ("Programmed", (programmed.0, programmed.1, programmed.2)), ("StaleAllocations", stale)]
         .into_iter()
-        .map(|(type_, (status, reason, message))| {
-            let since = previous.iter().find(|c| c.type_ == type_ && c.status == status).map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
-            Condition {
-                type_: type_.into(),
-                status: status.into(),
-                reason: reason.into(),
-                message,
-                observed_generation: generation,
-                last_transition_time: since,
-            }
-        })
+        .map(|(type_, (status, reason, message))| condition(type_, status, reason, message, generation, previous, &now))
         .collect()
+}
+
+/// One condition; its `lastTransitionTime` is kept from `previous` when its status
+/// did not change.
+pub fn condition(type_: &str, status: &str, reason: &str, message: String, generation: Option<i64>, previous: &[Condition], now: &Time) -> Condition {
+    let since = previous.iter().find(|c| c.type_ == type_ && c.status == status).map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Condition { type_: type_.into(), status: status.into(), reason: reason.into(), message, observed_generation: generation, last_transition_time: since }
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 /// for `externalTrafficPolicy: Cluster`.
 pub const KUBE_PROXY_HEALTHZ_PORT: u16 = 10256;
 
-/// A Node as the model sees it; `None` when it is not ready or excluded.
+/// A Node as the model sees it; why it is left out when it is not ready or excluded.
 ///
 /// Ready means the `Ready` condition is `True`, `NetworkUnavailable` is not `True`
 /// (the CNI has not set up its routes: nothing reaches pods from there), and none
@@ -57,25 +57,30 @@ pub const KUBE_PROXY_HEALTHZ_PORT: u16 = 10256;
 /// not change this: they are about which ready nodes may hold VIPs.
 ///
 /// A cordon is not a reason to move VIPs: see `UNSCHEDULABLE_TAINT` in `world_from`.
-fn node_from(n: &KNode) -> Option<model::Node> {
+fn node_from(n: &KNode) -> Result<model::Node, String> {
     if n.labels().contains_key(EXCLUDE_FROM_LB_LABEL) {
-        return None;
+        return Err(format!("labelled {EXCLUDE_FROM_LB_LABEL}"));
     }
-    let status = n.status.as_ref()?;
+    let Some(status) = n.status.as_ref() else { return Err("no status yet".into()) };
     let condition = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).map(|c| c.status.as_str());
-    if condition("Ready") != Some("True") || condition("NetworkUnavailable") == Some("True") {
-        return None;
+    if condition("Ready") != Some("True") {
+        return Err("not Ready".into());
+    }
+    if condition("NetworkUnavailable") == Some("True") {
+        return Err("NetworkUnavailable".into());
     }
     let taints = n.spec.as_ref().and_then(|s| s.taints.as_ref()).into_iter().flatten();
-    if taints.clone().any(|t| NOT_READY_TAINTS.contains(&t.key.as_str())) {
-        return None;
+    if let Some(t) = taints.clone().find(|t| NOT_READY_TAINTS.contains(&t.key.as_str())) {
+        return Err(format!("tainted {}", t.key));
     }
-    let addr: Ipv4Addr = status.addresses.iter().flatten().find(|a| a.type_ == "InternalIP").and_then(|a| a.address.parse().ok())?;
+    let Some(addr) = status.addresses.iter().flatten().find(|a| a.type_ == "InternalIP").and_then(|a| a.address.parse::<Ipv4Addr>().ok()) else {
+        return Err("no IPv4 InternalIP".into());
+    };
     let taints = taints
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .map(|t| model::Taint { key: t.key.clone(), value: t.value.clone().unwrap_or_default(), effect: t.effect.clone() })
         .collect();
-    Some(model::Node { name: n.name_any(), addr, mac: None, labels: n.labels().clone(), taints })
+    Ok(model::Node { name: n.name_any(), addr, mac: None, labels: n.labels().clone(), taints })
 }
 
 /// Nodes with a ready endpoint of `svc` of `family` (for `externalTrafficPolicy:
@@ -216,7 +221,15 @@ fn sync_timeout_message(missing: &[(&str, Option<String>)], timeout: Duration) -
 /// Builds the model. `base` carries the settings the cluster objects do not
 /// (announce and failover timers, Maglev seed); its nodes, pools and services are replaced.
 pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], slices: &[EndpointSlice], base: &World) -> World {
-    let mut w = World { nodes: nodes.iter().filter_map(node_from).collect(), ..base.clone() };
+    let mut w = World { nodes: Vec::new(), left_out: BTreeMap::new(), ..base.clone() };
+    for n in nodes {
+        match node_from(n) {
+            Ok(node) => w.nodes.push(node),
+            Err(why) => {
+                w.left_out.insert(n.name_any(), why);
+            }
+        }
+    }
     w.nodes.sort_by(|a, b| a.name.cmp(&b.name));
     w.pools.clear();
     w.services.clear();
@@ -328,6 +341,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                     backend_selector: pool.spec.node_selector.clone(),
                     backend_nodes: local.then(|| local_endpoint_nodes(svc, slices, Family::V4)),
                     health,
+                    no_healthy_backend: pool.spec.no_healthy_backend,
                 });
             }
         }
@@ -577,6 +591,19 @@ mod tests {
         let svcs = [ksvc("web", Some("198.18.1.10"), false, &[("TCP", 80)])];
         let w = world_from(&nodes, &pools, &svcs, &[], &World::default());
         assert_eq!(names(&w.nodes), ["cordoned", "plain"], "not ready, no network, not-ready taints and the exclusion label leave nodes out");
+        let why: Vec<(&str, &str)> = w.left_out.iter().map(|(n, r)| (n.as_str(), r.as_str())).collect();
+        assert_eq!(
+            why,
+            [
+                ("cp", "labelled node.kubernetes.io/exclude-from-external-load-balancers"),
+                ("down", "not Ready"),
+                ("excluded", "labelled node.kubernetes.io/exclude-from-external-load-balancers"),
+                ("new", "tainted node.kubernetes.io/not-ready"),
+                ("no-network", "NetworkUnavailable"),
+                ("unreachable", "tainted node.kubernetes.io/unreachable"),
+            ],
+            "each left-out node with why"
+        );
         assert_eq!(names(w.eligible(&w.pools[0])), ["cordoned", "plain"], "a cordoned node keeps holding VIPs");
         assert_eq!(names(w.eligible(&w.pools[1])), ["cordoned", "plain"], "tolerating everything does not bring back not-ready or excluded nodes");
         assert_eq!(names(w.backend_candidates(&w.services[0])), ["cordoned", "plain"], "a cordoned node stays a backend");
