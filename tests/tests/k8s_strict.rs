@@ -10,6 +10,8 @@
 //!   other types and policies, immutable, released with the policy or the type;
 //! - `clusterIP` allocated in the service range, unique, immutable except to and
 //!   from ExternalName, kept when an update leaves it out;
+//! - `ipFamilyPolicy`/`ipFamilies` on an IPv4-only cluster: defaulted, PreferDualStack
+//!   kept with one family, RequireDualStack and IPv6 refused naming the field;
 //! - Nodes: admission's `node.kubernetes.io/not-ready:NoSchedule` taint on every
 //!   new Node until the node controller (here the test) lifts it;
 //! - VipPools: deploy/crd.yaml's structural schema (types, required, enums,
@@ -27,6 +29,7 @@ vip_tests::both_api_servers!(node_ports_are_in_range_unique_and_allocated);
 vip_tests::both_api_servers!(health_check_node_ports_follow_type_and_policy);
 vip_tests::both_api_servers!(cluster_ips_are_allocated_and_immutable);
 vip_tests::both_api_servers!(new_nodes_are_tainted_not_ready_until_lifted);
+vip_tests::both_api_servers!(ip_families_on_a_single_stack_cluster);
 vip_tests::both_api_servers!(vip_pools_are_checked_against_the_crd_schema);
 
 const SVCS: &str = "/api/v1/namespaces/shop/services";
@@ -279,6 +282,59 @@ async fn cluster_ips_are_allocated_and_immutable(api: Backend) {
         .invalid(&[("FieldValueForbidden", "spec.clusterIPs"), ("FieldValueRequired", "spec.externalName")]);
     let back = send(&c, Method::PATCH, &path, json!({ "spec": { "type": "ClusterIP", "externalName": null } })).await.ok().clone();
     assert!(back["spec"]["clusterIP"].as_str().is_some_and(|b| b.starts_with("10.96.")), "{back}");
+}
+
+/// `spec.ipFamilyPolicy` and `spec.ipFamilies` on the tests' IPv4-only cluster:
+/// defaulted to SingleStack and the cluster's family, PreferDualStack kept with
+/// IPv4 only, RequireDualStack and IPv6 refused (vip's allocator takes the
+/// families as the server leaves them).
+async fn ip_families_on_a_single_stack_cluster(api: Backend) {
+    let c = api.client().await;
+    let lb = |name: &str, extra: Value| {
+        let mut spec = json!({ "type": "LoadBalancer", "ports": [{ "port": 80 }] });
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        service(name, spec)
+    };
+    let made = |o: &Out| (o.ok()["spec"]["ipFamilies"].clone(), o.ok()["spec"]["ipFamilyPolicy"].clone());
+    let o = send(&c, Method::POST, SVCS, lb("fam-default", json!({}))).await;
+    assert_eq!(made(&o), (json!(["IPv4"]), json!("SingleStack")));
+    let o = send(&c, Method::POST, SVCS, lb("fam-prefer", json!({ "ipFamilyPolicy": "PreferDualStack" }))).await;
+    assert_eq!(made(&o), (json!(["IPv4"]), json!("PreferDualStack")), "kept, with the one family there is");
+    let refused: [(&str, Value, &str, &str, &str); 6] = [
+        (
+            "fam-prefer-both",
+            json!({ "ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv4", "IPv6"] }),
+            "FieldValueInvalid",
+            "spec.ipFamilies[1]",
+            "not configured on this cluster",
+        ),
+        (
+            "fam-require",
+            json!({ "ipFamilyPolicy": "RequireDualStack" }),
+            "FieldValueInvalid",
+            "spec.ipFamilyPolicy",
+            "this cluster is not configured for dual-stack services",
+        ),
+        ("fam-v6", json!({ "ipFamilies": ["IPv6"] }), "FieldValueInvalid", "spec.ipFamilies[0]", "not configured on this cluster"),
+        (
+            "fam-single-two",
+            json!({ "ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4", "IPv6"] }),
+            "FieldValueInvalid",
+            "spec.ipFamilyPolicy",
+            "must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified",
+        ),
+        ("fam-bad", json!({ "ipFamilies": ["IPv5"] }), "FieldValueNotSupported", "spec.ipFamilies[0]", "supported values: \"IPv4\", \"IPv6\""),
+        (
+            "fam-bad-policy",
+            json!({ "ipFamilyPolicy": "Sometimes" }),
+            "FieldValueNotSupported",
+            "spec.ipFamilyPolicy",
+            "supported values: \"PreferDualStack\", \"RequireDualStack\", \"SingleStack\"",
+        ),
+    ];
+    for (name, extra, reason, field, text) in refused {
+        send(&c, Method::POST, SVCS, lb(name, extra)).await.invalid(&[(reason, field)]).says(text);
+    }
 }
 
 /// Every Node created through the API gets `node.kubernetes.io/not-ready:NoSchedule`

@@ -3,6 +3,7 @@
 //! world, filled by `config` (the YAML file source); `health` probes backends;
 //! `k8s` is the Kubernetes source (VipPool resource); `ha` holds VIP ownership, agent heartbeats and gratuitous ARP; `agent` is the
 //! run loop that keeps the maps equal to the model; `inspect` decodes the maps for humans.
+pub mod addrs;
 pub mod agent;
 pub mod cleanup;
 pub mod cli;

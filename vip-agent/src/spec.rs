@@ -1,13 +1,16 @@
 //! What both sources share, below them: the specs users write in the file and in a
 //! VipPool (health check, gratuitous ARP, address entries, MACs), their checks into
 //! the model, and the field error both report.
-use std::{collections::BTreeSet, fmt, net::Ipv4Addr, str::FromStr, time::Duration};
+use std::{fmt, net::IpAddr, str::FromStr, time::Duration};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use schemars::JsonSchema;
 use serde::{de, Deserialize, Deserializer, Serialize};
 
-use crate::model::{Garp, HealthCheck, Probe};
+use crate::{
+    addrs::{AddrSet, Family},
+    model::{Garp, HealthCheck, Probe},
+};
 
 /// Largest number of addresses all pools may hold together (the held-VIP map's size).
 pub const MAX_POOL_ADDRESSES: usize = vip_common::MAX_HELD as usize;
@@ -156,37 +159,47 @@ impl<'de> Deserialize<'de> for Mac {
     }
 }
 
-/// One `addresses` entry: an address, a CIDR, or an inclusive `first-last` range.
+/// One `addresses` entry: an address, a CIDR, or an inclusive `first-last` range,
+/// IPv4 or IPv6.
 #[derive(Clone, Copy, Debug)]
 pub enum AddrEntry {
-    One(Ipv4Addr),
-    Net(Ipv4Net),
-    Range(Ipv4Addr, Ipv4Addr),
+    One(IpAddr),
+    Net(IpNet),
+    Range(IpAddr, IpAddr),
 }
 
 impl AddrEntry {
-    fn bounds(self) -> (u32, u32) {
+    /// The first and the last address.
+    pub fn bounds(self) -> (IpAddr, IpAddr) {
         match self {
-            AddrEntry::One(a) => (a.into(), a.into()),
-            AddrEntry::Net(n) => (n.network().into(), n.broadcast().into()),
-            AddrEntry::Range(a, b) => (a.into(), b.into()),
+            AddrEntry::One(a) => (a, a),
+            AddrEntry::Net(n) => (n.network(), n.broadcast()),
+            AddrEntry::Range(a, b) => (a, b),
         }
+    }
+
+    pub fn family(self) -> Family {
+        Family::of(self.bounds().0)
     }
 }
 
 impl FromStr for AddrEntry {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not an IPv4 address, CIDR (198.18.1.0/28) or range (198.18.1.10-198.18.1.20)");
+        let bad =
+            || format!("{s:?} is not an IPv4 or IPv6 address, CIDR (198.18.1.0/28, 2001:2::/64) or range (198.18.1.10-198.18.1.20, 2001:2::10-2001:2::20)");
         if let Some((a, b)) = s.split_once('-') {
-            let (a, b): (Ipv4Addr, Ipv4Addr) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+            let (a, b): (IpAddr, IpAddr) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+            if a.is_ipv4() != b.is_ipv4() {
+                return Err(format!("range {s:?} mixes an IPv4 and an IPv6 address"));
+            }
             if a > b {
                 return Err(format!("range {s:?} ends before it starts"));
             }
             return Ok(AddrEntry::Range(a, b));
         }
         if s.contains('/') {
-            let net: Ipv4Net = s.parse().map_err(|_| bad())?;
+            let net: IpNet = s.parse().map_err(|_| bad())?;
             if net.trunc() != net {
                 return Err(format!("{s:?} has host bits set; did you mean {}?", net.trunc()));
             }
@@ -234,21 +247,24 @@ pub fn health_check(p: &str, h: HealthCheckSpec, first_port: u16) -> Result<Heal
     Ok(HealthCheck { probe, interval: h.interval, timeout: h.timeout, rise: h.rise, fall: h.fall })
 }
 
-/// A pool's addresses: every entry expanded, the exclusions removed (each must be
-/// in the pool), at most MAX_POOL_ADDRESSES. Errors name `{p}.addresses[k]` or
-/// `{p}.excludedIPs[k]`. Shared by the file source and the VipPool resource.
-pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[Ipv4Addr]) -> Result<BTreeSet<Ipv4Addr>, FieldError> {
-    let mut set = BTreeSet::new();
+/// A pool's addresses: every entry, the exclusions removed (each must be in the
+/// pool), at most MAX_POOL_ADDRESSES of IPv4 (the data path holds IPv4 VIPs; IPv6
+/// ranges are kept as ranges, whatever their size). Errors name `{p}.addresses[k]`
+/// or `{p}.excludedIPs[k]`. Shared by the file source and the VipPool resource.
+pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[AddrEntry]) -> Result<AddrSet, FieldError> {
+    let mut set = AddrSet::default();
     for (k, e) in addresses.iter().enumerate() {
         let (lo, hi) = e.bounds();
-        if (hi - lo) as usize + set.len() >= MAX_POOL_ADDRESSES {
-            return invalid(format!("{p}.addresses[{k}]"), format!("the pool would exceed {MAX_POOL_ADDRESSES} addresses"));
+        set.insert_range(lo, hi);
+        if set.len_of(Family::V4) > MAX_POOL_ADDRESSES as u128 {
+            return invalid(format!("{p}.addresses[{k}]"), format!("the pool would exceed {MAX_POOL_ADDRESSES} IPv4 addresses"));
         }
-        set.extend((lo..=hi).map(Ipv4Addr::from));
     }
     for (k, x) in excluded.iter().enumerate() {
-        if !set.remove(x) {
-            return invalid(format!("{p}.excludedIPs[{k}]"), format!("{x} is not in this pool's addresses"));
+        let (lo, hi) = x.bounds();
+        if !set.remove_range(lo, hi) {
+            let what = if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") };
+            return invalid(format!("{p}.excludedIPs[{k}]"), format!("{what} is not in this pool's addresses"));
         }
     }
     if set.is_empty() {
@@ -294,16 +310,9 @@ pub fn interface_names(p: &str, names: &[String]) -> Result<(), FieldError> {
 
 /// Parses a pool's address and exclusion strings (as a VipPool carries them) and
 /// expands them; errors name `{p}.addresses[k]` / `{p}.excludedIPs[k]`.
-pub fn pool_addresses_from_strings(p: &str, addresses: &[String], excluded: &[String]) -> Result<BTreeSet<Ipv4Addr>, FieldError> {
-    let entries = addresses
-        .iter()
-        .enumerate()
-        .map(|(k, a)| a.parse::<AddrEntry>().map_err(|m| FieldError::new(format!("{p}.addresses[{k}]"), m)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let excluded = excluded
-        .iter()
-        .enumerate()
-        .map(|(k, a)| a.parse::<Ipv4Addr>().map_err(|_| FieldError::new(format!("{p}.excludedIPs[{k}]"), format!("{a:?} is not an IPv4 address"))))
-        .collect::<Result<Vec<_>, _>>()?;
-    pool_addresses(p, &entries, &excluded)
+pub fn pool_addresses_from_strings(p: &str, addresses: &[String], excluded: &[String]) -> Result<AddrSet, FieldError> {
+    let parse = |field: &str, list: &[String]| {
+        list.iter().enumerate().map(|(k, a)| a.parse::<AddrEntry>().map_err(|m| FieldError::new(format!("{p}.{field}[{k}]"), m))).collect::<Result<Vec<_>, _>>()
+    };
+    pool_addresses(p, &parse("addresses", addresses)?, &parse("excludedIPs", excluded)?)
 }

@@ -32,6 +32,10 @@
 //!   when the request left them as they were (clusterIP for ExternalName, nodePorts,
 //!   healthCheckNodePort, externalTrafficPolicy, allocateLoadBalancerNodePorts,
 //!   loadBalancerClass) and, away from LoadBalancer, clears `status.loadBalancer`;
+//! - families, as on a cluster with one (IPv4) service CIDR: `ipFamilyPolicy` one
+//!   of SingleStack (the default), PreferDualStack (kept, with `ipFamilies`
+//!   `[IPv4]`) or RequireDualStack (refused: no dual-stack here), `ipFamilies`
+//!   IPv4 (IPv6 refused: not configured), SingleStack with two families refused;
 //! - the status subresource: `status.loadBalancer.ingress` only for LoadBalancers.
 //!
 //! Allocated values are derived from the stored Services, so deleting a Service
@@ -319,6 +323,30 @@ fn validate(old: Option<&Value>, svc: &Value) -> Vec<Cause> {
     const TYPES: [&str; 4] = ["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"];
     if !TYPES.contains(&t) {
         c.push(not_supported("spec.type".into(), &spec["type"], &TYPES));
+    }
+    // The families, on the tests' IPv4-only cluster (one service CIDR).
+    const POLICIES: [&str; 3] = ["PreferDualStack", "RequireDualStack", "SingleStack"];
+    let before = c.len();
+    match spec["ipFamilyPolicy"].as_str() {
+        None => {}
+        Some(p) if !POLICIES.contains(&p) => c.push(not_supported("spec.ipFamilyPolicy".into(), &spec["ipFamilyPolicy"], &POLICIES)),
+        Some("RequireDualStack") => {
+            c.push(invalid("spec.ipFamilyPolicy", "\"RequireDualStack\": this cluster is not configured for dual-stack services".into()))
+        }
+        Some("SingleStack") if spec["ipFamilies"].as_array().is_some_and(|f| f.len() > 1) => c.push(invalid(
+            "spec.ipFamilyPolicy",
+            "\"SingleStack\": must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified".into(),
+        )),
+        Some(_) => {}
+    }
+    for (i, f) in spec["ipFamilies"].as_array().into_iter().flatten().enumerate() {
+        match f.as_str() {
+            Some("IPv4") => {}
+            // The real server checks the configured families after the policy.
+            Some("IPv6") if c.len() > before => {}
+            Some("IPv6") => c.push(invalid(&format!("spec.ipFamilies[{i}]"), "\"IPv6\": not configured on this cluster".into())),
+            _ => c.push(not_supported(format!("spec.ipFamilies[{i}]"), f, &["IPv4", "IPv6"])),
+        }
     }
     let list = ports(svc);
     if t != "ExternalName" && list.is_empty() {

@@ -2,12 +2,18 @@
 //! the model. Unknown keys are errors; every error names the field path and line.
 mod locate;
 
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use serde::Deserialize;
 
 pub use crate::spec::{FieldError, MAX_POOL_ADDRESSES};
 use crate::{
+    addrs::{Family, IPV6_NOT_SERVED},
     maglev,
     model::{Announce, AnnounceMode, Failover, Garp, NoHealthyBackend, Node, Pool, Protocol, Selector, Service, World},
     spec::{self, gratuitous_arp, health_check, invalid, pool_addresses, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Mac},
@@ -98,7 +104,7 @@ struct FilePool {
     name: String,
     addresses: Vec<AddrEntry>,
     #[serde(default, rename = "excludedIPs")]
-    excluded_ips: Vec<Ipv4Addr>,
+    excluded_ips: Vec<AddrEntry>,
     #[serde(default)]
     node_selector: Selector,
     #[serde(default)]
@@ -115,7 +121,7 @@ struct FilePool {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileService {
     name: String,
-    vip: Ipv4Addr,
+    vip: IpAddr,
     ports: Vec<u16>,
     #[serde(default = "default_protocol")]
     protocol: Protocol,
@@ -217,9 +223,17 @@ fn validate(f: File) -> Result<World, FieldError> {
         if let Some(j) = pool_names.insert(fp.name.clone(), i) {
             return invalid(format!("{p}.name"), format!("pool {:?} is already defined at pools[{j}]", fp.name));
         }
+        // Parsed as the VipPool's are, so an IPv6 entry is named as such: the file
+        // source holds every address of its pools, which the data path cannot yet
+        // do for IPv6.
+        for (field, list) in [("addresses", &fp.addresses), ("excludedIPs", &fp.excluded_ips)] {
+            if let Some((k, e)) = list.iter().enumerate().find(|(_, e)| e.family() == Family::V6) {
+                return invalid(format!("{p}.{field}[{k}]"), format!("{} is IPv6: {IPV6_NOT_SERVED}", e.bounds().0));
+            }
+        }
         let set = pool_addresses(&p, &fp.addresses, &fp.excluded_ips)?;
-        for a in &set {
-            if let Some(j) = owner_of.insert(*a, i) {
+        for a in set.v4() {
+            if let Some(j) = owner_of.insert(a, i) {
                 return invalid(format!("{p}.addresses"), format!("{a} is also in pools[{j}] ({:?}); pools must not overlap", pools[j].name));
             }
         }
@@ -231,7 +245,7 @@ fn validate(f: File) -> Result<World, FieldError> {
         spec::vlan_id(&format!("{p}.vlan"), fp.vlan)?;
         pools.push(Pool {
             name: fp.name,
-            addresses: set.into_iter().collect(),
+            addresses: set.v4().collect(),
             node_selector: fp.node_selector,
             tolerations: Vec::new(),
             announce: fp.announce,
@@ -249,8 +263,12 @@ fn validate(f: File) -> Result<World, FieldError> {
         if let Some(j) = svc_names.insert(fs.name.clone(), i) {
             return invalid(format!("{p}.name"), format!("service {:?} is already defined at services[{j}]", fs.name));
         }
-        let Some(&pool) = owner_of.get(&fs.vip) else {
-            return invalid(format!("{p}.vip"), format!("{} is in no pool; add it to a pool's addresses", fs.vip));
+        let vip = match fs.vip {
+            IpAddr::V4(v) => v,
+            IpAddr::V6(v) => return invalid(format!("{p}.vip"), format!("{v} is IPv6: {IPV6_NOT_SERVED}")),
+        };
+        let Some(&pool) = owner_of.get(&vip) else {
+            return invalid(format!("{p}.vip"), format!("{} is in no pool; add it to a pool's addresses", vip));
         };
         if fs.ports.is_empty() {
             return invalid(format!("{p}.ports"), "at least one port is needed");
@@ -259,8 +277,8 @@ fn validate(f: File) -> Result<World, FieldError> {
             if port == 0 {
                 return invalid(format!("{p}.ports[{k}]"), "port 0 is not a service port");
             }
-            if let Some(j) = taken.insert((fs.vip, port, fs.protocol), i) {
-                return invalid(format!("{p}.ports[{k}]"), format!("{}:{port}/{:?} is already served by services[{j}]", fs.vip, fs.protocol).to_lowercase());
+            if let Some(j) = taken.insert((vip, port, fs.protocol), i) {
+                return invalid(format!("{p}.ports[{k}]"), format!("{}:{port}/{:?} is already served by services[{j}]", vip, fs.protocol).to_lowercase());
             }
         }
         if let Err(e) = maglev::check_table_size(fs.table_size) {
@@ -273,7 +291,7 @@ fn validate(f: File) -> Result<World, FieldError> {
         let backend_selector = fs.backend_selector.unwrap_or_else(|| pools[pool].node_selector.clone());
         services.push(Service {
             name: fs.name,
-            vip: fs.vip,
+            vip,
             ports: fs.ports,
             protocol: fs.protocol,
             table_size: fs.table_size,

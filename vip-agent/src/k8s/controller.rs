@@ -7,7 +7,7 @@
 //! computed from: a stale view gets a 409 and is recomputed, never applied.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     time::Duration,
 };
 
@@ -34,6 +34,7 @@ use super::{
     crd::{VipPool, VipPoolStatus},
     owned, pools, reflect,
 };
+use crate::addrs::IPV6_NOT_SERVED;
 
 /// Labels of `vip_pool_addresses`, which the elected controller writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -64,16 +65,35 @@ impl AgentView {
 }
 
 /// VIP → the Services using it (load-balancer ingress or external IP).
-fn services_by_vip(services: &[Service]) -> BTreeMap<Ipv4Addr, Vec<&Service>> {
-    let mut m: BTreeMap<Ipv4Addr, Vec<&Service>> = BTreeMap::new();
+fn services_by_vip(services: &[Service]) -> BTreeMap<IpAddr, Vec<&Service>> {
+    let mut m: BTreeMap<IpAddr, Vec<&Service>> = BTreeMap::new();
     for s in services {
-        let external = s.spec.iter().flat_map(|sp| sp.external_ips.iter().flatten()).filter_map(|a| a.parse().ok());
-        let vips: BTreeSet<Ipv4Addr> = allocate::ingress_ips(s).into_iter().chain(external).collect();
+        let external = s.spec.iter().flat_map(|sp| sp.external_ips.iter().flatten()).filter_map(|a| a.parse::<IpAddr>().ok());
+        let vips: BTreeSet<IpAddr> = allocate::ingress_ips(s).into_iter().chain(external).collect();
         for v in vips {
             m.entry(v).or_default().push(s);
         }
     }
     m
+}
+
+/// The service-ports of the IPv6 VIPs of valid pools in use ("port/proto: why"),
+/// by VIP: the agent keeps them out of the data path, which cannot serve them yet,
+/// and the controller says so where it says it for IPv4 VIPs the data path could
+/// not take (a `NotProgrammed` Warning, the pool's `Programmed` condition).
+fn ipv6_unserved(pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> BTreeMap<IpAddr, Vec<String>> {
+    by_vip
+        .iter()
+        .filter(|(v, _)| v.is_ipv6() && pools.iter().any(|p| p.addresses.contains(**v)))
+        .map(|(v, svcs)| {
+            let ports: BTreeSet<String> = svcs
+                .iter()
+                .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
+                .map(|p| format!("{}/{}", p.port, p.protocol.as_deref().unwrap_or("TCP").to_lowercase()))
+                .collect();
+            (*v, ports.into_iter().map(|p| format!("{p}: {IPV6_NOT_SERVED}")).collect())
+        })
+        .collect()
 }
 
 /// What a pool's conditions say beyond its spec.
@@ -83,7 +103,7 @@ struct PoolProblems<'a> {
     /// Services keeping an address its selectors no longer admit.
     stale: &'a [String],
     /// Its VIPs in use that no node holds, with why.
-    unheld: BTreeMap<Ipv4Addr, &'a String>,
+    unheld: BTreeMap<IpAddr, &'a String>,
 }
 
 /// What one pass did (for logs and tests).
@@ -114,16 +134,16 @@ pub struct Controller {
     view: AgentView,
     /// Owners already reported (Events); started from the pools' statuses, so a
     /// new leader does not repeat its predecessor's Events.
-    reported: Option<BTreeMap<Ipv4Addr, String>>,
+    reported: Option<BTreeMap<IpAddr, String>>,
     /// Unprogrammed service-ports already reported (Events), by VIP.
-    reported_unprogrammed: BTreeMap<Ipv4Addr, Vec<String>>,
+    reported_unprogrammed: BTreeMap<IpAddr, Vec<String>>,
     /// VIPs in use held by no node, already reported (Events), with why.
-    reported_unheld: BTreeMap<Ipv4Addr, String>,
+    reported_unheld: BTreeMap<IpAddr, String>,
     /// The addresses each of our Services held when last seen (with its uid): the
     /// server clears `status.loadBalancer` itself when a Service's type leaves
     /// LoadBalancer, so a release is only seen as a Service that held an address
     /// and no longer does. Started from this term's first view.
-    held: BTreeMap<String, (String, BTreeSet<Ipv4Addr>)>,
+    held: BTreeMap<String, (String, BTreeSet<IpAddr>)>,
     /// Last stale-address message per Service: an Event only when it changes.
     stale: BTreeMap<String, String>,
     /// The MetalLB-annotation Warning last recorded per Service, with the uid it was
@@ -181,7 +201,7 @@ impl Controller {
                 let v = c.valid.as_ref()?;
                 Some(PoolView {
                     name: c.name.clone(),
-                    addresses: v.addresses.iter().copied().collect(),
+                    addresses: v.addresses.clone(),
                     auto_assign: p.spec.auto_assign,
                     service_selector: p.spec.service_selector.clone(),
                     namespace_selector: p.spec.namespace_selector.clone(),
@@ -199,8 +219,9 @@ impl Controller {
             }
         }
         self.stale.retain(|k, _| decisions.iter().any(|d| matches!(d, Decision::Stale { service, .. } if service == k)));
+        let mut written = BTreeMap::new();
         for d in decisions {
-            match self.apply(&d, &services).await {
+            match self.apply(&d, &services, &mut written).await {
                 Ok(true) => match d {
                     Decision::Allocate { .. } => out.allocated += 1,
                     Decision::Release { .. } => out.released += 1,
@@ -217,31 +238,37 @@ impl Controller {
         let services_now: Vec<Service> = owned(self.services.state());
         let usage = allocate::pool_usage(&views, &services_now);
         let by_vip = services_by_vip(&services_now);
-        let owners: BTreeMap<Ipv4Addr, String> =
-            self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
+        let owners: BTreeMap<IpAddr, String> =
+            self.view.owners.borrow().iter().map(|(v, o)| (IpAddr::V4(*v), o)).filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
-        let unprogrammed: BTreeMap<Ipv4Addr, Vec<String>> =
-            self.view.unprogrammed.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
+        let mut unprogrammed: BTreeMap<IpAddr, Vec<String>> = self
+            .view
+            .unprogrammed
+            .borrow()
+            .iter()
+            .map(|(v, e)| (IpAddr::V4(*v), e))
+            .filter(|(v, _)| by_vip.contains_key(v))
+            .map(|(v, e)| (v, e.clone()))
+            .collect();
+        unprogrammed.extend(ipv6_unserved(&views, &by_vip));
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
-        let unheld: BTreeMap<Ipv4Addr, String> =
-            self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
+        let unheld: BTreeMap<IpAddr, String> =
+            self.view.unheld.borrow().iter().map(|(v, w)| (IpAddr::V4(*v), w)).filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {
-                Some(v) => owners.iter().filter(|(a, _)| v.addresses.binary_search(a).is_ok()).map(|(a, o)| (a.to_string(), o.clone())).collect(),
+                Some(v) => owners.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, o)| (a.to_string(), o.clone())).collect(),
                 None => BTreeMap::new(),
             };
             let bad: Vec<String> = match &c.valid {
-                Some(v) => unprogrammed
-                    .iter()
-                    .filter(|(a, _)| v.addresses.binary_search(a).is_ok())
-                    .flat_map(|(a, es)| es.iter().map(move |e| format!("{a} {e}")))
-                    .collect(),
+                Some(v) => {
+                    unprogrammed.iter().filter(|(a, _)| v.addresses.contains(**a)).flat_map(|(a, es)| es.iter().map(move |e| format!("{a} {e}"))).collect()
+                }
                 None => Vec::new(),
             };
             let stale = stale.get(&c.name).map_or(&[][..], Vec::as_slice);
-            let not_held: BTreeMap<Ipv4Addr, &String> = match &c.valid {
-                Some(v) => unheld.iter().filter(|(a, _)| v.addresses.binary_search(a).is_ok()).map(|(a, w)| (*a, w)).collect(),
+            let not_held: BTreeMap<IpAddr, &String> = match &c.valid {
+                Some(v) => unheld.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, w)| (*a, w)).collect(),
                 None => BTreeMap::new(),
             };
             let said = PoolProblems { unprogrammed: &bad, stale, unheld: not_held };
@@ -262,7 +289,7 @@ impl Controller {
     /// moved from the owner last reported to another; returns how many were
     /// recorded. A first owner is no Event (the pool status shows it): a fresh
     /// install with a thousand Services records no thousand Events.
-    async fn report_owner_changes(&mut self, pools: &[VipPool], owners: &BTreeMap<Ipv4Addr, String>, by_vip: &BTreeMap<Ipv4Addr, Vec<&Service>>) -> usize {
+    async fn report_owner_changes(&mut self, pools: &[VipPool], owners: &BTreeMap<IpAddr, String>, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> usize {
         let reported = self.reported.get_or_insert_with(|| {
             pools.iter().flat_map(|p| p.status.iter().flat_map(|s| s.owners.iter())).filter_map(|(a, o)| Some((a.parse().ok()?, o.clone()))).collect()
         });
@@ -327,12 +354,14 @@ impl Controller {
 
     /// Records a `NotProgrammed` Warning on each Service of a VIP whose
     /// service-ports the data path could not take, when that starts or changes.
-    async fn report_unprogrammed(&mut self, now: &BTreeMap<Ipv4Addr, Vec<String>>, by_vip: &BTreeMap<Ipv4Addr, Vec<&Service>>) {
+    async fn report_unprogrammed(&mut self, now: &BTreeMap<IpAddr, Vec<String>>, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) {
         for (vip, errors) in now {
             if self.reported_unprogrammed.get(vip) == Some(errors) {
                 continue;
             }
-            let note = format!("{vip}: not in the data path, retried: {}", errors.join("; "));
+            // An IPv6 VIP is not retried: it waits for the data path to serve IPv6.
+            let retried = if vip.is_ipv4() { ", retried" } else { "" };
+            let note = format!("{vip}: not in the data path{retried}: {}", errors.join("; "));
             let ev = Event { type_: EventType::Warning, reason: "NotProgrammed".into(), note: Some(note), action: "Program".into(), secondary: None };
             for svc in by_vip.get(vip).into_iter().flatten() {
                 self.publish(&ev, *svc).await;
@@ -345,12 +374,7 @@ impl Controller {
     /// holds (its address is not answered), when that starts or its reason
     /// changes, and a `Held` Event once a node holds it again; returns how many
     /// were recorded.
-    async fn report_unheld(
-        &mut self,
-        now: &BTreeMap<Ipv4Addr, String>,
-        owners: &BTreeMap<Ipv4Addr, String>,
-        by_vip: &BTreeMap<Ipv4Addr, Vec<&Service>>,
-    ) -> usize {
+    async fn report_unheld(&mut self, now: &BTreeMap<IpAddr, String>, owners: &BTreeMap<IpAddr, String>, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> usize {
         let mut events = Vec::new();
         for (vip, why) in now {
             if self.reported_unheld.get(vip) != Some(why) {
@@ -389,7 +413,7 @@ impl Controller {
         for s in services {
             let key = allocate::key(s);
             let uid = s.uid().unwrap_or_default();
-            let now: BTreeSet<Ipv4Addr> = allocate::ingress_ips(s).into_iter().collect();
+            let now: BTreeSet<IpAddr> = allocate::ingress_ips(s).into_iter().collect();
             let before = self.held.remove(&key).filter(|(u, _)| *u == uid).map(|(_, a)| a).unwrap_or_default();
             if allocate::is_ours(s) {
                 // Without an address in this view: keep what we last knew (the view
@@ -410,20 +434,18 @@ impl Controller {
         events.len()
     }
 
-    /// Applies one decision; Ok(false) when there was nothing to write.
-    async fn apply(&mut self, d: &Decision, services: &[Service]) -> Result<bool, kube::Error> {
-        let key = match d {
-            Decision::Allocate { service, .. } | Decision::Release { service, .. } | Decision::Pending { service, .. } | Decision::Stale { service, .. } => {
-                service
-            }
-        };
-        let Some(svc) = services.iter().find(|s| allocate::key(s) == *key) else { return Ok(false) };
+    /// Applies one decision; Ok(false) when there was nothing to write. `written`:
+    /// the Services whose status this pass wrote (true) or failed to (false): a
+    /// Service's decisions carry the same final `ingress`, written once.
+    async fn apply(&mut self, d: &Decision, services: &[Service], written: &mut BTreeMap<String, bool>) -> Result<bool, kube::Error> {
+        let key = d.service().to_owned();
+        let Some(svc) = services.iter().find(|s| allocate::key(s) == key) else { return Ok(false) };
         let (ns, name) = (svc.namespace().unwrap_or_else(|| "default".into()), svc.name_any());
         let api: Api<Service> = Api::namespaced(self.client.clone(), &ns);
         let rv = svc.resource_version();
         let (ingress, event) = match d {
-            Decision::Allocate { addr, pool, .. } => (
-                json!([{ "ip": addr.to_string() }]),
+            Decision::Allocate { addr, pool, ingress, .. } => (
+                ingress,
                 Event {
                     type_: EventType::Normal,
                     reason: "Allocated".into(),
@@ -432,8 +454,8 @@ impl Controller {
                     secondary: None,
                 },
             ),
-            Decision::Release { addr, why, .. } => (
-                json!([]),
+            Decision::Release { addr, why, ingress, .. } => (
+                ingress,
                 Event { type_: EventType::Normal, reason: "Released".into(), note: Some(format!("{addr}: {why}")), action: "Release".into(), secondary: None },
             ),
             // Nothing to write: a Warning, once per message.
@@ -442,7 +464,7 @@ impl Controller {
                     Decision::Pending { .. } => (&mut self.pending, "AllocationFailed"),
                     _ => (&mut self.stale, "StaleAllocation"),
                 };
-                if said.get(key) == Some(why) {
+                if said.get(&key) == Some(why) {
                     return Ok(false);
                 }
                 said.insert(key.clone(), why.clone());
@@ -451,23 +473,21 @@ impl Controller {
                 return Ok(true);
             }
         };
-        self.pending.remove(key);
-        // The resourceVersion makes this a compare-and-swap: a Service changed since
-        // we computed the decision (or another leader wrote it) gives a 409.
-        let patch = json!({ "metadata": { "resourceVersion": rv }, "status": { "loadBalancer": { "ingress": ingress } } });
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        info!(service = %key, decision = ?d, "service status written");
-        let uid = svc.uid().unwrap_or_default();
-        match d {
-            Decision::Allocate { addr, .. } => {
-                self.held.insert(key.clone(), (uid, [*addr].into()));
+        match written.get(&key) {
+            Some(false) => return Ok(false),
+            Some(true) => {}
+            None => {
+                self.pending.remove(&key);
+                let list: Vec<serde_json::Value> = ingress.iter().map(|a| json!({ "ip": a.to_string() })).collect();
+                // The resourceVersion makes this a compare-and-swap: a Service changed
+                // since we computed the decision (or another leader wrote it) gives a 409.
+                let patch = json!({ "metadata": { "resourceVersion": rv }, "status": { "loadBalancer": { "ingress": list } } });
+                let r = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+                written.insert(key.clone(), r.is_ok());
+                r?;
+                info!(service = %key, ?ingress, "service status written");
+                self.held.insert(key.clone(), (svc.uid().unwrap_or_default(), ingress.iter().copied().collect()));
             }
-            Decision::Release { addr, .. } => {
-                if let Some((_, a)) = self.held.get_mut(key) {
-                    a.remove(addr);
-                }
-            }
-            _ => {}
         }
         self.publish(&event, svc).await;
         Ok(true)
@@ -541,7 +561,7 @@ impl Controller {
 /// The pool's `Held` condition: whether every VIP of it in use has a node that
 /// answers it, and if not which VIPs and why (grouped by reason).
 fn held_condition(
-    unheld: &BTreeMap<Ipv4Addr, &String>,
+    unheld: &BTreeMap<IpAddr, &String>,
     generation: Option<i64>,
     previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     now: &Time,

@@ -1,7 +1,9 @@
 //! The `VipPool` custom resource (cluster-scoped, `vip.dev/v1alpha1`): a pool of
 //! VIPs, which Services may take them and which nodes may hold them. Its CRD is
 //! generated from these types (`vip-agent crd`, committed as deploy/crd.yaml).
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
+
+use ipnet::IpNet;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::{
@@ -13,6 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    addrs::AddrSet,
     maglev,
     model::{AnnounceMode, Garp, HealthCheck, NoHealthyBackend},
     spec::{self, AddrEntry, FieldError, GratuitousArpSpec, HealthCheckSpec},
@@ -25,7 +28,7 @@ use crate::{
     kind = "VipPool",
     plural = "vippools",
     shortname = "vpool",
-    doc = "A pool of IPv4 addresses (VIPs) that vip hands out to Services of type LoadBalancer, with the nodes that may hold them and how they announce and health-check them.",
+    doc = "A pool of IPv4 and IPv6 addresses (VIPs) that vip hands out to Services of type LoadBalancer, with the nodes that may hold them and how they announce and health-check them.",
     status = "VipPoolStatus",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.total"}"#,
@@ -34,14 +37,18 @@ use crate::{
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VipPoolSpec {
-    /// IPv4 addresses, CIDRs (every address of the block) and inclusive ranges
-    /// (`198.18.1.10-198.18.1.20`).
+    /// IPv4 and IPv6 addresses, CIDRs (every address of the block) and inclusive
+    /// ranges (`198.18.1.10-198.18.1.20`, `2001:2::10-2001:2::ff`). The first
+    /// address of an IPv6 CIDR (its subnet-router anycast address) is never handed
+    /// out. IPv6 addresses are allocated to Services but not yet served by the data
+    /// path (the pool's `Programmed` condition and a `NotProgrammed` Warning say so).
     pub addresses: Vec<String>,
-    /// Addresses of the pool never handed out (each must be in `addresses`).
+    /// Addresses of the pool never handed out: addresses, CIDRs or ranges, each
+    /// within `addresses`.
     #[serde(default, rename = "excludedIPs")]
     pub excluded_ips: Vec<String>,
-    /// Hand out the network (first) and broadcast (last) address of each CIDR in
-    /// `addresses` too. Off (the default), they are skipped for blocks larger than a
+    /// Hand out the network (first) and broadcast (last) address of each IPv4 CIDR
+    /// in `addresses` too. Off (the default), they are skipped for blocks larger than a
     /// /31 (a /24 gives .1 to .254): many hosts and routers treat them as the
     /// subnet's own and drop or broadcast traffic to them (MetalLB's `avoidBuggyIPs`).
     /// Single addresses and ranges are always taken as written.
@@ -128,7 +135,8 @@ pub struct VipPoolStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Addresses in the pool (after exclusions), allocated to Services, and free.
+    /// Addresses in the pool (after exclusions), allocated to Services, and free
+    /// (4294967295 for counts that large, as an IPv6 /64's).
     #[serde(default)]
     pub total: u32,
     #[serde(default)]
@@ -143,7 +151,8 @@ pub struct VipPoolStatus {
 /// A VipPool's spec, checked: its addresses and settings as the model needs them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidPool {
-    pub addresses: Vec<Ipv4Addr>,
+    /// IPv4 and IPv6 addresses, as ranges.
+    pub addresses: AddrSet,
     pub table_size: u32,
     pub health: Option<HealthCheck>,
     pub announce: AnnounceMode,
@@ -157,28 +166,37 @@ pub struct ValidPool {
 /// health check defaults to when it names none.
 pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldError> {
     let mut addresses = spec::pool_addresses_from_strings("spec", &spec.addresses, &spec.excluded_ips)?;
-    if !spec.include_network_and_broadcast {
-        let entries: Vec<AddrEntry> = spec.addresses.iter().filter_map(|a| a.parse().ok()).collect();
-        // An address some other entry names on its own (or in a range) stays.
-        let named = |a: Ipv4Addr| {
-            entries.iter().any(|e| match *e {
-                AddrEntry::One(x) => x == a,
-                AddrEntry::Range(lo, hi) => (lo..=hi).contains(&a),
-                AddrEntry::Net(_) => false,
-            })
-        };
-        for e in &entries {
-            if let AddrEntry::Net(n) = e {
-                if n.prefix_len() < 31 {
-                    for a in [n.network(), n.broadcast()].into_iter().filter(|a| !named(*a)) {
-                        addresses.remove(&a);
-                    }
+    let entries: Vec<AddrEntry> = spec.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    // An address some other entry names on its own (or in a range) stays.
+    let named = |a: IpAddr| {
+        entries.iter().any(|e| match *e {
+            AddrEntry::One(x) => x == a,
+            AddrEntry::Range(lo, hi) => (lo..=hi).contains(&a),
+            AddrEntry::Net(_) => false,
+        })
+    };
+    for e in &entries {
+        match e {
+            AddrEntry::Net(IpNet::V4(n)) if !spec.include_network_and_broadcast && n.prefix_len() < 31 => {
+                for a in [n.network(), n.broadcast()].map(IpAddr::V4).into_iter().filter(|a| !named(*a)) {
+                    addresses.remove(a);
                 }
             }
+            // The first address of an IPv6 prefix is its subnet-router anycast
+            // address (RFC 4291 2.6.1), which routers of the link answer: never
+            // handed out, whatever the other entries say. A /127 or /128 has none
+            // (RFC 6164).
+            AddrEntry::Net(IpNet::V6(n)) if n.prefix_len() < 127 => {
+                addresses.remove(IpAddr::V6(n.network()));
+            }
+            _ => {}
         }
-        if addresses.is_empty() {
-            return Err(FieldError::new("spec.addresses", "the pool has no address left after exclusions and network/broadcast addresses"));
-        }
+    }
+    if addresses.is_empty() {
+        return Err(FieldError::new(
+            "spec.addresses",
+            "the pool has no address left after exclusions and network/broadcast (IPv4) or subnet-router anycast (IPv6) addresses",
+        ));
     }
     let table_size = spec.table_size.unwrap_or(maglev::DEFAULT_TABLE_SIZE);
     maglev::check_table_size(table_size).map_err(|e| FieldError::new("spec.tableSize", e.to_string()))?;
@@ -191,15 +209,7 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldE
     // over 15 bytes but within 15 characters (non-ASCII) it cannot.
     spec::interface_names("spec.interfaces", &spec.interfaces)?;
     spec::vlan_id("spec.vlan", spec.vlan)?;
-    Ok(ValidPool {
-        addresses: addresses.into_iter().collect(),
-        table_size,
-        health,
-        announce: spec.announce,
-        garp,
-        interfaces: spec.interfaces.clone(),
-        vlan: spec.vlan,
-    })
+    Ok(ValidPool { addresses, table_size, health, announce: spec.announce, garp, interfaces: spec.interfaces.clone(), vlan: spec.vlan })
 }
 
 /// The VipPool CRD: kube's, with a schema the API server takes without warnings.
@@ -293,7 +303,7 @@ mod tests {
         assert_eq!(s.announce, AnnounceMode::Arp);
         let v = validate(&s, 443).unwrap();
         // .16/30 is .16 to .19: its network (.16) and broadcast (.19) are skipped, .17 excluded.
-        assert_eq!(v.addresses, ["198.18.1.10", "198.18.1.18"].map(|a| a.parse::<Ipv4Addr>().unwrap()));
+        assert_eq!(v.addresses.iter().map(|a| a.to_string()).collect::<Vec<_>>(), ["198.18.1.10", "198.18.1.18"]);
         assert_eq!(v.table_size, 251);
         assert_eq!(v.health.unwrap().probe, crate::model::Probe::Tcp { port: 443 });
         assert!(v.interfaces.is_empty(), "no interfaces: chosen by address");
@@ -325,12 +335,43 @@ mod tests {
         assert!(msg.contains("network/broadcast"), "{msg}");
     }
 
+    /// IPv6 entries: the first address of a prefix (subnet-router anycast) is never
+    /// handed out, ranges and exclusions work as for IPv4, a /64 stays a range.
+    #[test]
+    fn ipv6_pools() {
+        let ranges = |y: &str| {
+            validate(&spec(y), 80).map(|v| v.addresses.ranges().map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") }).collect::<Vec<_>>())
+        };
+        type Want<'a> = Result<&'a [&'a str], (&'a str, &'a str)>;
+        let cases: &[(&str, Want)] = &[
+            ("addresses: [2001:2::/64]\n", Ok(&["2001:2::1-2001:2::ffff:ffff:ffff:ffff"])),
+            ("addresses: [2001:2::/64]\nincludeNetworkAndBroadcast: true\n", Ok(&["2001:2::1-2001:2::ffff:ffff:ffff:ffff"])),
+            ("addresses: [2001:2::/64, \"2001:2::\"]\n", Ok(&["2001:2::1-2001:2::ffff:ffff:ffff:ffff"])),
+            ("addresses: [2001:2::/127]\n", Ok(&["2001:2::-2001:2::1"])),
+            ("addresses: [2001:2::10-2001:2::20]\nexcludedIPs: [2001:2::18/125, 2001:2::10]\n", Ok(&["2001:2::11-2001:2::17", "2001:2::20"])),
+            ("addresses: [198.18.1.8/30, 2001:2::/126]\n", Ok(&["198.18.1.9-198.18.1.10", "2001:2::1-2001:2::3"])),
+            ("addresses: [2001:2::/128]\n", Ok(&["2001:2::"])),
+            ("addresses: [2001:2::/126]\nexcludedIPs: [2001:2::1-2001:2::3]\n", Err(("spec.addresses", "subnet-router anycast"))),
+            ("addresses: [2001:2::1/64]\n", Err(("spec.addresses[0]", "has host bits set; did you mean 2001:2::/64?"))),
+            ("addresses: [198.18.1.1-2001:2::1]\n", Err(("spec.addresses[0]", "mixes an IPv4 and an IPv6 address"))),
+            ("addresses: [2001:2::/64]\nexcludedIPs: [2001:3::1]\n", Err(("spec.excludedIPs[0]", "2001:3::1 is not in this pool's addresses"))),
+            ("addresses: [\"2001:2::g\"]\n", Err(("spec.addresses[0]", "is not an IPv4 or IPv6 address"))),
+        ];
+        for (y, want) in cases {
+            match (ranges(y), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got, *w, "{y}"),
+                (Err(FieldError { path, message }), Err((p, m))) => assert!(path == *p && message.contains(m), "{y}: {path}: {message}"),
+                (got, _) => panic!("{y}: {got:?}"),
+            }
+        }
+    }
+
     #[test]
     fn bad_specs_name_the_field() {
         let cases = [
-            ("addresses: [198.18.1.10, nonsense]\n", "spec.addresses[1]", "is not an IPv4 address, CIDR"),
+            ("addresses: [198.18.1.10, nonsense]\n", "spec.addresses[1]", "is not an IPv4 or IPv6 address, CIDR"),
             ("addresses: [198.18.1.10]\nexcludedIPs: [198.18.1.11]\n", "spec.excludedIPs[0]", "198.18.1.11 is not in this pool's addresses"),
-            ("addresses: [198.18.1.10]\nexcludedIPs: [x]\n", "spec.excludedIPs[0]", "\"x\" is not an IPv4 address"),
+            ("addresses: [198.18.1.10]\nexcludedIPs: [x]\n", "spec.excludedIPs[0]", "\"x\" is not an IPv4 or IPv6 address"),
             ("addresses: [198.18.1.10]\nexcludedIPs: [198.18.1.10]\n", "spec.addresses", "no address left"),
             ("addresses: [198.18.1.10]\ntableSize: 1000\n", "spec.tableSize", "table size 1000 is not a prime"),
             ("addresses: [198.18.1.10]\nhealthCheck: {type: tcp, rise: 0}\n", "spec.healthCheck.rise", "must be at least 1"),
@@ -391,11 +432,16 @@ mod tests {
         walk(schema, "", &mut bad);
         assert!(bad.is_empty(), "{bad:#?}");
         let d = schema["description"].as_str().unwrap();
-        assert!(d.starts_with("A pool of IPv4 addresses") && !d.contains("Auto-generated"), "{d}");
+        assert!(d.starts_with("A pool of IPv4 and IPv6 addresses") && !d.contains("Auto-generated"), "{d}");
         let table = &schema["properties"]["spec"]["properties"]["tableSize"];
         assert_eq!((table["format"].as_str(), table["minimum"].as_f64(), table["maximum"].as_f64()), (Some("int64"), Some(0.0), Some(u32::MAX.into())));
         let addresses = schema["properties"]["spec"]["properties"]["addresses"]["description"].as_str().unwrap();
-        assert_eq!(addresses, "IPv4 addresses, CIDRs (every address of the block) and inclusive ranges (`198.18.1.10-198.18.1.20`).");
+        assert!(
+            addresses.starts_with(
+                "IPv4 and IPv6 addresses, CIDRs (every address of the block) and inclusive ranges (`198.18.1.10-198.18.1.20`, `2001:2::10-2001:2::ff`)."
+            ),
+            "{addresses}"
+        );
         let ifaces = &schema["properties"]["spec"]["properties"]["interfaces"];
         let item = &ifaces["items"];
         assert_eq!(

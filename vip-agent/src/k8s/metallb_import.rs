@@ -568,17 +568,18 @@ fn vip_pool(p: &Pool, adverts: &[Advert], warnings: &mut Vec<Warning>) -> Option
             return None;
         }
     };
-    let want: BTreeSet<Ipv4Addr> = all.iter().copied().filter(|a| !p.avoid_buggy_ips || !matches!(a.octets()[3], 0 | 255)).collect();
-    if want.is_empty() {
+    // IPv6 entries are taken as they are (avoidBuggyIPs is about IPv4's .0 and .255).
+    let want: BTreeSet<Ipv4Addr> = all.v4().filter(|a| !p.avoid_buggy_ips || !matches!(a.octets()[3], 0 | 255)).collect();
+    if want.is_empty() && all.len_of(crate::addrs::Family::V6) == 0 {
         n.warn("spec.avoidBuggyIPs", "not imported: no address left once those ending in .0 and .255 are avoided; no VipPool written");
         return None;
     }
-    let skipping = validate(&spec, 80).map(|v| v.addresses.into_iter().collect::<BTreeSet<_>>()).unwrap_or_default();
+    let skipping = validate(&spec, 80).map(|v| v.addresses.v4().collect::<BTreeSet<_>>()).unwrap_or_default();
     let has = if want.is_subset(&skipping) {
         skipping
     } else {
         spec.include_network_and_broadcast = true;
-        all
+        all.v4().collect()
     };
     spec.excluded_ips = has.difference(&want).map(ToString::to_string).collect();
 
@@ -788,7 +789,7 @@ mod tests {
         for (spec, bounds, avoid) in cases {
             let i = run(&(ip_pool("p", &format!("  {spec}")) + &l2("all", "  {}")));
             assert!(i.warnings.is_empty(), "{spec}: {:?}", i.warnings);
-            let got = validate(pool(&i, "p"), 80).unwrap_or_else(|e| panic!("{spec}: {e}")).addresses;
+            let got = validate(pool(&i, "p"), 80).unwrap_or_else(|e| panic!("{spec}: {e}")).addresses.v4().collect::<Vec<_>>();
             assert_eq!(got, metallb_set(bounds, avoid), "{spec}: {:?}", pool(&i, "p"));
         }
         // The flags that say it: vip's default already skips a /24's .0 and .255.

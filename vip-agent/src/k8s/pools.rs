@@ -1,11 +1,11 @@
 //! VipPools checked together: each pool's spec on its own (field paths), then
 //! overlaps between pools (the older pool keeps its addresses; the newer one is
 //! `Conflicting`), and the status conditions that say so.
-use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::crd::{validate, ValidPool, VipPool};
+use crate::addrs::{AddrSet, IPV6_NOT_SERVED};
 
 /// One pool's verdict.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,21 +22,20 @@ pub struct PoolCheck {
 pub fn check_pools(pools: &[VipPool]) -> Vec<PoolCheck> {
     let mut order: Vec<&VipPool> = pools.iter().collect();
     order.sort_by_key(|p| (p.metadata.creation_timestamp.as_ref().map(|t| t.0), p.metadata.name.clone()));
-    let mut owner: BTreeMap<Ipv4Addr, String> = BTreeMap::new();
+    // The pools in use so far, whose ranges a later pool must not meet.
+    let mut taken: Vec<(String, AddrSet)> = Vec::new();
     let mut out = Vec::new();
     for p in order {
         let name = p.metadata.name.clone().unwrap_or_default();
         match validate(&p.spec, 80) {
             Err(e) => out.push(PoolCheck { name, valid: None, problem: Some(("InvalidSpec".into(), e.to_string())) }),
             Ok(v) => {
-                if let Some((a, other)) = v.addresses.iter().find_map(|a| owner.get(a).map(|o| (*a, o.clone()))) {
+                if let Some((a, other)) = taken.iter().find_map(|(o, set)| Some((set.first_common(&v.addresses)?, o.clone()))) {
                     let msg = format!("spec.addresses: {a} is also in VipPool {other:?}; pools must not overlap");
                     out.push(PoolCheck { name, valid: None, problem: Some(("Overlap".into(), msg)) });
                     continue;
                 }
-                for a in &v.addresses {
-                    owner.insert(*a, name.clone());
-                }
+                taken.push((name.clone(), v.addresses.clone()));
                 out.push(PoolCheck { name, valid: Some(v), problem: None });
             }
         }
@@ -64,6 +63,10 @@ pub fn conditions(check: &PoolCheck, unprogrammed: &[String], stale: &[String], 
     };
     let programmed = match unprogrammed {
         [] => ("True", "AllProgrammed", "every service-port of the pool is in the data path".to_owned()),
+        // Not retried: they wait for a data path that serves IPv6.
+        some if some.iter().all(|e| e.contains(IPV6_NOT_SERVED)) => {
+            ("False", "IPv6NotServed", format!("{} service-port(s) not programmed: {}", some.len(), some_of(some)))
+        }
         some => ("False", "CapacityExceeded", format!("{} service-port(s) not programmed, retried: {}", some.len(), some_of(some))),
     };
     let stale = match stale {
@@ -162,6 +165,10 @@ mod tests {
         assert_eq!((c[2].status.as_str(), c[2].reason.as_str()), ("False", "CapacityExceeded"));
         assert_eq!(c[2].message, "5 service-port(s) not programmed, retried: 198.18.1.0 80/tcp: lb4_ring is full; 198.18.1.1 80/tcp: lb4_ring is full; 198.18.1.2 80/tcp: lb4_ring is full (and 2 more)");
         assert_eq!(c[0].last_transition_time, t0, "Ready did not change");
+        let v6 = [format!("2001:2::1 80/tcp: {IPV6_NOT_SERVED}")];
+        let c = conditions(&ok, &v6, &[], Some(5), &first, t1.clone());
+        assert_eq!((c[2].status.as_str(), c[2].reason.as_str()), ("False", "IPv6NotServed"));
+        assert_eq!(c[2].message, format!("1 service-port(s) not programmed: 2001:2::1 80/tcp: {IPV6_NOT_SERVED}"));
         assert_eq!((first[3].type_.as_str(), first[3].status.as_str()), ("StaleAllocations", "False"));
         let c = conditions(&ok, &[], &["shop/web 198.18.1.10".to_owned()], Some(5), &first, t1.clone());
         assert_eq!((c[3].status.as_str(), c[3].reason.as_str()), ("True", "SelectorsChanged"));

@@ -18,7 +18,10 @@ use super::{
     crd::VipPool,
     pools::check_pools,
 };
-use crate::model::{self, HealthCheck, Probe, Protocol, World};
+use crate::{
+    addrs::Family,
+    model::{self, HealthCheck, Probe, Protocol, World},
+};
 
 /// The label EndpointSlices carry with their Service's name.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -80,12 +83,15 @@ fn node_from(n: &KNode) -> Result<model::Node, String> {
     Ok(model::Node { name: n.name_any(), addr, mac: None, labels: n.labels().clone(), taints })
 }
 
-/// Nodes with a ready endpoint of `svc` (for `externalTrafficPolicy: Local`).
-fn local_endpoint_nodes(svc: &KService, slices: &[EndpointSlice]) -> BTreeSet<String> {
+/// Nodes with a ready endpoint of `svc` of `family` (for `externalTrafficPolicy:
+/// Local`): a dual-stack Service has a slice per family, and a node that has its
+/// IPv6 endpoints ready but not its IPv4 ones does not serve its IPv4 VIP locally.
+fn local_endpoint_nodes(svc: &KService, slices: &[EndpointSlice], family: Family) -> BTreeSet<String> {
     let ns = svc.namespace();
     slices
         .iter()
         .filter(|s| s.namespace() == ns && s.labels().get(SERVICE_NAME_LABEL) == Some(&svc.name_any()))
+        .filter(|s| s.address_type == family.name())
         .flat_map(|s| s.endpoints.iter())
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
         .filter_map(|e| e.node_name.clone())
@@ -257,7 +263,8 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
             .collect();
         w.pools.push(model::Pool {
             name: c.name.clone(),
-            addresses: v.addresses.clone(),
+            // Filled below with the pool's IPv4 addresses in use.
+            addresses: Vec::new(),
             node_selector: p.spec.node_selector.clone(),
             tolerations,
             announce: v.announce,
@@ -282,7 +289,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
         vips.extend(spec.external_ips.iter().flatten().filter_map(|a| a.parse::<Ipv4Addr>().ok()));
         let local = spec.external_traffic_policy.as_deref() == Some("Local");
         for vip in vips {
-            let Some((pool, v)) = valid.iter().find(|(_, v)| v.addresses.binary_search(&vip).is_ok()) else { continue };
+            let Some((pool, v)) = valid.iter().find(|(_, v)| v.addresses.contains(vip.into())) else { continue };
             let mut by_proto: BTreeMap<Protocol, Vec<u16>> = BTreeMap::new();
             for p in spec.ports.iter().flatten() {
                 let proto = match p.protocol.as_deref().unwrap_or("TCP") {
@@ -332,7 +339,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                     protocol,
                     table_size: v.table_size,
                     backend_selector: pool.spec.node_selector.clone(),
-                    backend_nodes: local.then(|| local_endpoint_nodes(svc, slices)),
+                    backend_nodes: local.then(|| local_endpoint_nodes(svc, slices, Family::V4)),
                     health,
                     no_healthy_backend: pool.spec.no_healthy_backend,
                 });
@@ -344,8 +351,8 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
     // ARP for it would draw that traffic (the file source, where the operator lists
     // each VIP on purpose, holds every address of its pools).
     let in_use: std::collections::BTreeSet<Ipv4Addr> = w.services.iter().map(|s| s.vip).collect();
-    for p in &mut w.pools {
-        p.addresses.retain(|a| in_use.contains(a));
+    for (p, (_, v)) in w.pools.iter_mut().zip(&valid) {
+        p.addresses = in_use.iter().copied().filter(|a| v.addresses.contains((*a).into())).collect();
     }
     w
 }
