@@ -1,13 +1,17 @@
 //! ARP: answer requests for VIPs this node holds on the receiving interface.
 use core::ptr::{read_unaligned, write_unaligned};
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{xdp_action, xdp_md},
+    helpers::bpf_ktime_get_coarse_ns,
+    programs::XdpContext,
+};
 use network_types::arp::ArpHdr;
 use vip_common::{ArpHeldKey, ArpHeldVip, Reason, HELD_NO_ARP};
 
 use crate::{
-    maps::{arp_conflicts, arp_held, lb_key0, lb_scratch, lookup_at, Scratch},
-    parse::{ptr_at, Verdict},
+    maps::{arp_conflicts, arp_held, lookup_at, Scratch},
+    parse::{frame_len, ptr_at, verdict_pack, Verdict},
 };
 
 const ARPHRD_ETHER: u16 = 1;
@@ -22,16 +26,15 @@ const ARPOP_REPLY: u16 = 2;
 /// (a third of a flow-table hit); it lags by up to a tick, which the agent covers
 /// by storing deadlines two ticks early.
 #[inline(always)]
-pub fn arp_held_entry(ifindex: u32, vip: [u8; 4]) -> Option<([u8; 6], bool)> {
-    let h = unsafe { &*arp_held_get(ifindex, vip)? };
+pub fn arp_held_entry(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<([u8; 6], bool)> {
+    let h = unsafe { &*arp_held_get(s, ifindex, vip)? };
     Some((h.mac, (unsafe { bpf_ktime_get_coarse_ns() }) <= h.deadline_ns))
 }
 
 /// The `arp_held` entry for (`ifindex`, `vip`), its key built in this CPU's
-/// scratch rather than on the stack (see maps::LB_KEY0).
+/// scratch `s` rather than on the stack (see maps::LB_KEY0).
 #[inline(always)]
-fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<*const ArpHeldVip> {
-    let s = lookup_at::<_, Scratch>(&lb_scratch, lb_key0())?;
+fn arp_held_get(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<*const ArpHeldVip> {
     unsafe {
         (*s).held = ArpHeldKey { ifindex, vip };
         lookup_at::<_, ArpHeldVip>(&arp_held, (&raw const (*s).held).cast()).map(|h| h as *const ArpHeldVip)
@@ -43,9 +46,9 @@ fn arp_held_get(ifindex: u32, vip: [u8; 4]) -> Option<*const ArpHeldVip> {
 /// no pointer has to live on the stack across a helper call (a speculation barrier
 /// each without CAP_PERFMON, see maps::LB_KEY0).
 #[inline(always)]
-fn arp_held_fresh(ifindex: u32, vip: [u8; 4]) -> Result<*const ArpHeldVip, Reason> {
+fn arp_held_fresh(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Result<*const ArpHeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let h = arp_held_get(ifindex, vip).ok_or(Reason::ArpNotHeld)?;
+    let h = arp_held_get(s, ifindex, vip).ok_or(Reason::ArpNotHeld)?;
     if unsafe { (*h).flags } & HELD_NO_ARP != 0 {
         return Err(Reason::ArpNotAnnounced);
     }
@@ -68,12 +71,26 @@ fn arp_conflict_record(ifindex: u32, vip: [u8; 4]) {
     }
 }
 
+/// [`arp_handle`] as a function of its own (BPF to BPF), its verdict packed
+/// ([`verdict_pack`]): inlined, its live values made the compiler spill registers
+/// on the IPv4 paths too (speculation barriers without CAP_PERFMON, maps::LB_KEY0).
+#[inline(never)]
+pub fn arp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
+    match arp_handle::<L2>(&XdpContext::new(ctx), s, ifindex) {
+        Ok(v) => verdict_pack(v),
+        Err(()) => {
+            unsafe { (*s).bytes = frame_len(&XdpContext::new(ctx)) as u32 };
+            verdict_pack((xdp_action::XDP_DROP, Reason::DropMalformed))
+        }
+    }
+}
+
 /// Rewrites an ARP request for a held VIP into the RFC 826 reply, in place, and
 /// sends it back out. Everything else (replies, gratuitous ARP, other targets,
 /// non-Ethernet/IPv4 ARP) passes untouched; a reply or gratuitous ARP in which
 /// another MAC claims a VIP we hold here is counted as `arp_conflict`.
 #[inline(always)]
-pub fn arp_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Verdict, ()> {
+fn arp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
     let arp: *mut ArpHdr = ptr_at(ctx, L2)?;
     let a = unsafe { &mut *arp };
     if u16::from_be_bytes(a.htype) != ARPHRD_ETHER || u16::from_be_bytes(a.ptype) != ETH_P_IP || a.hlen != 6 || a.plen != 4 {
@@ -84,7 +101,7 @@ pub fn arp_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
         // Someone announces spa is at sha. If spa is a VIP we hold (fresh) on this
         // interface and sha is not our MAC, two nodes claim the VIP: count it, and
         // let the stack see the frame as it is.
-        return Ok(match arp_held_fresh(ifindex, a.spa) {
+        return Ok(match arp_held_fresh(s, ifindex, a.spa) {
             Ok(h) if a.sha != unsafe { (*h).mac } => {
                 arp_conflict_record(ifindex, a.spa);
                 (xdp_action::XDP_PASS, Reason::ArpConflict)
@@ -95,7 +112,7 @@ pub fn arp_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     if oper != ARPOP_REQUEST {
         return Ok((xdp_action::XDP_PASS, Reason::ArpOther));
     }
-    let h = match arp_held_fresh(ifindex, a.tpa) {
+    let h = match arp_held_fresh(s, ifindex, a.tpa) {
         Ok(h) => h,
         // Announced from lo by a routing daemon: our kernel would answer for an
         // address on lo (arp_ignore=0), drawing the VIP's traffic over L2; nobody must.

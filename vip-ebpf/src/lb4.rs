@@ -3,7 +3,7 @@
 use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 
 use aya_ebpf::{
-    bindings::xdp_action,
+    bindings::{xdp_action, xdp_md},
     helpers::{bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_load_bytes},
     programs::XdpContext,
 };
@@ -14,9 +14,9 @@ use crate::{
     arp::arp_held_entry,
     maps::{
         lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services,
-        lb4_vip_filter, lb_home, lb_key0, lb_scratch, lookup_at, Scratch,
+        lb4_vip_filter, lb_home, lb_key0, lookup_at, Scratch,
     },
-    parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
+    parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
 };
 
@@ -31,42 +31,32 @@ const IP_MF_OFFSET: u16 = 0x3fff;
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
 
-/// What the counters count for the IPv4 packet [`lb4_handle`] just handled: its
-/// layer-2 header and IPv4 total length (no Ethernet padding), which spares the
-/// hot path a helper call for the frame length. Written to the scratch before any
-/// verdict (a forward out of the home interface moves the headers), read after:
-/// not kept in a register across the whole path.
-#[inline(always)]
-pub fn lb4_bytes() -> usize {
-    match lookup_at::<_, Scratch>(&lb_scratch, lb_key0()) {
-        Some(s) => unsafe { (*s).bytes as usize },
-        None => 0,
-    }
-}
-
 /// IPv4 behind an `L2`-byte layer-2 header, received on the network of `ifindex`.
+/// The paths most packets take (not a VIP's, a flow-cache hit) are here; the rest
+/// is [`lb4_slow`]. What the path needs after its map lookups goes to the scratch
+/// `s` as it is read, not to registers the compiler would spill (see maps::Scratch).
 #[inline(always)]
-pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Verdict, ()> {
-    // What the path needs after its map lookups goes to this CPU's scratch as it
-    // is read, not to registers the compiler would spill (see maps::Scratch). One
-    // slot per CPU: the lookup does not fail.
-    let s = lookup_at::<_, Scratch>(&lb_scratch, lb_key0()).ok_or(())?;
-    let iph: *const Ipv4Hdr = ptr_at(ctx, L2)?;
-    let ip = unsafe { &*iph };
-    let ihl = ((ip.vihl & 0x0f) as usize) * 4;
-    if ip.vihl >> 4 != 4 || ihl < Ipv4Hdr::LEN {
+pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
+    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
+    let ip = unsafe { &*ptr_at::<Ipv4Hdr>(ctx, L2)? };
+    if ip.vihl >> 4 != 4 || ((ip.vihl & 0x0f) as usize) * 4 < Ipv4Hdr::LEN {
         return Err(());
     }
-    // The bytes to count, for every verdict below (see lb4_bytes).
+    // The bytes to count, for every verdict below.
     unsafe { write_volatile(&raw mut (*s).bytes, (L2 + usize::from(u16::from_be_bytes(ip.tot_len))) as u32) };
     // Not a service's address (most of a node's traffic): out before anything
-    // else, while little is live (values kept across a lookup are spilled to the
+    // else, with ctx, s and the bit alone live across the lookup (values kept
+    // across a lookup beyond the four callee-saved registers are spilled to the
     // stack, each spill a speculation barrier without CAP_PERFMON).
     let bit = vip_filter_bit(ip.dst_addr);
     let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
     if unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0 {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
     }
+    // The header again, rather than its pointer and length kept across the lookup.
+    let iph: *const Ipv4Hdr = ptr_at(ctx, L2)?;
+    let ip = unsafe { &*iph };
+    let ihl = ((ip.vihl & 0x0f) as usize) * 4;
     let proto = ip.proto;
     if proto == IPPROTO_ICMP {
         // Pings and ICMP errors for a VIP belong to the node's own stack.
@@ -82,7 +72,6 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
     // stores, each as soon as its value is read, so that none is held in a register.
     unsafe {
         write_volatile(&raw mut (*s).words[0], read_unaligned((iph as *const u8).add(12) as *const u64));
-        write_volatile(&raw mut (*s).ifindex, ifindex);
         write_volatile(&raw mut (*s).fragment, fragment as u32);
     }
     // Fragments carry no ports past the first: all fragments of a datagram hash on
@@ -102,21 +91,51 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
         write_volatile(&raw mut (*s).syn, syn as u32);
     }
 
-    // A frame to a broadcast or multicast MAC reaches every node: only the VIP's
-    // fresh holder may handle it (checked below, past the cache), or every
-    // node's stack would answer it too.
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
-    let group = unsafe { (*eth).dst_addr[0] } & 1 != 0;
     // The flow cache first: a hit is the whole answer, with no map helper call
     // (array lookups are inlined by the verifier).
-    // A SYN skips it: its flow may be a reused 5-tuple whose cached answer is stale.
     let cached = lb4_cache_lookup(s);
     if let Some(p) = cached {
-        // The SYN flag read back from the scratch (not kept in a register, see above).
-        if !group && unsafe { read_volatile(&(*s).syn) } == 0 && lb4_cache_hit(p, s) {
+        // A SYN skips it: its flow may be a reused 5-tuple whose cached answer is
+        // stale (the flag read back from the scratch, not kept in a register). So
+        // does a frame to a group MAC, which only the VIP's fresh holder may handle.
+        if unsafe { read_volatile(&(*s).syn) } == 0 && !lb4_group(ctx)? && lb4_cache_hit(p, s) {
             return lb4_cached(ctx, p, s);
         }
     }
+    Ok(verdict_unpack(lb4_slow::<L2>(ctx.ctx, s, cached.unwrap_or(core::ptr::null_mut()))))
+}
+
+/// Whether the frame goes to a broadcast or multicast MAC: it reaches every node,
+/// so only the VIP's fresh holder may handle it, or every node's stack would
+/// answer it too.
+#[inline(always)]
+fn lb4_group(ctx: &XdpContext) -> Result<bool, ()> {
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    Ok(unsafe { (*eth).dst_addr[0] } & 1 != 0)
+}
+
+/// Everything past the flow cache (`cached`: this flow's cache slot, or null):
+/// new flows, the flow table, the held-VIP and service lookups, forwards out of
+/// home. A function of its own, called (BPF to BPF) rather than inlined: inlined,
+/// its many live values made the compiler spill registers on the hot paths too,
+/// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
+/// The verdict packed in one register ([`verdict_pack`]).
+#[inline(never)]
+fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, cached: *mut Lb4FlowCacheEntry) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    let cached = if cached.is_null() { None } else { Some(cached) };
+    match lb4_miss::<L2>(&ctx, s, cached) {
+        Ok(v) => verdict_pack(v),
+        Err(()) => {
+            unsafe { (*s).bytes = frame_len(&ctx) as u32 };
+            verdict_pack((xdp_action::XDP_DROP, Reason::DropMalformed))
+        }
+    }
+}
+
+#[inline(always)]
+fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, cached: Option<*mut Lb4FlowCacheEntry>) -> Result<Verdict, ()> {
+    let group = lb4_group(ctx)?;
     let (words, epoch, ifindex, bytes, fragment, syn) =
         unsafe { ((*s).words, (*s).epoch, (*s).ifindex, (*s).bytes as usize, (*s).fragment != 0, (*s).syn != 0) };
     let dst = ((words[0] >> 32) as u32).to_ne_bytes();
@@ -128,7 +147,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
         None if fragment => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     };
-    let (mac, fresh) = match arp_held_entry(ifindex, dst) {
+    let (mac, fresh) = match arp_held_entry(s, ifindex, dst) {
         Some(h) => h,
         // Not ours to balance (another node owns it): the frame was sent to this
         // node as a backend, or is stray; the stack decides.
@@ -162,7 +181,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<Ver
                 let _ = lb4_flows.insert(&fkey, &Lb4Flow { backend: id, _pad: 0 }, 0);
                 (id, b)
             }
-            None => match lb4_flow_backend(&fkey) {
+            None => match lb4_flow_backend(s, &fkey) {
                 Some(b) => b,
                 // A stale entry (fenced, or released when the VIP moved) takes no new
                 // flow, but keeps the flows it already pinned: a client still sending to
@@ -272,7 +291,7 @@ fn lb4_cache_lookup(s: *mut Scratch) -> Option<*mut Lb4FlowCacheEntry> {
     unsafe {
         (*s).epoch = ctl.epoch;
         (*s).key = flow_cache_slot((*s).words[0], (*s).words[1]) & ctl.slot_mask;
-        lookup_at::<_, Lb4FlowCacheEntry>(&lb4_flow_cache, &(*s).key)
+        lookup_at::<_, Lb4FlowCacheEntry>(&lb4_flow_cache, s.cast())
     }
 }
 
@@ -294,23 +313,31 @@ fn lb4_cache_hit(p: *mut Lb4FlowCacheEntry, s: *const Scratch) -> bool {
     true
 }
 
-/// A flow-cache hit: the counters and the rewrite the slow path would have done.
-/// The counters' keys are the entry's own fields (no stack store).
+/// A flow-cache hit: the rewrite and the counters the slow path would have done.
+/// The counters' keys are copied to the scratch first, so that only the scratch
+/// and the verdict live across their lookups (not the entry, a fifth register).
 #[inline(always)]
-fn lb4_cached(ctx: &XdpContext, e: *const Lb4FlowCacheEntry, s: *const Scratch) -> Result<Verdict, ()> {
+fn lb4_cached(ctx: &XdpContext, e: *const Lb4FlowCacheEntry, s: *mut Scratch) -> Result<Verdict, ()> {
     let e = unsafe { &*e };
-    stats::count_at(&lb4_service_stats, &e.service, unsafe { &(*s).bytes });
-    stats::count_at(&lb4_backend_stats, &e.backend, unsafe { &(*s).bytes });
-    if e.flags & FLOW_CACHE_LOCAL != 0 {
-        return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
-    }
-    let dst: *mut u8 = ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8;
-    let src = e.eth.as_ptr();
     unsafe {
-        write_unaligned(dst as *mut u64, read_unaligned(src as *const u64));
-        write_unaligned(dst.add(8) as *mut u32, read_unaligned(src.add(8) as *const u32));
+        (*s).key = e.service;
+        (*s).key2 = e.backend;
     }
-    Ok((xdp_action::XDP_TX, Reason::Forwarded))
+    let verdict = if e.flags & FLOW_CACHE_LOCAL != 0 {
+        (xdp_action::XDP_PASS, Reason::PassedLocalBackend)
+    } else {
+        let dst: *mut u8 = ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8;
+        let src = e.eth.as_ptr();
+        unsafe {
+            write_unaligned(dst as *mut u64, read_unaligned(src as *const u64));
+            write_unaligned(dst.add(8) as *mut u32, read_unaligned(src.add(8) as *const u32));
+        }
+        (xdp_action::XDP_TX, Reason::Forwarded)
+    };
+    stats::count_at(&lb4_service_stats, s.cast(), unsafe { &(*s).bytes });
+    unsafe { (*s).key = read_volatile(&(*s).key2) };
+    stats::count_at(&lb4_backend_stats, s.cast(), unsafe { &(*s).bytes });
+    Ok(verdict)
 }
 
 /// Destination MAC to the backend's, source to ours.
@@ -351,8 +378,8 @@ fn lb4_ports_past_options(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u3
 /// The backend recorded for this established flow, if it still exists. A flow
 /// whose backend was removed (unhealthy, drained) is re-hashed on the current ring.
 #[inline(always)]
-fn lb4_flow_backend(fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
-    lb4_present_backend(unsafe { lb4_flows.get(fkey) }?.backend)
+fn lb4_flow_backend(s: *mut Scratch, fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
+    lb4_present_backend(s, unsafe { lb4_flows.get(fkey) }?.backend)
 }
 
 /// A flow's first packet: the ring's backend, recorded in its `lb4_first_packets`
@@ -390,7 +417,7 @@ fn lb4_second_packet(s: *mut Scratch) -> Option<(u32, Lb4Backend)> {
         // arithmetic the verifier refuses without CAP_PERFMON.
         write_volatile(w, 0);
         write_volatile(w.add(1), 0);
-        lb4_present_backend((*p).backend)
+        lb4_present_backend(s, (*p).backend)
     }
 }
 
@@ -416,11 +443,11 @@ fn lb4_cache_forget(e: *mut Lb4FlowCacheEntry, words: &[u64; 2]) {
 }
 
 #[inline(always)]
-fn lb4_present_backend(id: u32) -> Option<(u32, Lb4Backend)> {
+fn lb4_present_backend(s: *mut Scratch, id: u32) -> Option<(u32, Lb4Backend)> {
     match lb4_backends.get(id) {
         Some(b) if b.flags & BACKEND_PRESENT != 0 => Some((id, *b)),
         _ => {
-            stats::count_reason(Reason::FlowRehashed, 0);
+            stats::count_reason(s, Reason::FlowRehashed, 0);
             None
         }
     }

@@ -10,18 +10,27 @@ mod parse;
 mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use maps::Scratch;
 use network_types::arp::ArpHdr;
-use parse::{Vlan, L3};
+use parse::{Verdict, Vlan, L3};
 use vip_common::Reason;
 
 #[xdp]
 pub fn vip_xdp(ctx: XdpContext) -> u32 {
-    let (action, reason, bytes) = match try_vip_xdp(&ctx) {
+    // What the paths need after a map lookup lives in this CPU's scratch, looked up
+    // once here (see maps::Scratch); a frame's bytes to count go there too.
+    let Some(s) = maps::scratch() else {
+        return xdp_action::XDP_PASS;
+    };
+    let (action, reason) = match try_vip_xdp(&ctx, s) {
         Ok(v) => v,
         // Malformed frames are rare: their length from a helper.
-        Err(()) => (xdp_action::XDP_DROP, Reason::DropMalformed, parse::frame_len(&ctx)),
+        Err(()) => {
+            unsafe { (*s).bytes = parse::frame_len(&ctx) as u32 };
+            (xdp_action::XDP_DROP, Reason::DropMalformed)
+        }
     };
-    stats::count_reason(reason, bytes);
+    stats::count_verdict(s, reason);
     action
 }
 
@@ -40,21 +49,25 @@ pub fn vip_xmit(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_TX
 }
 
-/// The verdict and the bytes to count for it: the layer-2 header and the layer-3
-/// length the headers give (IPv4 total length, 28 for Ethernet/IPv4 ARP), so no
-/// Ethernet padding; the whole frame for anything else (see `parse::frame_len`).
+/// The verdict. The bytes to count for it go to the scratch `s`: the layer-2
+/// header and the layer-3 length the headers give (IPv4 total length, 28 for
+/// Ethernet/IPv4 ARP), so no Ethernet padding; the whole frame for anything else
+/// (see `parse::frame_len`).
 #[inline(always)]
-fn try_vip_xdp(ctx: &XdpContext) -> Result<(u32, Reason, usize), ()> {
-    let passed = |reason| Ok((xdp_action::XDP_PASS, reason, parse::frame_len(ctx)));
+fn try_vip_xdp(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    let passed = |reason| {
+        unsafe { (*s).bytes = parse::frame_len(ctx) as u32 };
+        Ok((xdp_action::XDP_PASS, reason))
+    };
     match parse::l3(ctx)? {
         (_, Vlan::Foreign) => passed(Reason::PassedVlanOther),
         (L3::Other, _) => passed(Reason::PassedOther),
-        (l3, Vlan::Untagged) => try_l3::<{ parse::ETH_LEN }>(ctx, l3, ctx.ingress_ifindex() as u32),
-        (l3, Vlan::Id(0)) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, l3, ctx.ingress_ifindex() as u32),
+        (l3, Vlan::Untagged) => try_l3::<{ parse::ETH_LEN }>(ctx, s, l3, ctx.ingress_ifindex() as u32),
+        (l3, Vlan::Id(0)) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, s, l3, ctx.ingress_ifindex() as u32),
         // A VIP lives on one network: a VLAN's frames count as received on its
         // sub-interface, whose held VIPs alone they may reach.
-        (l3, Vlan::Id(vid)) => match maps::lb_vlan_ifindex(ctx.ingress_ifindex() as u32, vid) {
-            Some(ifindex) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, l3, ifindex),
+        (l3, Vlan::Id(vid)) => match maps::lb_vlan_ifindex(s, ctx.ingress_ifindex() as u32, vid) {
+            Some(ifindex) => try_l3::<{ parse::VLAN_ETH_LEN }>(ctx, s, l3, ifindex),
             None => passed(Reason::PassedVlanOther),
         },
     }
@@ -63,13 +76,12 @@ fn try_vip_xdp(ctx: &XdpContext) -> Result<(u32, Reason, usize), ()> {
 /// ARP or IPv4 behind an `L2`-byte layer-2 header, received on the network of
 /// `ifindex` (an interface, or a VLAN's sub-interface).
 #[inline(always)]
-fn try_l3<const L2: usize>(ctx: &XdpContext, l3: L3, ifindex: u32) -> Result<(u32, Reason, usize), ()> {
+fn try_l3<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, l3: L3, ifindex: u32) -> Result<Verdict, ()> {
     if let L3::Arp = l3 {
-        let (action, reason) = arp::arp_handle::<L2>(ctx, ifindex)?;
-        return Ok((action, reason, L2 + ArpHdr::LEN));
+        unsafe { (*s).bytes = (L2 + ArpHdr::LEN) as u32 };
+        return Ok(parse::verdict_unpack(arp::arp_call::<L2>(ctx.ctx, s, ifindex)));
     }
-    let (action, reason) = lb4::lb4_handle::<L2>(ctx, ifindex)?;
-    Ok((action, reason, lb4::lb4_bytes()))
+    lb4::lb4_handle::<L2>(ctx, s, ifindex)
 }
 
 #[cfg(not(test))]

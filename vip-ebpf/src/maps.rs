@@ -113,11 +113,15 @@ pub fn lb_key0() -> *const u32 {
 /// preemption off, BPF_PROG_TEST_RUN too).
 #[repr(C)]
 pub struct Scratch {
+    /// The key of the hot paths' lookups, first: its address is the scratch's own,
+    /// not another pointer for the compiler to keep (and spill).
+    pub key: u32,
+    /// The next value of `key`, for a lookup after one at `key`.
+    pub key2: u32,
     /// The `arp_held` key being looked up.
     pub held: ArpHeldKey,
     /// The `lb_vlans` key being looked up.
     pub vlan: LbVlanKey,
-    pub key: u32,
     pub ifindex: u32,
     /// The Lb4FlowKey as two words (see lb4_handle).
     pub words: [u64; 2],
@@ -137,6 +141,14 @@ pub struct Scratch {
 #[map]
 pub static lb_scratch: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// This CPU's scratch. Looked up once, first thing in the program, and handed down:
+/// its pointer then lives in a callee-saved register (one slot per CPU: the lookup
+/// does not fail).
+#[inline(always)]
+pub fn scratch() -> Option<*mut Scratch> {
+    lookup_at::<_, Scratch>(&lb_scratch, lb_key0())
+}
+
 /// `map`'s value for the key at `key` (in a map value, see LB_KEY0).
 #[inline(always)]
 pub fn lookup_at<M, T>(map: &M, key: *const u32) -> Option<*mut T> {
@@ -149,10 +161,9 @@ pub fn lookup_at<M, T>(map: &M, key: *const u32) -> Option<*mut T> {
 }
 
 /// The ifindex of the sub-interface of VLAN `vid` on `ifindex`, if a pool lives
-/// there (`lb_vlans`); the key built in this CPU's scratch (see LB_KEY0).
+/// there (`lb_vlans`); the key built in this CPU's scratch `s` (see LB_KEY0).
 #[inline(always)]
-pub fn lb_vlan_ifindex(ifindex: u32, vid: u16) -> Option<u32> {
-    let s = lookup_at::<_, Scratch>(&lb_scratch, lb_key0())?;
+pub fn lb_vlan_ifindex(s: *mut Scratch, ifindex: u32, vid: u16) -> Option<u32> {
     unsafe {
         (*s).vlan = LbVlanKey { ifindex, vid: u32::from(vid) };
         lookup_at::<_, u32>(&lb_vlans, (&raw const (*s).vlan).cast()).map(|v| *v)

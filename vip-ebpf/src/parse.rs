@@ -8,6 +8,19 @@ use vip_common::{Reason, ETH_P_ARP};
 /// What the program returns, and the counter that says why.
 pub type Verdict = (u32, Reason);
 
+/// A verdict in one register, as a function of the program's own returns it
+/// (a pair would be returned through the stack).
+#[inline(always)]
+pub fn verdict_pack((action, reason): Verdict) -> u64 {
+    u64::from(action) << 32 | reason as u64
+}
+
+#[inline(always)]
+pub fn verdict_unpack(v: u64) -> Verdict {
+    // Made by verdict_pack from a Reason.
+    ((v >> 32) as u32, unsafe { core::mem::transmute::<u32, Reason>(v as u32) })
+}
+
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88A8;

@@ -2,7 +2,7 @@
 use aya_ebpf::maps::PerCpuArray;
 use vip_common::{Counter, Reason};
 
-use crate::maps::{lb4_backend_stats, lb4_service_stats, lb_key0, lb_scratch, lb_stats, lookup_at, Scratch};
+use crate::maps::{lb4_backend_stats, lb4_service_stats, lb_stats, lookup_at, Scratch};
 
 /// One packet of `bytes` in a per-CPU slot: no other CPU writes it, plain adds
 /// are enough.
@@ -30,15 +30,21 @@ pub fn count_at(map: &PerCpuArray<Counter>, key: *const u32, bytes: *const u32) 
     }
 }
 
+/// Counts the verdict's reason, by the packet's bytes (`bytes` in the scratch `s`).
 #[inline(always)]
-pub fn count_reason(reason: Reason, bytes: usize) {
-    if let Some(s) = lookup_at::<_, Scratch>(&lb_scratch, lb_key0()) {
-        unsafe {
-            (*s).key = reason as u32;
-            (*s).counted = bytes as u32;
-        }
-        count_at(&lb_stats, unsafe { &(*s).key }, unsafe { &(*s).counted })
+pub fn count_verdict(s: *mut Scratch, reason: Reason) {
+    unsafe { (*s).key = reason as u32 };
+    count_at(&lb_stats, s.cast(), unsafe { &(*s).bytes })
+}
+
+/// Counts an event on the way to a verdict (`FlowRehashed`), by `bytes`.
+#[inline(always)]
+pub fn count_reason(s: *mut Scratch, reason: Reason, bytes: u32) {
+    unsafe {
+        (*s).key = reason as u32;
+        (*s).counted = bytes;
     }
+    count_at(&lb_stats, unsafe { &(*s).key }, unsafe { &(*s).counted })
 }
 
 #[inline(always)]
