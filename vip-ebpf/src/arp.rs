@@ -19,18 +19,6 @@ const ETH_P_IP: u16 = 0x0800;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 
-/// This node's entry for `vip` on `ifindex`: our MAC there, and whether it is
-/// fresh. An entry whose deadline has passed means the agent stopped vouching for
-/// it (fencing, or released after the VIP moved): not answered, not balanced for
-/// new flows. The coarse clock costs a few ns where `bpf_ktime_get_ns` costs ~25
-/// (a third of a flow-table hit); it lags by up to a tick, which the agent covers
-/// by storing deadlines two ticks early.
-#[inline(always)]
-pub fn arp_held_entry(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<([u8; 6], bool)> {
-    let h = unsafe { &*arp_held_get(s, ifindex, vip)? };
-    Some((h.mac, (unsafe { bpf_ktime_get_coarse_ns() }) <= h.deadline_ns))
-}
-
 /// The `arp_held` entry for (`ifindex`, `vip`), its key built in this CPU's
 /// scratch `s` rather than on the stack (see maps::LB_KEY0).
 #[inline(always)]

@@ -4,16 +4,15 @@ use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 
 use aya_ebpf::{
     bindings::{xdp_action, xdp_md},
-    helpers::{bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_load_bytes},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_load_bytes},
     programs::XdpContext,
 };
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use vip_common::*;
 
 use crate::{
-    arp::arp_held_entry,
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services,
+        arp_held, lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services,
         lb4_vip_filter, lb_home, lb_key0, lookup_at, Scratch,
     },
     parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict, ETH_LEN, VLAN_ETH_LEN},
@@ -102,7 +101,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u
             return lb4_cached(ctx, p, s);
         }
     }
-    Ok(verdict_unpack(lb4_slow::<L2>(ctx.ctx, s, cached.unwrap_or(core::ptr::null_mut()))))
+    Ok(verdict_unpack(lb4_slow::<L2>(ctx.ctx, s)))
 }
 
 /// Whether the frame goes to a broadcast or multicast MAC: it reaches every node,
@@ -114,127 +113,174 @@ fn lb4_group(ctx: &XdpContext) -> Result<bool, ()> {
     Ok(unsafe { (*eth).dst_addr[0] } & 1 != 0)
 }
 
-/// Everything past the flow cache (`cached`: this flow's cache slot, or null):
-/// new flows, the flow table, the held-VIP and service lookups, forwards out of
-/// home. A function of its own, called (BPF to BPF) rather than inlined: inlined,
-/// its many live values made the compiler spill registers on the hot paths too,
-/// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
-/// The verdict packed in one register ([`verdict_pack`]).
+/// Everything past the flow cache: new flows, the flow table, the held-VIP and
+/// service lookups, forwards out of home. A function of its own, called (BPF to
+/// BPF) rather than inlined: inlined, its many live values made the compiler spill
+/// registers on the hot paths too. The verdict packed in one register
+/// ([`verdict_pack`]).
 #[inline(never)]
-fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, cached: *mut Lb4FlowCacheEntry) -> u64 {
+fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
     let ctx = XdpContext::new(ctx);
-    let cached = if cached.is_null() { None } else { Some(cached) };
-    match lb4_miss::<L2>(&ctx, s, cached) {
-        Ok(v) => verdict_pack(v),
+    verdict_pack(match lb4_miss::<L2>(&ctx, s) {
+        Ok(v) => v,
         Err(()) => {
             unsafe { (*s).bytes = frame_len(&ctx) as u32 };
-            verdict_pack((xdp_action::XDP_DROP, Reason::DropMalformed))
+            (xdp_action::XDP_DROP, Reason::DropMalformed)
         }
-    }
+    })
 }
 
+/// [`lb4_slow`]'s path. Only `ctx` and `s` live across its map lookups: what a
+/// later step needs goes to the scratch (the service, the held entry's MAC and
+/// freshness, the backend), and every key is built there. A value kept in a
+/// register across a lookup is spilled to the stack once more than four are live,
+/// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
 #[inline(always)]
-fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, cached: Option<*mut Lb4FlowCacheEntry>) -> Result<Verdict, ()> {
-    let group = lb4_group(ctx)?;
-    let (words, epoch, ifindex, bytes, fragment, syn) =
-        unsafe { ((*s).words, (*s).epoch, (*s).ifindex, (*s).bytes as usize, (*s).fragment != 0, (*s).syn != 0) };
-    let dst = ((words[0] >> 32) as u32).to_ne_bytes();
-    // The Lb4ServiceKey (VIP, dport, proto) as one word, in the scratch: a key on
-    // the stack costs a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
-    unsafe { write_volatile(&raw mut (*s).svc, (words[0] >> 32) | (words[1] >> 16 & 0xffff) << 32 | (words[1] >> 32 & 0xff) << 48) };
-    let svc = match lookup_at::<_, Lb4Service>(&lb4_services, unsafe { &raw const (*s).svc }.cast()) {
-        Some(s) => unsafe { *s },
-        None if fragment => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
+fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    // The Lb4ServiceKey (VIP, dport, proto) as one word.
+    unsafe {
+        let (w0, w1) = ((*s).words[0], (*s).words[1]);
+        write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
+    }
+    match lookup_at::<_, Lb4Service>(&lb4_services, unsafe { &raw const (*s).svc }.cast()) {
+        Some(p) => lb4_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
+        None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
-    };
-    let (mac, fresh) = match arp_held_entry(s, ifindex, dst) {
-        Some(h) => h,
+    }
+    if !lb4_held(s) {
         // Not ours to balance (another node owns it): the frame was sent to this
         // node as a backend, or is stray; the stack decides.
-        None if group => return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner)),
-        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
-    };
-    if group && !fresh {
+        return Ok(if lb4_group(ctx)? { (xdp_action::XDP_DROP, Reason::DropGroupNotOwner) } else { (xdp_action::XDP_PASS, Reason::PassedNotOwner) });
+    }
+    let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
+    if !fresh() && lb4_group(ctx)? {
         return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
     }
-    let fkey: Lb4FlowKey = unsafe { core::mem::transmute(words) };
     // Whether the flow is in lb4_flows now (only those are memoised in the cache).
-    let mut established = true;
-    let (backend_id, backend) = if syn {
+    let established = if unsafe { (*s).syn } != 0 {
         // A new connection, also on a reused 5-tuple whose pin is stale: the ring
         // decides, and its next packet pins that choice over any old one.
-        if !fresh {
+        if !fresh() {
             return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
         }
-        if let Some(e) = cached {
-            lb4_cache_forget(e, &words);
+        lb4_cache_forget(s);
+        if !lb4_first_packet(s) {
+            return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
         }
-        established = false;
-        match lb4_first_packet(s, &svc, &fkey) {
-            Some(b) => b,
-            None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
+        false
+    } else if lb4_second_packet(s) {
+        // Its second packet: the flow is pinned to where its first went.
+        unsafe {
+            (*s).flow = Lb4Flow { backend: (*s).backend_id, _pad: 0 };
+            let _ = lb4_flows.insert(&*(&raw const (*s).words).cast::<Lb4FlowKey>(), &(*s).flow, 0);
         }
+        true
+    } else if lb4_flow_backend(s) {
+        true
+    } else if !fresh() {
+        // A stale entry (fenced, or released when the VIP moved) takes no new
+        // flow, but keeps the flows it already pinned: a client still sending to
+        // our MAC until the new owner's gratuitous ARP reaches it keeps its
+        // connection instead of getting a RST from our stack.
+        return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
+    } else if lb4_first_packet(s) {
+        // A flow seen for the first time without a SYN (UDP, or TCP picked up
+        // mid-connection after a failover): recorded like a SYN.
+        false
     } else {
-        match lb4_second_packet(s) {
-            // Its second packet: the flow is pinned to where its first went.
-            Some((id, b)) => {
-                let _ = lb4_flows.insert(&fkey, &Lb4Flow { backend: id, _pad: 0 }, 0);
-                (id, b)
-            }
-            None => match lb4_flow_backend(s, &fkey) {
-                Some(b) => b,
-                // A stale entry (fenced, or released when the VIP moved) takes no new
-                // flow, but keeps the flows it already pinned: a client still sending to
-                // our MAC until the new owner's gratuitous ARP reaches it keeps its
-                // connection instead of getting a RST from our stack.
-                None if !fresh => return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner)),
-                // A flow seen for the first time without a SYN (UDP, or TCP picked up
-                // mid-connection after a failover): recorded like a SYN.
-                None => match lb4_first_packet(s, &svc, &fkey) {
-                    Some(b) => {
-                        established = false;
-                        b
-                    }
-                    None => return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend)),
-                },
-            },
-        }
+        return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
     };
-    let local = backend.flags & BACKEND_LOCAL != 0;
     // A VIP of another network than home: its frames reach the backend out of home.
-    let home = lookup_at::<_, LbHome>(&lb_home, lb_key0()).map(|h| unsafe { *h }).filter(|h| h.ifindex != 0 && h.ifindex != ifindex);
+    let home = lookup_at::<_, LbHome>(&lb_home, lb_key0()).is_some_and(|h| unsafe {
+        let via = (*h).ifindex != 0 && (*h).ifindex != (*s).ifindex;
+        if via {
+            (*s).home.ifindex = (*h).ifindex;
+            lb4_copy_mac(&raw mut (*s).home.mac, &raw const (*h).mac);
+        }
+        via
+    });
     // The flow is pinned in lb4_flows: memoise the answer for its next packets
     // (forwards on the frame's own network and local deliveries only).
-    if let Some(e) = cached.filter(|_| established && home.is_none()) {
-        // Field by field, the key and MACs as words: a whole-struct write compiles
-        // to memmove, whose pointer comparison the verifier refuses without
-        // CAP_PERFMON.
-        unsafe {
-            let w = e as *mut u64;
-            *w = words[0];
-            *w.add(1) = words[1];
-            (*e).epoch = epoch;
-            (*e).ifindex = ifindex;
-            (*e).backend = backend_id;
-            lb4_copy_macs((*e).eth.as_mut_ptr(), &backend.mac, &mac);
-            (*e).service = svc.id;
-            (*e).flags = if local { FLOW_CACHE_LOCAL } else { 0 };
-            (*e).hits = 0;
-        }
+    if established && !home {
+        lb4_cache_store(s);
     }
-    stats::count_service(svc.id, bytes);
-    stats::count_backend(backend_id, bytes);
-    if local {
+    unsafe { (*s).key = (*s).service.id };
+    stats::count_at(&lb4_service_stats, s.cast(), unsafe { &(*s).bytes });
+    unsafe { (*s).key = (*s).backend_id };
+    stats::count_at(&lb4_backend_stats, s.cast(), unsafe { &(*s).bytes });
+    let b = unsafe { &(*s).backend };
+    if b.flags & BACKEND_LOCAL != 0 {
         // A VLAN's frame reaches this node's stack untagged too, as it would from
         // another node: the node need not have that VLAN.
-        if home.is_some() && L2 == VLAN_ETH_LEN {
+        if home && L2 == VLAN_ETH_LEN {
             lb4_pop_tag(ctx)?;
         }
         return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
     }
-    match home {
-        Some(h) => lb4_forward_home::<L2>(ctx, &backend.mac, &h),
-        None => lb4_rewrite_eth(ctx, &backend.mac, &mac),
+    if home {
+        return lb4_forward_home::<L2>(ctx, &b.mac, unsafe { &(*s).home });
+    }
+    lb4_rewrite_eth(ctx, &b.mac, unsafe { &(*s).mac })
+}
+
+/// Whether this node has an `arp_held` entry for the flow's VIP on its network
+/// (its MAC and freshness then in the scratch). An entry whose deadline has
+/// passed means the agent stopped vouching for it (fencing, or released after
+/// the VIP moved): not balanced for new flows. The coarse clock costs a few ns
+/// where `bpf_ktime_get_ns` costs ~25; it lags by up to a tick, which the agent
+/// covers by storing deadlines two ticks early. It is read first, so that the
+/// entry's pointer does not live across the call.
+#[inline(always)]
+fn lb4_held(s: *mut Scratch) -> bool {
+    unsafe {
+        write_volatile(&raw mut (*s).now, bpf_ktime_get_coarse_ns());
+        (*s).held = ArpHeldKey { ifindex: (*s).ifindex, vip: (((*s).words[0] >> 32) as u32).to_ne_bytes() };
+        let Some(h) = lookup_at::<_, ArpHeldVip>(&arp_held, (&raw const (*s).held).cast()) else {
+            return false;
+        };
+        (*s).fresh = ((*s).now <= (*h).deadline_ns) as u32;
+        lb4_copy_mac(&raw mut (*s).mac, &raw const (*h).mac);
+    }
+    true
+}
+
+/// Copies a MAC as a word and a half-word (see [`lb4_copy_words`]).
+#[inline(always)]
+fn lb4_copy_mac(dst: *mut [u8; 6], src: *const [u8; 6]) {
+    let (d, m) = (dst.cast::<u8>(), src.cast::<u8>());
+    unsafe {
+        write_unaligned(d as *mut u32, read_unaligned(m as *const u32));
+        write_unaligned(d.add(4) as *mut u16, read_unaligned(m.add(4) as *const u16));
+    }
+}
+
+/// Copies `N` words from `src` to `dst` (8-byte aligned map values): a struct
+/// assignment compiles to memmove, whose pointer comparison the verifier refuses
+/// without CAP_PERFMON.
+#[inline(always)]
+fn lb4_copy_words<const N: usize>(dst: *mut u64, src: *const u64) {
+    for i in 0..N {
+        unsafe { write_volatile(dst.add(i), read_volatile(src.add(i))) };
+    }
+}
+
+/// Writes the answer for the flow in `s` to its flow-cache slot. Field by field,
+/// the key and MACs as words: a whole-struct write compiles to memmove, whose
+/// pointer comparison the verifier refuses without CAP_PERFMON.
+#[inline(always)]
+fn lb4_cache_store(s: *mut Scratch) {
+    let Some(e) = lb4_cache_slot(s) else { return };
+    unsafe {
+        let w = e as *mut u64;
+        *w = (*s).words[0];
+        *w.add(1) = (*s).words[1];
+        (*e).epoch = (*s).epoch;
+        (*e).ifindex = (*s).ifindex;
+        (*e).backend = (*s).backend_id;
+        lb4_copy_macs((*e).eth.as_mut_ptr(), &(*s).backend.mac, &(*s).mac);
+        (*e).service = (*s).service.id;
+        (*e).flags = if (*s).backend.flags & BACKEND_LOCAL != 0 { FLOW_CACHE_LOCAL } else { 0 };
+        (*e).hits = 0;
     }
 }
 
@@ -291,6 +337,7 @@ fn lb4_cache_lookup(s: *mut Scratch) -> Option<*mut Lb4FlowCacheEntry> {
     unsafe {
         (*s).epoch = ctl.epoch;
         (*s).key = flow_cache_slot((*s).words[0], (*s).words[1]) & ctl.slot_mask;
+        (*s).cache_slot = (*s).key;
         lookup_at::<_, Lb4FlowCacheEntry>(&lb4_flow_cache, s.cast())
     }
 }
@@ -375,43 +422,50 @@ fn lb4_ports_past_options(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u3
     Ok((ports, syn))
 }
 
-/// The backend recorded for this established flow, if it still exists. A flow
-/// whose backend was removed (unhealthy, drained) is re-hashed on the current ring.
+/// Whether this established flow is in `lb4_flows` with a backend that still
+/// exists (then in the scratch). A flow whose backend was removed (unhealthy,
+/// drained) is re-hashed on the current ring.
 #[inline(always)]
-fn lb4_flow_backend(s: *mut Scratch, fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
-    lb4_present_backend(s, unsafe { lb4_flows.get(fkey) }?.backend)
+fn lb4_flow_backend(s: *mut Scratch) -> bool {
+    match lookup_at::<_, Lb4Flow>(&lb4_flows, unsafe { &raw const (*s).words }.cast()) {
+        Some(f) => lb4_present_backend(s, unsafe { (*f).backend }),
+        None => false,
+    }
 }
 
-/// A flow's first packet: the ring's backend, recorded in its `lb4_first_packets`
-/// slot (over whatever flow was there) for its second packet to pin. No hash table
-/// is touched: a flood of first packets costs array writes and evicts nothing.
+/// A flow's first packet: the ring's backend (to the scratch), recorded in its
+/// `lb4_first_packets` slot (over whatever flow was there) for its second packet to
+/// pin. No hash table is touched: a flood of first packets costs array writes and
+/// evicts nothing.
 #[inline(always)]
-fn lb4_first_packet(s: *mut Scratch, svc: &Lb4Service, fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
-    let (id, b) = lb4_ring_backend(svc, fkey)?;
+fn lb4_first_packet(s: *mut Scratch) -> bool {
+    if !lb4_ring_backend(s) {
+        return false;
+    }
     if let Some(p) = lb4_first_packet_slot(s) {
         unsafe {
             let (w0, w1) = ((*s).words[0], (*s).words[1]);
             let w = p as *mut u64;
             *w = w0;
             *w.add(1) = w1;
-            (*p).backend = id;
-            (*p).check = first_packet_check(w0, w1, id);
+            (*p).backend = (*s).backend_id;
+            (*p).check = first_packet_check(w0, w1, (*s).backend_id);
         }
     }
-    Some((id, b))
+    true
 }
 
-/// The backend recorded at the first packet of the flow in `s`, if its slot holds
-/// it (whole: see [`Lb4FirstPacket`]) and the backend still exists; the slot is
-/// cleared, as the flow is about to be pinned.
+/// Whether the flow in `s` had its first packet recorded in its slot (whole: see
+/// [`Lb4FirstPacket`]) and that backend still exists (then in the scratch); the
+/// slot is cleared, as the flow is about to be pinned.
 #[inline(always)]
-fn lb4_second_packet(s: *mut Scratch) -> Option<(u32, Lb4Backend)> {
-    let p = lb4_first_packet_slot(s)?;
+fn lb4_second_packet(s: *mut Scratch) -> bool {
+    let Some(p) = lb4_first_packet_slot(s) else { return false };
     unsafe {
         let (w0, w1) = ((*s).words[0], (*s).words[1]);
         let w = p as *mut u64;
         if *w != w0 || *w.add(1) != w1 || (*p).check != first_packet_check(w0, w1, (*p).backend) {
-            return None;
+            return false;
         }
         // Volatile: two plain zero stores become a memset, whose pointer
         // arithmetic the verifier refuses without CAP_PERFMON.
@@ -426,48 +480,76 @@ fn lb4_second_packet(s: *mut Scratch) -> Option<(u32, Lb4Backend)> {
 fn lb4_first_packet_slot(s: *mut Scratch) -> Option<*mut Lb4FirstPacket> {
     unsafe {
         (*s).key = first_packet_slot((*s).words[0], (*s).words[1]);
-        lookup_at::<_, Lb4FirstPacket>(&lb4_first_packets, &(*s).key)
+        lookup_at::<_, Lb4FirstPacket>(&lb4_first_packets, s.cast())
     }
 }
 
-/// Drops this CPU's cached answer for the flow `words`, if the cache holds one.
+/// This CPU's flow-cache slot for the flow in `s`, found again past the hit path
+/// (an inlined array lookup) rather than kept in a register.
 #[inline(always)]
-fn lb4_cache_forget(e: *mut Lb4FlowCacheEntry, words: &[u64; 2]) {
+fn lb4_cache_slot(s: *mut Scratch) -> Option<*mut Lb4FlowCacheEntry> {
+    unsafe {
+        (*s).key = (*s).cache_slot;
+        lookup_at::<_, Lb4FlowCacheEntry>(&lb4_flow_cache, s.cast())
+    }
+}
+
+/// Drops this CPU's cached answer for the flow in `s`, if the cache holds one.
+#[inline(always)]
+fn lb4_cache_forget(s: *mut Scratch) {
+    let Some(e) = lb4_cache_slot(s) else { return };
     let w = e as *mut u64;
     unsafe {
-        if *w == words[0] && *w.add(1) == words[1] {
+        if *w == (*s).words[0] && *w.add(1) == (*s).words[1] {
             write_volatile(w, 0); // volatile: see lb4_second_packet
             write_volatile(w.add(1), 0);
         }
     }
 }
 
+/// Whether backend `id` exists (then it and its id in the scratch); counts a
+/// re-hash when it does not.
 #[inline(always)]
-fn lb4_present_backend(s: *mut Scratch, id: u32) -> Option<(u32, Lb4Backend)> {
-    match lb4_backends.get(id) {
-        Some(b) if b.flags & BACKEND_PRESENT != 0 => Some((id, *b)),
-        _ => {
-            stats::count_reason(s, Reason::FlowRehashed, 0);
-            None
+fn lb4_present_backend(s: *mut Scratch, id: u32) -> bool {
+    if lb4_backend(s, id) {
+        return true;
+    }
+    stats::count_reason(s, Reason::FlowRehashed, 0);
+    false
+}
+
+/// Whether backend `id` exists: copied with its id to the scratch.
+#[inline(always)]
+fn lb4_backend(s: *mut Scratch, id: u32) -> bool {
+    unsafe {
+        (*s).backend_id = id;
+        (*s).key = id;
+        match lookup_at::<_, Lb4Backend>(&lb4_backends, s.cast()) {
+            Some(b) if (*b).flags & BACKEND_PRESENT != 0 => {
+                lb4_copy_words::<2>((&raw mut (*s).backend).cast(), b.cast());
+                true
+            }
+            _ => false,
         }
     }
 }
 
-/// Maglev lookup: the slot the flow hash picks in the service's ring.
+/// Maglev lookup: the backend of the slot the flow hash picks in the service's
+/// ring, to the scratch.
 #[inline(always)]
-fn lb4_ring_backend(svc: &Lb4Service, fkey: &Lb4FlowKey) -> Option<(u32, Lb4Backend)> {
-    if svc.ring_size == 0 {
-        return None;
+fn lb4_ring_backend(s: *mut Scratch) -> bool {
+    unsafe {
+        let svc = (*s).service;
+        if svc.ring_size == 0 {
+            return false;
+        }
+        let fkey: Lb4FlowKey = core::mem::transmute((*s).words);
+        let hash = flow_hash(fkey.src, fkey.dst, fkey.sport, fkey.dport, fkey.proto);
+        (*s).key = svc.ring_offset.wrapping_add(hash % svc.ring_size);
+        let id = match lookup_at::<_, u32>(&lb4_ring, s.cast()) {
+            Some(id) => *id,
+            None => return false,
+        };
+        id != NO_BACKEND && lb4_backend(s, id)
     }
-    let hash = flow_hash(fkey.src, fkey.dst, fkey.sport, fkey.dport, fkey.proto);
-    let slot = svc.ring_offset.wrapping_add(hash % svc.ring_size);
-    let id = *lb4_ring.get(slot)?;
-    if id == NO_BACKEND {
-        return None;
-    }
-    let b = lb4_backends.get(id)?;
-    if b.flags & BACKEND_PRESENT == 0 {
-        return None;
-    }
-    Some((id, *b))
 }

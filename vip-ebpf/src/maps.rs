@@ -135,6 +135,22 @@ pub struct Scratch {
     pub counted: u32,
     /// The `lb4_services` key being looked up (an Lb4ServiceKey as a word).
     pub svc: u64,
+    /// This flow's flow-cache slot (found again past the hit path).
+    pub cache_slot: u32,
+    /// Whether the VIP's `arp_held` entry is fresh; its MAC (ours) in `mac`.
+    pub fresh: u32,
+    /// The coarse clock, read before the `arp_held` lookup.
+    pub now: u64,
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// The flow's service and the backend chosen for it, with its id.
+    pub service: Lb4Service,
+    pub backend: Lb4Backend,
+    pub backend_id: u32,
+    /// The `lb4_flows` value being inserted.
+    pub flow: Lb4Flow,
+    /// The home interface, when the frame leaves by it.
+    pub home: LbHome,
 }
 
 /// 0 → this CPU's Scratch.

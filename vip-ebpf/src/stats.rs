@@ -1,8 +1,9 @@
-//! Per-CPU counters: one per reason, per service and per backend.
+//! Per-CPU counters: one per reason, per service and per backend (these two
+//! bumped with `count_at`).
 use aya_ebpf::maps::PerCpuArray;
 use vip_common::{Counter, Reason};
 
-use crate::maps::{lb4_backend_stats, lb4_service_stats, lb_stats, lookup_at, Scratch};
+use crate::maps::{lb_stats, lookup_at, Scratch};
 
 /// One packet of `bytes` in a per-CPU slot: no other CPU writes it, plain adds
 /// are enough.
@@ -11,13 +12,6 @@ fn add(c: *mut Counter, bytes: u64) {
     unsafe {
         (*c).packets += 1;
         (*c).bytes += bytes;
-    }
-}
-
-#[inline(always)]
-fn bump(map: &PerCpuArray<Counter>, index: u32, bytes: usize) {
-    if let Some(c) = map.get_ptr_mut(index) {
-        add(c, bytes as u64)
     }
 }
 
@@ -45,14 +39,4 @@ pub fn count_reason(s: *mut Scratch, reason: Reason, bytes: u32) {
         (*s).counted = bytes;
     }
     count_at(&lb_stats, unsafe { &(*s).key }, unsafe { &(*s).counted })
-}
-
-#[inline(always)]
-pub fn count_service(id: u32, bytes: usize) {
-    bump(&lb4_service_stats, id, bytes)
-}
-
-#[inline(always)]
-pub fn count_backend(id: u32, bytes: usize) {
-    bump(&lb4_backend_stats, id, bytes)
 }
