@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: one module per section, each measuring into one
 //! [`report::Report`] that is written as OUT_DIR/bench.md and OUT_DIR/bench.json.
-//! `VIP_BENCH_ONLY=xdp,live,maglev,health,failover,k8s,cluster,auth,scale` runs a subset
+//! `VIP_BENCH_ONLY=xdp,live,cps,maglev,health,failover,k8s,cluster,auth,scale` runs a subset
 //! (for quick iteration; BENCHMARKS.md quotes full runs). The sections that send
 //! real frames through an attached program (live, failover) measure generic and
 //! native XDP in the same run.
@@ -44,8 +44,9 @@ fn main() -> Result<()> {
         // (see xdp::section, which also runs us again with reduced capabilities).
         report.push(xdp::section()?);
     }
-    let sections: [(&str, Bench); 8] = [
+    let sections: [(&str, Bench); 9] = [
         ("live", live::section),
+        ("cps", live::cps_section),
         ("maglev", maglev::section),
         ("health", health::section),
         ("failover", failover::section),
