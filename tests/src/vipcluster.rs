@@ -152,6 +152,21 @@ pub fn holder(c: &Cluster, vip: Ipv4Addr, limit: Duration) -> Result<String> {
     })
 }
 
+/// Waits until the client resolves `vip` to `holder`'s MAC, or has no entry for
+/// it (its next ARP request is answered by the holder alone): the new holder's
+/// gratuitous ARP has reached it, and no connection of a load started now can
+/// begin on one node and go on to another.
+pub fn client_follows(c: &Cluster, vip: Ipv4Addr, holder: &str, limit: Duration) -> Result<()> {
+    let mac = c.node_by_name(holder).with_context(|| format!("no node {holder}"))?.ns.mac("eth0")?;
+    let want = mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+    poll(&format!("the client resolving {vip} to {holder} ({want})"), limit, || {
+        let out = c.client().cmd("ip").args(["-j", "neigh", "show", &vip.to_string()]).output()?;
+        let entries: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let macs: Vec<&str> = entries.as_array().into_iter().flatten().filter_map(|e| e["lladdr"].as_str()).collect();
+        Ok(macs.iter().all(|m| *m == want).then_some(()))
+    })
+}
+
 /// Pod name → node name, for the pods of Deployment `app`.
 pub fn pod_nodes(c: &Cluster, app: &str) -> Result<BTreeMap<String, String>> {
     let pods = c.get(&format!("/api/v1/namespaces/default/pods?labelSelector=app%3D{app}"))?;
@@ -525,6 +540,10 @@ impl Upgrade {
 /// Under a [`Load`] (12 long-lived connections) on `vip`, the DaemonSet is
 /// upgraded; the load runs until its rollout is complete and 3 s more.
 pub fn upgrade_under_load(c: &Cluster, vip: Ipv4Addr, upgrade: &Upgrade) -> Result<LoadReport> {
+    // From a settled VIP: the previous step may have just moved it (a handshake
+    // whose SYN the old holder passed to its own stack and whose ACK reaches the
+    // new one fails; the upgrade is not what that measures).
+    client_follows(c, vip, &holder(c, vip, Duration::from_secs(30))?, Duration::from_secs(10))?;
     let load = Load::start(c.client(), vip, 12)?;
     std::thread::sleep(Duration::from_secs(1));
     match upgrade {
