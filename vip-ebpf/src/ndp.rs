@@ -106,20 +106,18 @@ fn ndp_held_fresh(ifindex: u32, vip: *const u8) -> Result<*const ArpHeldVip, Rea
     Ok(h)
 }
 
-/// Counts a conflict on (`ifindex`, the VIP at `vip`) in `ndp_conflicts`, as
-/// arp::arp_conflict_record.
+/// Counts a conflict in `ndp_conflicts` (as arp::arp_conflict_record) on the key
+/// the last `ndp_held_get` left in this CPU's scratch: the unaligned 16-byte
+/// address cannot be copied into a key on the stack, where the verifier wants
+/// every access aligned.
 #[inline(always)]
-fn ndp_conflict_record(ifindex: u32, vip: *const u8) {
-    let mut key = NdpHeldKey { ifindex, vip: [0; 16] };
-    unsafe {
-        let k = key.vip.as_mut_ptr();
-        write_unaligned(k as *mut u64, read_unaligned(vip as *const u64));
-        write_unaligned(k.add(8) as *mut u64, read_unaligned(vip.add(8) as *const u64));
-    }
-    match ndp_conflicts.get_ptr_mut(&key) {
+fn ndp_conflict_record() {
+    let Some(s) = lookup_at::<_, Scratch>(&lb_scratch, lb_key0()) else { return };
+    let key: &NdpHeldKey = unsafe { &(*s).held6 };
+    match ndp_conflicts.get_ptr_mut(key) {
         Some(c) => unsafe { *c = (*c).wrapping_add(1) },
         None => {
-            let _ = ndp_conflicts.insert(&key, &1, 0);
+            let _ = ndp_conflicts.insert(key, &1, 0);
         }
     }
 }
@@ -197,7 +195,7 @@ pub fn ndp_handle<const L2: usize>(ctx: &XdpContext, ifindex: u32) -> Result<(u3
         };
         return match ndp_held_fresh(ifindex, target) {
             Ok(h) if claimed != unsafe { (*h).mac } => {
-                ndp_conflict_record(ifindex, target);
+                ndp_conflict_record();
                 pass(Reason::NdpConflict)
             }
             _ => pass(Reason::NdpOther),

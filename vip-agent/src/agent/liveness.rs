@@ -450,10 +450,14 @@ impl Liveness {
             self.announce(taken, true);
         }
         self.last_garp.retain(|v, _| o.held.contains(v));
-        let on_lo: BTreeSet<Ipv4Addr> = o.on_lo.iter().filter_map(|v| match v {
-            IpAddr::V4(v) => Some(*v),
-            IpAddr::V6(_) => None,
-        }).collect();
+        let on_lo: BTreeSet<Ipv4Addr> = o
+            .on_lo
+            .iter()
+            .filter_map(|v| match v {
+                IpAddr::V4(v) => Some(*v),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
         self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &on_lo));
         self.s.metrics.record(&self.world, &self.owners, &o, &metrics::Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
         self.owners = o.owners.clone();

@@ -151,7 +151,11 @@ fn pool_errors() {
 
 #[test]
 fn ipv6_pool_addresses_are_held() {
-    let text = GOOD.replacen("198.18.1.20-198.18.1.22]", "198.18.1.20-198.18.1.22, 2001:2::/126]\n    excludedIPs: [198.18.1.17, 2001:2::2]", 1).replacen("    excludedIPs: [198.18.1.17]\n", "", 1);
+    let text = GOOD.replacen("198.18.1.20-198.18.1.22]", "198.18.1.20-198.18.1.22, 2001:2::/126]\n    excludedIPs: [198.18.1.17, 2001:2::2]", 1).replacen(
+        "    excludedIPs: [198.18.1.17]\n",
+        "",
+        1,
+    );
     let w = parse(&text).unwrap();
     let v6: Vec<std::net::IpAddr> = w.pools[0].addresses.iter().copied().filter(|a| a.is_ipv6()).collect();
     // The subnet-router anycast address (2001:2::) is never a VIP; 2001:2::2 is excluded.

@@ -230,8 +230,14 @@ impl HeldVips {
     /// Conflicting claims seen per VIP on `ifindex` (counts since the entry
     /// appeared; one batched read).
     pub fn conflicts(&self, ifindex: u32) -> Result<BTreeMap<IpAddr, u64>> {
-        let v4 = batch::lookup_all::<ArpHeldKey, u64>(self.conflicts.map())?.into_iter().filter(|(k, _)| k.ifindex == ifindex).map(|(k, n)| (Ipv4Addr::from(k.vip).into(), n));
-        let v6 = batch::lookup_all::<NdpHeldKey, u64>(self.conflicts6.map())?.into_iter().filter(|(k, _)| k.ifindex == ifindex).map(|(k, n)| (Ipv6Addr::from(k.vip).into(), n));
+        let v4 = batch::lookup_all::<ArpHeldKey, u64>(self.conflicts.map())?
+            .into_iter()
+            .filter(|(k, _)| k.ifindex == ifindex)
+            .map(|(k, n)| (Ipv4Addr::from(k.vip).into(), n));
+        let v6 = batch::lookup_all::<NdpHeldKey, u64>(self.conflicts6.map())?
+            .into_iter()
+            .filter(|(k, _)| k.ifindex == ifindex)
+            .map(|(k, n)| (Ipv6Addr::from(k.vip).into(), n));
         Ok(v4.chain(v6).collect())
     }
 

@@ -238,8 +238,7 @@ impl Controller {
         let services_now: Vec<Service> = owned(self.services.state());
         let usage = allocate::pool_usage(&views, &services_now);
         let by_vip = services_by_vip(&services_now);
-        let owners: BTreeMap<IpAddr, String> =
-            self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
+        let owners: BTreeMap<IpAddr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
         let mut unprogrammed: BTreeMap<IpAddr, Vec<String>> = self
             .view
@@ -252,8 +251,7 @@ impl Controller {
             .collect();
         unprogrammed.extend(ipv6_unserved(&views, &by_vip));
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
-        let unheld: BTreeMap<IpAddr, String> =
-            self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
+        let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {

@@ -281,7 +281,13 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
         let spec = svc.spec.clone().unwrap_or_default();
         let mut vips: Vec<Ipv4Addr> = Vec::new();
         if allocate::is_ours(svc) {
-            for a in svc.status.iter().flat_map(|s| s.load_balancer.iter()).flat_map(|lb| lb.ingress.iter().flatten()).filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok()) {
+            for a in svc
+                .status
+                .iter()
+                .flat_map(|s| s.load_balancer.iter())
+                .flat_map(|lb| lb.ingress.iter().flatten())
+                .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
+            {
                 match a {
                     IpAddr::V4(v) => vips.push(v),
                     IpAddr::V6(_) => {
