@@ -155,6 +155,8 @@ struct Liveness {
     link_up: bool,
     /// Owned VIPs of pools without an interface here (logged once each).
     unplaced: BTreeSet<IpAddr>,
+    /// The solicited-node groups of the IPv6 VIPs answered here.
+    groups: ha::groups::Groups,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -186,6 +188,7 @@ impl Liveness {
             contested: BTreeMap::new(),
             link_up: true,
             unplaced: BTreeSet::new(),
+            groups: ha::groups::Groups::default(),
         }
     }
 
@@ -444,6 +447,7 @@ impl Liveness {
             Err(e) => error!("reading arp_held: {e:#}"),
         }
         self.held = want;
+        self.sync_groups();
         if reassert {
             self.announce(self.held.keys().copied().collect(), true);
         } else {
@@ -472,6 +476,24 @@ impl Liveness {
         self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
     }
 
+    /// Joins the solicited-node group of every IPv6 VIP answered here on the
+    /// interface the program sees its solicitations on, and leaves the others
+    /// (see ha::groups). A failed join is retried at the next refresh.
+    fn sync_groups(&mut self) {
+        let want: BTreeSet<(u32, std::net::Ipv6Addr)> = self
+            .held
+            .iter()
+            .filter(|(_, (a, _))| *a == Announce::Arp)
+            .filter_map(|(v, _)| match v {
+                IpAddr::V6(v6) => Some((self.link_of(*v)?.xdp_ifindex, *v6)),
+                IpAddr::V4(_) => None,
+            })
+            .collect();
+        for (ifindex, vip, e) in self.groups.sync(&want) {
+            error!(%vip, ifindex, "joining the VIP's solicited-node multicast group: {e}; solicitations may not reach this node");
+        }
+    }
+
     /// Re-writes the deadline of every held VIP (fencing: if this stops, they go stale).
     fn refresh(&mut self) {
         let now = monotonic_ns();
@@ -488,6 +510,7 @@ impl Liveness {
             }
         }
         self.deadline = deadline;
+        self.sync_groups();
         if lapsed && !self.held.is_empty() {
             // We were not running (stopped, starved) and our VIPs went stale; peers
             // may have taken them and moved clients away. Taking them back is a
