@@ -19,7 +19,7 @@ use vip_tests::{
 
 const VIP: &str = "2001:2::100";
 
-/// `host`'s eth0: a bridge-mode macvlan of `wire`'s dummy parent, with
+/// `host`'s eth0: a bridge-mode macvlan of `wire`'s parent d0, with
 /// `v4` and `v6` (CIDR), duplicate address detection off (no waiting for
 /// tentative addresses: MLD reports go out from the link-local at once).
 fn plug(wire: &NetNs, host: &NetNs, n: usize, v4: &str, v6: &str) {
@@ -78,7 +78,9 @@ fn an_ipv6_vip_is_answered_through_its_group_and_a_takeover_moves_the_client() {
         return;
     }
     let wire = NetNs::new("vnw").unwrap();
-    wire.ip(&["link", "add", "d0", "type", "dummy"]).unwrap();
+    // The macvlans' parent: one end of a veth pair, both ends in `wire`.
+    wire.ip(&["link", "add", "d0", "type", "veth", "peer", "name", "d1"]).unwrap();
+    wire.ip(&["link", "set", "d1", "up"]).unwrap();
     wire.ip(&["link", "set", "d0", "up"]).unwrap();
     let nodes = [NetNs::new("vnn").unwrap(), NetNs::new("vnn").unwrap()];
     let client = NetNs::new("vnc").unwrap();
@@ -89,7 +91,7 @@ fn an_ipv6_vip_is_answered_through_its_group_and_a_takeover_moves_the_client() {
     let cfg = format!(
         "nodes:\n  - {{name: n1, address: 198.18.8.1}}\n  - {{name: n2, address: 198.18.8.2}}\n\
          pools:\n  - name: v6\n    addresses: [{VIP}]\n    gratuitousArp: {{count: 3, interval: 50ms}}\n\
-         announce:\n  holdTime: 600ms\nfailover:\n  heartbeatInterval: 100ms\n  deadAfter: 500ms\n"
+         announce:\n  holdTime: 600ms\nfailover:\n  heartbeatInterval: 100ms\n  deadAfter: 900ms\n"
     );
     write_atomic(&dir.0.join("vip.yaml"), &cfg).unwrap();
     let pins = [PinDir::new().unwrap(), PinDir::new().unwrap()];
