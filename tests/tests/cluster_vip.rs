@@ -180,7 +180,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
             .iter()
             .all(|i| {
                 vc::status(&c, *i)
-                    .is_ok_and(|s| s.owners.get(&vip).is_some_and(|o| *o != victim) && s.services.iter().any(|x| x.vip == vip && !x.backends.contains(&victim)))
+                    .is_ok_and(|s| s.owners.get(&vip.into()).is_some_and(|o| *o != victim) && s.services.iter().any(|x| x.vip == vip && !x.backends.contains(&victim)))
             })
             .then_some(()))
     });
