@@ -1,6 +1,7 @@
 //! Frame builders for fixtures: Ethernet (optionally one 802.1Q tag), ARP, IPv4
-//! TCP/UDP/ICMP, fragments. Checksums are real so captures read cleanly.
-use std::net::Ipv4Addr;
+//! TCP/UDP/ICMP, fragments, IPv6 neighbour discovery. Checksums are real so
+//! captures read cleanly.
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub type Mac = [u8; 6];
 pub const BROADCAST: Mac = [0xff; 6];
@@ -175,4 +176,110 @@ pub fn icmp_echo(dst_mac: Mac, src_mac: Mac, src: Ipv4Addr, dst: Ipv4Addr) -> Ve
     let c = csum(&m);
     m[2..4].copy_from_slice(&c.to_be_bytes());
     ipv4(dst_mac, src_mac, None, Ip4::new(src, dst, 1), &m)
+}
+
+/// An IPv6 packet (`next` header, `payload`) in an Ethernet frame; the checksum
+/// of an ICMPv6 payload (at bytes 2..4) is filled in.
+pub fn ipv6(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, (src, dst): (Ipv6Addr, Ipv6Addr), hop_limit: u8, next: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = eth(dst_mac, src_mac, vlan, 0x86dd);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[next, hop_limit]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    let mut payload = payload.to_vec();
+    if next == 58 && payload.len() >= 4 {
+        payload[2..4].copy_from_slice(&[0, 0]);
+        let mut pseudo = Vec::with_capacity(40 + payload.len() + 1);
+        pseudo.extend_from_slice(&src.octets());
+        pseudo.extend_from_slice(&dst.octets());
+        pseudo.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        pseudo.extend_from_slice(&[0, 0, 0, 58]);
+        pseudo.extend_from_slice(&payload);
+        let c = csum(&pseudo);
+        payload[2..4].copy_from_slice(&c.to_be_bytes());
+    }
+    f.extend_from_slice(&payload);
+    f
+}
+
+/// The solicited-node multicast address of `a` (ff02::1:ffXX:XXXX).
+pub fn solicited_node(a: Ipv6Addr) -> Ipv6Addr {
+    let o = a.octets();
+    Ipv6Addr::from([0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, o[13], o[14], o[15]])
+}
+
+/// The Ethernet multicast address of an IPv6 group (33:33 and its last 32 bits).
+pub fn multicast_mac(group: Ipv6Addr) -> Mac {
+    let o = group.octets();
+    [0x33, 0x33, o[12], o[13], o[14], o[15]]
+}
+
+/// ICMPv6 type of a Neighbor Solicitation and of a Neighbor Advertisement.
+pub const ND_NS: u8 = 135;
+pub const ND_NA: u8 = 136;
+/// Neighbor Advertisement flags.
+pub const NA_ROUTER: u8 = 0x80;
+pub const NA_SOLICITED: u8 = 0x40;
+pub const NA_OVERRIDE: u8 = 0x20;
+
+/// A neighbour discovery message body: type, code, checksum (left 0), the flags
+/// byte and 3 reserved, the target, then `options` as given.
+pub fn nd_message(icmp_type: u8, code: u8, flags: u8, target: Ipv6Addr, options: &[u8]) -> Vec<u8> {
+    let mut m = vec![icmp_type, code, 0, 0, flags, 0, 0, 0];
+    m.extend_from_slice(&target.octets());
+    m.extend_from_slice(options);
+    m
+}
+
+/// A link-layer address option (1: source, 2: target).
+pub fn ll_option(kind: u8, mac: Mac) -> Vec<u8> {
+    let mut o = vec![kind, 1];
+    o.extend_from_slice(&mac);
+    o
+}
+
+/// A well-formed Neighbor Solicitation from (`src_mac`, `src`) for `target`, to
+/// its solicited-node group, with a source link-layer address option unless
+/// `src` is the unspecified address (duplicate address detection).
+pub fn neighbor_solicitation(src_mac: Mac, vlan: Option<u16>, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let group = solicited_node(target);
+    let opts = if src.is_unspecified() { Vec::new() } else { ll_option(1, src_mac) };
+    ipv6(multicast_mac(group), src_mac, vlan, (src, group), 255, 58, &nd_message(ND_NS, 0, 0, target, &opts))
+}
+
+/// A Neighbor Advertisement for `target` at `tlla` (option left out when None).
+pub fn neighbor_advertisement(
+    dst_mac: Mac,
+    src_mac: Mac,
+    vlan: Option<u16>,
+    (src, dst): (Ipv6Addr, Ipv6Addr),
+    flags: u8,
+    target: Ipv6Addr,
+    tlla: Option<Mac>,
+) -> Vec<u8> {
+    let opts = tlla.map(|m| ll_option(2, m)).unwrap_or_default();
+    ipv6(dst_mac, src_mac, vlan, (src, dst), 255, 58, &nd_message(ND_NA, 0, flags, target, &opts))
+}
+
+/// The advertisement RFC 4861 7.2.4 owes to the solicitation `ns` (untagged or
+/// one tag, kept) from `our_mac`: Solicited and Override set, to the soliciting
+/// node, or Override alone to all-nodes when it came from the unspecified
+/// address; our MAC as the target link-layer address.
+pub fn neighbor_advertisement_for(ns: &[u8], our_mac: Mac) -> Vec<u8> {
+    let tagged = ns[12..14] == [0x81, 0x00];
+    let (off, vlan) = if tagged { (18, Some(u16::from_be_bytes([ns[14], ns[15]]) & 0xfff)) } else { (14, None) };
+    let ip = &ns[off..];
+    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).unwrap());
+    let target = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[48..64]).unwrap());
+    let (dst_mac, dst, flags) = if src.is_unspecified() {
+        ([0x33, 0x33, 0, 0, 0, 1], Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), NA_OVERRIDE)
+    } else {
+        (ns[6..12].try_into().unwrap(), src, NA_SOLICITED | NA_OVERRIDE)
+    };
+    let mut na = neighbor_advertisement(dst_mac, our_mac, vlan, (target, dst), flags, target, Some(our_mac));
+    if tagged {
+        na[14..16].copy_from_slice(&ns[14..16]); // the whole tag (priority bits too)
+    }
+    na
 }

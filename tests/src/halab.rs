@@ -523,13 +523,14 @@ impl HaLab {
         self.nodes[i].ns.run(|| agent_http("/metrics")).unwrap_or_default()
     }
 
-    /// VIP → owner as node `i` sees it.
+    /// IPv4 VIP → owner as node `i` sees it.
     pub fn owners_seen_by(&self, i: usize) -> Option<BTreeMap<Ipv4Addr, String>> {
-        Some(self.status(i)?.owners)
+        Some(self.status(i)?.owners.into_iter().filter_map(|(v, o)| Some((v4(v)?, o))).collect())
     }
 
+    /// The IPv4 VIPs node `i` holds.
     pub fn held_by(&self, i: usize) -> Vec<Ipv4Addr> {
-        self.status(i).map(|s| s.held).unwrap_or_default()
+        self.status(i).map(|s| s.held.into_iter().filter_map(v4).collect()).unwrap_or_default()
     }
 
     /// Waits until the nodes in `up` agree on owners, each VIP is owned by one of
@@ -882,5 +883,12 @@ impl FailoverWatch {
             broken: broken.iter().filter(|b| **b).count(),
         };
         Ok((outage, conns, broken))
+    }
+}
+
+fn v4(a: std::net::IpAddr) -> Option<Ipv4Addr> {
+    match a {
+        std::net::IpAddr::V4(v) => Some(v),
+        std::net::IpAddr::V6(_) => None,
     }
 }

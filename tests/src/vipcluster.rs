@@ -143,7 +143,7 @@ pub fn holder(c: &Cluster, vip: Ipv4Addr, limit: Duration) -> Result<String> {
     poll(&format!("one owner of {vip} agreed by every agent"), limit, || {
         let mut owners = Vec::new();
         for i in 0..c.nodes().len() {
-            owners.push(status(c, i).ok().and_then(|s| s.owners.get(&vip).cloned()));
+            owners.push(status(c, i).ok().and_then(|s| s.owners.get(&vip.into()).cloned()));
         }
         Ok(match owners.first() {
             Some(Some(o)) if owners.iter().all(|x| x.as_ref() == Some(o)) => Some(o.clone()),
@@ -462,7 +462,7 @@ pub fn cut_link_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultRepo
     c.segment().isolate(&c.node(v).ns, true)?;
     let others: Vec<usize> = (0..c.nodes().len()).filter(|i| *i != v).collect();
     let moved = poll("the VIP moved off the cut node", Duration::from_secs(10), || {
-        let owners: Vec<Option<String>> = others.iter().map(|i| status(c, *i).ok().and_then(|s| s.owners.get(&vip).cloned())).collect();
+        let owners: Vec<Option<String>> = others.iter().map(|i| status(c, *i).ok().and_then(|s| s.owners.get(&vip.into()).cloned())).collect();
         Ok(match owners.first() {
             Some(Some(o)) if *o != victim && owners.iter().all(|x| x.as_ref() == Some(o)) => Some(o.clone()),
             _ => None,

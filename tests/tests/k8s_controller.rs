@@ -244,7 +244,7 @@ async fn vips_no_node_holds_are_reported_on_the_pool_and_the_service(api: Backen
     let (_lead, leading) = watch::channel(true);
     let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
     eventually("web allocated", || ingress_ips(&api).contains_key("shop/web")).await;
-    let vip: std::net::Ipv4Addr = ingress_ips(&api)["shop/web"].parse().unwrap();
+    let vip: std::net::IpAddr = ingress_ips(&api)["shop/web"].parse().unwrap();
     owners.send_replace(BTreeMap::from([(vip, "node-1".to_owned())]));
     eventually("held", || pool_condition(&api, "p", "Held").is_some_and(|c| c.0 == "True")).await;
 
@@ -252,7 +252,7 @@ async fn vips_no_node_holds_are_reported_on_the_pool_and_the_service(api: Backen
     // (both of them; only the one in use is reported).
     let why = r#"no node may hold VipPool "p"'s addresses: none of the 0 node(s) in use matches its nodeSelector and tolerations; left out: node-1 (labelled node.kubernetes.io/exclude-from-external-load-balancers)"#;
     owners.send_replace(BTreeMap::new());
-    let other: std::net::Ipv4Addr = if vip.octets()[3] == 10 { "198.18.1.11" } else { "198.18.1.10" }.parse().unwrap();
+    let other: std::net::IpAddr = if vip.to_string().ends_with(".10") { "198.18.1.11" } else { "198.18.1.10" }.parse().unwrap();
     unheld.send_replace(BTreeMap::from([(vip, why.to_owned()), (other, why.to_owned())]));
     eventually("not held", || pool_condition(&api, "p", "Held").is_some_and(|c| c.0 == "False")).await;
     assert_eq!(pool_condition(&api, "p", "Held").unwrap().1, format!("1 VIP(s) in use held by no node, not answered: {vip}: {why}"));

@@ -146,7 +146,7 @@ fn vips_live_on_their_own_segment_or_vlan_and_spread_over_every_node() {
         let s = status(n).unwrap();
         assert!(s.host_problems.is_empty(), "host problems: {:?}", s.host_problems);
     }
-    let owner = |v: Ipv4Addr| &nodes[owners[&v]].ns;
+    let owner = |v: Ipv4Addr| &nodes[owners[&v.into()]].ns;
 
     // Each VIP is answered on its own network, by its owner's interface there, only.
     assert_eq!(answers(&client_a, "eth0", VIP_A), BTreeSet::from([mac(owner(VIP_A), "eth0")]), "VIP a on segment A");
@@ -225,7 +225,7 @@ fn vips_live_on_their_own_segment_or_vlan_and_spread_over_every_node() {
         .sum();
     assert!(home_forwards > 0.0, "no forward counted forwarded_home");
     // inspect names the networks VIPs are held on.
-    let n = &nodes[owners[&VIP_V]];
+    let n = &nodes[owners[&VIP_V.into()]];
     let o = n.ns.cmd(exe.to_str().unwrap()).args(["--pin-dir", n._pins.path.to_str().unwrap(), "inspect"]).output().unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.lines().any(|l| l.contains("eth0 VLAN 30") && l.contains(&VIP_V.to_string())), "inspect:\n{text}");

@@ -1,7 +1,7 @@
 //! Packet fixtures through BPF_PROG_TEST_RUN: input frame, expected verdict,
 //! expected output frame, byte for byte. Then truncations and random mutations
 //! of every fixture: the program must never transmit a frame it did not build.
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use vip_agent::{
@@ -38,6 +38,16 @@ const VLAN: u16 = 42;
 const VLAN_IFINDEX: u32 = 4242;
 const VLAN_MAC: Mac = [0x02, 0, 0, 0, 0x42, 0x01];
 const TABLE: u32 = 251;
+// IPv6 VIPs (the lab prefix 2001:2::/48), held as their IPv4 twins above.
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
+const CLIENT6_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xaa);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x100);
+const VIP6_STALE: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x101);
+const VIP6_NOT_HELD: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x102);
+const VIP6_LO: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x105);
+const VIP6_VLAN: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 0x100);
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+const ALL_NODES_MAC: Mac = [0x33, 0x33, 0, 0, 0, 1];
 
 fn backend(i: u8) -> BackendSpec {
     BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
@@ -61,10 +71,14 @@ fn world() -> World {
         dp.hold_vip(IFINDEX, v, hour).unwrap();
     }
     dp.hold_vip(IFINDEX, VIP_STALE, 1).unwrap();
-    dp.held().hold(IFINDEX, VIP_LO, hour, vip_agent::dataplane::Announce::Lo).unwrap();
+    dp.held().hold(IFINDEX, VIP_LO.into(), hour, vip_agent::dataplane::Announce::Lo).unwrap();
+    dp.hold_vip(IFINDEX, VIP6, hour).unwrap();
+    dp.hold_vip(IFINDEX, VIP6_STALE, 1).unwrap();
+    dp.held().hold(IFINDEX, VIP6_LO.into(), hour, vip_agent::dataplane::Announce::Lo).unwrap();
     dp.set_iface(VLAN_IFINDEX, VLAN_MAC).unwrap();
     dp.set_vlan(IFINDEX, VLAN, VLAN_IFINDEX).unwrap();
     dp.hold_vip(VLAN_IFINDEX, VIP_VLAN, hour).unwrap();
+    dp.hold_vip(VLAN_IFINDEX, VIP6_VLAN, hour).unwrap();
     let three = [backend(1), backend(2), backend(3)];
     for s in [
         svc(VIP, 80, PROTO_TCP),
@@ -272,12 +286,130 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
         Case { name: "tcp to VIP on a port without service: passed", input: tcp(VIP, 40000, 81, None), verdict: XDP_PASS, output: None },
         Case { name: "tcp to a non-VIP address: passed", input: tcp(OTHER, 40000, 80, None), verdict: XDP_PASS, output: None },
         Case { name: "icmp echo to VIP: local stack", input: frames::icmp_echo(OUR_MAC, CLIENT_MAC, CLIENT, VIP), verdict: XDP_PASS, output: None },
-        Case {
-            name: "ipv6 frame: passed",
-            input: frames::eth(OUR_MAC, CLIENT_MAC, None, 0x86dd).into_iter().chain([0x60, 0, 0, 0]).collect(),
-            verdict: XDP_PASS,
-            output: None,
-        },
+    ]
+    .into_iter()
+    .chain(ndp_cases().into_iter().map(|(c, _)| c))
+    .collect()
+}
+
+/// The advertisement owed to a solicitation from (CLIENT_MAC, `to`) for `vip`,
+/// built from scratch (not from the solicitation): Solicited and Override.
+fn advert(vip: Ipv6Addr, to: Ipv6Addr, ours: Mac, vlan: Option<u16>) -> Vec<u8> {
+    frames::neighbor_advertisement(CLIENT_MAC, ours, vlan, (vip, to), frames::NA_SOLICITED | frames::NA_OVERRIDE, vip, Some(ours))
+}
+
+/// `frame` with its IPv6 hop limit (untagged) set to `hop`.
+fn with_hop_limit(frame: &[u8], hop: u8) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[14 + 7] = hop;
+    f
+}
+
+/// IPv6 neighbour discovery cases, each with the reason it is counted under.
+fn ndp_cases() -> Vec<(Case, &'static str)> {
+    use frames::{ipv6, ll_option, nd_message, neighbor_solicitation as ns, solicited_node, ND_NS};
+    let slla = ll_option(1, CLIENT_MAC);
+    // A solicitation for VIP6 from CLIENT6 to its solicited-node group with `opts`.
+    let ns_opts = |opts: &[u8]| {
+        ipv6(frames::multicast_mac(solicited_node(VIP6)), CLIENT_MAC, None, (CLIENT6, solicited_node(VIP6)), 255, 58, &nd_message(ND_NS, 0, 0, VIP6, opts))
+    };
+    let nonce = [14u8, 1, 1, 2, 3, 4, 5, 6];
+    let with_nonce: Vec<u8> = slla.iter().chain(&nonce).copied().collect();
+    let unicast_probe = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 255, 58, &nd_message(ND_NS, 0, 0, VIP6, &slla));
+    let prio = ns(CLIENT_MAC, Some(0), CLIENT6, VIP6);
+    let mut prio_answer = advert(VIP6, CLIENT6, OUR_MAC, Some(0));
+    prio_answer[14..16].copy_from_slice(&prio[14..16]);
+    let mut padded = ns_opts(&[]);
+    padded.extend_from_slice(&[0; 8]);
+    let mut code1 = ns(CLIENT_MAC, None, CLIENT6, VIP6);
+    code1[14 + 40 + 1] = 1; // checksum left stale: code is checked first all the same
+    let short = ipv6(
+        frames::multicast_mac(solicited_node(VIP6)),
+        CLIENT_MAC,
+        None,
+        (CLIENT6, solicited_node(VIP6)),
+        255,
+        58,
+        &nd_message(ND_NS, 0, 0, VIP6, &[])[..20],
+    );
+    let group_target = ALL_NODES;
+    let mcast_target = ipv6(
+        frames::multicast_mac(solicited_node(group_target)),
+        CLIENT_MAC,
+        None,
+        (CLIENT6, solicited_node(group_target)),
+        255,
+        58,
+        &nd_message(ND_NS, 0, 0, group_target, &slla),
+    );
+    let mut ns_cut = ns(CLIENT_MAC, None, CLIENT6, VIP6);
+    ns_cut.truncate(ns_cut.len() - 8); // the payload length still counts the option
+    let dad_slla = ipv6(
+        frames::multicast_mac(solicited_node(VIP6)),
+        CLIENT_MAC,
+        None,
+        (Ipv6Addr::UNSPECIFIED, solicited_node(VIP6)),
+        255,
+        58,
+        &nd_message(ND_NS, 0, 0, VIP6, &slla),
+    );
+    let dad_unicast = ipv6(OUR_MAC, CLIENT_MAC, None, (Ipv6Addr::UNSPECIFIED, VIP6), 255, 58, &nd_message(ND_NS, 0, 0, VIP6, &[]));
+    let to_all_nodes = ipv6(ALL_NODES_MAC, CLIENT_MAC, None, (CLIENT6, ALL_NODES), 255, 58, &nd_message(ND_NS, 0, 0, VIP6, &slla));
+    let other_group = ipv6(
+        frames::multicast_mac(solicited_node(VIP6_STALE)),
+        CLIENT_MAC,
+        None,
+        (CLIENT6, solicited_node(Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0x1234, 0x5678))),
+        255,
+        58,
+        &nd_message(ND_NS, 0, 0, VIP6, &slla),
+    );
+    let echo = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 58, &[128, 0, 0, 0, 0, 1, 0, 1]);
+    let udp6 = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 17, &frames::udp_header(5353, 53, b"query"));
+    let rs = ipv6(ALL_NODES_MAC, CLIENT_MAC, None, (CLIENT6_LL, Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2)), 255, 58, &[133, 0, 0, 0, 0, 0, 0, 0]);
+    let tx = |name, input, output| (Case { name, input, verdict: XDP_TX, output: Some(output) }, "ndp_answered");
+    let pass = |name, input, reason| (Case { name, input, verdict: XDP_PASS, output: None }, reason);
+    vec![
+        tx(
+            "ns for a held IPv6 VIP: advertisement, S+O, our MAC as target link-layer address",
+            ns(CLIENT_MAC, None, CLIENT6, VIP6),
+            advert(VIP6, CLIENT6, OUR_MAC, None),
+        ),
+        tx("ns from a link-local address: answered to it", ns(CLIENT_MAC, None, CLIENT6_LL, VIP6), advert(VIP6, CLIENT6_LL, OUR_MAC, None)),
+        tx("unicast ns to the VIP itself (reachability probe): answered", unicast_probe, advert(VIP6, CLIENT6, OUR_MAC, None)),
+        tx("ns without options: the frame grows to the advertisement", ns_opts(&[]), advert(VIP6, CLIENT6, OUR_MAC, None)),
+        tx("ns with a nonce option: the frame shrinks to the advertisement", ns_opts(&with_nonce), advert(VIP6, CLIENT6, OUR_MAC, None)),
+        tx("ns with Ethernet padding past its payload: answered, padding gone", padded, advert(VIP6, CLIENT6, OUR_MAC, None)),
+        tx(
+            "duplicate address detection (from ::): advertisement to all-nodes, Override only",
+            ns(CLIENT_MAC, None, Ipv6Addr::UNSPECIFIED, VIP6),
+            frames::neighbor_advertisement(ALL_NODES_MAC, OUR_MAC, None, (VIP6, ALL_NODES), frames::NA_OVERRIDE, VIP6, Some(OUR_MAC)),
+        ),
+        tx(
+            "ns in VLAN 42 for a VIP of VLAN 42: answered in VLAN 42 with its MAC",
+            ns(CLIENT_MAC, Some(VLAN), CLIENT6, VIP6_VLAN),
+            advert(VIP6_VLAN, CLIENT6, VLAN_MAC, Some(VLAN)),
+        ),
+        tx("priority-tagged ns for a VIP of the untagged network: answered, tag kept", prio, prio_answer),
+        pass("ns in VLAN 42 for a VIP of the untagged network", ns(CLIENT_MAC, Some(VLAN), CLIENT6, VIP6), "ndp_not_held"),
+        pass("untagged ns for a VIP of VLAN 42", ns(CLIENT_MAC, None, CLIENT6, VIP6_VLAN), "ndp_not_held"),
+        pass("ns for an unheld address", ns(CLIENT_MAC, None, CLIENT6, VIP6_NOT_HELD), "ndp_not_held"),
+        pass("ns for a stale VIP (fenced)", ns(CLIENT_MAC, None, CLIENT6, VIP6_STALE), "ndp_stale"),
+        pass("ns for a VIP announced from lo", ns(CLIENT_MAC, None, CLIENT6, VIP6_LO), "ndp_not_announced"),
+        pass("ns with hop limit 254 (through a router)", with_hop_limit(&ns(CLIENT_MAC, None, CLIENT6, VIP6), 254), "ndp_invalid"),
+        pass("ns with code 1", code1, "ndp_invalid"),
+        pass("ns of 20 bytes (shorter than 24)", short, "ndp_invalid"),
+        pass("ns for a multicast target", mcast_target, "ndp_invalid"),
+        pass("ns with a zero-length option", ns_opts(&[1, 0, 2, 0, 0, 0, 0, 0xaa]), "ndp_invalid"),
+        pass("ns whose option runs past its end", ns_opts(&[14, 2, 1, 2, 3, 4, 5, 6]), "ndp_invalid"),
+        pass("ns whose payload length runs past the frame", ns_cut, "ndp_invalid"),
+        pass("duplicate address detection with a source link-layer option", dad_slla, "ndp_invalid"),
+        pass("duplicate address detection not to the solicited-node group", dad_unicast, "ndp_invalid"),
+        pass("ns to all-nodes", to_all_nodes, "ndp_invalid"),
+        pass("ns to another target's solicited-node group", other_group, "ndp_invalid"),
+        pass("icmpv6 echo to an IPv6 VIP: the stack's", echo, "passed_other"),
+        pass("udp to an IPv6 VIP: passed (no IPv6 balancing yet)", udp6, "passed_other"),
+        pass("router solicitation: the kernel's", rs, "ndp_other"),
     ]
 }
 
@@ -309,6 +441,72 @@ fn fixtures_byte_for_byte() {
     assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
 }
 
+/// Every NDP case is counted under its reason, with the bytes its headers give.
+#[test]
+fn ndp_cases_are_counted_by_reason() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    for (c, reason) in ndp_cases() {
+        let before = w.dp.counters().unwrap().reasons[reason];
+        let (verdict, out, _) = w.dp.test_run(&c.input, 1, None).unwrap();
+        assert_eq!(verdict, c.verdict, "{}: verdict", c.name);
+        assert_eq!(out, c.output.clone().unwrap_or_else(|| c.input.clone()), "{}: output frame", c.name);
+        let after = w.dp.counters().unwrap().reasons[reason];
+        let l2 = if c.input[12..14] == [0x81, 0x00] { 18 } else { 14 };
+        let bytes = (l2 + 40 + usize::from(u16::from_be_bytes([c.input[l2 + 4], c.input[l2 + 5]]))) as u64;
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, bytes), "{}: {reason} (packets, bytes)", c.name);
+    }
+}
+
+/// The unsolicited advertisement the agent sends on takeover (through the
+/// gratuitous ARP sender) is the one RFC 4861 7.2.6 describes, byte for byte.
+#[test]
+fn the_agents_unsolicited_advertisement_is_well_formed() {
+    let got = vip_agent::ha::garp::unsolicited_na_frame(OUR_MAC, VIP6);
+    let want = frames::neighbor_advertisement(ALL_NODES_MAC, OUR_MAC, None, (VIP6, ALL_NODES), frames::NA_OVERRIDE, VIP6, Some(OUR_MAC));
+    assert_eq!(got.to_vec(), want);
+    assert_eq!(vip_agent::ha::garp::announcement_frame(OUR_MAC, VIP6.into()), want);
+}
+
+/// NDP conflict detection, as ARP's: a Neighbor Advertisement in which another
+/// MAC (its target link-layer option, else its source) claims a VIP we hold
+/// fresh on that network is counted (`ndp_conflict`, `ndp_conflicts`) and passed.
+#[test]
+fn ndp_conflicts_are_counted() {
+    if !privileged() {
+        return;
+    }
+    const INTRUDER: Mac = [0x02, 0, 0, 0, 0, 0xbb];
+    let o = frames::NA_OVERRIDE;
+    let na = |src_mac, vip, tlla, vlan, flags| frames::neighbor_advertisement(ALL_NODES_MAC, src_mac, vlan, (CLIENT6_LL, ALL_NODES), flags, vip, tlla);
+    let table: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("foreign unsolicited advertisement for a held VIP", na(INTRUDER, VIP6, Some(INTRUDER), None, o), true),
+        ("foreign advertisement without target option, from another MAC", na(INTRUDER, VIP6, None, None, o), true),
+        ("foreign advertisement in VLAN 42 for its VIP", na(INTRUDER, VIP6_VLAN, Some(INTRUDER), Some(VLAN), o), true),
+        ("foreign advertisement in VLAN 42 for a VIP of the untagged network", na(INTRUDER, VIP6, Some(INTRUDER), Some(VLAN), o), false),
+        ("advertisement naming our MAC", na(INTRUDER, VIP6, Some(OUR_MAC), None, o), false),
+        ("our own advertisement in VLAN 42", na(VLAN_MAC, VIP6_VLAN, Some(VLAN_MAC), Some(VLAN), o), false),
+        ("foreign advertisement for a VIP not held here", na(INTRUDER, VIP6_NOT_HELD, Some(INTRUDER), None, o), false),
+        ("foreign advertisement for a stale VIP", na(INTRUDER, VIP6_STALE, Some(INTRUDER), None, o), false),
+        ("foreign advertisement with hop limit 64 (invalid)", with_hop_limit(&na(INTRUDER, VIP6, Some(INTRUDER), None, o), 64), false),
+        ("foreign solicited advertisement to a group (invalid)", na(INTRUDER, VIP6, Some(INTRUDER), None, o | frames::NA_SOLICITED), false),
+    ];
+    let mut w = world();
+    for (name, frame, conflict) in table {
+        let before = w.dp.counters().unwrap().reasons["ndp_conflict"];
+        let (verdict, out, _) = w.dp.test_run(&frame, 1, None).unwrap();
+        assert_eq!(verdict, XDP_PASS, "{name}: verdict");
+        assert_eq!(out, frame, "{name}: frame changed");
+        let after = w.dp.counters().unwrap().reasons["ndp_conflict"];
+        assert_eq!(after.0, before.0 + u64::from(conflict), "{name}: ndp_conflict counter");
+    }
+    let held = w.dp.held_ref();
+    assert_eq!(held.conflicts(IFINDEX).unwrap().get(&VIP6.into()), Some(&2), "per VIP, untagged");
+    assert_eq!(held.conflicts(VLAN_IFINDEX).unwrap().get(&VIP6_VLAN.into()), Some(&1), "per VIP, VLAN 42");
+}
+
 /// What the counters count as bytes: the layer-2 header plus the layer-3 length the
 /// headers give (IPv4 total length, 28 for ARP), so Ethernet padding is not counted
 /// (the program reads no frame length on these paths); other frames, and malformed
@@ -324,13 +522,14 @@ fn counters_count_layer2_and_layer3_lengths() {
     let tcp_vlan_opts = frames::with_ip_options(&frames::tcp(OUR_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 41001), (VIP_VLAN, 80)), 3);
     let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP_VLAN, Some(VLAN));
     let arp_4000 = frames::arp_request(CLIENT_MAC, CLIENT, VIP, Some(4000));
-    let ipv6: Vec<u8> = frames::eth(OUR_MAC, CLIENT_MAC, None, 0x86dd).into_iter().chain([0x60, 0, 0, 0]).collect();
-    let table: [(&str, Vec<u8>, &str, u64); 7] = [
+    let udp6 = frames::ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 17, &frames::udp_header(5353, 53, b"q"));
+    let table: [(&str, Vec<u8>, &str, u64); 8] = [
         ("padded tcp, first packet", pad(&tcp, 80), "forwarded", tcp.len() as u64),
         ("padded tcp, cached", pad(&tcp, 80), "forwarded", tcp.len() as u64),
         ("tcp in VLAN 42 with options, padded", pad(&tcp_vlan_opts, 100), "forwarded", tcp_vlan_opts.len() as u64),
         ("arp request in VLAN 42, padded", pad(&arp, 64), "arp_answered", arp.len() as u64),
-        ("ipv6 frame", pad(&ipv6, 64), "passed_other", 64),
+        ("ipv6 frame, padded", pad(&udp6, 100), "passed_other", udp6.len() as u64),
+        ("truncated IPv6 header", udp6[..40].to_vec(), "drop_malformed", 40),
         ("arp request in VLAN 4000, padded", pad(&arp_4000, 64), "passed_vlan_other", 64),
         ("truncated IPv4 header", tcp[..20].to_vec(), "drop_malformed", 20),
     ];
@@ -539,12 +738,45 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
                 let to: Mac = out[0..6].try_into().unwrap();
                 let ok = out.len() == input.len() && out[12..] == input[12..] && out[6..12] == ours && backend_macs.contains(&to);
                 ok.then_some(()).ok_or("forwarded frame altered beyond its MACs".into())
+            } else if ethertype == [0x86, 0xdd] {
+                let ndp_vips: &[Ipv6Addr] = if ours == VLAN_MAC { &[VIP6_VLAN] } else { &[VIP6] };
+                let target = owed_solicitation(&input[off..]).ok_or("TX of IPv6 that is not a valid neighbour solicitation")?;
+                if !ndp_vips.contains(&target) {
+                    return Err(format!("TX of an answer for {target}, not held on its network"));
+                }
+                (out == frames::neighbor_advertisement_for(input, ours)).then_some(()).ok_or("advertisement is not the one owed".into())
             } else {
-                Err("TX of a frame that is neither ARP nor IPv4".into())
+                Err("TX of a frame that is neither ARP, IPv4 nor IPv6".into())
             }
         }
         v => Err(format!("unexpected verdict {v}")),
     }
+}
+
+/// The target of `ip` (an IPv6 packet) if it is a Neighbor Solicitation that
+/// RFC 4861 7.1.1 (and vip: to the target or its solicited-node group) accepts:
+/// the test's own reading, against which the program's answers are checked.
+fn owed_solicitation(ip: &[u8]) -> Option<Ipv6Addr> {
+    let addr = |b: &[u8]| Ipv6Addr::from(<[u8; 16]>::try_from(b).unwrap());
+    let len = usize::from(u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]));
+    let msg = ip.get(40..40 + len)?;
+    if ip[0] >> 4 != 6 || ip[6] != 58 || ip[7] != 255 || len < 24 || msg[0] != 135 || msg[1] != 0 {
+        return None;
+    }
+    let (src, dst, target) = (addr(&ip[8..24]), addr(&ip[24..40]), addr(&msg[8..24]));
+    let (mut rest, mut slla, mut n) = (&msg[24..], false, 0);
+    while !rest.is_empty() {
+        let olen = usize::from(*rest.get(1)?) * 8;
+        n += 1;
+        if olen == 0 || olen > rest.len() || n > 8 {
+            return None;
+        }
+        slla |= rest[0] == 1;
+        rest = &rest[olen..];
+    }
+    let to_group = dst == frames::solicited_node(target);
+    let ok = !target.is_multicast() && if src.is_unspecified() { !slla && to_group } else { to_group || dst == target };
+    ok.then_some(target)
 }
 
 #[test]

@@ -91,7 +91,7 @@ pub struct AgentSection {
     pub node: String,
     pub config_generation: u64,
     pub config_error: Option<String>,
-    pub owners: BTreeMap<Ipv4Addr, String>,
+    pub owners: BTreeMap<std::net::IpAddr, String>,
     pub backends: Vec<HealthRow>,
     /// Service-ports the agent could not program, with why.
     pub unprogrammed: Vec<crate::status::UnprogrammedStatus>,
@@ -116,10 +116,11 @@ pub struct HeldRow {
     pub ifindex: u32,
     /// The network it is held on: an interface, or a VLAN of one.
     pub network: String,
-    pub vip: Ipv4Addr,
+    pub vip: std::net::IpAddr,
     /// Milliseconds until the deadline; negative once stale (not answered).
     pub expires_in_ms: i64,
-    /// `arp` (answered by the data path) or `lo` (announced by a routing daemon).
+    /// `arp` or `ndp` (answered by the data path: ARP, IPv6 neighbour
+    /// solicitations) or `lo` (announced by a routing daemon).
     pub announce: &'static str,
 }
 
@@ -185,7 +186,11 @@ pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -
         .entries()?
         .into_iter()
         .map(|e| {
-            let announce = if e.announce == Announce::Lo { "lo" } else { "arp" };
+            let announce = match (e.announce, e.vip) {
+                (Announce::Lo, _) => "lo",
+                (Announce::Arp, std::net::IpAddr::V4(_)) => "arp",
+                (Announce::Arp, std::net::IpAddr::V6(_)) => "ndp",
+            };
             HeldRow {
                 ifindex: e.ifindex,
                 network: crate::links::network_name(e.ifindex),

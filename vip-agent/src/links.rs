@@ -262,7 +262,12 @@ fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [
         return named_default(host, name);
     }
     let candidates = || host.iter().filter(|i| i.name != LOOPBACK);
-    if let Some(&first) = pool.addresses.first() {
+    // IPv4 only: the host's networks are read as IPv4 (an IPv6-only pool names
+    // its interface, or uses the default).
+    if let Some(first) = pool.addresses.iter().find_map(|a| match a {
+        std::net::IpAddr::V4(v) => Some(*v),
+        std::net::IpAddr::V6(_) => None,
+    }) {
         let longest = |i: &'a HostIface| i.nets.iter().filter(|&&n| contains(n, first)).map(|&(_, len)| len).max().map(|len| (len, i));
         // The longest prefix; among equals the first name (max_by keeps the last maximum).
         if let Some((_, i)) = candidates().filter_map(longest).max_by(|(la, a), (lb, b)| la.cmp(lb).then_with(|| b.name.cmp(&a.name))) {
@@ -357,7 +362,7 @@ mod tests {
         let first: Ipv4Addr = first.parse().unwrap();
         Pool {
             name: name.into(),
-            addresses: vec![first, Ipv4Addr::from(u32::from(first) + 1)],
+            addresses: vec![first.into(), Ipv4Addr::from(u32::from(first) + 1).into()],
             node_selector: Selector::from([("role".to_owned(), role.to_owned())]),
             tolerations: Vec::new(),
             announce: AnnounceMode::Arp,

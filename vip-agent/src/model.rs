@@ -1,6 +1,10 @@
 //! The one model of the world the agent acts on. The YAML file source
 //! (`config`) fills it today; the Kubernetes source fills the same types.
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -52,7 +56,7 @@ impl Toleration {
 pub struct Pool {
     pub name: String,
     /// Every address of the pool (ranges and CIDRs expanded, exclusions removed), sorted.
-    pub addresses: Vec<Ipv4Addr>,
+    pub addresses: Vec<IpAddr>,
     /// Nodes that may hold (answer ARP for) this pool's VIPs.
     pub node_selector: Selector,
     /// Taints of such nodes that do not make them ineligible.
@@ -258,17 +262,18 @@ impl World {
         self.nodes.iter().find(|n| n.name == name)
     }
 
-    pub fn pool_of(&self, vip: Ipv4Addr) -> Option<&Pool> {
+    pub fn pool_of(&self, vip: impl Into<IpAddr>) -> Option<&Pool> {
+        let vip = vip.into();
         self.pools.iter().find(|p| p.addresses.binary_search(&vip).is_ok())
     }
 
     /// How `vip` is announced (its pool's mode; ARP outside every pool).
-    pub fn announce_mode(&self, vip: Ipv4Addr) -> AnnounceMode {
+    pub fn announce_mode(&self, vip: impl Into<IpAddr>) -> AnnounceMode {
         self.pool_of(vip).map_or(AnnounceMode::Arp, |p| p.announce)
     }
 
     /// The gratuitous ARP settings of `vip`: its pool's, else the world's.
-    pub fn garp(&self, vip: Ipv4Addr) -> Garp {
+    pub fn garp(&self, vip: impl Into<IpAddr>) -> Garp {
         self.pool_of(vip).and_then(|p| p.garp).unwrap_or(self.announce.garp)
     }
 

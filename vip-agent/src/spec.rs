@@ -267,8 +267,18 @@ pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[AddrEntry]) 
             return invalid(format!("{p}.excludedIPs[{k}]"), format!("{what} is not in this pool's addresses"));
         }
     }
+    // The first address of an IPv6 prefix is its subnet-router anycast address
+    // (RFC 4291 2.6.1), which routers of the link answer: never a VIP, whatever
+    // the other entries say. A /127 or /128 has none (RFC 6164).
+    for e in addresses {
+        if let AddrEntry::Net(IpNet::V6(n)) = e {
+            if n.prefix_len() < 127 {
+                set.remove(IpAddr::V6(n.network()));
+            }
+        }
+    }
     if set.is_empty() {
-        return invalid(format!("{p}.addresses"), "the pool has no address left after exclusions");
+        return invalid(format!("{p}.addresses"), "the pool has no address left after exclusions and subnet-router anycast (IPv6) addresses");
     }
     Ok(set)
 }

@@ -1,6 +1,10 @@
 //! The agent's published view (status file, `/status`): what `inspect`, the
 //! labs and humans read. Below both the agent, which writes it, and `inspect`.
-use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -21,8 +25,8 @@ pub struct Status {
     pub updated_unix_ms: u64,
     pub config: ConfigStatus,
     /// VIP → owner node.
-    pub owners: BTreeMap<Ipv4Addr, String>,
-    pub held: Vec<Ipv4Addr>,
+    pub owners: BTreeMap<IpAddr, String>,
+    pub held: Vec<IpAddr>,
     pub services: Vec<ServiceStatus>,
     /// Service-ports the model wants that could not be programmed, with why
     /// (retried every second and after every change).

@@ -22,7 +22,9 @@ pub mod map_names {
     pub const FLOW_CACHE_CTL: &str = "lb4_flow_cache_ctl";
     pub const VLANS: &str = "lb_vlans";
     pub const HOME: &str = "lb_home";
-    pub const ALL: [&str; 16] = [
+    pub const HELD6: &str = "ndp_held";
+    pub const CONFLICTS6: &str = "ndp_conflicts";
+    pub const ALL: [&str; 18] = [
         IFACES,
         HELD,
         CONFLICTS,
@@ -39,6 +41,8 @@ pub mod map_names {
         VLANS,
         HOME,
         VIP_FILTER,
+        HELD6,
+        CONFLICTS6,
     ];
 }
 
@@ -138,6 +142,17 @@ pub struct ArpHeldKey {
     pub ifindex: u32,
     /// IPv4 address, network byte order.
     pub vip: [u8; 4],
+}
+
+/// `ndp_held` key: an IPv6 VIP held on one interface (as [`ArpHeldKey`]; its
+/// value is an [`ArpHeldVip`] too). A map of its own, so that the IPv4 key and
+/// the IPv4 path's lookups stay as they are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct NdpHeldKey {
+    pub ifindex: u32,
+    /// IPv6 address, network byte order.
+    pub vip: [u8; 16],
 }
 
 /// `arp_held` value: until when the agent vouches for holding the VIP, and the
@@ -361,10 +376,17 @@ pub enum Reason {
     DropGroupNotOwner = 16,
     PassedVlanOther = 17,
     ForwardedHome = 18,
+    NdpAnswered = 19,
+    NdpNotHeld = 20,
+    NdpStale = 21,
+    NdpOther = 22,
+    NdpInvalid = 23,
+    NdpConflict = 24,
+    NdpNotAnnounced = 25,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 19;
+    pub const COUNT: u32 = 26;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -385,6 +407,13 @@ impl Reason {
         Reason::DropGroupNotOwner,
         Reason::PassedVlanOther,
         Reason::ForwardedHome,
+        Reason::NdpAnswered,
+        Reason::NdpNotHeld,
+        Reason::NdpStale,
+        Reason::NdpOther,
+        Reason::NdpInvalid,
+        Reason::NdpConflict,
+        Reason::NdpNotAnnounced,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -408,6 +437,13 @@ impl Reason {
             Reason::DropGroupNotOwner => "drop_group_not_owner",
             Reason::PassedVlanOther => "passed_vlan_other",
             Reason::ForwardedHome => "forwarded_home",
+            Reason::NdpAnswered => "ndp_answered",
+            Reason::NdpNotHeld => "ndp_not_held",
+            Reason::NdpStale => "ndp_stale",
+            Reason::NdpOther => "ndp_other",
+            Reason::NdpInvalid => "ndp_invalid",
+            Reason::NdpConflict => "ndp_conflict",
+            Reason::NdpNotAnnounced => "ndp_not_announced",
         }
     }
 }
@@ -416,7 +452,7 @@ impl Reason {
     /// What the program does with a frame counted under this reason.
     pub const fn verdict(self) -> &'static str {
         match self {
-            Reason::ArpAnswered | Reason::Forwarded => "XDP_TX",
+            Reason::ArpAnswered | Reason::Forwarded | Reason::NdpAnswered => "XDP_TX",
             Reason::ForwardedHome => "XDP_TX or XDP_REDIRECT",
             Reason::DropMalformed | Reason::DropNoBackend | Reason::ArpNotAnnounced | Reason::DropGroupNotOwner => "XDP_DROP",
             Reason::FlowRehashed => "(an event, counted besides the verdict)",
@@ -430,7 +466,13 @@ impl Reason {
             | Reason::PassedFragmentNoService
             | Reason::PassedOther
             | Reason::ArpConflict
-            | Reason::PassedVlanOther => "XDP_PASS",
+            | Reason::PassedVlanOther
+            | Reason::NdpNotHeld
+            | Reason::NdpStale
+            | Reason::NdpOther
+            | Reason::NdpInvalid
+            | Reason::NdpConflict
+            | Reason::NdpNotAnnounced => "XDP_PASS",
         }
     }
 
@@ -466,14 +508,16 @@ impl Reason {
             Reason::PassedFragmentNoService => {
                 "An IPv4 fragment to an address and protocol without a VIP service: passed. (Fragments of VIP services go to one backend per datagram.)"
             }
-            Reason::DropMalformed => "A frame whose Ethernet, VLAN, ARP or IPv4 header is truncated or invalid: dropped.",
+            Reason::DropMalformed => "A frame whose Ethernet, VLAN, ARP, IPv4 or IPv6 header is truncated or invalid: dropped.",
             Reason::DropNoBackend => {
                 "A new flow to a VIP service this node holds whose ring has no backend (no ready, healthy backend node with a known MAC): dropped. See the service's backends and their health with `vip-agent inspect`."
             }
             Reason::FlowRehashed => {
                 "An event, not a verdict: a flow whose recorded backend has left (unhealthy, drained or removed) was placed on the service's ring again; its connection most likely breaks."
             }
-            Reason::PassedOther => "A frame that is neither ARP nor IPv4 (IPv6, LLDP, ...): passed.",
+            Reason::PassedOther => {
+                "A frame that is neither ARP, IPv4 nor IPv6 neighbour discovery (other IPv6 traffic, which is not balanced yet; LLDP, ...): passed."
+            }
             Reason::ArpConflict => {
                 "An ARP reply or gratuitous ARP in which another MAC claims a VIP this node holds: two nodes answer for it (a second load balancer, a host with the VIP configured, a partitioned peer). Passed; the agent re-announces the VIP and counts vip_arp_conflicts_total."
             }
@@ -488,6 +532,27 @@ impl Reason {
             }
             Reason::ForwardedHome => {
                 "A packet to a VIP of another network than the node's home (another interface, a VLAN), forwarded to its backend out of the home interface, untagged."
+            }
+            Reason::NdpAnswered => {
+                "An IPv6 Neighbor Solicitation for a VIP this node holds, fresh, on the network it arrived on: answered by the data path with a Neighbor Advertisement (Solicited and Override set, our MAC as target link-layer address; to all-nodes for duplicate address detection)."
+            }
+            Reason::NdpNotHeld => {
+                "A valid Neighbor Solicitation for an address this node does not hold on that network (another node's VIP, or no VIP at all): passed to the kernel, which answers for its own addresses."
+            }
+            Reason::NdpStale => {
+                "A Neighbor Solicitation for a VIP this node holds past its deadline: not answered, passed (fenced, as `arp_stale`)."
+            }
+            Reason::NdpOther => {
+                "A Neighbor Advertisement that claims no VIP of ours, or a neighbour discovery message the program leaves to the kernel: passed untouched."
+            }
+            Reason::NdpInvalid => {
+                "A Neighbor Solicitation or Advertisement that fails RFC 4861's checks (hop limit not 255, code not 0, too short, multicast target, an option of length zero or past the end, a source link-layer option from the unspecified address, a destination that is neither the target nor its solicited-node group): not answered, passed (the kernel discards it too)."
+            }
+            Reason::NdpConflict => {
+                "A Neighbor Advertisement in which another MAC claims a VIP this node holds: two nodes answer for it. Passed; the agent re-announces the VIP (as for `arp_conflict`) and counts vip_arp_conflicts_total."
+            }
+            Reason::NdpNotAnnounced => {
+                "A Neighbor Solicitation for a VIP of an `announce: lo` pool that this node holds: not answered (a routing daemon announces the VIP), passed; Linux answers solicitations only for the receiving interface's own addresses, so a VIP on lo is not answered by the kernel either."
             }
         }
     }
@@ -525,6 +590,7 @@ mod pod {
     // SAFETY: all of these are repr(C), Copy, with explicit padding and no pointers.
     unsafe impl aya::Pod for LbIface {}
     unsafe impl aya::Pod for ArpHeldKey {}
+    unsafe impl aya::Pod for NdpHeldKey {}
     unsafe impl aya::Pod for LbVlanKey {}
     unsafe impl aya::Pod for LbHome {}
     unsafe impl aya::Pod for ArpHeldVip {}

@@ -1,11 +1,13 @@
-//! vip XDP program: answers ARP for the VIPs this node holds and spreads VIP
-//! traffic over backend nodes with Maglev rings (README, "The data path").
+//! vip XDP program: answers ARP and IPv6 neighbour solicitations for the VIPs
+//! this node holds and spreads IPv4 VIP traffic over backend nodes with Maglev
+//! rings (README, "The data path").
 #![no_std]
 #![no_main]
 
 mod arp;
 mod lb4;
 mod maps;
+mod ndp;
 mod parse;
 mod stats;
 
@@ -73,13 +75,16 @@ fn try_vip_xdp(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
     }
 }
 
-/// ARP or IPv4 behind an `L2`-byte layer-2 header, received on the network of
-/// `ifindex` (an interface, or a VLAN's sub-interface).
+/// ARP, IPv4 or IPv6 behind an `L2`-byte layer-2 header, received on the
+/// network of `ifindex` (an interface, or a VLAN's sub-interface).
 #[inline(always)]
 fn try_l3<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, l3: L3, ifindex: u32) -> Result<Verdict, ()> {
     if let L3::Arp = l3 {
         unsafe { (*s).bytes = (L2 + ArpHdr::LEN) as u32 };
         return Ok(parse::verdict_unpack(arp::arp_call::<L2>(ctx.ctx, s, ifindex)));
+    }
+    if let L3::Ipv6 = l3 {
+        return Ok(parse::verdict_unpack(ndp::ndp_call::<L2>(ctx.ctx, s, ifindex)));
     }
     lb4::lb4_handle::<L2>(ctx, s, ifindex)
 }

@@ -32,6 +32,16 @@ pub static arp_held: HashMap<ArpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD,
 #[map]
 pub static arp_conflicts: LruHashMap<ArpHeldKey, u64> = LruHashMap::pinned(MAX_HELD, 0);
 
+/// (ifindex, IPv6 VIP) → as `arp_held`, for the IPv6 VIPs this node answers
+/// Neighbor Solicitations for (a map of its own: the IPv4 key stays 8 bytes).
+#[map]
+pub static ndp_held: HashMap<NdpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD, 0);
+
+/// (ifindex, IPv6 VIP) → Neighbor Advertisements seen from another MAC claiming
+/// a VIP we hold there (`ndp_conflict`), as `arp_conflicts`.
+#[map]
+pub static ndp_conflicts: LruHashMap<NdpHeldKey, u64> = LruHashMap::pinned(MAX_HELD, 0);
+
 /// (VIP, port, protocol) → the service's id and its ring's place in `lb4_ring`.
 #[map]
 pub static lb4_services: HashMap<Lb4ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
@@ -120,6 +130,8 @@ pub struct Scratch {
     pub key2: u32,
     /// The `arp_held` key being looked up.
     pub held: ArpHeldKey,
+    /// The `ndp_held` key being looked up.
+    pub held6: NdpHeldKey,
     /// The `lb_vlans` key being looked up.
     pub vlan: LbVlanKey,
     pub ifindex: u32,

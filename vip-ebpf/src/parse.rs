@@ -22,6 +22,7 @@ pub fn verdict_unpack(v: u64) -> Verdict {
 }
 
 const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88A8;
 
@@ -55,6 +56,7 @@ pub fn frame_len(ctx: &XdpContext) -> usize {
 pub enum L3 {
     Arp,
     Ipv4,
+    Ipv6,
     Other,
 }
 
@@ -91,6 +93,7 @@ pub fn l3(ctx: &XdpContext) -> Result<(L3, Vlan), ()> {
     let l3 = match ether_type {
         ETH_P_ARP => L3::Arp,
         ETH_P_IP => L3::Ipv4,
+        ETH_P_IPV6 => L3::Ipv6,
         _ => L3::Other,
     };
     Ok((l3, vlan))

@@ -3,7 +3,7 @@
 //! against what it last wrote and writes only the difference.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
 use crate::{
@@ -27,11 +27,12 @@ pub struct DesiredService {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ownership {
     /// Owner of every VIP that has one (a live eligible node).
-    pub owners: BTreeMap<Ipv4Addr, String>,
-    /// The VIPs this node holds (answers ARP for and balances).
-    pub held: BTreeSet<Ipv4Addr>,
+    pub owners: BTreeMap<IpAddr, String>,
+    /// The VIPs this node holds (answers ARP or neighbour solicitations for and
+    /// balances).
+    pub held: BTreeSet<IpAddr>,
     /// Those of `held` announced from `lo` (no ARP answers, no gratuitous ARP).
-    pub on_lo: BTreeSet<Ipv4Addr>,
+    pub on_lo: BTreeSet<IpAddr>,
 }
 
 /// The owner of each pool's VIPs among its live eligible nodes, and what `me` holds.
@@ -57,7 +58,7 @@ pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership 
 /// admit none; nodes excluded from load balancers or not ready are not in the
 /// model) is known to every agent; one whose eligible nodes are all dead is said
 /// only by a live member (a node cut off sees every peer dead).
-pub fn unheld(world: &World, me: &str, live: &BTreeSet<String>, owners: &BTreeMap<Ipv4Addr, String>) -> BTreeMap<Ipv4Addr, String> {
+pub fn unheld(world: &World, me: &str, live: &BTreeSet<String>, owners: &BTreeMap<IpAddr, String>) -> BTreeMap<IpAddr, String> {
     let mut out = BTreeMap::new();
     for pool in &world.pools {
         let eligible: Vec<&str> = world.eligible(pool).into_iter().map(|n| n.name.as_str()).collect();

@@ -9,7 +9,7 @@
 //! input it takes from the rest is the model (a `watch`, never blocking).
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{atomic::Ordering, Arc},
     time::{Duration, Instant},
 };
@@ -42,9 +42,9 @@ pub struct Membership {
     /// Those of `tracked` whose agent left to restart: not alive (their VIPs went
     /// to others), still backends for a while (`heartbeat::Heartbeat::leaving_ms`).
     pub leaving: BTreeSet<String>,
-    pub owners: BTreeMap<Ipv4Addr, String>,
-    pub held: BTreeSet<Ipv4Addr>,
-    pub on_lo: BTreeSet<Ipv4Addr>,
+    pub owners: BTreeMap<IpAddr, String>,
+    pub held: BTreeSet<IpAddr>,
+    pub on_lo: BTreeSet<IpAddr>,
 }
 
 /// Where this node's VIPs live and where it is reached, as resolved by the agent
@@ -85,7 +85,7 @@ pub struct Inputs {
 pub struct Setup {
     pub me: String,
     pub held: HeldVips,
-    /// The VIPs of `announce: lo` pools we hold, for the loopback task.
+    /// The IPv4 VIPs of `announce: lo` pools we hold, for the loopback task.
     pub on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
     pub metrics: metrics::Liveness,
     /// Heartbeat keys (None: a trusted segment, unsigned heartbeats).
@@ -141,20 +141,22 @@ struct Liveness {
     leaving: BTreeSet<String>,
     /// What is written to `arp_held`: VIP → how it is announced, and the ifindex
     /// it is held under.
-    held: BTreeMap<Ipv4Addr, (Announce, u32)>,
-    owners: BTreeMap<Ipv4Addr, String>,
+    held: BTreeMap<IpAddr, (Announce, u32)>,
+    owners: BTreeMap<IpAddr, String>,
     /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
     deadline: u64,
     /// When each held VIP was last announced (its pool's refresh counts from it).
-    last_garp: BTreeMap<Ipv4Addr, Instant>,
+    last_garp: BTreeMap<IpAddr, Instant>,
     /// `arp_conflict` packets counted so far (to log new ones).
     conflicts: u64,
     /// Conflicting claims counted per VIP so far (`arp_conflicts`).
-    contested: BTreeMap<Ipv4Addr, u64>,
+    contested: BTreeMap<IpAddr, u64>,
     /// Whether every watched interface (`Uplinks::watched`) is up with a carrier.
     link_up: bool,
     /// Owned VIPs of pools without an interface here (logged once each).
-    unplaced: BTreeSet<Ipv4Addr>,
+    unplaced: BTreeSet<IpAddr>,
+    /// The solicited-node groups of the IPv6 VIPs answered here.
+    groups: ha::groups::Groups,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -186,11 +188,12 @@ impl Liveness {
             contested: BTreeMap::new(),
             link_up: true,
             unplaced: BTreeSet::new(),
+            groups: ha::groups::Groups::default(),
         }
     }
 
     /// Where `vip` is answered on this node: its pool's link.
-    fn link_of(&self, vip: Ipv4Addr) -> Option<&Link> {
+    fn link_of(&self, vip: IpAddr) -> Option<&Link> {
         self.uplinks.by_pool.get(&self.world.pool_of(vip)?.name)
     }
 
@@ -200,7 +203,7 @@ impl Liveness {
     }
 
     /// `arp_conflicts` counts on every interface VIPs are held under.
-    fn conflicts_now(&self) -> BTreeMap<Ipv4Addr, u64> {
+    fn conflicts_now(&self) -> BTreeMap<IpAddr, u64> {
         self.uplinks.held_ifindices().into_iter().flat_map(|i| self.s.held.conflicts(i).unwrap_or_default()).collect()
     }
 
@@ -208,7 +211,7 @@ impl Liveness {
     /// takes the VIPs this node owns.
     async fn start(&mut self) -> Result<()> {
         // Conflicts counted before this start are not news.
-        self.conflicts = self.s.held.reason_count(vip_common::Reason::ArpConflict).map_or(0, |c| c.0);
+        self.conflicts = self.conflict_count().unwrap_or(0);
         self.contested = self.conflicts_now();
         let now = monotonic_ns();
         // Fresh entries are ours from before a restart: start from them, so that
@@ -385,13 +388,13 @@ impl Liveness {
         let mut o = ownership(&self.world, &self.s.me, &self.live);
         // A VIP is held on its pool's interface here; one whose pool has none
         // (reported in the host problems) cannot be answered, so it is not held.
-        let unplaced: BTreeSet<Ipv4Addr> = o.held.iter().filter(|v| self.link_of(**v).is_none()).copied().collect();
+        let unplaced: BTreeSet<IpAddr> = o.held.iter().filter(|v| self.link_of(**v).is_none()).copied().collect();
         for v in unplaced.difference(&self.unplaced) {
             error!(vip = %v, "this node owns the VIP but its pool has no interface here: not answered (see the host problems)");
         }
         o.held.retain(|v| !unplaced.contains(v));
         self.unplaced = unplaced;
-        let want: BTreeMap<Ipv4Addr, (Announce, u32)> = o
+        let want: BTreeMap<IpAddr, (Announce, u32)> = o
             .held
             .iter()
             .filter_map(|v| {
@@ -400,11 +403,11 @@ impl Liveness {
             })
             .collect();
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
-        let taken: BTreeSet<Ipv4Addr> = want.iter().filter(|(v, a)| self.held.get(v) != Some(a)).map(|(v, _)| *v).collect();
+        let taken: BTreeSet<IpAddr> = want.iter().filter(|(v, a)| self.held.get(v) != Some(a)).map(|(v, _)| *v).collect();
         // Released: no longer ours, or now held under another interface.
-        let released: Vec<(Ipv4Addr, u32)> =
+        let released: Vec<(IpAddr, u32)> =
             self.held.iter().filter(|(v, (_, i))| want.get(v).is_none_or(|(_, wi)| wi != i)).map(|(v, (_, i))| (*v, *i)).collect();
-        let gone: BTreeSet<Ipv4Addr> = released.iter().map(|(v, _)| *v).filter(|v| !want.contains_key(v)).collect();
+        let gone: BTreeSet<IpAddr> = released.iter().map(|(v, _)| *v).filter(|v| !want.contains_key(v)).collect();
         if !gone.is_empty() {
             let _ = self.arp_tx.send(Order::Cancel(gone));
         }
@@ -444,13 +447,22 @@ impl Liveness {
             Err(e) => error!("reading arp_held: {e:#}"),
         }
         self.held = want;
+        self.sync_groups();
         if reassert {
             self.announce(self.held.keys().copied().collect(), true);
         } else {
             self.announce(taken, true);
         }
         self.last_garp.retain(|v, _| o.held.contains(v));
-        self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
+        let on_lo: BTreeSet<Ipv4Addr> = o
+            .on_lo
+            .iter()
+            .filter_map(|v| match v {
+                IpAddr::V4(v) => Some(*v),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &on_lo));
         self.s.metrics.record(&self.world, &self.owners, &o, &metrics::Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
         self.owners = o.owners.clone();
         let m = Membership {
@@ -464,13 +476,31 @@ impl Liveness {
         self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
     }
 
+    /// Joins the solicited-node group of every IPv6 VIP answered here on the
+    /// interface the program sees its solicitations on, and leaves the others
+    /// (see ha::groups). A failed join is retried at the next refresh.
+    fn sync_groups(&mut self) {
+        let want: BTreeSet<(u32, std::net::Ipv6Addr)> = self
+            .held
+            .iter()
+            .filter(|(_, (a, _))| *a == Announce::Arp)
+            .filter_map(|(v, _)| match v {
+                IpAddr::V6(v6) => Some((self.link_of(*v)?.xdp_ifindex, *v6)),
+                IpAddr::V4(_) => None,
+            })
+            .collect();
+        for (ifindex, vip, e) in self.groups.sync(&want) {
+            error!(%vip, ifindex, "joining the VIP's solicited-node multicast group: {e}; solicitations may not reach this node");
+        }
+    }
+
     /// Re-writes the deadline of every held VIP (fencing: if this stops, they go stale).
     fn refresh(&mut self) {
         let now = monotonic_ns();
         let last = self.deadline;
         let lapsed = last != 0 && now > last;
         let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
-        let mut by_ifindex: BTreeMap<u32, Vec<(Ipv4Addr, Announce)>> = BTreeMap::new();
+        let mut by_ifindex: BTreeMap<u32, Vec<(IpAddr, Announce)>> = BTreeMap::new();
         for (v, (a, i)) in &self.held {
             by_ifindex.entry(*i).or_default().push((*v, *a));
         }
@@ -480,6 +510,7 @@ impl Liveness {
             }
         }
         self.deadline = deadline;
+        self.sync_groups();
         if lapsed && !self.held.is_empty() {
             // We were not running (stopped, starved) and our VIPs went stale; peers
             // may have taken them and moved clients away. Taking them back is a
@@ -489,10 +520,11 @@ impl Liveness {
         }
     }
 
-    /// Gratuitous ARP for those of `vips` announced by ARP (in the background): on
+    /// Gratuitous ARP for those of `vips` announced by ARP, an unsolicited Neighbor
+    /// Advertisement for IPv6 ones (in the background, through the same sender): on
     /// a `takeover` each pool's count of frames, its interval apart, so switches and
     /// neighbours learn the new owner at once; else one frame (refresh, conflict).
-    fn announce(&mut self, vips: BTreeSet<Ipv4Addr>, takeover: bool) {
+    fn announce(&mut self, vips: BTreeSet<IpAddr>, takeover: bool) {
         let now = Instant::now();
         let mut by_settings: BTreeMap<crate::model::Garp, Vec<_>> = BTreeMap::new();
         for v in vips {
@@ -500,13 +532,13 @@ impl Liveness {
                 continue;
             }
             let Some(l) = self.link_of(v) else { continue };
-            let frame = ha::garp::tagged(&ha::garp::garp_frame(l.mac, v), l.vlan);
+            let frame = ha::garp::tagged(&ha::garp::announcement_frame(l.mac, v), l.vlan);
             by_settings.entry(self.world.garp(v)).or_default().push((v, l.xdp_ifindex, frame));
             self.last_garp.insert(v, now);
         }
         for (g, frames) in by_settings {
             let rounds = if takeover { g.count } else { 1 };
-            let _ = self.arp_tx.send(Order::Send(Job { frames, rounds, gap: g.interval, what: "gratuitous ARP" }));
+            let _ = self.arp_tx.send(Order::Send(Job { frames, rounds, gap: g.interval, what: "gratuitous ARP or unsolicited neighbour advertisement" }));
         }
     }
 
@@ -514,7 +546,7 @@ impl Liveness {
     /// it was last announced (switch FDB and neighbour entries age out).
     fn refresh_garp(&mut self) {
         let now = Instant::now();
-        let due: BTreeSet<Ipv4Addr> =
+        let due: BTreeSet<IpAddr> =
             self.held.keys().filter(|v| self.last_garp.get(v).is_none_or(|t| now.duration_since(*t) >= self.world.garp(**v).refresh)).copied().collect();
         if !due.is_empty() {
             self.announce(due, false);
@@ -529,16 +561,23 @@ impl Liveness {
         let Some(me) = self.world.node(&self.s.me).map(|n| n.addr) else { return };
         let Some(home) = &self.uplinks.home else { return };
         let frames: Vec<_> =
-            addrs.into_iter().map(|a| (a, home.xdp_ifindex, ha::garp::tagged(&ha::garp::arp_request_frame(home.mac, me, a), home.vlan))).collect();
+            addrs.into_iter().map(|a| (a.into(), home.xdp_ifindex, ha::garp::tagged(&ha::garp::arp_request_frame(home.mac, me, a), home.vlan))).collect();
         if !frames.is_empty() {
             let _ = self.arp_tx.send(Order::Send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" }));
         }
     }
 
-    /// Logs and counts ARP replies or gratuitous ARP from another MAC claiming a
-    /// VIP we hold (counted by the data path as `arp_conflict`).
+    /// Conflicting claims the data path counted: `arp_conflict` and `ndp_conflict`.
+    fn conflict_count(&self) -> Result<u64> {
+        let arp = self.s.held.reason_count(vip_common::Reason::ArpConflict)?.0;
+        Ok(arp + self.s.held.reason_count(vip_common::Reason::NdpConflict)?.0)
+    }
+
+    /// Logs and counts ARP replies, gratuitous ARP or Neighbor Advertisements from
+    /// another MAC claiming a VIP we hold (counted by the data path as
+    /// `arp_conflict`, `ndp_conflict`).
     fn watch_conflicts(&mut self) {
-        let Ok((n, _)) = self.s.held.reason_count(vip_common::Reason::ArpConflict) else { return };
+        let Ok(n) = self.conflict_count() else { return };
         if n > self.conflicts {
             self.s.metrics.arp_conflicts.inc_by(n - self.conflicts);
             // Which VIPs: those whose count in arp_conflicts went up (a new entry
@@ -546,7 +585,7 @@ impl Liveness {
             // woke up) may have pulled clients away; the holder's announcement of
             // those VIPs, and only those, brings them back.
             let now = self.conflicts_now();
-            let contested: BTreeSet<Ipv4Addr> =
+            let contested: BTreeSet<IpAddr> =
                 now.iter().filter(|(v, c)| **c > self.contested.get(v).copied().unwrap_or(0) && self.held.contains_key(v)).map(|(v, _)| *v).collect();
             warn!(new = n - self.conflicts, vips = ?contested, "ARP conflict: another MAC claims a VIP this node holds; re-announcing it");
             self.contested = now;

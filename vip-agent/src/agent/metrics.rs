@@ -192,7 +192,7 @@ pub struct Members<'a> {
 
 impl Liveness {
     /// Records a new ownership decision (`before`: the owners of the last one).
-    pub fn record(&self, world: &crate::model::World, before: &BTreeMap<Ipv4Addr, String>, o: &super::desired::Ownership, m: &Members) {
+    pub fn record(&self, world: &crate::model::World, before: &BTreeMap<std::net::IpAddr, String>, o: &super::desired::Ownership, m: &Members) {
         self.vip_owner.set_all(o.owners.iter().map(|(vip, owner)| (VipLabels { vip: vip.to_string(), node: owner.clone() }, 1)));
         self.vips_held.set(o.held.len() as i64);
         self.vip_held.set_all(o.held.iter().filter_map(|v| Some((HeldLabels { vip: v.to_string(), pool: world.pool_of(*v)?.name.clone() }, 1))));

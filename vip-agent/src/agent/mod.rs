@@ -17,7 +17,7 @@ mod publish;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::PathBuf,
     sync::{atomic::Ordering, Arc, Mutex},
     time::Duration,
@@ -108,11 +108,11 @@ struct Agent {
     /// The liveness thread's latest decision (live set, owners, held VIPs).
     membership: Membership,
     /// VIP → owner as this node sees it, for the controller (pool status, Events).
-    owners_tx: watch::Sender<BTreeMap<Ipv4Addr, String>>,
+    owners_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// VIP → its service-ports not programmed, for the controller (pool condition, Events).
     unprogrammed_tx: watch::Sender<BTreeMap<Ipv4Addr, Vec<String>>>,
     /// VIP → why no node holds it, for the controller (pool condition, Events).
-    unheld_tx: watch::Sender<BTreeMap<Ipv4Addr, String>>,
+    unheld_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// What the service maps hold (services that failed are absent: retried).
     applied: BTreeMap<ServiceAddr, DesiredService>,
     /// Services the model wants that could not be programmed, with why.

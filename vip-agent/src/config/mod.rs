@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 pub use crate::spec::{FieldError, MAX_POOL_ADDRESSES};
 use crate::{
-    addrs::{Family, IPV6_NOT_SERVED},
+    addrs::IPV6_NOT_SERVED,
     maglev,
     model::{Announce, AnnounceMode, Failover, Garp, NoHealthyBackend, Node, Pool, Protocol, Selector, Service, World},
     spec::{self, gratuitous_arp, health_check, invalid, pool_addresses, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Mac},
@@ -216,23 +216,21 @@ fn validate(f: File) -> Result<World, FieldError> {
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
 
     let mut pools: Vec<Pool> = Vec::new();
-    let mut owner_of: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
+    let mut owner_of: BTreeMap<IpAddr, usize> = BTreeMap::new();
     let mut pool_names = BTreeMap::new();
     for (i, fp) in f.pools.into_iter().enumerate() {
         let p = format!("pools[{i}]");
         if let Some(j) = pool_names.insert(fp.name.clone(), i) {
             return invalid(format!("{p}.name"), format!("pool {:?} is already defined at pools[{j}]", fp.name));
         }
-        // Parsed as the VipPool's are, so an IPv6 entry is named as such: the file
-        // source holds every address of its pools, which the data path cannot yet
-        // do for IPv6.
-        for (field, list) in [("addresses", &fp.addresses), ("excludedIPs", &fp.excluded_ips)] {
-            if let Some((k, e)) = list.iter().enumerate().find(|(_, e)| e.family() == Family::V6) {
-                return invalid(format!("{p}.{field}[{k}]"), format!("{} is IPv6: {IPV6_NOT_SERVED}", e.bounds().0));
-            }
-        }
+        // Parsed as the VipPool's are. The file source holds every address of its
+        // pools (IPv6 ones answered by neighbour discovery), so a pool is counted
+        // before it is expanded: an IPv6 prefix can be huge.
         let set = pool_addresses(&p, &fp.addresses, &fp.excluded_ips)?;
-        for a in set.v4() {
+        if owner_of.len() as u128 + set.len() > MAX_POOL_ADDRESSES as u128 {
+            return invalid(format!("{p}.addresses"), format!("all pools together exceed {MAX_POOL_ADDRESSES} addresses"));
+        }
+        for a in set.iter() {
             if let Some(j) = owner_of.insert(a, i) {
                 return invalid(format!("{p}.addresses"), format!("{a} is also in pools[{j}] ({:?}); pools must not overlap", pools[j].name));
             }
@@ -245,7 +243,7 @@ fn validate(f: File) -> Result<World, FieldError> {
         spec::vlan_id(&format!("{p}.vlan"), fp.vlan)?;
         pools.push(Pool {
             name: fp.name,
-            addresses: set.v4().collect(),
+            addresses: set.iter().collect(),
             node_selector: fp.node_selector,
             tolerations: Vec::new(),
             announce: fp.announce,
@@ -267,7 +265,7 @@ fn validate(f: File) -> Result<World, FieldError> {
             IpAddr::V4(v) => v,
             IpAddr::V6(v) => return invalid(format!("{p}.vip"), format!("{v} is IPv6: {IPV6_NOT_SERVED}")),
         };
-        let Some(&pool) = owner_of.get(&vip) else {
+        let Some(&pool) = owner_of.get(&IpAddr::V4(vip)) else {
             return invalid(format!("{p}.vip"), format!("{} is in no pool; add it to a pool's addresses", vip));
         };
         if fs.ports.is_empty() {

@@ -96,8 +96,8 @@ fn malformed_values_name_their_field() {
     rejects("mac: \"02:00:00:00:00:11\"", "mac: \"02:00:00:00:11\"", "nodes[1].mac", "02:00:00:00:11", "is not a MAC address");
     rejects("198.18.1.16/30", "198.18.1.17/30", "pools[0].addresses[1]", "198.18.1.17/30", "has host bits set; did you mean 198.18.1.16/30?");
     rejects("198.18.1.20-198.18.1.22", "198.18.1.22-198.18.1.20", "pools[0].addresses[2]", "198.18.1.22-198.18.1.20", "ends before it starts");
-    rejects("198.18.1.20-198.18.1.22", "2001:2::/64", "pools[0].addresses[2]", "2001:2::/64", "2001:2:: is IPv6: IPv6 is not in the data path yet");
-    rejects("excludedIPs: [198.18.1.17]", "excludedIPs: [198.18.1.17, 2001:2::1]", "pools[0].excludedIPs[1]", "2001:2::1]", "2001:2::1 is IPv6");
+    // IPv6 entries are held (neighbour discovery): a pool is counted before it is expanded.
+    rejects("198.18.1.20-198.18.1.22", "2001:2::/64", "pools[0].addresses", "addresses: [198.18.1.10", "all pools together exceed 4096 addresses");
     rejects("198.18.1.20-198.18.1.22", "198.18.1.20..22", "pools[0].addresses[2]", "198.18.1.20..22", "is not an IPv4 or IPv6 address, CIDR");
     rejects("protocol: udp", "protocol: sctp", "services[1].protocol", "sctp", "unknown variant `sctp`");
     rejects("interval: 200ms", "interval: 200 parsecs", "services[0].healthCheck.interval", "parsecs", "expected a duration");
@@ -150,13 +150,27 @@ fn pool_errors() {
 }
 
 #[test]
+fn ipv6_pool_addresses_are_held() {
+    let text = GOOD.replacen("198.18.1.20-198.18.1.22]", "198.18.1.20-198.18.1.22, 2001:2::/126]\n    excludedIPs: [198.18.1.17, 2001:2::2]", 1).replacen(
+        "    excludedIPs: [198.18.1.17]\n",
+        "",
+        1,
+    );
+    let w = parse(&text).unwrap();
+    let v6: Vec<std::net::IpAddr> = w.pools[0].addresses.iter().copied().filter(|a| a.is_ipv6()).collect();
+    // The subnet-router anycast address (2001:2::) is never a VIP; 2001:2::2 is excluded.
+    assert_eq!(v6, ["2001:2::1".parse::<std::net::IpAddr>().unwrap(), "2001:2::3".parse().unwrap()]);
+    assert_eq!(w.pool_of("2001:2::3".parse::<std::net::IpAddr>().unwrap()).map(|p| p.name.as_str()), Some("web"));
+}
+
+#[test]
 fn service_errors() {
     rejects("vip: 198.18.1.16", "vip: 198.18.1.17", "services[1].vip", "vip: 198.18.1.17", "198.18.1.17 is in no pool");
     rejects("ports: [80, 443]", "ports: []", "services[0].ports", "ports: []", "at least one port");
     rejects("ports: [80, 443]", "ports: [80, 0]", "services[0].ports[1]", "ports: [80, 0]", "port 0 is not a service port");
     rejects("ports: [80, 443]", "ports: [80, 80]", "services[0].ports[1]", "ports: [80, 80]", "198.18.1.10:80/tcp is already served by services[0]");
-    // IPv6 is parsed, and refused by name: the data path cannot serve it yet.
-    rejects("vip: 198.18.1.16", "vip: 2001:2::16", "services[1].vip", "vip: 2001:2::16", "2001:2::16 is IPv6: IPv6 is not in the data path yet");
+    // IPv6 is parsed, and refused by name: the data path cannot balance it yet.
+    rejects("vip: 198.18.1.16", "vip: 2001:2::16", "services[1].vip", "vip: 2001:2::16", "2001:2::16 is IPv6: IPv6 traffic is not forwarded yet");
     rejects("tableSize: 251", "tableSize: 1000", "services[0].tableSize", "tableSize: 1000", "table size 1000 is not a prime between 251 and 131071");
     rejects("tableSize: 251", "tableSize: 131101", "services[0].tableSize", "tableSize: 131101", "table size 131101 is not a prime between 251 and 131071");
     rejects("name: dns", "name: web", "services[1].name", "name: web\n    vip: 198.18.1.16", "service \"web\" is already defined at services[0]");
@@ -218,7 +232,7 @@ fn pool_announce_mode_and_gratuitous_arp() {
     assert_eq!(w.announce_mode(vip), crate::model::AnnounceMode::Lo);
     let g = w.garp(vip);
     assert_eq!((g.count, g.interval, g.refresh), (5, Duration::from_millis(20), Duration::from_secs(30)), "unset keys default");
-    assert_eq!(w.announce_mode("198.18.9.9".parse().unwrap()), crate::model::AnnounceMode::Arp, "outside every pool");
+    assert_eq!(w.announce_mode("198.18.9.9".parse::<Ipv4Addr>().unwrap()), crate::model::AnnounceMode::Arp, "outside every pool");
 }
 
 #[test]

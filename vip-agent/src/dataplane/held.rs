@@ -1,18 +1,23 @@
-//! The ARP side of the data path: interfaces (`lb_ifaces`), VLANs (`lb_vlans`)
-//! and held VIPs (`arp_held`). A handle of its own, so that the liveness thread refreshes
+//! The neighbour side of the data path: interfaces (`lb_ifaces`), VLANs
+//! (`lb_vlans`) and held VIPs (`arp_held` for IPv4, `ndp_held` for IPv6). A handle of its own, so that the liveness thread refreshes
 //! deadlines through file descriptors no ring write ever waits behind.
-use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, HashMap, IterableMap as _, MapData, PerCpuArray};
-use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbHome, LbIface, LbVlanKey, Reason, HELD_NO_ARP, IFACE_NATIVE};
+use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbHome, LbIface, LbVlanKey, NdpHeldKey, Reason, HELD_NO_ARP, IFACE_NATIVE};
 
 use super::{batch, coarse_slack_ns, counters::sum, flow_cache, ignore_missing, open_pinned};
 
 /// How a held VIP is announced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Announce {
-    /// Answer ARP for it (and send gratuitous ARP on takeover).
+    /// Answer ARP (IPv6: neighbour solicitations) for it, and announce it on
+    /// takeover (gratuitous ARP, unsolicited neighbour advertisements).
     #[default]
     Arp,
     /// Balance it but answer no ARP: a routing daemon announces it from `lo`.
@@ -40,7 +45,7 @@ impl Announce {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldEntry {
     pub ifindex: u32,
-    pub vip: Ipv4Addr,
+    pub vip: IpAddr,
     /// The deadline the data path applies ([`coarse_slack_ns`] before the one asked for).
     pub deadline_ns: u64,
     pub announce: Announce,
@@ -53,8 +58,10 @@ pub struct HeldVips {
     /// 0 → the home interface (frames to VIPs of other networks leave there).
     home: Array<MapData, LbHome>,
     held: HashMap<MapData, ArpHeldKey, ArpHeldVip>,
+    held6: HashMap<MapData, NdpHeldKey, ArpHeldVip>,
     /// (ifindex, VIP) → conflicting claims the data path saw.
     conflicts: HashMap<MapData, ArpHeldKey, u64>,
+    conflicts6: HashMap<MapData, NdpHeldKey, u64>,
     stats: PerCpuArray<MapData, Counter>,
     epoch: flow_cache::Ctl,
 }
@@ -67,7 +74,9 @@ impl HeldVips {
             vlans: open_pinned(dir, names::VLANS)?,
             home: open_pinned(dir, names::HOME)?,
             held: open_pinned(dir, names::HELD)?,
+            held6: open_pinned(dir, names::HELD6)?,
             conflicts: open_pinned(dir, names::CONFLICTS)?,
+            conflicts6: open_pinned(dir, names::CONFLICTS6)?,
             stats: open_pinned(dir, names::STATS)?,
             epoch,
         })
@@ -84,9 +93,13 @@ impl HeldVips {
         let flags = flags.unwrap_or_else(|| self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags));
         self.ifaces.insert(ifindex, LbIface { mac, flags, _pad: 0 }, 0)?;
         let stale: Vec<(ArpHeldKey, ArpHeldVip)> = self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
-        let changed = !stale.is_empty();
+        let stale6: Vec<(NdpHeldKey, ArpHeldVip)> = self.held6.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        let changed = !stale.is_empty() || !stale6.is_empty();
         for (k, h) in stale {
             self.held.insert(k, ArpHeldVip { mac, ..h }, 0)?;
+        }
+        for (k, h) in stale6 {
+            self.held6.insert(k, ArpHeldVip { mac, ..h }, 0)?;
         }
         if changed {
             self.epoch.bump()?; // cached answers carry the old MAC
@@ -142,12 +155,13 @@ impl HeldVips {
     /// first. No flow-cache epoch bump (this runs on every refresh): cached answers
     /// are only for pinned flows, which are forwarded whatever the deadline, and the
     /// MAC only changes through `write_iface`.
-    pub fn hold(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64, announce: Announce) -> Result<()> {
+    pub fn hold(&mut self, ifindex: u32, vip: IpAddr, deadline_ns: u64, announce: Announce) -> Result<()> {
         self.hold_all(ifindex, &[(vip, announce)], deadline_ns)
     }
 
-    /// [`Self::hold`] for many VIPs in one system call (the refresh of every held VIP).
-    pub fn hold_all(&mut self, ifindex: u32, vips: &[(Ipv4Addr, Announce)], deadline_ns: u64) -> Result<()> {
+    /// [`Self::hold`] for many VIPs in one system call per family (the refresh
+    /// of every held VIP).
+    pub fn hold_all(&mut self, ifindex: u32, vips: &[(IpAddr, Announce)], deadline_ns: u64) -> Result<()> {
         let mac = match self.ifaces.get(&ifindex, 0) {
             Ok(cfg) => cfg.mac,
             Err(aya::maps::MapError::KeyNotFound) => {
@@ -156,58 +170,92 @@ impl HeldVips {
             Err(e) => return Err(e).context("reading lb_ifaces"),
         };
         let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
-        let entries: Vec<(ArpHeldKey, ArpHeldVip)> =
-            vips.iter().map(|(vip, a)| (ArpHeldKey { ifindex, vip: vip.octets() }, ArpHeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 })).collect();
-        batch::update(self.held.map(), &entries).context("writing arp_held")
+        let value = |a: &Announce| ArpHeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 };
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (vip, a) in vips {
+            match key(ifindex, *vip) {
+                Key::V4(k) => v4.push((k, value(a))),
+                Key::V6(k) => v6.push((k, value(a))),
+            }
+        }
+        if !v4.is_empty() {
+            batch::update(self.held.map(), &v4).context("writing arp_held")?;
+        }
+        if !v6.is_empty() {
+            batch::update(self.held6.map(), &v6).context("writing ndp_held")?;
+        }
+        Ok(())
     }
 
     /// Stops holding `vip`: no more ARP answers and no new flows, but the entry
     /// stays (stale, deadline 0) so the flows this node already pinned keep being
     /// forwarded while clients still send to our MAC (until the new owner's
     /// gratuitous ARP reaches them). `forget` removes it altogether.
-    pub fn release(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        let key = ArpHeldKey { ifindex, vip: vip.octets() };
-        match self.held.get(&key, 0) {
-            Ok(h) => {
-                self.held.insert(key, ArpHeldVip { deadline_ns: 0, ..h }, 0)?;
+    pub fn release(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
+        let found = match key(ifindex, vip) {
+            Key::V4(k) => self.held.get(&k, 0).and_then(|h| self.held.insert(k, ArpHeldVip { deadline_ns: 0, ..h }, 0)),
+            Key::V6(k) => self.held6.get(&k, 0).and_then(|h| self.held6.insert(k, ArpHeldVip { deadline_ns: 0, ..h }, 0)),
+        };
+        match found {
+            Ok(()) => {
                 // Cached answers are for pinned flows, which a stale entry still
                 // forwards; bumped anyway so that every answer after a release is
                 // taken from lb4_flows.
                 self.epoch.bump()
             }
             Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(e).context("reading arp_held"),
+            Err(e) => Err(e).context("releasing a held VIP"),
         }
     }
 
     /// Removes `vip`'s entry (the VIP left every pool).
-    pub fn forget(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        ignore_missing(self.held.remove(&ArpHeldKey { ifindex, vip: vip.octets() }))?;
+    pub fn forget(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
+        ignore_missing(match key(ifindex, vip) {
+            Key::V4(k) => self.held.remove(&k),
+            Key::V6(k) => self.held6.remove(&k),
+        })?;
         self.epoch.bump() // its cached flows must stop being forwarded
     }
 
-    /// Every held-VIP entry, sorted (one batched read).
+    /// Every held-VIP entry of both families, sorted (one batched read each).
     pub fn entries(&self) -> Result<Vec<HeldEntry>> {
-        let mut v: Vec<HeldEntry> = batch::lookup_all::<ArpHeldKey, ArpHeldVip>(self.held.map())?
-            .into_iter()
-            .map(|(k, h)| HeldEntry { ifindex: k.ifindex, vip: Ipv4Addr::from(k.vip), deadline_ns: h.deadline_ns, announce: Announce::from_flags(h.flags) })
-            .collect();
+        let entry = |ifindex, vip, h: ArpHeldVip| HeldEntry { ifindex, vip, deadline_ns: h.deadline_ns, announce: Announce::from_flags(h.flags) };
+        let v4 = batch::lookup_all::<ArpHeldKey, ArpHeldVip>(self.held.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv4Addr::from(k.vip).into(), h));
+        let v6 = batch::lookup_all::<NdpHeldKey, ArpHeldVip>(self.held6.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv6Addr::from(k.vip).into(), h));
+        let mut v: Vec<HeldEntry> = v4.chain(v6).collect();
         v.sort_by_key(|e| (e.ifindex, e.vip));
         Ok(v)
     }
 
     /// Conflicting claims seen per VIP on `ifindex` (counts since the entry
     /// appeared; one batched read).
-    pub fn conflicts(&self, ifindex: u32) -> Result<BTreeMap<Ipv4Addr, u64>> {
-        Ok(batch::lookup_all::<ArpHeldKey, u64>(self.conflicts.map())?
+    pub fn conflicts(&self, ifindex: u32) -> Result<BTreeMap<IpAddr, u64>> {
+        let v4 = batch::lookup_all::<ArpHeldKey, u64>(self.conflicts.map())?
             .into_iter()
             .filter(|(k, _)| k.ifindex == ifindex)
-            .map(|(k, n)| (Ipv4Addr::from(k.vip), n))
-            .collect())
+            .map(|(k, n)| (Ipv4Addr::from(k.vip).into(), n));
+        let v6 = batch::lookup_all::<NdpHeldKey, u64>(self.conflicts6.map())?
+            .into_iter()
+            .filter(|(k, _)| k.ifindex == ifindex)
+            .map(|(k, n)| (Ipv6Addr::from(k.vip).into(), n));
+        Ok(v4.chain(v6).collect())
     }
 
     /// One reason's counter (packets, bytes) summed over CPUs: cheap enough to poll.
     pub fn reason_count(&self, r: Reason) -> Result<(u64, u64)> {
         sum(&self.stats, r as u32)
+    }
+}
+
+/// A held-VIP key of either family: `arp_held`'s or `ndp_held`'s.
+enum Key {
+    V4(ArpHeldKey),
+    V6(NdpHeldKey),
+}
+
+fn key(ifindex: u32, vip: IpAddr) -> Key {
+    match vip {
+        IpAddr::V4(v) => Key::V4(ArpHeldKey { ifindex, vip: v.octets() }),
+        IpAddr::V6(v) => Key::V6(NdpHeldKey { ifindex, vip: v.octets() }),
     }
 }

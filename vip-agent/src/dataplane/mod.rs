@@ -22,7 +22,7 @@ mod xmit;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -269,23 +269,23 @@ impl Dataplane {
     }
 
     /// [`HeldVips::hold`], answered by ARP.
-    pub fn hold_vip(&mut self, ifindex: u32, vip: Ipv4Addr, deadline_ns: u64) -> Result<()> {
-        self.held.hold(ifindex, vip, deadline_ns, Announce::Arp)
+    pub fn hold_vip(&mut self, ifindex: u32, vip: impl Into<IpAddr>, deadline_ns: u64) -> Result<()> {
+        self.held.hold(ifindex, vip.into(), deadline_ns, Announce::Arp)
     }
 
     /// [`HeldVips::release`].
-    pub fn release_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        self.held.release(ifindex, vip)
+    pub fn release_vip(&mut self, ifindex: u32, vip: impl Into<IpAddr>) -> Result<()> {
+        self.held.release(ifindex, vip.into())
     }
 
     /// [`HeldVips::forget`].
-    pub fn forget_vip(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
-        self.held.forget(ifindex, vip)
+    pub fn forget_vip(&mut self, ifindex: u32, vip: impl Into<IpAddr>) -> Result<()> {
+        self.held.forget(ifindex, vip.into())
     }
 
     /// Held VIPs as (ifindex, vip, deadline_ns), the deadline as stored: the one
     /// the data path applies, [`coarse_slack_ns`] before the one asked for.
-    pub fn held_vips(&self) -> Result<Vec<(u32, Ipv4Addr, u64)>> {
+    pub fn held_vips(&self) -> Result<Vec<(u32, IpAddr, u64)>> {
         Ok(self.held.entries()?.into_iter().map(|e| (e.ifindex, e.vip, e.deadline_ns)).collect())
     }
 

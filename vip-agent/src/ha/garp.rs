@@ -14,7 +14,7 @@
 //! still be learning the new port.
 use std::{
     io,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     time::Duration,
 };
@@ -46,6 +46,55 @@ pub fn arp_request_frame(mac: [u8; 6], spa: Ipv4Addr, tpa: Ipv4Addr) -> [u8; GAR
     // tha (32..38) stays zero: unknown, as in any request.
     f[38..42].copy_from_slice(&tpa.octets()); // = spa: gratuitous
     f
+}
+
+/// Length of [`unsolicited_na_frame`]: Ethernet, IPv6, the advertisement and its
+/// target link-layer address option.
+pub const NA_FRAME_LEN: usize = 14 + 40 + 32;
+
+/// The unsolicited Neighbor Advertisement for `vip` from `mac` (RFC 4861 7.2.6),
+/// the IPv6 twin of gratuitous ARP: to all-nodes (ff02::1, 33:33:00:00:00:01),
+/// from the VIP, hop limit 255, Override set so that neighbours replace the old
+/// holder's MAC (Linux updates an existing entry and makes it STALE, then
+/// confirms it by a solicitation the data path answers; it creates none),
+/// Solicited clear, our MAC as the target link-layer address.
+pub fn unsolicited_na_frame(mac: [u8; 6], vip: Ipv6Addr) -> [u8; NA_FRAME_LEN] {
+    let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+    let mut f = [0u8; NA_FRAME_LEN];
+    f[0..6].copy_from_slice(&[0x33, 0x33, 0, 0, 0, 1]);
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    let ip = &mut f[14..];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&32u16.to_be_bytes()); // payload length
+    ip[6] = 58; // ICMPv6
+    ip[7] = 255; // hop limit: RFC 4861 receivers drop anything else
+    ip[8..24].copy_from_slice(&vip.octets());
+    ip[24..40].copy_from_slice(&all_nodes.octets());
+    let na = &mut ip[40..];
+    na[0] = 136; // Neighbor Advertisement
+    na[4] = 0x20; // Override
+    na[8..24].copy_from_slice(&vip.octets());
+    na[24] = 2; // target link-layer address, one 8-byte unit
+    na[25] = 1;
+    na[26..32].copy_from_slice(&mac);
+    // The checksum covers the pseudo-header: addresses, length, next header.
+    let mut sum: u32 = f[22..54].chunks(2).chain(f[54..].chunks(2)).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    sum += 32 + 58;
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    f[56..58].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f
+}
+
+/// The frame that announces `vip` from `mac`: gratuitous ARP for IPv4, an
+/// unsolicited Neighbor Advertisement for IPv6.
+pub fn announcement_frame(mac: [u8; 6], vip: IpAddr) -> Vec<u8> {
+    match vip {
+        IpAddr::V4(v) => garp_frame(mac, v).to_vec(),
+        IpAddr::V6(v) => unsolicited_na_frame(mac, v).to_vec(),
+    }
 }
 
 /// `frame` as it goes on the wire of a VLAN: with the 802.1Q tag `vid` after its
@@ -164,7 +213,7 @@ impl FrameTx {
 /// Frames to send `rounds` times, `gap` apart: round by round, so every address's
 /// first frame goes out at once. Each: (address, interface it leaves by, frame).
 pub struct Job {
-    pub frames: Vec<(Ipv4Addr, u32, Vec<u8>)>,
+    pub frames: Vec<(IpAddr, u32, Vec<u8>)>,
     pub rounds: u32,
     pub gap: Duration,
     pub what: &'static str,
@@ -176,7 +225,7 @@ pub enum Order {
     /// Drop the frames still queued for these addresses: a VIP released while its
     /// takeover rounds were pending must not be claimed again by them (the new
     /// owner would count them as ARP conflicts and clients would be pulled back).
-    Cancel(std::collections::BTreeSet<Ipv4Addr>),
+    Cancel(std::collections::BTreeSet<IpAddr>),
 }
 
 /// Starts the one task that sends the agent's ARP frames; jobs interleave (a

@@ -1,9 +1,12 @@
 //! High-availability building blocks, each usable on its own:
 //! `ownership` (which live node holds each VIP), `heartbeat` (which agents are
-//! alive, over UDP, without the API server), `garp` (gratuitous ARP on takeover)
-//! and `loopback` (the VIPs of `announce: lo` pools on the holder's `lo`).
+//! alive, over UDP, without the API server), `garp` (gratuitous ARP and
+//! unsolicited neighbour advertisements on takeover), `groups` (the
+//! solicited-node multicast groups of held IPv6 VIPs) and `loopback` (the VIPs of
+//! `announce: lo` pools on the holder's `lo`).
 pub mod auth;
 pub mod garp;
+pub mod groups;
 pub mod heartbeat;
 pub mod loopback;
 #[cfg(test)]

@@ -23,7 +23,7 @@
 //! average on one node.
 //!
 //! Cost: O(V·N·log(V·N)), well under a millisecond for a pool of 256 VIPs on 64 nodes.
-use std::{collections::BTreeMap, hash::Hasher, net::Ipv4Addr};
+use std::{collections::BTreeMap, hash::Hasher, net::IpAddr};
 
 use siphasher::sip::SipHasher13;
 
@@ -32,9 +32,13 @@ const KEY0: u64 = 0x7669_702d_6f77_6e65; // "vip-owne"
 const KEY1: u64 = 0x7273_6869_702d_7631; // "rship-v1"
 
 /// The rendezvous score of `node` for `vip` (higher wins).
-pub fn score(vip: Ipv4Addr, node: &str) -> u64 {
+pub fn score(vip: IpAddr, node: &str) -> u64 {
     let mut h = SipHasher13::new_with_keys(KEY0, KEY1);
-    h.write(&vip.octets());
+    // An IPv4 VIP hashes its 4 bytes, as before IPv6 came.
+    match vip {
+        IpAddr::V4(v) => h.write(&v.octets()),
+        IpAddr::V6(v) => h.write(&v.octets()),
+    }
     // Length-prefixed so that no two (vip, node) pairs hash the same bytes.
     h.write(&(node.len() as u64).to_le_bytes());
     h.write(node.as_bytes());
@@ -43,7 +47,7 @@ pub fn score(vip: Ipv4Addr, node: &str) -> u64 {
 
 /// Assigns each VIP exactly one owner among `nodes` (the live eligible nodes), no
 /// node owning more than ⌈V/N⌉. Empty when `nodes` is empty.
-pub fn assign(vips: &[Ipv4Addr], nodes: &[String]) -> BTreeMap<Ipv4Addr, String> {
+pub fn assign<A: Copy + Ord + Into<IpAddr>>(vips: &[A], nodes: &[String]) -> BTreeMap<A, String> {
     let mut vips = vips.to_vec();
     vips.sort_unstable();
     vips.dedup();
@@ -58,7 +62,7 @@ pub fn assign(vips: &[Ipv4Addr], nodes: &[String]) -> BTreeMap<Ipv4Addr, String>
     let mut pairs = Vec::with_capacity(vips.len() * nodes.len());
     for (v, vip) in vips.iter().enumerate() {
         for (n, node) in nodes.iter().enumerate() {
-            pairs.push((score(*vip, node), v as u32, n as u32));
+            pairs.push((score((*vip).into(), node), v as u32, n as u32));
         }
     }
     // Descending; equal scores (a 2^-64 event) fall back to the sorted indices, so
@@ -85,6 +89,8 @@ pub fn assign(vips: &[Ipv4Addr], nodes: &[String]) -> BTreeMap<Ipv4Addr, String>
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
     use rand::{rngs::SmallRng, seq::SliceRandom, Rng, SeedableRng};
 
@@ -140,7 +146,7 @@ mod tests {
     #[test]
     fn no_nodes_no_owners() {
         assert!(assign(&vips(5), &[]).is_empty());
-        assert!(assign(&[], &nodes(3)).is_empty());
+        assert!(assign::<Ipv4Addr>(&[], &nodes(3)).is_empty());
         let one = assign(&vips(5), &nodes(1));
         assert!(one.values().all(|o| o == "node-0") && one.len() == 5);
     }
@@ -149,7 +155,7 @@ mod tests {
     /// and agents of two versions would disagree during a rolling update.
     #[test]
     fn stable_across_versions() {
-        assert_eq!(score(Ipv4Addr::new(198, 18, 0, 1), "node-1"), 4448741366331215170);
+        assert_eq!(score(Ipv4Addr::new(198, 18, 0, 1).into(), "node-1"), 4448741366331215170);
         let a = assign(&vips(6), &nodes(3));
         let got: Vec<&str> = a.values().map(String::as_str).collect();
         assert_eq!(got, ["node-1", "node-2", "node-0", "node-0", "node-1", "node-2"]);

@@ -47,18 +47,18 @@ pub struct PoolStateLabels {
 /// What the node agent running this controller shares with it.
 pub struct AgentView {
     /// VIP → owner node, as the agent computes it from its live view.
-    pub owners: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
+    pub owners: watch::Receiver<BTreeMap<IpAddr, String>>,
     /// `vip_pool_addresses`, set while leading.
     pub pool_addresses: Option<crate::agent::metrics::Tracked<PoolStateLabels, Gauge>>,
     /// VIP → its service-ports the agent could not program ("port/proto: why").
     pub unprogrammed: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>,
     /// VIP → why no node holds it (`agent::desired::unheld`).
-    pub unheld: watch::Receiver<BTreeMap<Ipv4Addr, String>>,
+    pub unheld: watch::Receiver<BTreeMap<IpAddr, String>>,
 }
 
 impl AgentView {
     /// A view whose owners the caller sets (tests, a controller without an agent).
-    pub fn fixed(owners: BTreeMap<Ipv4Addr, String>) -> (watch::Sender<BTreeMap<Ipv4Addr, String>>, Self) {
+    pub fn fixed(owners: BTreeMap<IpAddr, String>) -> (watch::Sender<BTreeMap<IpAddr, String>>, Self) {
         let (tx, rx) = watch::channel(owners);
         (tx, Self { owners: rx, pool_addresses: None, unprogrammed: watch::channel(BTreeMap::new()).1, unheld: watch::channel(BTreeMap::new()).1 })
     }
@@ -238,8 +238,7 @@ impl Controller {
         let services_now: Vec<Service> = owned(self.services.state());
         let usage = allocate::pool_usage(&views, &services_now);
         let by_vip = services_by_vip(&services_now);
-        let owners: BTreeMap<IpAddr, String> =
-            self.view.owners.borrow().iter().map(|(v, o)| (IpAddr::V4(*v), o)).filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (v, o.clone())).collect();
+        let owners: BTreeMap<IpAddr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
         let mut unprogrammed: BTreeMap<IpAddr, Vec<String>> = self
             .view
@@ -252,8 +251,7 @@ impl Controller {
             .collect();
         unprogrammed.extend(ipv6_unserved(&views, &by_vip));
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
-        let unheld: BTreeMap<IpAddr, String> =
-            self.view.unheld.borrow().iter().map(|(v, w)| (IpAddr::V4(*v), w)).filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (v, w.clone())).collect();
+        let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {

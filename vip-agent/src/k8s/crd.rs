@@ -182,13 +182,7 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldE
                     addresses.remove(a);
                 }
             }
-            // The first address of an IPv6 prefix is its subnet-router anycast
-            // address (RFC 4291 2.6.1), which routers of the link answer: never
-            // handed out, whatever the other entries say. A /127 or /128 has none
-            // (RFC 6164).
-            AddrEntry::Net(IpNet::V6(n)) if n.prefix_len() < 127 => {
-                addresses.remove(IpAddr::V6(n.network()));
-            }
+            // IPv6 subnet-router anycast addresses: left out by spec::pool_addresses.
             _ => {}
         }
     }

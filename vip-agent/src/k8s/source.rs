@@ -3,7 +3,7 @@
 //! feeds it the reflectors' current objects.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     time::Duration,
 };
 
@@ -263,7 +263,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
             .collect();
         w.pools.push(model::Pool {
             name: c.name.clone(),
-            // Filled below with the pool's IPv4 addresses in use.
+            // Filled below with the pool's addresses in use.
             addresses: Vec::new(),
             node_selector: p.spec.node_selector.clone(),
             tolerations,
@@ -274,17 +274,27 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
         });
         valid.push((p, v));
     }
+    // IPv6 addresses in use: held and answered by neighbour discovery, not
+    // balanced yet (no lb6: they are no services of the model).
+    let mut in_use6: std::collections::BTreeSet<IpAddr> = std::collections::BTreeSet::new();
     for svc in services {
         let spec = svc.spec.clone().unwrap_or_default();
         let mut vips: Vec<Ipv4Addr> = Vec::new();
         if allocate::is_ours(svc) {
-            vips.extend(
-                svc.status
-                    .iter()
-                    .flat_map(|s| s.load_balancer.iter())
-                    .flat_map(|lb| lb.ingress.iter().flatten())
-                    .filter_map(|i| i.ip.as_deref()?.parse::<Ipv4Addr>().ok()),
-            );
+            for a in svc
+                .status
+                .iter()
+                .flat_map(|s| s.load_balancer.iter())
+                .flat_map(|lb| lb.ingress.iter().flatten())
+                .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
+            {
+                match a {
+                    IpAddr::V4(v) => vips.push(v),
+                    IpAddr::V6(_) => {
+                        in_use6.insert(a);
+                    }
+                }
+            }
         }
         vips.extend(spec.external_ips.iter().flatten().filter_map(|a| a.parse::<Ipv4Addr>().ok()));
         let local = spec.external_traffic_policy.as_deref() == Some("Local");
@@ -350,9 +360,9 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
     // used by something else on the segment until it is allocated, and answering
     // ARP for it would draw that traffic (the file source, where the operator lists
     // each VIP on purpose, holds every address of its pools).
-    let in_use: std::collections::BTreeSet<Ipv4Addr> = w.services.iter().map(|s| s.vip).collect();
+    let in_use: std::collections::BTreeSet<IpAddr> = w.services.iter().map(|s| IpAddr::V4(s.vip)).chain(in_use6).collect();
     for (p, (_, v)) in w.pools.iter_mut().zip(&valid) {
-        p.addresses = in_use.iter().copied().filter(|a| v.addresses.contains((*a).into())).collect();
+        p.addresses = in_use.iter().copied().filter(|a| v.addresses.contains(*a)).collect();
     }
     w
 }
