@@ -623,7 +623,7 @@ mod tests {
         }
         let full = serde_json::to_value(VipState::default()).unwrap();
         assert_eq!(full.as_object().unwrap().len(), status.as_object().unwrap().len(), "every field is serialized, null included: {full}");
-        assert_eq!((status["vlan"]["minimum"].as_i64(), status["vlan"]["maximum"].as_i64()), (Some(1), Some(4094)));
+        assert_eq!((status["vlan"]["minimum"].as_f64(), status["vlan"]["maximum"].as_f64()), (Some(1.0), Some(4094.0)));
     }
 
     #[test]
