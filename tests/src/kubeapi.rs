@@ -888,7 +888,13 @@ async fn reset(client: &Client) -> Result<()> {
         anyhow::Ok(())
     };
     for (list, _) in
-        [("/apis/vip.dev/v1alpha1/vippools", ()), ("/api/v1/services", ()), ("/apis/events.k8s.io/v1/events", ()), ("/apis/coordination.k8s.io/v1/leases", ())]
+        [
+            ("/apis/vip.dev/v1alpha1/vippools", ()),
+            ("/apis/vip.dev/v1alpha1/vipstatuses", ()),
+            ("/api/v1/services", ()),
+            ("/apis/events.k8s.io/v1/events", ()),
+            ("/apis/coordination.k8s.io/v1/leases", ()),
+        ]
     {
         let items = raw(client, Method::GET, list, "", None).await?.ok()?;
         for it in items["items"].as_array().cloned().unwrap_or_default() {
