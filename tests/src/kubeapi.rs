@@ -625,10 +625,16 @@ impl RealApiServer {
         let deadline = Instant::now() + Duration::from_secs(30);
         for doc in &docs {
             let name = doc["metadata"]["name"].as_str().context("a CRD without a name")?;
-            let served = format!("/apis/{}/{}/{}", doc["spec"]["group"].as_str().unwrap_or(""), doc["spec"]["versions"][0]["name"].as_str().unwrap_or(""), doc["spec"]["names"]["plural"].as_str().unwrap_or(""));
+            let served = format!(
+                "/apis/{}/{}/{}",
+                doc["spec"]["group"].as_str().unwrap_or(""),
+                doc["spec"]["versions"][0]["name"].as_str().unwrap_or(""),
+                doc["spec"]["names"]["plural"].as_str().unwrap_or("")
+            );
             loop {
                 let crd = raw(client, Method::GET, &format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"), "", None).await?.ok()?;
-                let established = crd["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+                let established =
+                    crd["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
                 // Established can come a moment before the resource is served: ask for it.
                 if established && raw(client, Method::GET, &served, "", None).await?.status == 200 {
                     break;
@@ -887,15 +893,13 @@ async fn reset(client: &Client) -> Result<()> {
         }
         anyhow::Ok(())
     };
-    for (list, _) in
-        [
-            ("/apis/vip.dev/v1alpha1/vippools", ()),
-            ("/apis/vip.dev/v1alpha1/vipstatuses", ()),
-            ("/api/v1/services", ()),
-            ("/apis/events.k8s.io/v1/events", ()),
-            ("/apis/coordination.k8s.io/v1/leases", ()),
-        ]
-    {
+    for (list, _) in [
+        ("/apis/vip.dev/v1alpha1/vippools", ()),
+        ("/apis/vip.dev/v1alpha1/vipstatuses", ()),
+        ("/api/v1/services", ()),
+        ("/apis/events.k8s.io/v1/events", ()),
+        ("/apis/coordination.k8s.io/v1/leases", ()),
+    ] {
         let items = raw(client, Method::GET, list, "", None).await?.ok()?;
         for it in items["items"].as_array().cloned().unwrap_or_default() {
             let (ns, name) = (it["metadata"]["namespace"].as_str(), it["metadata"]["name"].as_str().unwrap_or_default());

@@ -119,7 +119,13 @@ async fn apply_status(c: &kube::Client, name: &str, query: &str, status: Value) 
 async fn vip_status_status_is_server_side_applied(api: Backend) {
     let c = api.client().await;
     let name = "198-18-1-10";
-    let created = send(&c, Method::POST, STATUSES, json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipStatus", "metadata": { "name": name }, "spec": { "address": "198.18.1.10" } })).await;
+    let created = send(
+        &c,
+        Method::POST,
+        STATUSES,
+        json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipStatus", "metadata": { "name": name }, "spec": { "address": "198.18.1.10" } }),
+    )
+    .await;
     assert_eq!(created.ok()["spec"]["address"], "198.18.1.10");
     let a = json!({ "holder": "node-a", "interface": "eth1", "vlan": 30, "heldSince": "2025-01-01T00:00:00Z", "lastGratuitousArp": "2025-01-01T00:00:01Z", "backends": ["node-a", "node-b"], "conditions": [] });
     apply_status(&c, name, "force=true", a.clone()).await.invalid(&[("FieldValueRequired", "fieldManager")]);

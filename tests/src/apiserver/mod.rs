@@ -637,9 +637,16 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
             if ct.starts_with("application/apply-patch+yaml") && t.status {
                 let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
-                    let cause = Cause { reason: "FieldValueRequired", message: "Required value: is required for apply patch".into(), field: "fieldManager".into() };
-                    let mut e = ApiError::new(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into());
-                    e.details = Some(json!({ "group": "meta.k8s.io", "kind": "PatchOptions", "causes": [{ "reason": cause.reason, "message": cause.message, "field": cause.field }] }));
+                    let cause =
+                        Cause { reason: "FieldValueRequired", message: "Required value: is required for apply patch".into(), field: "fieldManager".into() };
+                    let mut e = ApiError::new(
+                        422,
+                        "Invalid",
+                        "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into(),
+                    );
+                    e.details = Some(
+                        json!({ "group": "meta.k8s.io", "kind": "PatchOptions", "causes": [{ "reason": cause.reason, "message": cause.message, "field": cause.field }] }),
+                    );
                     return Err(e);
                 };
                 let force = q.get("force").is_some_and(|f| f == "true");

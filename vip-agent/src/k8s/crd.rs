@@ -598,12 +598,8 @@ mod tests {
     fn vip_status_crd_columns_and_nullable_status() {
         let v = serde_json::to_value(vip_status_crd()).unwrap();
         let version = &v["spec"]["versions"][0];
-        let cols: Vec<(&str, &str)> = version["additionalPrinterColumns"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| (c["name"].as_str().unwrap(), c["jsonPath"].as_str().unwrap()))
-            .collect();
+        let cols: Vec<(&str, &str)> =
+            version["additionalPrinterColumns"].as_array().unwrap().iter().map(|c| (c["name"].as_str().unwrap(), c["jsonPath"].as_str().unwrap())).collect();
         assert_eq!(
             cols,
             [

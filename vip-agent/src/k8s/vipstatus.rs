@@ -152,7 +152,12 @@ fn manager(node: &str) -> String {
 /// the liveness thread; `backends`, the ring's nodes by VIP) equal to what it
 /// wants, at most one write per VIP every [`MIN_INTERVAL`]. A VIP whose VipStatus
 /// does not exist yet (the controller creates it) is written once it does.
-pub async fn run_holder(client: Client, node: String, mut held: watch::Receiver<BTreeMap<Ipv4Addr, HeldVip>>, mut backends: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>) {
+pub async fn run_holder(
+    client: Client,
+    node: String,
+    mut held: watch::Receiver<BTreeMap<Ipv4Addr, HeldVip>>,
+    mut backends: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>,
+) {
     let (tx, mut changed) = mpsc::unbounded_channel();
     let store = reflect(Api::<VipStatus>::all(client.clone()), tx);
     let _ = store.wait_until_ready().await;
@@ -244,7 +249,10 @@ mod tests {
         assert_eq!(v["heldSince"], "2023-11-14T22:13:20Z");
         assert_eq!(v["backends"], json!(["node-a", "node-b"]));
         let c = &v["conditions"][0];
-        assert_eq!((c["type"].as_str(), c["status"].as_str(), c["message"].as_str()), (Some("Held"), Some("True"), Some("held by node node-a on eth1 VLAN 30")));
+        assert_eq!(
+            (c["type"].as_str(), c["status"].as_str(), c["message"].as_str()),
+            (Some("Held"), Some("True"), Some("held by node node-a on eth1 VLAN 30"))
+        );
         assert_eq!(c["lastTransitionTime"], v["heldSince"]);
         // Untagged, announced on the loopback: null, not absent (the apply names them).
         let v = serde_json::to_value(held_state("node-a", &held(None, false), &[])).unwrap();
