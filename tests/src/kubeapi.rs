@@ -616,24 +616,36 @@ impl RealApiServer {
         on_own_runtime(self.opts.netns.clone(), move || async move { f(client_from_kubeconfig(&cfg).await?).await })
     }
 
-    /// Applies the VipPool CRD (deploy/crd.yaml) and waits until it is Established.
+    /// Applies the CRDs of deploy/crd.yaml (VipPool, VipStatus) and waits until each is Established and served.
     pub async fn install_crd(&self, client: &Client) -> Result<()> {
-        for doc in manifests(&deploy_dir().join("crd.yaml"))? {
-            apply(client, &doc, false).await?;
+        let docs = manifests(&deploy_dir().join("crd.yaml"))?;
+        for doc in &docs {
+            apply(client, doc, false).await?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let crd = raw(client, Method::GET, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/vippools.vip.dev", "", None).await?.ok()?;
-            let established = crd["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
-            // Established can come a moment before the resource is served: ask for it.
-            if established && raw(client, Method::GET, "/apis/vip.dev/v1alpha1/vippools", "", None).await?.status == 200 {
-                return Ok(());
+        for doc in &docs {
+            let name = doc["metadata"]["name"].as_str().context("a CRD without a name")?;
+            let served = format!(
+                "/apis/{}/{}/{}",
+                doc["spec"]["group"].as_str().unwrap_or(""),
+                doc["spec"]["versions"][0]["name"].as_str().unwrap_or(""),
+                doc["spec"]["names"]["plural"].as_str().unwrap_or("")
+            );
+            loop {
+                let crd = raw(client, Method::GET, &format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"), "", None).await?.ok()?;
+                let established =
+                    crd["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+                // Established can come a moment before the resource is served: ask for it.
+                if established && raw(client, Method::GET, &served, "", None).await?.status == 200 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("the CRD {name} is not Established: {}", crd["status"]);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            if Instant::now() > deadline {
-                bail!("the VipPool CRD is not Established: {}", crd["status"]);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Ok(())
     }
 
     /// Applies deploy/00-namespace.yaml and deploy/10-rbac.yaml, then asks the
@@ -881,9 +893,13 @@ async fn reset(client: &Client) -> Result<()> {
         }
         anyhow::Ok(())
     };
-    for (list, _) in
-        [("/apis/vip.dev/v1alpha1/vippools", ()), ("/api/v1/services", ()), ("/apis/events.k8s.io/v1/events", ()), ("/apis/coordination.k8s.io/v1/leases", ())]
-    {
+    for (list, _) in [
+        ("/apis/vip.dev/v1alpha1/vippools", ()),
+        ("/apis/vip.dev/v1alpha1/vipstatuses", ()),
+        ("/api/v1/services", ()),
+        ("/apis/events.k8s.io/v1/events", ()),
+        ("/apis/coordination.k8s.io/v1/leases", ()),
+    ] {
         let items = raw(client, Method::GET, list, "", None).await?.ok()?;
         for it in items["items"].as_array().cloned().unwrap_or_default() {
             let (ns, name) = (it["metadata"]["namespace"].as_str(), it["metadata"]["name"].as_str().unwrap_or_default());

@@ -80,6 +80,20 @@ impl LabApi {
         }
     }
 
+    /// Deletes an object; whether it was there.
+    pub fn delete(&self, resource: &str, ns: Option<&str>, name: &str) -> Result<bool> {
+        match self {
+            LabApi::StandIn(api, _) => Ok(api.remove(resource, ns, name).is_some()),
+            LabApi::Real(s) => {
+                let path = format!("{}/{name}", resource_path(resource, ns));
+                s.block_on(|c| async move {
+                    let r = raw(&c, Method::DELETE, &path, "", None).await?;
+                    Ok(r.status != 404 && r.ok().is_ok())
+                })
+            }
+        }
+    }
+
     /// Stores `obj` as it is (the stand-in) or applies it (the real server, where
     /// a `status` is ignored except for Nodes, see [`register_node`]).
     pub fn insert(&self, resource: &str, obj: Value) -> Result<Value> {
@@ -226,6 +240,19 @@ impl KubeLab {
             lab.start_agent(i)?;
         }
         Ok(Some(Self { _health: health, lab, api: LabApi::Real(Box::new(server)), api_ns, _tmp: tmp }))
+    }
+}
+
+impl KubeLab {
+    /// `kubectl ARGS` (/usr/bin/kubectl) as the admin against the real server, from
+    /// the API's namespace; its standard output. Panics on the stand-in or a failure.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let server = self.api.real().expect("kubectl runs against the real API server");
+        let path = self._tmp.0.join("admin.kubeconfig");
+        server.kubeconfig_admin(&path).expect("writing the admin kubeconfig");
+        let out = self.api_ns.cmd("/usr/bin/kubectl").arg("--kubeconfig").arg(&path).args(args).output().expect("running kubectl");
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 

@@ -12,6 +12,11 @@
 //! `externalTrafficPolicy: Local` and its EndpointSlice changes move every agent's
 //! ring to the nodes with endpoints.
 //!
+//! The VIP's VipStatus names its holder, interface and backends (which follow the
+//! rings), `kubectl get vipstatuses` shows them in columns (real server); after the
+//! holder's agent stops, it names the new holder within seconds; a VIP that leaves
+//! its last Service loses its VipStatus.
+//!
 //! On the real server an API outage follows: kube-apiserver SIGKILLed and kept down
 //! 30 s while the client opens a connection to the VIP every 150 ms (none may
 //! fail), then restarted on the same etcd: no address changes, and a new Service
@@ -45,8 +50,9 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let kl = KubeLab::start(HaSpec::default(), lab_exe()).unwrap();
+    let mut kl = KubeLab::start(HaSpec::default(), lab_exe()).unwrap();
     scenario(&kl);
+    failover_and_release(&mut kl);
 }
 
 #[test]
@@ -56,13 +62,66 @@ fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let Some(kl) = KubeLab::start_real(HaSpec::default(), lab_exe()).unwrap() else {
+    let Some(mut kl) = KubeLab::start_real(HaSpec::default(), lab_exe()).unwrap() else {
         return;
     };
     let server = kl.api.real().unwrap();
     eprintln!("real API server: kube-apiserver {} at {} (ready {:.1} s after start)", server.version(), server.url(), server.startup().as_secs_f64());
     scenario(&kl);
+    let v = vip(0);
+    let holder = vip_status(&kl, v, "a holder", |s| s["holder"].as_str().is_some())["holder"].as_str().unwrap().to_owned();
+    let kubectl = kl.kubectl(&["get", "vipstatuses"]);
+    let header: Vec<&str> = kubectl.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "VIP", "HOLDER", "INTERFACE", "VLAN", "SINCE", "LAST", "GARP", "BACKENDS"], "{kubectl}");
+    let row = kubectl.lines().find(|l| l.starts_with("198-18-1-10 ")).unwrap_or_else(|| panic!("no row for {v}:\n{kubectl}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // No VLAN (untagged): an empty cell.
+    assert_eq!((cells[1], cells[2], cells[3], cells[6]), (v.to_string().as_str(), holder.as_str(), "eth0", r#"["node-1"]"#), "{kubectl}");
+    eprintln!("kubectl get vipstatuses:\n{kubectl}");
+    failover_and_release(&mut kl);
     outage(&kl);
+}
+
+/// VIP `v`'s VipStatus's status once `ok` holds for it (within 10 s: the holder
+/// writes each VIP at most every 3 s).
+fn vip_status(kl: &KubeLab, v: std::net::Ipv4Addr, what: &str, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let name = vip_agent::k8s::crd::vip_status_name(v.into());
+    let got = wait_for(Duration::from_secs(10), || {
+        let o = kl.api.get("vipstatuses.vip.dev", None, &name)?;
+        (o["spec"]["address"] == v.to_string() && ok(&o["status"])).then(|| o["status"].clone())
+    });
+    got.unwrap_or_else(|| panic!("VipStatus {name}: not {what} within 10 s: {:?}\n{}", kl.api.get("vipstatuses.vip.dev", None, &name), kl.lab.agent_logs()))
+}
+
+/// The holder's agent stops: the status names the new holder within seconds; the
+/// agent comes back. Then a Service made and deleted: its VIP's VipStatus comes and goes.
+fn failover_and_release(kl: &mut KubeLab) {
+    let v = vip(0);
+    let old = vip_status(kl, v, "held", |s| s["holder"].is_string())["holder"].as_str().unwrap().to_owned();
+    let i = kl.lab.index_of(&old);
+    let t0 = Instant::now();
+    kl.lab.stop_agent(i, libc::SIGTERM);
+    let s = vip_status(kl, v, "held by another node", |s| s["holder"].is_string() && s["holder"] != old.as_str());
+    eprintln!("VipStatus: {v} held by {} (was {old}) {:.1} s after its agent stopped", s["holder"], t0.elapsed().as_secs_f64());
+    let new = s["holder"].as_str().unwrap();
+    let up: Vec<usize> = (0..kl.lab.nodes.len()).filter(|&j| j != i).collect();
+    let owners = kl.lab.wait_converged_on(&up, 1, Duration::from_secs(10)).unwrap();
+    assert_eq!(owners[&v], new, "the status names the holder the agents agree on");
+    assert_eq!(s["conditions"][0]["type"], "Held");
+    assert_eq!((s["conditions"][0]["status"].as_str(), s["interface"].as_str()), (Some("True"), Some("eth0")), "{s}");
+    kl.lab.start_agent(i).unwrap();
+
+    kl.api.insert("services", lb_service("brief")).unwrap();
+    let addr = wait_for(Duration::from_secs(20), || {
+        kl.api.get("services", Some("shop"), "brief")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
+    });
+    let addr: std::net::Ipv4Addr = addr.unwrap_or_else(|| panic!("no address for brief\n{}", kl.lab.agent_logs())).parse().unwrap();
+    let s = vip_status(kl, addr, "held", |s| s["holder"].is_string() && s["backends"].as_array().is_some_and(|b| b.len() == 3));
+    assert_eq!(s["backends"], json!(["node-1", "node-2", "node-3"]), "a Cluster-policy Service spreads to every node");
+    assert!(kl.api.delete("services", Some("shop"), "brief").unwrap());
+    let name = vip_agent::k8s::crd::vip_status_name(addr.into());
+    let gone = wait_for(Duration::from_secs(10), || kl.api.get("vipstatuses.vip.dev", None, &name).is_none().then_some(()));
+    assert!(gone.is_some(), "VipStatus {name} outlived its VIP's last Service\n{}", kl.lab.agent_logs());
 }
 
 /// The addresses of the Services in `shop`, by name.
@@ -186,6 +245,13 @@ fn scenario(kl: &KubeLab) {
         (api.get("vippools.vip.dev", None, "lab")?["status"]["owners"] == json!({ v.to_string(): owners[&v] })).then_some(())
     });
     assert!(in_status.is_some(), "pool owners: {:?}, agents: {owners:?}", api.get("vippools.vip.dev", None, "lab"));
+    let s = vip_status(kl, v, "held by its owner with every node a backend", |s| {
+        s["holder"] == owners[&v].as_str() && s["backends"].as_array().is_some_and(|b| b.len() == 3)
+    });
+    assert_eq!((s["interface"].as_str(), &s["vlan"], &s["backends"]), (Some("eth0"), &json!(null), &json!(["node-1", "node-2", "node-3"])), "{s}");
+    assert!(s["heldSince"].is_string() && s["lastGratuitousArp"].is_string(), "{s}");
+    let held = &s["conditions"][0];
+    assert_eq!((held["type"].as_str(), held["status"].as_str(), held["reason"].as_str()), (Some("Held"), Some("True"), Some("Held")), "{s}");
 
     // Local policy: only nodes with ready endpoints (checked on healthCheckNodePort).
     api.insert("endpointslices.discovery.k8s.io", endpoint_slice("shop", "web", &["node-2", "node-3"])).unwrap();
@@ -213,5 +279,7 @@ fn scenario(kl: &KubeLab) {
             *seen.entry(ask(&lab.client, v, 46000 + p, Duration::from_secs(2)).unwrap()).or_default() += 1;
         }
         assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), want, "connections with endpoints on {want:?}: {seen:?}");
+        // The VipStatus's backends follow the rings.
+        vip_status(kl, v, &format!("spread to {want:?}"), |s| s["backends"] == json!(want));
     }
 }

@@ -16,7 +16,11 @@
 //!   new Node until the node controller (here the test) lifts it;
 //! - VipPools: deploy/crd.yaml's structural schema (types, required, enums,
 //!   minimum/maximum, lengths, item counts, patterns, formats, nulls), unknown
-//!   fields pruned with a warning, defaults filled in, status writes checked as well.
+//!   fields pruned with a warning, defaults filled in, status writes checked as well;
+//! - VipStatuses: server-side apply of the status (what the agents' writers rely
+//!   on): `fieldManager` required, conflicts without `force`, a forced apply taking
+//!   every field it names (nulls included), fields a manager stops naming removed,
+//!   the CRD's schema checked on the applied status.
 use http::Method;
 use serde_json::{json, Value};
 use vip_tests::{
@@ -31,6 +35,7 @@ vip_tests::both_api_servers!(cluster_ips_are_allocated_and_immutable);
 vip_tests::both_api_servers!(new_nodes_are_tainted_not_ready_until_lifted);
 vip_tests::both_api_servers!(ip_families_on_a_single_stack_cluster);
 vip_tests::both_api_servers!(vip_pools_are_checked_against_the_crd_schema);
+vip_tests::both_api_servers!(vip_status_status_is_server_side_applied);
 
 const SVCS: &str = "/api/v1/namespaces/shop/services";
 const POOLS: &str = "/apis/vip.dev/v1alpha1/vippools";
@@ -80,6 +85,10 @@ impl Out {
 
 async fn send(c: &kube::Client, method: Method, path: &str, body: Value) -> Out {
     let ct = if method == Method::PATCH { "application/merge-patch+json" } else { "application/json" };
+    send_as(c, method, path, ct, body).await
+}
+
+async fn send_as(c: &kube::Client, method: Method, path: &str, ct: &str, body: Value) -> Out {
     let body = (!body.is_null()).then_some(body);
     let r = raw(c, method.clone(), path, ct, body.as_ref()).await.unwrap_or_else(|e| panic!("{method} {path}: {e:#}"));
     let mut causes: Vec<(String, String)> = r.body["details"]["causes"]
@@ -95,6 +104,63 @@ async fn send(c: &kube::Client, method: Method, path: &str, body: Value) -> Out 
         Default::default()
     };
     Out { code: r.status, reason, message, causes, warnings: r.warnings, body: r.body }
+}
+
+const STATUSES: &str = "/apis/vip.dev/v1alpha1/vipstatuses";
+
+/// A server-side apply of `status` to VipStatus `name` (query: `fieldManager=...&force=...`).
+async fn apply_status(c: &kube::Client, name: &str, query: &str, status: Value) -> Out {
+    let body = json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipStatus", "metadata": { "name": name }, "status": status });
+    send_as(c, Method::PATCH, &format!("{STATUSES}/{name}/status?{query}"), "application/apply-patch+yaml", body).await
+}
+
+/// What the holders' and the controller's writers do (`vip_agent::k8s::vipstatus`):
+/// each applies every field, with force; the last one's values are the status.
+async fn vip_status_status_is_server_side_applied(api: Backend) {
+    let c = api.client().await;
+    let name = "198-18-1-10";
+    let created = send(
+        &c,
+        Method::POST,
+        STATUSES,
+        json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipStatus", "metadata": { "name": name }, "spec": { "address": "198.18.1.10" } }),
+    )
+    .await;
+    assert_eq!(created.ok()["spec"]["address"], "198.18.1.10");
+    let a = json!({ "holder": "node-a", "interface": "eth1", "vlan": 30, "heldSince": "2025-01-01T00:00:00Z", "lastGratuitousArp": "2025-01-01T00:00:01Z", "backends": ["node-a", "node-b"], "conditions": [] });
+    apply_status(&c, name, "force=true", a.clone()).await.invalid(&[("FieldValueRequired", "fieldManager")]);
+    apply_status(&c, "198-18-1-11", "fieldManager=node-a&force=true", a.clone()).await.rejected(404, "NotFound", &[]);
+    assert_eq!(apply_status(&c, name, "fieldManager=node-a&force=true", a.clone()).await.ok()["status"], a);
+    // Another manager, different values, no force: a conflict per field, nothing written.
+    let b = json!({ "holder": "node-b", "interface": "eth1", "vlan": null, "heldSince": "2025-01-02T00:00:00Z", "lastGratuitousArp": null, "backends": ["node-a", "node-b"], "conditions": [] });
+    apply_status(&c, name, "fieldManager=node-b", b.clone()).await.rejected(
+        409,
+        "Conflict",
+        &[
+            ("FieldManagerConflict", ".status.heldSince"),
+            ("FieldManagerConflict", ".status.holder"),
+            ("FieldManagerConflict", ".status.lastGratuitousArp"),
+            ("FieldManagerConflict", ".status.vlan"),
+        ],
+    );
+    assert_eq!(api.get("vipstatuses.vip.dev", None, name).unwrap()["status"], a);
+    // Forced: every field named is node-b's, nulls included.
+    assert_eq!(apply_status(&c, name, "fieldManager=node-b&force=true", b.clone()).await.ok()["status"], b);
+    // Values node-b left as they were (interface, backends) are shared with node-a:
+    // one node-b stops naming stays, node-a's.
+    let mut fewer = b.clone();
+    fewer.as_object_mut().unwrap().remove("backends");
+    assert_eq!(apply_status(&c, name, "fieldManager=node-b&force=true", fewer.clone()).await.ok()["status"], b);
+    // node-a stops naming it too: it goes (back to the schema's default); what
+    // node-b owns stays.
+    let mut mixed = fewer.clone();
+    mixed["holder"] = "node-a".into();
+    mixed["backends"] = json!([]);
+    assert_eq!(apply_status(&c, name, "fieldManager=node-a&force=true", json!({ "holder": "node-a" })).await.ok()["status"], mixed);
+    // The schema holds for applied statuses.
+    apply_status(&c, name, "fieldManager=node-a&force=true", json!({ "vlan": 5000 })).await.invalid(&[("FieldValueInvalid", "status.vlan")]);
+    assert_eq!(api.get("vipstatuses.vip.dev", None, name).unwrap()["status"], mixed);
+    send(&c, Method::DELETE, &format!("{STATUSES}/{name}"), Value::Null).await.ok();
 }
 
 fn service(name: &str, spec: Value) -> Value {

@@ -55,7 +55,7 @@ pub enum Cmd {
     /// would be answered on. Exit status: 0 ready, 1 invalid file (or node not
     /// listed), 2 host not ready.
     Check(CheckArgs),
-    /// Print the VipPool CustomResourceDefinition (YAML), as committed in deploy/crd.yaml.
+    /// Print the VipPool and VipStatus CustomResourceDefinitions (YAML), as committed in deploy/crd.yaml.
     Crd,
     /// Load the XDP program (re-using pinned maps) and attach it to one interface,
     /// without the agent. `run` attaches by itself; this is for manual set-ups and

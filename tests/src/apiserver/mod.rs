@@ -9,6 +9,13 @@
 //! - list (`labelSelector`, `fieldSelector`; one page, no `continue` token), get,
 //!   create (uid, resourceVersion, creationTimestamp, generation 1; `generateName`;
 //!   409 AlreadyExists), replace (PUT), delete (with `preconditions`), JSON merge patch;
+//! - server-side apply on `/status` subresources, with field ownership per
+//!   top-level field of `.status` (exact for a status of scalars and atomic lists,
+//!   as VipStatus's): `fieldManager` required, a field another manager owns with a
+//!   different value is a 409 conflict unless `force=true` (which takes it over),
+//!   fields the manager applied before and omits now are removed unless another
+//!   manager owns them too; a merge patch or PUT of the status hands the fields it
+//!   changes to an update manager;
 //! - 409 Conflict when a PUT body, a merge patch or delete preconditions carry a stale
 //!   `metadata.resourceVersion` (or another `uid`); a write that changes nothing
 //!   keeps the RV and emits no event; `generation` moves on changes outside
@@ -33,8 +40,8 @@
 //!
 //! Not covered: authentication and authorization, other admission plugins,
 //! validation and defaulting of other kinds, finalizers and graceful deletion (a delete removes at
-//! once), owner references and garbage collection, strategic merge, JSON and
-//! server-side apply patches (415), delete-collection, `resourceVersion` on lists
+//! once), owner references and garbage collection, strategic merge, JSON patches
+//! and server-side apply of whole objects (415), `managedFields`, delete-collection, `resourceVersion` on lists
 //! (always the current state), pagination, field selectors are any dotted path
 //! (the real server allows only a per-kind set), protobuf, aggregated discovery,
 //! namespace lifecycle (Namespace objects can be stored and watched for their
@@ -87,12 +94,22 @@ impl ResourceSpec {
     pub const ENDPOINT_SLICES: Self = res("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", true, false);
     pub const LEASES: Self = res("coordination.k8s.io", "v1", "leases", "Lease", true, false);
     pub const VIP_POOLS: Self = res("vip.dev", "v1alpha1", "vippools", "VipPool", false, true);
+    pub const VIP_STATUSES: Self = res("vip.dev", "v1alpha1", "vipstatuses", "VipStatus", false, true);
     pub const CONFIG_MAPS: Self = res("", "v1", "configmaps", "ConfigMap", true, false);
     /// Namespaces as objects (their labels feed VipPools' namespaceSelector).
     pub const NAMESPACES: Self = res("", "v1", "namespaces", "Namespace", false, true);
     /// What vip's agent reads and writes.
-    pub const VIP: [Self; 8] =
-        [Self::SERVICES, Self::NODES, Self::NAMESPACES, Self::EVENTS, Self::EVENTS_V1, Self::ENDPOINT_SLICES, Self::LEASES, Self::VIP_POOLS];
+    pub const VIP: [Self; 9] = [
+        Self::SERVICES,
+        Self::NODES,
+        Self::NAMESPACES,
+        Self::EVENTS,
+        Self::EVENTS_V1,
+        Self::ENDPOINT_SLICES,
+        Self::LEASES,
+        Self::VIP_POOLS,
+        Self::VIP_STATUSES,
+    ];
 
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -618,6 +635,24 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
         (Method::PATCH, Some(name)) => {
             count(shared, Verb::Patch);
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            if ct.starts_with("application/apply-patch+yaml") && t.status {
+                let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
+                    let cause =
+                        Cause { reason: "FieldValueRequired", message: "Required value: is required for apply patch".into(), field: "fieldManager".into() };
+                    let mut e = ApiError::new(
+                        422,
+                        "Invalid",
+                        "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into(),
+                    );
+                    e.details = Some(
+                        json!({ "group": "meta.k8s.io", "kind": "PatchOptions", "causes": [{ "reason": cause.reason, "message": cause.message, "field": cause.field }] }),
+                    );
+                    return Err(e);
+                };
+                let force = q.get("force").is_some_and(|f| f == "true");
+                let w = lock().apply_status(t.res, ns, name, manager, force, parse_body(body)?)?;
+                return Ok(written_response(200, &w));
+            }
             if !ct.starts_with("application/merge-patch+json") {
                 return Err(ApiError::new(
                     415,

@@ -2,7 +2,7 @@
 
 use super::{crd, nodes, services, ApiError, ResourceSpec};
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tokio::sync::broadcast;
 
@@ -65,7 +65,13 @@ pub(crate) struct Store {
     /// The structural schema of each resource a CRD in deploy/ defines.
     schemas: Vec<Option<crd::Schema>>,
     taint_new_nodes: bool,
+    /// Who owns each top-level field of an object's `.status` (server-side apply).
+    status_owners: BTreeMap<Key, BTreeMap<String, BTreeSet<String>>>,
 }
+
+/// The owner of status fields written by a merge patch or PUT (the real server
+/// names the client's field manager; the stand-in keeps no managedFields).
+const UPDATE_MANAGER: &str = "(update)";
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
     obj["metadata"][field].as_str().unwrap_or("")
@@ -93,7 +99,19 @@ impl Store {
         // A watcher that falls this far behind gets 410 (as with the real watch cache).
         let (tx, _) = broadcast::channel(history_limit.max(16));
         let schemas = resources.iter().map(|r| if r.group.is_empty() { None } else { crd::Schema::find(r.group, r.version, r.plural) }).collect();
-        Store { resources, rv: 1, objects: BTreeMap::new(), history: VecDeque::new(), history_limit, compacted: 0, tx, uids: 0, schemas, taint_new_nodes }
+        Store {
+            resources,
+            rv: 1,
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_limit,
+            compacted: 0,
+            tx,
+            uids: 0,
+            schemas,
+            taint_new_nodes,
+            status_owners: BTreeMap::new(),
+        }
     }
 
     /// What other Services (all namespaces, not `key`) hold.
@@ -238,6 +256,7 @@ impl Store {
         if self.objects.contains_key(&key) {
             return Err(ApiError::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", spec.qualified())).details(&spec, &name));
         }
+        self.status_owners.remove(&key);
         Ok(Written { object: self.commit(res, EventType::Added, body, None), warnings })
     }
 
@@ -291,7 +310,80 @@ impl Store {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
             meta_mut(&mut new).insert("generation".into(), g.into());
         }
+        // Status fields this write changed are the updater's now, removed ones nobody's.
+        let key = Self::key(res, ns, name);
+        if let Some(owners) = self.status_owners.get_mut(&key) {
+            let field = |o: &Value, f: &str| o["status"].get(f).cloned();
+            let fields: BTreeSet<String> = owners.keys().cloned().chain(new["status"].as_object().into_iter().flat_map(|m| m.keys().cloned())).collect();
+            for f in fields {
+                match field(&new, &f) {
+                    None => {
+                        owners.remove(&f);
+                    }
+                    Some(v) if Some(&v) != field(&old, &f).as_ref() => {
+                        owners.insert(f, BTreeSet::from([UPDATE_MANAGER.to_owned()]));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         Ok(Written { object: self.commit(res, EventType::Modified, new, Some(old)), warnings })
+    }
+
+    /// A server-side apply of `body`'s `.status` by `manager` (see the module
+    /// comment of `apiserver` for what is covered).
+    pub fn apply_status(&mut self, res: usize, ns: Option<&str>, name: &str, manager: &str, force: bool, mut body: Value) -> Result<Written, ApiError> {
+        self.normalize(res, ns, Some(name), &mut body)?;
+        let key = Self::key(res, ns, name);
+        let old = self.get(res, ns, name)?;
+        let applied = body["status"].as_object().cloned().unwrap_or_default();
+        let mut owners = self.status_owners.get(&key).cloned().unwrap_or_default();
+        let mut status = old["status"].as_object().cloned().unwrap_or_default();
+        let mut conflicts = Vec::new();
+        for (f, v) in &applied {
+            let others: Vec<&String> = owners.get(f).into_iter().flatten().filter(|m| *m != manager).collect();
+            if !force && status.get(f) != Some(v) {
+                conflicts.extend(others.into_iter().map(|m| (m.clone(), format!(".status.{f}"))));
+            }
+        }
+        if !conflicts.is_empty() {
+            let causes: Vec<Value> = conflicts
+                .iter()
+                .map(|(m, f)| json!({ "reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\" with subresource \"status\""), "field": f }))
+                .collect();
+            let each: Vec<String> = conflicts.iter().map(|(m, f)| format!("conflict with \"{m}\" with subresource \"status\": {f}")).collect();
+            let n = conflicts.len();
+            let mut e = ApiError::new(409, "Conflict", format!("Apply failed with {n} conflict{}: {}", if n == 1 { "" } else { "s" }, each.join("\n")));
+            e.details = Some(json!({ "causes": causes }));
+            return Err(e);
+        }
+        // Fields this manager applied before and omits now: its ownership goes, and
+        // the field with it when nobody else owns it.
+        owners.retain(|f, ms| {
+            if applied.contains_key(f) || !ms.remove(manager) {
+                return true;
+            }
+            if ms.is_empty() {
+                status.remove(f);
+            }
+            !ms.is_empty()
+        });
+        for (f, v) in applied {
+            let ms = owners.entry(f.clone()).or_default();
+            // A forced apply takes over what it changes; a value it leaves as it is
+            // is shared with its other owners.
+            if status.get(&f) != Some(&v) {
+                ms.clear();
+            }
+            ms.insert(manager.to_owned());
+            status.insert(f, v);
+        }
+        let mut new = old.clone();
+        new["status"] = Value::Object(status);
+        let w = self.update(res, ns, name, new, Part::Status)?;
+        // The apply's ownership, not the update's (also when nothing changed).
+        self.status_owners.insert(key, owners);
+        Ok(w)
     }
 
     pub fn delete(&mut self, res: usize, ns: Option<&str>, name: &str, pre: &Value) -> Result<Value, ApiError> {
@@ -304,6 +396,7 @@ impl Store {
                 }
             }
         }
+        self.status_owners.remove(&Self::key(res, ns, name));
         Ok(self.commit(res, EventType::Deleted, old, None))
     }
 }

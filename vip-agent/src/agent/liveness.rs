@@ -11,7 +11,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{atomic::Ordering, Arc},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context as _, Result};
@@ -45,6 +45,18 @@ pub struct Membership {
     pub owners: BTreeMap<IpAddr, String>,
     pub held: BTreeSet<IpAddr>,
     pub on_lo: BTreeSet<IpAddr>,
+}
+
+/// A VIP this node holds, as its `VipStatus` shows it (`k8s::vipstatus`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldVip {
+    /// When this agent took it (or found it held, at its start).
+    pub since: SystemTime,
+    /// Its last gratuitous ARP (None: not announced by ARP).
+    pub last_garp: Option<SystemTime>,
+    /// Where it is answered: the interface (a VLAN's parent for a pool's `vlan`), and the VLAN.
+    pub interface: String,
+    pub vlan: Option<u16>,
 }
 
 /// Where this node's VIPs live and where it is reached, as resolved by the agent
@@ -93,6 +105,9 @@ pub struct Setup {
     /// Set when the agent stops: peers are told, and keep this node a backend
     /// for that long (`heartbeat::Options::leave`).
     pub leave: watch::Receiver<Option<Duration>>,
+    /// The VIPs held, with since when and their last announcement, for their
+    /// `VipStatus`: only ever sent on, never waited for.
+    pub held_vips: watch::Sender<BTreeMap<IpAddr, HeldVip>>,
 }
 
 /// Starts the thread, which first sweeps `arp_held` (entries of VIPs this node
@@ -145,8 +160,11 @@ struct Liveness {
     owners: BTreeMap<IpAddr, String>,
     /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
     deadline: u64,
-    /// When each held VIP was last announced (its pool's refresh counts from it).
-    last_garp: BTreeMap<IpAddr, Instant>,
+    /// When each held VIP was last announced (its pool's refresh counts from
+    /// it), and that time on the wall clock (for its status).
+    last_garp: BTreeMap<IpAddr, (Instant, SystemTime)>,
+    /// Since when each held VIP is held.
+    since: BTreeMap<IpAddr, SystemTime>,
     /// `arp_conflict` packets counted so far (to log new ones).
     conflicts: u64,
     /// Conflicting claims counted per VIP so far (`arp_conflicts`).
@@ -184,6 +202,7 @@ impl Liveness {
             owners: BTreeMap::new(),
             deadline: 0,
             last_garp: BTreeMap::new(),
+            since: BTreeMap::new(),
             conflicts: 0,
             contested: BTreeMap::new(),
             link_up: true,
@@ -446,6 +465,11 @@ impl Liveness {
             }
             Err(e) => error!("reading arp_held: {e:#}"),
         }
+        let now = SystemTime::now();
+        self.since.retain(|v, _| want.contains_key(v) && !taken.contains(v));
+        for v in want.keys() {
+            self.since.entry(*v).or_insert(now);
+        }
         self.held = want;
         self.sync_groups();
         if reassert {
@@ -454,6 +478,7 @@ impl Liveness {
             self.announce(taken, true);
         }
         self.last_garp.retain(|v, _| o.held.contains(v));
+        self.tell_held();
         let on_lo: BTreeSet<Ipv4Addr> = o
             .on_lo
             .iter()
@@ -525,7 +550,7 @@ impl Liveness {
     /// a `takeover` each pool's count of frames, its interval apart, so switches and
     /// neighbours learn the new owner at once; else one frame (refresh, conflict).
     fn announce(&mut self, vips: BTreeSet<IpAddr>, takeover: bool) {
-        let now = Instant::now();
+        let now = (Instant::now(), SystemTime::now());
         let mut by_settings: BTreeMap<crate::model::Garp, Vec<_>> = BTreeMap::new();
         for v in vips {
             if self.world.announce_mode(v) == AnnounceMode::Lo {
@@ -536,10 +561,30 @@ impl Liveness {
             by_settings.entry(self.world.garp(v)).or_default().push((v, l.xdp_ifindex, frame));
             self.last_garp.insert(v, now);
         }
+        let announced = !by_settings.is_empty();
         for (g, frames) in by_settings {
             let rounds = if takeover { g.count } else { 1 };
             let _ = self.arp_tx.send(Order::Send(Job { frames, rounds, gap: g.interval, what: "gratuitous ARP or unsolicited neighbour advertisement" }));
         }
+        if announced {
+            self.tell_held();
+        }
+    }
+
+    /// Sends the held VIPs to their status writer (a `watch`: never waits).
+    fn tell_held(&self) {
+        let vips: BTreeMap<IpAddr, HeldVip> = self
+            .held
+            .iter()
+            .filter_map(|(v, (_, ifindex))| {
+                let l = self.link_of(*v)?;
+                // A pool's `vlan` is no interface of the host: its parent is.
+                let interface = if crate::links::is_vlan_net(*ifindex) { l.xdp_iface.clone() } else { l.name.clone() };
+                let since = *self.since.get(v)?;
+                Some((*v, HeldVip { since, last_garp: self.last_garp.get(v).map(|(_, t)| *t), interface, vlan: l.vlan }))
+            })
+            .collect();
+        self.s.held_vips.send_if_modified(|cur| replace_if_changed(cur, &vips));
     }
 
     /// One gratuitous ARP for each held VIP whose pool's refresh has passed since
@@ -547,7 +592,7 @@ impl Liveness {
     fn refresh_garp(&mut self) {
         let now = Instant::now();
         let due: BTreeSet<IpAddr> =
-            self.held.keys().filter(|v| self.last_garp.get(v).is_none_or(|t| now.duration_since(*t) >= self.world.garp(**v).refresh)).copied().collect();
+            self.held.keys().filter(|v| self.last_garp.get(v).is_none_or(|(t, _)| now.duration_since(*t) >= self.world.garp(**v).refresh)).copied().collect();
         if !due.is_empty() {
             self.announce(due, false);
         }

@@ -113,6 +113,8 @@ struct Agent {
     unprogrammed_tx: watch::Sender<BTreeMap<Ipv4Addr, Vec<String>>>,
     /// VIP → why no node holds it, for the controller (pool condition, Events).
     unheld_tx: watch::Sender<BTreeMap<IpAddr, String>>,
+    /// VIP → the nodes its rings spread to, for the VipStatus of the VIPs held here.
+    backends_tx: watch::Sender<BTreeMap<IpAddr, Vec<String>>>,
     /// What the service maps hold (services that failed are absent: retried).
     applied: BTreeMap<ServiceAddr, DesiredService>,
     /// Services the model wants that could not be programmed, with why.
@@ -131,6 +133,8 @@ pub async fn run(opts: Options) -> Result<()> {
     let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
     let (unprogrammed_tx, unprogrammed_rx) = watch::channel(BTreeMap::new());
     let (unheld_tx, unheld_rx) = watch::channel(BTreeMap::new());
+    let (backends_tx, backends_rx) = watch::channel(BTreeMap::new());
+    let (held_vips, held_vips_rx) = watch::channel(BTreeMap::new());
     let mut api_client = None;
     let (world, text, mut feed, source_name) = match &opts.source {
         Source::File(path) => {
@@ -155,7 +159,8 @@ pub async fn run(opts: Options) -> Result<()> {
                 unprogrammed: unprogrammed_rx,
                 unheld: unheld_rx,
             };
-            tokio::spawn(crate::k8s::controller::run(client, opts.node_name.clone(), leading, Duration::from_secs(30), view));
+            tokio::spawn(crate::k8s::controller::run(client.clone(), opts.node_name.clone(), leading, Duration::from_secs(30), view));
+            tokio::spawn(crate::k8s::vipstatus::run_holder(client, opts.node_name.clone(), held_vips_rx, backends_rx));
             (world, None, Feed::Kubernetes(rx), PathBuf::from("kubernetes"))
         }
     };
@@ -211,6 +216,7 @@ pub async fn run(opts: Options) -> Result<()> {
         owners_tx,
         unprogrammed_tx,
         unheld_tx,
+        backends_tx,
         applied: BTreeMap::new(),
         failed: BTreeMap::new(),
         unresolved: BTreeSet::new(),
@@ -248,6 +254,7 @@ pub async fn run(opts: Options) -> Result<()> {
         metrics: agent.metrics.liveness.clone(),
         keys: keys.as_ref().map(|k| k.keys.clone()),
         leave: leave_rx,
+        held_vips,
     };
     let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
     agent.membership = members.borrow_and_update().clone();

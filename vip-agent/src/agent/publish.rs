@@ -38,6 +38,12 @@ impl Agent {
                 failing_open: d.failing_open,
             })
             .collect();
+        let mut backends: BTreeMap<Ipv4Addr, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for (a, d) in &self.applied {
+            backends.entry(a.vip).or_default().extend(d.spec.backends.iter().map(|b| b.name.clone()));
+        }
+        let backends: BTreeMap<std::net::IpAddr, Vec<String>> = backends.into_iter().map(|(v, b)| (v.into(), b.into_iter().collect())).collect();
+        self.backends_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &backends));
         let mut by_vip: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
         for (a, (_, e)) in &self.failed {
             by_vip.entry(a.vip).or_default().push(format!("{}/{}: {e}", a.port, a.protocol));

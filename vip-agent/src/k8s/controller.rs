@@ -5,6 +5,9 @@
 //! agent computes them) go into the pools' status, and an owner change is an Event
 //! on each Service of the VIP. Every write carries the resourceVersion it was
 //! computed from: a stale view gets a 409 and is recomputed, never applied.
+//! It also keeps one VipStatus per VIP in use (created and deleted here; the
+//! holder writes its status, this controller only `Held=False` while no node
+//! holds the VIP, see `vipstatus`).
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr},
@@ -31,8 +34,8 @@ use tracing::{info, warn};
 
 use super::{
     allocate::{self, Decision, PoolView},
-    crd::{VipPool, VipPoolStatus},
-    owned, pools, reflect,
+    crd::{vip_status_name, VipPool, VipPoolStatus, VipStatus, VipStatusSpec},
+    owned, pools, reflect, vipstatus,
 };
 use crate::addrs::IPV6_NOT_SERVED;
 
@@ -121,6 +124,8 @@ pub struct Pass {
     pub metallb_warnings: usize,
     /// `NotHeld` Warnings and `Held` Events recorded.
     pub unheld_events: usize,
+    /// VipStatuses created, deleted, and given a `Held=False` status.
+    pub vip_statuses: usize,
 }
 
 pub struct Controller {
@@ -128,6 +133,9 @@ pub struct Controller {
     pools: Store<VipPool>,
     services: Store<Service>,
     namespaces: Store<Namespace>,
+    vip_statuses: Store<VipStatus>,
+    /// `Held=False` writes, at most one per VipStatus every few seconds.
+    unheld_writes: vipstatus::Coalescer<String>,
     reporter: Reporter,
     /// Last Pending message per Service: an Event only when it changes.
     pending: BTreeMap<String, String>,
@@ -159,7 +167,8 @@ impl Controller {
         let (tx, rx) = mpsc::unbounded_channel();
         let pools = reflect(Api::<VipPool>::all(client.clone()), tx.clone());
         let services = reflect(Api::<Service>::all(client.clone()), tx.clone());
-        let namespaces = reflect(Api::<Namespace>::all(client.clone()), tx);
+        let namespaces = reflect(Api::<Namespace>::all(client.clone()), tx.clone());
+        let vip_statuses = reflect(Api::<VipStatus>::all(client.clone()), tx);
         let reporter = Reporter { controller: "vip-controller".into(), instance: Some(identity.into()) };
         (
             Self {
@@ -167,6 +176,8 @@ impl Controller {
                 pools,
                 services,
                 namespaces,
+                vip_statuses,
+                unheld_writes: vipstatus::Coalescer::new(vipstatus::MIN_INTERVAL),
                 reporter,
                 pending: BTreeMap::new(),
                 view,
@@ -185,6 +196,7 @@ impl Controller {
         let _ = self.pools.wait_until_ready().await;
         let _ = self.services.wait_until_ready().await;
         let _ = self.namespaces.wait_until_ready().await;
+        let _ = self.vip_statuses.wait_until_ready().await;
     }
 
     /// One pass over the current view. Call only while leading.
@@ -253,6 +265,7 @@ impl Controller {
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
         let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
+        out.vip_statuses = self.sync_vip_statuses(&views, &by_vip, &unheld).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {
                 Some(v) => owners.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, o)| (a.to_string(), o.clone())).collect(),
@@ -323,6 +336,55 @@ impl Controller {
             self.publish(ev, svc).await;
         }
         events.len()
+    }
+
+    /// One VipStatus per VIP of a valid pool in use: missing ones created, those of
+    /// VIPs no longer in use deleted; `Held=False` written on those no node holds
+    /// (an IPv6 VIP, not served yet, or one in `unheld`). Returns how many writes
+    /// succeeded.
+    async fn sync_vip_statuses(&mut self, pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>, unheld: &BTreeMap<IpAddr, String>) -> usize {
+        let in_use: BTreeMap<String, IpAddr> =
+            by_vip.keys().filter(|v| pools.iter().any(|p| p.addresses.contains(**v))).map(|v| (vip_status_name(*v), *v)).collect();
+        let seen: BTreeMap<String, Option<crate::k8s::crd::VipState>> = self.vip_statuses.state().iter().map(|o| (o.name_any(), o.status.clone())).collect();
+        let api: Api<VipStatus> = Api::all(self.client.clone());
+        let mut n = 0;
+        for (name, vip) in in_use.iter().filter(|(name, _)| !seen.contains_key(*name)) {
+            match api.create(&Default::default(), &VipStatus::new(name, VipStatusSpec { address: vip.to_string() })).await {
+                Ok(_) => n += 1,
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => warn!(vipstatus = %name, "creating: {e}"),
+            }
+        }
+        for name in seen.keys().filter(|name| !in_use.contains_key(*name)) {
+            match api.delete(name, &Default::default()).await {
+                Ok(_) => n += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => warn!(vipstatus = %name, "deleting: {e}"),
+            }
+        }
+        let wants: BTreeMap<&String, crate::k8s::crd::VipState> = in_use
+            .iter()
+            .filter_map(|(name, vip)| {
+                let seen = seen.get(name)?.as_ref();
+                let (reason, why) = match vip {
+                    IpAddr::V6(_) => ("NotServed", IPV6_NOT_SERVED),
+                    IpAddr::V4(_) => ("NoHolder", unheld.get(vip)?.as_str()),
+                };
+                Some((name, vipstatus::unheld_state(reason, &format!("{vip} is answered by no node: {why}"), seen)))
+            })
+            .collect();
+        let differing: Vec<&String> = wants.iter().filter(|(name, w)| vipstatus::differs(seen[**name].as_ref(), w)).map(|(name, _)| *name).collect();
+        let now = std::time::Instant::now();
+        let (write, _) = self.unheld_writes.due(differing.into_iter().cloned(), now);
+        for name in write {
+            self.unheld_writes.wrote(name.clone(), now);
+            match vipstatus::apply(&self.client, &name, "vip-controller", &wants[&name]).await {
+                Ok(()) => n += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => warn!(vipstatus = %name, "status: {e}"),
+            }
+        }
+        n
     }
 
     /// Records a `MetalLBAnnotation` Warning on each of our Services that uses

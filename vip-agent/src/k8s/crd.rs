@@ -1,6 +1,7 @@
-//! The `VipPool` custom resource (cluster-scoped, `vip.dev/v1alpha1`): a pool of
-//! VIPs, which Services may take them and which nodes may hold them. Its CRD is
-//! generated from these types (`vip-agent crd`, committed as deploy/crd.yaml).
+//! The custom resources (cluster-scoped, `vip.dev/v1alpha1`): `VipPool`, a pool of
+//! VIPs, which Services may take them and which nodes may hold them; `VipStatus`,
+//! what is done with one VIP in use (its holder, interface, backends). Their CRDs
+//! are generated from these types (`vip-agent crd`, committed as deploy/crd.yaml).
 use std::{collections::BTreeMap, net::IpAddr};
 
 use ipnet::IpNet;
@@ -8,7 +9,7 @@ use ipnet::IpNet;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::{
     api::core::v1::Toleration,
-    apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector},
+    apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time},
 };
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -148,6 +149,83 @@ pub struct VipPoolStatus {
     pub owners: BTreeMap<String, String>,
 }
 
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "vip.dev",
+    version = "v1alpha1",
+    kind = "VipStatus",
+    plural = "vipstatuses",
+    shortname = "vipst",
+    doc = "What vip does with one VIP in use: the node that holds it (answers ARP for it), where, since when, and the nodes its traffic is spread to. One per VIP in use, named after the address (see `spec.address`); created and deleted by vip's elected controller, its status written by the holder.",
+    status = "VipState",
+    printcolumn = r#"{"name":"VIP","type":"string","jsonPath":".spec.address"}"#,
+    printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder"}"#,
+    printcolumn = r#"{"name":"Interface","type":"string","jsonPath":".status.interface"}"#,
+    printcolumn = r#"{"name":"VLAN","type":"integer","jsonPath":".status.vlan"}"#,
+    printcolumn = r#"{"name":"Since","type":"date","jsonPath":".status.heldSince"}"#,
+    printcolumn = r#"{"name":"Last GARP","type":"date","jsonPath":".status.lastGratuitousArp"}"#,
+    printcolumn = r#"{"name":"Backends","type":"string","jsonPath":".status.backends"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VipStatusSpec {
+    /// The VIP, as Services carry it (`198.18.1.10`, `2001:2::10`). The object's
+    /// name is derived from it: an IPv4 address with `-` for `.` (`198-18-1-10`);
+    /// an IPv6 address in its canonical compressed form with `-` for `:`
+    /// (`2001-2--10`), and a `0` before a leading or after a trailing `::`
+    /// (`0--1` for `::1`).
+    pub address: String,
+}
+
+/// A VIP's status: every field is always written (null when unknown), so that a
+/// new holder's server-side apply replaces all of its predecessor's.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VipState {
+    /// The node that holds the VIP (answers ARP for it, or has it on its loopback
+    /// for an `announce: lo` pool); null while no node holds it.
+    #[serde(default)]
+    pub holder: Option<String>,
+    /// The holder's interface the VIP is answered on (the VLAN's parent for a
+    /// pool's `vlan`).
+    #[serde(default)]
+    pub interface: Option<String>,
+    /// The 802.1Q VLAN the VIP is answered in; null: untagged.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 4094))]
+    pub vlan: Option<u16>,
+    /// Since when the holder's agent holds the VIP (its takeover, or the agent's
+    /// start when it found the VIP already held by this node).
+    #[serde(default)]
+    pub held_since: Option<Time>,
+    /// The holder's last gratuitous ARP for the VIP (takeover, refresh or answer to
+    /// a conflict); null for an `announce: lo` pool.
+    #[serde(default)]
+    pub last_gratuitous_arp: Option<Time>,
+    /// The nodes the holder spreads the VIP's new connections to (its ring), by name.
+    #[serde(default)]
+    pub backends: Vec<String>,
+    /// `Held`: True while a node holds the VIP (reason `Held`); False with why when
+    /// none does (`NoHolder`, `NotServed` for an IPv6 VIP).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// The name of the VipStatus of `vip` (see [`VipStatusSpec::address`]): a valid
+/// DNS-1123 subdomain, different for every address. IPv4 names have four
+/// dash-separated numbers; IPv6 names have a `--` or eight groups, so the two never
+/// meet. The canonical IPv6 form never starts with `0::` nor ends with `::0` (that
+/// zero would be part of the `::`), so the `0` added for a leading or trailing `::`
+/// is unambiguous too.
+pub fn vip_status_name(vip: std::net::IpAddr) -> String {
+    let text = vip.to_string().replace([':', '.'], "-");
+    let text = if text.starts_with('-') { format!("0{text}") } else { text };
+    if text.ends_with('-') {
+        format!("{text}0")
+    } else {
+        text
+    }
+}
+
 /// A VipPool's spec, checked: its addresses and settings as the model needs them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidPool {
@@ -213,7 +291,17 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldE
 /// descriptions get one line per paragraph (list items keep theirs).
 pub fn crd() -> CustomResourceDefinition {
     use kube::CustomResourceExt;
-    let mut v = serde_json::to_value(VipPool::crd()).expect("a CRD serializes");
+    polished(VipPool::crd())
+}
+
+/// The VipStatus CRD, polished as [`crd`].
+pub fn vip_status_crd() -> CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    polished(VipStatus::crd())
+}
+
+fn polished(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let mut v = serde_json::to_value(crd).expect("a CRD serializes");
     for version in v["spec"]["versions"].as_array_mut().into_iter().flatten() {
         polish_schema(&mut version["schema"]["openAPIV3Schema"]);
     }
@@ -276,10 +364,11 @@ fn reflow(doc: &str) -> String {
     paragraphs.filter(|p| !p.is_empty()).collect::<Vec<_>>().join("\n\n")
 }
 
-/// The CRD as YAML (what `vip-agent crd` prints and deploy/crd.yaml holds).
+/// The CRDs as YAML documents (what `vip-agent crd` prints and deploy/crd.yaml holds).
 pub fn crd_yaml() -> String {
     let header = "# Generated by `vip-agent crd` from vip-agent/src/k8s/crd.rs; do not edit.\n";
-    format!("{header}{}", serde_yaml_ng::to_string(&crd()).expect("a CRD serializes"))
+    let docs: Vec<String> = [crd(), vip_status_crd()].iter().map(|c| serde_yaml_ng::to_string(c).expect("a CRD serializes")).collect();
+    format!("{header}{}", docs.join("---\n"))
 }
 
 #[cfg(test)]
@@ -444,6 +533,83 @@ mod tests {
             "{ifaces}"
         );
         assert_eq!(reflow("a\nb\n\nlist:\n- one\n  more\n- two"), "a b\n\nlist:\n- one more\n- two");
+    }
+
+    /// Names are DNS-1123 subdomains (what the API server takes for a custom
+    /// resource), one per address.
+    #[test]
+    fn vip_status_names_are_valid_and_unique() {
+        let cases = [
+            ("198.18.1.10", "198-18-1-10"),
+            ("0.0.0.0", "0-0-0-0"),
+            ("2001:2::10", "2001-2--10"),
+            ("2001:2::", "2001-2--0"),
+            ("::1", "0--1"),
+            ("::", "0--0"),
+            ("2001:db8:0:0:1:0:0:1", "2001-db8--1-0-0-1"),
+            ("2001:2:3:4:5:6:7:8", "2001-2-3-4-5-6-7-8"),
+            ("2001:2::ABCD", "2001-2--abcd"),
+            ("::ffff:198.18.1.1", "0--ffff-198-18-1-1"),
+        ];
+        for (a, want) in cases {
+            assert_eq!(vip_status_name(a.parse().unwrap()), want, "{a}");
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        let v4 = (0..=255u8).flat_map(|b| [IpAddr::from([198, 18, b, 1]), IpAddr::from([198, 19, 1, b]), IpAddr::from([b, 0, 0, b])]);
+        let v6 = (0..=0xffu16).flat_map(|g| {
+            [
+                IpAddr::from([0x2001, 2, 0, 0, 0, 0, 0, g]),
+                IpAddr::from([g, 0, 0, 0, 0, 0, 0, 0]),
+                IpAddr::from([0, 0, 0, 0, 0, 0, 0, g]),
+                IpAddr::from([0x2001, g, 0, 0, 1, 0, 0, 1]),
+                IpAddr::from([0, g, 0, 0, 0, 0, g, 0]),
+                IpAddr::from([0, 0, 0, 0, 0, 0xffff, 0xc612, g]),
+            ]
+        });
+        for a in v4.chain(v6) {
+            let n = vip_status_name(a);
+            assert!(n.len() <= 253 && n.split('.').all(dns1123_label), "{a}: {n:?} is not a DNS-1123 subdomain");
+            if let Some(b) = seen.insert(n.clone(), a) {
+                assert_eq!(a, b, "{a} and {b} both named {n}");
+            }
+        }
+    }
+
+    /// A DNS-1123 label: 1 to 63 of `[a-z0-9-]`, starting and ending alphanumeric.
+    fn dns1123_label(l: &str) -> bool {
+        let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        !l.is_empty() && l.len() <= 63 && l.starts_with(ok) && l.ends_with(ok) && l.chars().all(|c| ok(c) || c == '-')
+    }
+
+    /// Every status field is nullable or a list, so that a new holder's apply (all
+    /// fields named, null when unknown) replaces the previous holder's values; the
+    /// columns are those the docs describe.
+    #[test]
+    fn vip_status_crd_columns_and_nullable_status() {
+        let v = serde_json::to_value(vip_status_crd()).unwrap();
+        let version = &v["spec"]["versions"][0];
+        let cols: Vec<(&str, &str)> =
+            version["additionalPrinterColumns"].as_array().unwrap().iter().map(|c| (c["name"].as_str().unwrap(), c["jsonPath"].as_str().unwrap())).collect();
+        assert_eq!(
+            cols,
+            [
+                ("VIP", ".spec.address"),
+                ("Holder", ".status.holder"),
+                ("Interface", ".status.interface"),
+                ("VLAN", ".status.vlan"),
+                ("Since", ".status.heldSince"),
+                ("Last GARP", ".status.lastGratuitousArp"),
+                ("Backends", ".status.backends")
+            ]
+        );
+        assert_eq!((v["spec"]["scope"].as_str(), v["spec"]["names"]["plural"].as_str()), (Some("Cluster"), Some("vipstatuses")));
+        let status = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+        for (field, schema) in status.as_object().unwrap() {
+            assert!(schema["nullable"] == true || schema["type"] == "array", "status.{field} is neither nullable nor a list: {schema}");
+        }
+        let full = serde_json::to_value(VipState::default()).unwrap();
+        assert_eq!(full.as_object().unwrap().len(), status.as_object().unwrap().len(), "every field is serialized, null included: {full}");
+        assert_eq!((status["vlan"]["minimum"].as_f64(), status["vlan"]["maximum"].as_f64()), (Some(1.0), Some(4094.0)));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The Kubernetes source: the VipPool resource, the Kubernetes objects turned into
 //! the same model as the file (`source`), and the elected controller that allocates
-//! addresses and writes statuses (`leader`, `controller`, `allocate`, `pools`).
+//! addresses and writes statuses (`leader`, `controller`, `allocate`, `pools`),
+//! and the VipStatus writers (`vipstatus`).
 pub mod allocate;
 pub mod controller;
 pub mod crd;
@@ -9,6 +10,7 @@ pub mod leader;
 pub mod metallb_import;
 pub mod pools;
 pub mod source;
+pub mod vipstatus;
 
 use std::{
     fmt::Display,
