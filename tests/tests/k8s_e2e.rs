@@ -52,6 +52,7 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
     let mut kl = KubeLab::start(HaSpec::default(), lab_exe()).unwrap();
     scenario(&kl);
+    excluded(&kl);
     failover_and_release(&mut kl);
 }
 
@@ -78,6 +79,7 @@ fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
     // No VLAN (untagged): an empty cell.
     assert_eq!((cells[1], cells[2], cells[3], cells[6]), (v.to_string().as_str(), holder.as_str(), "eth0", r#"["node-1"]"#), "{kubectl}");
     eprintln!("kubectl get vipstatuses:\n{kubectl}");
+    excluded(&kl);
     failover_and_release(&mut kl);
     outage(&kl);
 }
@@ -122,6 +124,60 @@ fn failover_and_release(kl: &mut KubeLab) {
     let name = vip_agent::k8s::crd::vip_status_name(addr.into());
     let gone = wait_for(Duration::from_secs(10), || kl.api.get("vipstatuses.vip.dev", None, &name).is_none().then_some(()));
     assert!(gone.is_some(), "VipStatus {name} outlived its VIP's last Service\n{}", kl.lab.agent_logs());
+}
+
+/// Every node labelled out of load balancers, as a user would (kubectl label on the
+/// real server): the VIP goes unanswered, and that is said where users look: the
+/// pool's `Held=False` naming the label, a `NotHeld` Event on the Service, the VIP's
+/// VipStatus `Held=False`, `vip_pool_vips_unowned` on the agents. The labels go:
+/// answered again, `Held=True`, a `Held` Event.
+fn excluded(kl: &KubeLab) {
+    const LABEL: &str = vip_agent::k8s::source::EXCLUDE_FROM_LB_LABEL;
+    let (lab, api) = (&kl.lab, &kl.api);
+    let v = vip(0);
+    let label = |on: bool| {
+        for (i, n) in lab.nodes.iter().enumerate() {
+            if api.is_real() {
+                kl.kubectl(&["label", "node", &n.name, &if on { format!("{LABEL}=") } else { format!("{LABEL}-") }]);
+            } else {
+                let mut o = vip_tests::kubelab::node_object(&n.name, &vip_tests::halab::node_addr(i).to_string());
+                if on {
+                    o["metadata"]["labels"][LABEL] = "".into();
+                }
+                api.insert("nodes", o).unwrap();
+            }
+        }
+    };
+    let pool_held = |status: &str| {
+        wait_for(Duration::from_secs(15), || {
+            let p = api.get("vippools.vip.dev", None, "lab")?;
+            p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Held" && c["status"] == status).cloned()
+        })
+        .unwrap_or_else(|| panic!("pool lab not Held={status} within 15 s: {:?}\n{}", api.get("vippools.vip.dev", None, "lab"), lab.agent_logs()))
+    };
+    let events = |reason: &str| api.list("events.events.k8s.io", None).into_iter().filter(|e| e["reason"] == reason && e["regarding"]["name"] == "web").count();
+    let answered = || vip_tests::netns::arping(&lab.client, "eth0", v).0;
+    assert_eq!(events("NotHeld"), 0);
+
+    label(true);
+    let unanswered = wait_for(Duration::from_secs(10), || (!answered()).then_some(()));
+    assert!(unanswered.is_some(), "{v} still answered with every node labelled {LABEL}\n{}", lab.agent_logs());
+    let c = pool_held("False");
+    let msg = c["message"].as_str().unwrap_or_default();
+    assert!(msg.contains(&v.to_string()) && msg.contains(&format!("labelled {LABEL}")), "the pool's Held condition names the VIP and why: {c}");
+    assert!(wait_for(Duration::from_secs(10), || (events("NotHeld") == 1).then_some(())).is_some(), "no NotHeld Event on web");
+    vip_status(kl, v, "not held", |s| s["conditions"][0]["status"] == "False");
+    let unowned = format!(r#"vip_pool_vips_unowned{{pool="lab"}} 1"#);
+    let every = wait_for(Duration::from_secs(10), || (0..lab.nodes.len()).all(|i| lab.metrics(i).contains(&unowned)).then_some(()));
+    assert!(every.is_some(), "not every agent exports {unowned}: {:?}", (0..lab.nodes.len()).map(|i| lab.metrics(i)).collect::<Vec<_>>());
+
+    label(false);
+    let back = wait_for(Duration::from_secs(10), || answered().then_some(()));
+    assert!(back.is_some(), "{v} not answered again once the labels went\n{}", lab.agent_logs());
+    pool_held("True");
+    assert!(wait_for(Duration::from_secs(10), || (events("Held") == 1).then_some(())).is_some(), "no Held Event on web");
+    assert_eq!(events("NotHeld"), 1, "one Warning for the whole episode");
+    vip_status(kl, v, "held again", |s| s["conditions"][0]["status"] == "True" && s["holder"].is_string());
 }
 
 /// The addresses of the Services in `shop`, by name.

@@ -389,12 +389,21 @@ impl Agent {
             self.backed = backed;
             self.check_host();
         }
+        // A node that left the model gets no more liveness decisions (it holds
+        // nothing), but it may be the elected controller: it tells from the model.
+        if self.world.node(&me).is_none() {
+            self.tell_unheld();
+        }
     }
 
     /// Tells the controller which VIPs no node holds, and why.
     fn tell_unheld(&self) {
         let m = &self.membership;
-        let now = desired::unheld(&self.world, &self.opts.node_name, &m.live, &m.owners);
+        // Out of the model, the last decision's live set and owners are stale: it
+        // hears no one, and a pool no node may hold is held by none.
+        let stale = (BTreeSet::new(), BTreeMap::new());
+        let (live, owners) = if self.world.node(&self.opts.node_name).is_some() { (&m.live, &m.owners) } else { (&stale.0, &stale.1) };
+        let now = desired::unheld(&self.world, &self.opts.node_name, live, owners);
         self.unheld_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &now));
     }
 
