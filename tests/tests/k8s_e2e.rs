@@ -167,8 +167,8 @@ fn excluded(kl: &KubeLab) {
     assert!(msg.contains(&v.to_string()) && msg.contains(&format!("labelled {LABEL}")), "the pool's Held condition names the VIP and why: {c}");
     assert!(wait_for(Duration::from_secs(10), || (events("NotHeld") == 1).then_some(())).is_some(), "no NotHeld Event on web");
     vip_status(kl, v, "not held", |s| s["conditions"][0]["status"] == "False");
-    let unowned = format!(r#"vip_pool_vips_unowned{{pool="lab"}} 1"#);
-    let every = wait_for(Duration::from_secs(10), || (0..lab.nodes.len()).all(|i| lab.metrics(i).contains(&unowned)).then_some(()));
+    let unowned = r#"vip_pool_vips_unowned{pool="lab"} 1"#;
+    let every = wait_for(Duration::from_secs(10), || (0..lab.nodes.len()).all(|i| lab.metrics(i).contains(unowned)).then_some(()));
     assert!(every.is_some(), "not every agent exports {unowned}: {:?}", (0..lab.nodes.len()).map(|i| lab.metrics(i)).collect::<Vec<_>>());
 
     label(false);
