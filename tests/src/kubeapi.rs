@@ -265,11 +265,14 @@ pub struct RealApiServer {
     version: String,
 }
 
-fn free_port(host: IpAddr) -> u16 {
+/// `N` distinct free ports: all probed at once (one at a time, the kernel may hand
+/// out the same port twice, and etcd then fails to bind its second listener).
+fn free_ports<const N: usize>(host: IpAddr) -> [u16; N] {
     // Outside a namespace of its own the port is probed where the server will bind;
     // in a fresh namespace any port is free, so probing loopback here is enough.
     let probe = if host.is_loopback() { host } else { IpAddr::V4(Ipv4Addr::LOCALHOST) };
-    TcpListener::bind((probe, 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    let held: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind((probe, 0)).expect("a free port")).collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("a bound port").port())
 }
 
 fn b64(s: &str) -> String {
@@ -439,8 +442,8 @@ impl RealApiServer {
             }
         };
         let pki = make_pki(&dir, opts.host, first_host(&opts.service_cidr).context("Options::service_cidr")?)?;
-        let (etcd_port, peer_port) = (free_port(opts.host), free_port(opts.host));
-        let port = opts.port.unwrap_or_else(|| free_port(opts.host));
+        let [etcd_port, peer_port, api_port] = free_ports::<3>(opts.host);
+        let port = opts.port.unwrap_or(api_port);
         let h = match opts.host {
             IpAddr::V6(a) => format!("[{a}]"),
             a => a.to_string(),
