@@ -36,12 +36,20 @@ fn arp_held_get(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<*const Ar
 #[inline(always)]
 fn arp_held_fresh(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Result<*const ArpHeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let h = arp_held_get(s, ifindex, vip).ok_or(Reason::ArpNotHeld)?;
+    held_fresh(now, arp_held_get(s, ifindex, vip), [Reason::ArpNotHeld, Reason::ArpNotAnnounced, Reason::ArpStale])
+}
+
+/// The held entry `h` (of `arp_held` or `ndp_held`) if it is announced and fresh
+/// at `now`, else the reason of `why` that says why not: not held, not announced
+/// (`announce: lo`), stale.
+#[inline(always)]
+pub fn held_fresh(now: u64, h: Option<*const ArpHeldVip>, why: [Reason; 3]) -> Result<*const ArpHeldVip, Reason> {
+    let h = h.ok_or(why[0])?;
     if unsafe { (*h).flags } & HELD_NO_ARP != 0 {
-        return Err(Reason::ArpNotAnnounced);
+        return Err(why[1]);
     }
     if now > unsafe { (*h).deadline_ns } {
-        return Err(Reason::ArpStale);
+        return Err(why[2]);
     }
     Ok(h)
 }

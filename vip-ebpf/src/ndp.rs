@@ -11,9 +11,10 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use network_types::ip::Ipv6Hdr;
-use vip_common::{ArpHeldVip, NdpHeldKey, Reason, HELD_NO_ARP};
+use vip_common::{ArpHeldVip, NdpHeldKey, Reason};
 
 use crate::{
+    arp::held_fresh,
     maps::{lookup_at, ndp_conflicts, ndp_held, Scratch},
     parse::{frame_len, ptr_at, verdict_pack},
 };
@@ -95,14 +96,7 @@ fn ndp_held_get(s: *mut Scratch, ifindex: u32, vip: *const u8) -> Option<*const 
 #[inline(always)]
 fn ndp_held_fresh(s: *mut Scratch, ifindex: u32, vip: *const u8) -> Result<*const ArpHeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let h = ndp_held_get(s, ifindex, vip).ok_or(Reason::NdpNotHeld)?;
-    if unsafe { (*h).flags } & HELD_NO_ARP != 0 {
-        return Err(Reason::NdpNotAnnounced);
-    }
-    if now > unsafe { (*h).deadline_ns } {
-        return Err(Reason::NdpStale);
-    }
-    Ok(h)
+    held_fresh(now, ndp_held_get(s, ifindex, vip), [Reason::NdpNotHeld, Reason::NdpNotAnnounced, Reason::NdpStale])
 }
 
 /// Counts a conflict in `ndp_conflicts` (as arp::arp_conflict_record) on the key
