@@ -78,7 +78,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
         assert_ne!(pod["spec"]["containers"][0]["securityContext"]["privileged"], true, "the agent runs unprivileged");
         assert_eq!(agent_caps(&c, i), want_caps, "{}: the agent's effective capabilities are the manifest's BPF, NET_ADMIN, NET_RAW", node.name);
         let pins = stdout(&node.exec(&["ls", "/sys/fs/bpf/vip"]).unwrap());
-        assert!(pins.contains("lb4_flows") && pins.contains("links"), "{}: pins in the node's bpffs: {pins}", node.name);
+        assert!(pins.contains("lb_flows") && pins.contains("links"), "{}: pins in the node's bpffs: {pins}", node.name);
         let link = stdout(&node.exec(&["ip", "-d", "link", "show", "eth0"]).unwrap());
         assert!(link.contains("xdpgeneric"), "{}: auto mode on a veth attaches generic XDP: {link}", node.name);
         let mib = |b: u64| b as f64 / 1048576.0;

@@ -44,7 +44,8 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
         let ids: Vec<u32> = Dataplane::open(&n.pins.path).unwrap().backends().unwrap().into_keys().collect();
         assert_eq!(ids.len(), 3);
         let count = flows::fill(&n.pins.path, &flows::synthetic(MAX_FLOWS as usize, &vips, 80, &ids)).unwrap();
-        assert!(count as u32 >= MAX_FLOWS * 9 / 10, "flow table of {} not full: {count}", n.name);
+        // Four ways a set: as many random flows as entries fill about 80% (see flows::fill).
+        assert!(count as u32 >= MAX_FLOWS * 3 / 4, "flow table of {} not full: {count}", n.name);
     }
 
     let before: Vec<String> = (0..3).map(|i| lab.metrics(i)).collect();

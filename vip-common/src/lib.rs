@@ -12,7 +12,8 @@ pub mod map_names {
     pub const SERVICES: &str = "lb4_services";
     pub const BACKENDS: &str = "lb4_backends";
     pub const RING: &str = "lb4_ring";
-    pub const FLOWS: &str = "lb4_flows";
+    pub const FLOWS: &str = "lb_flows";
+    pub const FLOWS_CTL: &str = "lb_flows_ctl";
     pub const FIRST_PACKETS: &str = "lb4_first_packets";
     pub const VIP_FILTER: &str = "lb4_vip_filter";
     pub const STATS: &str = "lb_stats";
@@ -24,7 +25,7 @@ pub mod map_names {
     pub const HOME: &str = "lb_home";
     pub const HELD6: &str = "ndp_held";
     pub const CONFLICTS6: &str = "ndp_conflicts";
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
         IFACES,
         HELD,
         CONFLICTS,
@@ -32,6 +33,7 @@ pub mod map_names {
         BACKENDS,
         RING,
         FLOWS,
+        FLOWS_CTL,
         FIRST_PACKETS,
         STATS,
         SERVICE_STATS,
@@ -59,9 +61,15 @@ pub const MAX_VLANS: u32 = 256;
 pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 16384;
 pub const MAX_BACKENDS: u32 = 4096;
-pub const MAX_FLOWS: u32 = 1 << 20;
+/// Entries of the flow table `lb_flows`: [`FLOW_SETS`] sets of [`FLOW_WAYS`].
+pub const MAX_FLOWS: u32 = FLOW_SETS * FLOW_WAYS;
+/// Sets of `lb_flows`, one 64-byte cache line each (a power of two).
+pub const FLOW_SETS: u32 = 1 << FLOW_SET_BITS;
+pub const FLOW_SET_BITS: u32 = 18;
+/// Entries per set: four of 16 bytes fill a line.
+pub const FLOW_WAYS: u32 = 4;
 /// Slots of `lb4_first_packets`, the direct-mapped record of flows seen once until
-/// their second packet pins them in `lb4_flows`: a flood of one-packet flows
+/// their second packet pins them in `lb_flows`: a flood of one-packet flows
 /// (spoofed SYNs) overwrites these slots alone and never evicts an established flow.
 /// A record needs to live one round trip; 24 bytes each, 384 KiB in all: it stays
 /// in the caches, where a hash table of flows would not.
@@ -219,7 +227,9 @@ pub struct Lb4Backend {
     pub flags: u32,
 }
 
-/// `lb4_flows` key: the 5-tuple (ports 0 for fragments).
+/// An IPv4 flow's 5-tuple (ports 0 for fragments): what `lb_flows` fingerprints
+/// ([`lb_flow_hash`] of [`Lb4FlowKey::words`]) and `lb4_first_packets` and the flow
+/// cache hold whole.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Lb4FlowKey {
@@ -240,23 +250,112 @@ impl Lb4FlowKey {
     }
 }
 
-/// `lb4_flows` value: the backend chosen for the flow when it was first seen.
-#[repr(C)]
+/// One entry of the flow table `lb_flows`: a flow past its first packet and the
+/// backend it is pinned to (16 bytes; four make a [`LbFlowSet`], one cache line).
+/// `tag` is 0 for an empty entry, else [`lb_flow_tag`]: 48 bits of the flow's
+/// keyed hash ([`lb_flow_hash`]) with the service id above them, so a lookup
+/// compares one word. `check` ([`lb_flow_check`]) ties the backend to the tag:
+/// two CPUs writing one entry at once (two 8-byte stores each) can leave one's
+/// tag with the other's backend, and such a torn entry matches no flow. `stamp`
+/// is the coarse clock in units of 2^30 ns ([`FLOW_STAMP_SHIFT`]) when the flow was
+/// last looked up in the table: the victim in a full set is the oldest.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Lb4Flow {
-    pub backend: u32,
-    pub _pad: u32,
+pub struct LbFlowEntry {
+    pub tag: u64,
+    pub backend: u16,
+    pub check: u16,
+    pub stamp: u32,
 }
 
+/// `lb_flows` value: one set of [`FLOW_WAYS`] entries, a 64-byte line (the map is
+/// `BPF_F_MMAPABLE`, so its values start on a page and every set is one line).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbFlowSet {
+    pub ways: [LbFlowEntry; FLOW_WAYS as usize],
+}
+
+/// `lb_flows_ctl` value (one entry): the flow table's hash key, random, written by
+/// the agent that creates the table and pinned with it (so it survives restarts):
+/// nobody who does not know it can aim flows at one set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbFlowsCtl {
+    pub seed: [u64; 2],
+}
+
+/// Address families in [`lb_flow_hash`]: an IPv4 and an IPv6 flow never share a tag.
+pub const FLOW_FAMILY_V4: u64 = 4;
+pub const FLOW_FAMILY_V6: u64 = 6;
+
+/// A flow's keyed hash for `lb_flows`: its set is the top [`FLOW_SET_BITS`] bits,
+/// its tag the low 48 ([`lb_flow_tag`]). `words` is the flow key as the data path
+/// loads it (IPv4: [`Lb4FlowKey::words`]; an IPv6 key is five words), `family`
+/// one of the `FLOW_FAMILY_*`. Each word is folded in with a multiply and a
+/// xor-shift (the murmur3/splitmix finaliser), seeded with the table's random key:
+/// like the kernel's own hash tables (jhash with a random seed), not a
+/// cryptographic hash, but without the seed the sets of chosen 5-tuples cannot be
+/// predicted.
+#[inline(always)]
+pub fn lb_flow_hash<const N: usize>(seed: &[u64; 2], family: u64, words: &[u64; N]) -> u64 {
+    let mut h = seed[0] ^ family.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut i = 0;
+    while i < N {
+        h = (h ^ words[i]).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+        i += 1;
+    }
+    h = (h ^ seed[1]).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 29)
+}
+
+/// The set of a flow whose [`lb_flow_hash`] is `h`.
+#[inline(always)]
+pub fn lb_flow_set(h: u64) -> u32 {
+    (h >> (64 - FLOW_SET_BITS)) as u32
+}
+
+/// The tag of a flow whose [`lb_flow_hash`] is `h`, of service `service`: the
+/// hash's low 48 bits, the lowest set (never 0, the empty entry), the service id
+/// above them. A flow whose service is removed and recreated with another id is
+/// no longer matched (it follows the ring again).
+#[inline(always)]
+pub fn lb_flow_tag(h: u64, service: u32) -> u64 {
+    (h & 0x0000_ffff_ffff_ffff) | 1 | u64::from(service) << 48
+}
+
+/// [`LbFlowEntry::check`] for `tag` and `backend`: a multiplicative hash's top 16
+/// bits, which depend on every bit of both.
+#[inline(always)]
+pub fn lb_flow_check(tag: u64, backend: u16) -> u16 {
+    ((tag ^ u64::from(backend)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u16
+}
+
+/// An entry's second word as the data path loads and stores it: backend, check,
+/// stamp.
+#[inline(always)]
+pub fn lb_flow_word1(tag: u64, backend: u16, stamp: u32) -> u64 {
+    u64::from(backend) | u64::from(lb_flow_check(tag, backend)) << 16 | u64::from(stamp) << 32
+}
+
+/// A victim whose stamp is at most this many units (64 s) old counts as a live
+/// flow evicted (`Reason::FlowEvicted`); older ones are taken silently.
+pub const FLOW_LIVE_STAMPS: u32 = 60;
+
+/// [`LbFlowEntry::stamp`] from a coarse-clock reading in ns: units of 2^30 ns
+/// (1.07 s), which wrap after 146 years.
+pub const FLOW_STAMP_SHIFT: u32 = 30;
+
 /// `lb4_first_packets` value: a flow whose first packet went to `backend` by the
-/// ring, until its next packet pins it in `lb4_flows` (index: [`first_packet_slot`]).
+/// ring, until its next packet pins it in `lb_flows` (index: [`first_packet_slot`]).
 /// One array for all CPUs: a flow's packets need not arrive on one CPU. Two CPUs
 /// writing one slot at once can tear a record; `check` ([`first_packet_check`])
 /// ties the backend to the key, so a torn record matches no flow.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Lb4FirstPacket {
-    /// The flow, as in `lb4_flows` (compared as two u64 words).
+    /// The flow (compared as two u64 words).
     pub key: Lb4FlowKey,
     pub backend: u32,
     pub check: u32,
@@ -281,14 +380,14 @@ pub fn first_packet_check(w0: u64, w1: u64, backend: u32) -> u32 {
 pub const FLOW_CACHE_LOCAL: u16 = 1;
 
 /// `lb4_flow_cache` value: one slot of the per-CPU direct-mapped cache in front of
-/// `lb4_flows` (index: [`flow_cache_slot`]). It memoises the data path's whole
-/// answer for one flow pinned in `lb4_flows` on one interface, valid while `epoch`
+/// `lb_flows` (index: [`flow_cache_slot`]). It memoises the data path's whole
+/// answer for one flow pinned in `lb_flows` on one interface, valid while `epoch`
 /// equals the epoch in `lb4_flow_cache_ctl` (the agent bumps that on every change
 /// that could make an answer wrong).
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Lb4FlowCacheEntry {
-    /// The flow, as in `lb4_flows` (compared as two u64 words).
+    /// The flow (compared as two u64 words).
     pub key: Lb4FlowKey,
     /// [`Lb4FlowCacheCtl::epoch`] when the answer was computed.
     pub epoch: u64,
@@ -302,16 +401,15 @@ pub struct Lb4FlowCacheEntry {
     pub service: u32,
     /// [`FLOW_CACHE_LOCAL`].
     pub flags: u16,
-    /// Hits since the answer was read from `lb4_flows` (see [`FLOW_CACHE_RECHECK_HITS`]).
+    /// Hits since the answer was read from `lb_flows` (see [`FLOW_CACHE_RECHECK_HITS`]).
     pub hits: u16,
     pub _pad: [u8; 4],
 }
 
-/// Every this many hits a cached flow is looked up in `lb4_flows` again (the
-/// answer recomputed): the lookup marks it as used there, which hits do not, so
-/// that a busy flow is never aged out of the LRU flow table by other CPUs' new
-/// flows (its entry lives in the LRU list of the CPU that recorded it, which
-/// need not be the CPU whose cache serves it).
+/// Every this many hits a cached flow is looked up in `lb_flows` again (the
+/// answer recomputed): the lookup refreshes its entry's stamp, which hits do not
+/// touch (they would dirty a cold line), so that a busy flow is never the oldest
+/// of its set when a new flow needs a way there.
 pub const FLOW_CACHE_RECHECK_HITS: u16 = 64;
 
 /// `lb4_flow_cache_ctl` value (one entry).
@@ -326,11 +424,13 @@ pub struct Lb4FlowCacheCtl {
 }
 
 /// The slots the flow cache uses on a machine with `cpus` possible CPUs: at most
-/// 1/64 of one CPU's share of `lb4_flows` (per-CPU LRU lists). Cache hits do not
-/// mark a flow as used in that LRU, but every new flow a CPU inserts there also
-/// takes one random slot of that CPU's cache; the LRU needs a good part of its
-/// share in inserts to age a flow out, by which time a cached flow has been
-/// displaced (and looked up, so marked used, again) with probability 1 − e^-16.
+/// 1/64 of one CPU's share of `lb_flows`. Cache hits do not refresh a flow's
+/// stamp, but every new flow a CPU records also takes one random slot of that
+/// CPU's cache: by the time new flows have gone through a good part of the table
+/// (what it takes for a flow to become the oldest of its set), a cached flow has
+/// been displaced from the cache, and looked up (its stamp refreshed), with
+/// probability close to 1; a busy one is refreshed every
+/// [`FLOW_CACHE_RECHECK_HITS`] hits anyway.
 pub fn flow_cache_slots_for(cpus: u32) -> u32 {
     let share = MAX_FLOWS / cpus.max(1) / 64;
     let pow2 = if share == 0 { 1 } else { 1 << (31 - share.leading_zeros()) };
@@ -383,10 +483,11 @@ pub enum Reason {
     NdpInvalid = 23,
     NdpConflict = 24,
     NdpNotAnnounced = 25,
+    FlowEvicted = 26,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 26;
+    pub const COUNT: u32 = 27;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -414,6 +515,7 @@ impl Reason {
         Reason::NdpInvalid,
         Reason::NdpConflict,
         Reason::NdpNotAnnounced,
+        Reason::FlowEvicted,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -444,6 +546,7 @@ impl Reason {
             Reason::NdpInvalid => "ndp_invalid",
             Reason::NdpConflict => "ndp_conflict",
             Reason::NdpNotAnnounced => "ndp_not_announced",
+            Reason::FlowEvicted => "flow_evicted",
         }
     }
 }
@@ -455,7 +558,7 @@ impl Reason {
             Reason::ArpAnswered | Reason::Forwarded | Reason::NdpAnswered => "XDP_TX",
             Reason::ForwardedHome => "XDP_TX or XDP_REDIRECT",
             Reason::DropMalformed | Reason::DropNoBackend | Reason::ArpNotAnnounced | Reason::DropGroupNotOwner => "XDP_DROP",
-            Reason::FlowRehashed => "(an event, counted besides the verdict)",
+            Reason::FlowRehashed | Reason::FlowEvicted => "(an event, counted besides the verdict)",
             Reason::ArpNotHeld
             | Reason::ArpStale
             | Reason::ArpOther
@@ -551,6 +654,9 @@ impl Reason {
             Reason::NdpConflict => {
                 "A Neighbor Advertisement in which another MAC claims a VIP this node holds: two nodes answer for it. Passed; the agent re-announces the VIP (as for `arp_conflict`) and counts vip_arp_conflicts_total."
             }
+            Reason::FlowEvicted => {
+                "An event, not a verdict: a flow's second packet pinned it in the flow table (`lb_flows`) over another flow looked up in the last minute or so (`FLOW_LIVE_STAMPS`), the oldest of the four in its set (a 64-byte line), because all four were taken. Flows idle for longer are replaced without a count (nothing else removes ended flows). A steady rise means more active flows than the table holds (1,048,576 a node), or a flood of flows that send two packets each: an evicted flow's next packet follows the ring again, which breaks it only if the ring changed since it began."
+            }
             Reason::NdpNotAnnounced => {
                 "A Neighbor Solicitation for a VIP of an `announce: lo` pool that this node holds: not answered (a routing daemon announces the VIP), passed; Linux answers solicitations only for the receiving interface's own addresses, so a VIP on lo is not answered by the kernel either."
             }
@@ -598,7 +704,8 @@ mod pod {
     unsafe impl aya::Pod for Lb4Service {}
     unsafe impl aya::Pod for Lb4Backend {}
     unsafe impl aya::Pod for Lb4FlowKey {}
-    unsafe impl aya::Pod for Lb4Flow {}
+    unsafe impl aya::Pod for LbFlowSet {}
+    unsafe impl aya::Pod for LbFlowsCtl {}
     unsafe impl aya::Pod for Lb4FirstPacket {}
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for Lb4FlowCacheEntry {}

@@ -12,8 +12,8 @@ use vip_common::*;
 
 use crate::{
     maps::{
-        arp_held, lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_flows, lb4_ring, lb4_service_stats, lb4_services,
-        lb4_vip_filter, lb_home, lb_key0, lookup_at, Scratch,
+        arp_held, lb4_backend_stats, lb4_backends, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_ring, lb4_service_stats, lb4_services,
+        lb4_vip_filter, lb_flows, lb_flows_ctl, lb_home, lb_key0, lookup_at, Scratch,
     },
     parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
@@ -156,7 +156,7 @@ fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
     if !fresh() && lb4_group(ctx)? {
         return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
     }
-    // Whether the flow is in lb4_flows now (only those are memoised in the cache).
+    // Whether the flow is in lb_flows now (only those are memoised in the cache).
     let established = if unsafe { (*s).syn } != 0 {
         // A new connection, also on a reused 5-tuple whose pin is stale: the ring
         // decides, and its next packet pins that choice over any old one.
@@ -170,10 +170,7 @@ fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
         false
     } else if lb4_second_packet(s) {
         // Its second packet: the flow is pinned to where its first went.
-        unsafe {
-            (*s).flow = Lb4Flow { backend: (*s).backend_id, _pad: 0 };
-            let _ = lb4_flows.insert(&*(&raw const (*s).words).cast::<Lb4FlowKey>(), &(*s).flow, 0);
-        }
+        lb_flow_insert(s);
         true
     } else if lb4_flow_backend(s) {
         true
@@ -199,7 +196,7 @@ fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
         }
         via
     });
-    // The flow is pinned in lb4_flows: memoise the answer for its next packets
+    // The flow is pinned in lb_flows: memoise the answer for its next packets
     // (forwards on the frame's own network and local deliveries only).
     if established && !home {
         lb4_cache_store(s);
@@ -422,20 +419,104 @@ fn lb4_ports_past_options(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u3
     Ok((ports, syn))
 }
 
-/// Whether this established flow is in `lb4_flows` with a backend that still
-/// exists (then in the scratch). A flow whose backend was removed (unhealthy,
-/// drained) is re-hashed on the current ring.
+/// Whether this established flow is in `lb_flows` with a backend that still
+/// exists (then in the scratch), its stamp refreshed if the clock moved on. A
+/// flow whose backend was removed (unhealthy, drained) is re-hashed on the
+/// current ring. The four ways of its set are one line: one cold access at most.
 #[inline(always)]
 fn lb4_flow_backend(s: *mut Scratch) -> bool {
-    match lookup_at::<_, Lb4Flow>(&lb4_flows, unsafe { &raw const (*s).words }.cast()) {
-        Some(f) => lb4_present_backend(s, unsafe { (*f).backend }),
-        None => false,
+    let Some(set) = lb_flow_set_of(s) else { return false };
+    let w = set as *mut u64;
+    unsafe {
+        let tag = (*s).ftag;
+        for i in 0..FLOW_WAYS as usize {
+            if *w.add(2 * i) != tag {
+                continue;
+            }
+            let w1 = *w.add(2 * i + 1);
+            let backend = w1 as u16;
+            if (w1 >> 16) as u16 != lb_flow_check(tag, backend) {
+                return false; // torn by two writers: matches nothing
+            }
+            // Written only when it changed (once a second at most): a lookup
+            // does not dirty the line.
+            let stamp = ((*s).now >> FLOW_STAMP_SHIFT) as u32;
+            if (w1 >> 32) as u32 != stamp {
+                write_volatile((w.add(2 * i + 1) as *mut u32).add(1), stamp);
+            }
+            return lb4_present_backend(s, u32::from(backend));
+        }
+    }
+    false
+}
+
+/// The flow in `s`'s set in `lb_flows`; its tag goes to the scratch. The hash
+/// key is read from `lb_flows_ctl` (an inlined lookup of a line that stays cached).
+#[inline(always)]
+fn lb_flow_set_of(s: *mut Scratch) -> Option<*mut LbFlowSet> {
+    let ctl = lookup_at::<_, LbFlowsCtl>(&lb_flows_ctl, lb_key0())?;
+    unsafe {
+        let h = lb_flow_hash(&(*ctl).seed, FLOW_FAMILY_V4, &(*s).words);
+        (*s).ftag = lb_flow_tag(h, (*s).service.id);
+        (*s).key = lb_flow_set(h);
+        lookup_at::<_, LbFlowSet>(&lb_flows, s.cast())
+    }
+}
+
+/// Pins the flow in `s` to the backend in the scratch (its second packet): in the
+/// way of its set that holds it already, else an empty one, else the one looked
+/// up least recently (counted `FlowEvicted` when that was within
+/// FLOW_LIVE_STAMPS). The second word is written first: a reader between the two
+/// stores sees the old tag with the new check, which matches nothing.
+#[inline(always)]
+fn lb_flow_insert(s: *mut Scratch) {
+    let Some(set) = lb_flow_set_of(s) else { return };
+    let w = set as *mut u64;
+    let live = unsafe {
+        let tag = (*s).ftag;
+        let stamp = ((*s).now >> FLOW_STAMP_SHIFT) as u32;
+        let (mut way, mut empty, mut oldest, mut oldest_stamp) = (FLOW_WAYS as usize, FLOW_WAYS as usize, 0, u32::MAX);
+        for i in 0..FLOW_WAYS as usize {
+            let t = *w.add(2 * i);
+            if t == tag {
+                way = i;
+                break;
+            }
+            if t == 0 {
+                if empty == FLOW_WAYS as usize {
+                    empty = i;
+                }
+            } else {
+                let st = (*w.add(2 * i + 1) >> 32) as u32;
+                if st < oldest_stamp {
+                    oldest = i;
+                    oldest_stamp = st;
+                }
+            }
+        }
+        let mut live = false;
+        if way == FLOW_WAYS as usize {
+            way = if empty < FLOW_WAYS as usize {
+                empty
+            } else {
+                live = stamp.wrapping_sub(oldest_stamp) <= FLOW_LIVE_STAMPS;
+                oldest
+            };
+        }
+        let e = w.add(2 * (way & (FLOW_WAYS as usize - 1)));
+        write_volatile(e.add(1), lb_flow_word1(tag, (*s).backend_id as u16, stamp));
+        write_volatile(e, tag);
+        live
+    };
+    // Counted last: nothing else is live across the counter's lookup.
+    if live {
+        stats::count_reason(s, Reason::FlowEvicted, 0);
     }
 }
 
 /// A flow's first packet: the ring's backend (to the scratch), recorded in its
 /// `lb4_first_packets` slot (over whatever flow was there) for its second packet to
-/// pin. No hash table is touched: a flood of first packets costs array writes and
+/// pin. No flow table is touched: a flood of first packets costs array writes and
 /// evicts nothing.
 #[inline(always)]
 fn lb4_first_packet(s: *mut Scratch) -> bool {

@@ -7,7 +7,9 @@ use aya_ebpf::{
 };
 use vip_common::*;
 
-const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
+/// Array values from a page boundary on (and the agent may mmap the map): a
+/// 64-byte value is then one cache line.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// ifindex of an interface we are attached to → its MAC (source of replies and forwards).
 #[map]
@@ -55,14 +57,22 @@ pub static lb4_backends: Array<Lb4Backend> = Array::pinned(MAX_BACKENDS, 0);
 #[map]
 pub static lb4_ring: Array<u32> = Array::pinned(DEFAULT_RING_CAPACITY, 0);
 
-/// 5-tuple → backend chosen at the flow's first packet, for flows past it
-/// (connection stickiness), written at their second packet. Per-CPU LRU lists:
-/// inserts do not contend across CPUs.
+/// lb_flow_set(hash) → a set of four flows past their first packet, each a tag
+/// (the flow's keyed hash and service id), its backend and a stamp: connection
+/// stickiness, written at a flow's second packet (data-path.md, "The flow
+/// table"). One 64-byte line per set, so a lookup or insert touches one line; an
+/// array, so its lookups are inlined. For every address family (lb_flow_hash
+/// covers it).
 #[map]
-pub static lb4_flows: LruHashMap<Lb4FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_FLOWS, BPF_F_NO_COMMON_LRU);
+pub static lb_flows: Array<LbFlowSet> = Array::pinned(FLOW_SETS, BPF_F_MMAPABLE);
+
+/// 0 → the flow table's random hash key (the agent writes it when it creates the
+/// table; pinned with it).
+#[map]
+pub static lb_flows_ctl: Array<LbFlowsCtl> = Array::pinned(1, 0);
 
 /// first_packet_slot(5-tuple) → a flow seen once and the backend its first packet
-/// went to, until its second packet pins it in `lb4_flows`: one-packet flows (a
+/// went to, until its second packet pins it in `lb_flows`: one-packet flows (a
 /// spoofed-SYN flood) overwrite these slots alone, like the unassured entries
 /// Linux conntrack drops first. An array, small enough to stay in the caches: its
 /// lookups are inlined and touch no cold hash bucket (data-path.md, "New flows").
@@ -89,7 +99,7 @@ pub static lb4_service_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_SER
 pub static lb4_backend_stats: PerCpuArray<Counter> = PerCpuArray::pinned(MAX_BACKENDS, 0);
 
 /// flow_cache_slot(5-tuple) → the last answer given for a flow in that slot, per CPU
-/// (a direct-mapped exact-match cache in front of `lb4_flows`; an array, so its
+/// (a direct-mapped exact-match cache in front of `lb_flows`; an array, so its
 /// lookups are inlined: a hit costs no map helper call).
 #[map]
 pub static lb4_flow_cache: PerCpuArray<Lb4FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
@@ -159,8 +169,8 @@ pub struct Scratch {
     pub service: Lb4Service,
     pub backend: Lb4Backend,
     pub backend_id: u32,
-    /// The `lb4_flows` value being inserted.
-    pub flow: Lb4Flow,
+    /// The flow's `lb_flows` tag (lb_flow_tag), for its lookup or insert.
+    pub ftag: u64,
     /// The home interface, when the frame leaves by it.
     pub home: LbHome,
 }

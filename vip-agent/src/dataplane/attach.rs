@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
     programs::{
         links::{FdLink, PinnedLink},
+        xdp::XdpLink,
         Xdp, XdpMode,
     },
     Ebpf,
@@ -203,17 +204,22 @@ pub fn auto_avoids_native(iface: &str) -> Option<&'static str> {
 pub fn attach(ebpf: &mut Ebpf, dir: &Path, iface: &str, mode: AttachMode) -> Result<Attached> {
     let (ifindex, mac) = iface_info(iface)?;
     let pin = link_pin(dir, iface);
+    let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("no program"))?.try_into()?;
+    pin_program(prog, dir)?;
     if pin.exists() {
         match PinnedLink::from_pin(&pin) {
-            // Still attached from an earlier agent: keep it, no gap in forwarding.
-            Ok(_) => return Ok(Attached { ifindex, mac, mode: None }),
+            // Still attached from an earlier agent: the link (and its mode) is
+            // kept, and this agent's program replaces the one it runs, atomically
+            // (BPF_LINK_UPDATE): no gap in forwarding, and an upgrade's program
+            // takes effect. The maps are the same pins.
+            Ok(p) => {
+                let link = XdpLink::try_from(FdLink::from(p)).with_context(|| format!("{} is not an XDP link", pin.display()))?;
+                let id = prog.attach_to_link(link).with_context(|| format!("replacing the program of the link pinned at {}", pin.display()))?;
+                drop(prog.take_link(id)?); // the pin keeps it
+                return Ok(Attached { ifindex, mac, mode: None });
+            }
             Err(_) => std::fs::remove_file(&pin).with_context(|| format!("removing stale {}", pin.display()))?,
         }
-    }
-    let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("no program"))?.try_into()?;
-    let prog_pin = dir.join(PROGRAM_NAME);
-    if !prog_pin.exists() {
-        prog.pin(&prog_pin).with_context(|| format!("pinning the program at {}", prog_pin.display()))?;
     }
     let (id, used) = match mode {
         AttachMode::Native => (prog.attach(iface, XdpMode::Driver)?, AttachMode::Native),
@@ -237,6 +243,16 @@ pub fn attach(ebpf: &mut Ebpf, dir: &Path, iface: &str, mode: AttachMode) -> Res
     std::fs::create_dir_all(pin.parent().expect("has parent"))?;
     fd_link.pin(&pin).with_context(|| format!("pinning the link at {}", pin.display()))?;
     Ok(Attached { ifindex, mac, mode: Some(used) })
+}
+
+/// Pins `prog` under `dir` (replacing an earlier agent's, which a link update
+/// leaves unused), so that `bpftool prog show pinned` finds the running one.
+fn pin_program(prog: &mut Xdp, dir: &Path) -> Result<()> {
+    let prog_pin = dir.join(PROGRAM_NAME);
+    if prog_pin.exists() {
+        std::fs::remove_file(&prog_pin).with_context(|| format!("replacing {}", prog_pin.display()))?;
+    }
+    prog.pin(&prog_pin).with_context(|| format!("pinning the program at {}", prog_pin.display()))
 }
 
 /// Detaches from `iface` by removing the link pin (the kernel drops the link with

@@ -1,9 +1,9 @@
-//! Batched map operations (`BPF_MAP_LOOKUP_BATCH`, `BPF_MAP_UPDATE_BATCH`,
-//! `BPF_MAP_DELETE_BATCH`, Linux 5.6+): thousands of entries per system call
-//! instead of one or two each. aya 0.14 has no wrapper for them; the attribute
-//! layout is the `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
-//! Used for whole-ring writes, reading rings back on re-open, and the one flow
-//! table sweep of a change set, which would otherwise cost O(entries) calls.
+//! Batched map operations (`BPF_MAP_LOOKUP_BATCH`, `BPF_MAP_UPDATE_BATCH`, Linux
+//! 5.6+): thousands of entries per system call instead of one or two each. aya
+//! 0.14 has no wrapper for them; the attribute layout is the `batch` member of
+//! `union bpf_attr` (include/uapi/linux/bpf.h). Used for whole-ring writes,
+//! reading rings and the first-packet records back, which would otherwise cost
+//! O(entries) calls.
 use std::{
     io,
     mem::{size_of, MaybeUninit},
@@ -14,7 +14,6 @@ use aya::{maps::MapData, Pod};
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 
 /// Entries asked for per call.
 const CHUNK: usize = 8192;
@@ -143,26 +142,4 @@ pub fn update<K: Pod, V: Pod>(map: &MapData, entries: &[(K, V)]) -> io::Result<(
         sys_bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map_err(|e| io::Error::new(e.kind(), format!("BPF_MAP_UPDATE_BATCH: {e}")))?;
     }
     Ok(())
-}
-
-/// Deletes `keys` from a hash map; keys already gone are skipped. Returns how
-/// many were deleted.
-pub fn delete<K: Pod>(map: &MapData, keys: &[K]) -> io::Result<usize> {
-    let mut deleted = 0;
-    let mut rest = keys;
-    while !rest.is_empty() {
-        let part = &rest[..rest.len().min(CHUNK)];
-        let mut attr = BatchAttr { keys: part.as_ptr() as u64, count: part.len() as u32, map_fd: fd(map), ..Default::default() };
-        let r = sys_bpf(BPF_MAP_DELETE_BATCH, &mut attr);
-        let done = attr.count as usize;
-        deleted += done;
-        match r {
-            Ok(_) => rest = &rest[part.len()..],
-            // The kernel stops at the first key that is not there (an LRU map may
-            // have evicted it meanwhile): skip that one and go on.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => rest = &rest[(done + 1).min(rest.len())..],
-            Err(e) => return Err(io::Error::new(e.kind(), format!("BPF_MAP_DELETE_BATCH: {e}"))),
-        }
-    }
-    Ok(deleted)
 }

@@ -1,5 +1,5 @@
 //! The data path's per-CPU flow cache (`lb4_flow_cache`) memoises answers for
-//! flows pinned in `lb4_flows`; the epoch in `lb4_flow_cache_ctl` says which
+//! flows pinned in `lb_flows`; the epoch in `lb4_flow_cache_ctl` says which
 //! answers are current. Every facade call that could make a cached answer wrong
 //! bumps the epoch after its last map write: a service or its fragment alias
 //! removed or changed, a backend written, zeroed or its id reused, flows evicted,

@@ -200,7 +200,7 @@ impl HeldVips {
             Ok(()) => {
                 // Cached answers are for pinned flows, which a stale entry still
                 // forwards; bumped anyway so that every answer after a release is
-                // taken from lb4_flows.
+                // taken from lb_flows.
                 self.epoch.bump()
             }
             Err(aya::maps::MapError::KeyNotFound) => Ok(()),

@@ -64,7 +64,7 @@ pub struct Dataplane {
     services: HashMap<MapData, Lb4ServiceKey, Lb4Service>,
     backends: Array<MapData, Lb4Backend>,
     ring: Array<MapData, u32>,
-    flows: HashMap<MapData, Lb4FlowKey, Lb4Flow>,
+    flows: flows::FlowTable,
     first_packets: Array<MapData, Lb4FirstPacket>,
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
@@ -122,6 +122,7 @@ macro_rules! maps_from {
             $get(s, names::BACKENDS)?,
             $get(s, names::RING)?,
             $get(s, names::FLOWS)?,
+            $get(s, names::FLOWS_CTL)?,
             $get(s, names::FIRST_PACKETS)?,
             $get(s, names::STATS)?,
             $get(s, names::SERVICE_STATS)?,
@@ -135,7 +136,8 @@ type MapSet = (
     HashMap<MapData, Lb4ServiceKey, Lb4Service>,
     Array<MapData, Lb4Backend>,
     Array<MapData, u32>,
-    HashMap<MapData, Lb4FlowKey, Lb4Flow>,
+    Array<MapData, LbFlowSet>,
+    Array<MapData, LbFlowsCtl>,
     Array<MapData, Lb4FirstPacket>,
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
@@ -162,18 +164,21 @@ impl Dataplane {
         let m = maps_from!(&mut ebpf, take);
         let epoch = flow_cache::Ctl::new(take(&mut ebpf, names::FLOW_CACHE_CTL)?);
         epoch.configure()?;
-        Self::from_maps(dir, Some(ebpf), m, epoch)
+        Self::from_maps(dir, Some(ebpf), m, epoch, true)
     }
 
     /// Opens the maps pinned under `dir` by a running or earlier agent.
     pub fn open(dir: &Path) -> Result<Self> {
         let m = maps_from!(dir, open_pinned);
         let epoch = flow_cache::Ctl::new(open_pinned(dir, names::FLOW_CACHE_CTL)?);
-        Self::from_maps(dir, None, m, epoch)
+        Self::from_maps(dir, None, m, epoch, false)
     }
 
-    fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl) -> Result<Self> {
-        let (services, backends, ring, flows, first_packets, stats, service_stats, backend_stats, vip_filter) = m;
+    /// `create`: this process loaded the object, and writes the flow table's hash
+    /// key if the table is new (before the program is attached or replaces one).
+    fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl, create: bool) -> Result<Self> {
+        let (services, backends, ring, flows, mut flows_ctl, first_packets, stats, service_stats, backend_stats, vip_filter) = m;
+        let flows = flows::FlowTable::new(flows, &mut flows_ctl, create)?;
         let mut dp = Self {
             dir: dir.to_owned(),
             ebpf,
@@ -314,24 +319,26 @@ fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<()> {
     }
 }
 
-/// `lb_stats` is indexed by [`Reason`], which grows between versions: a pinned
-/// one left by an older version with fewer slots is replaced (its counts restart;
-/// the running program keeps the old one until the new one is attached). Kept, it
-/// would leave the new reasons uncounted and make reading them fail.
 /// Maps an older version pinned that this one no longer uses: `lb4_flows_new`
-/// (first-packet records, now `lb4_first_packets`). Their memory goes with the pin.
+/// (first-packet records, now `lb4_first_packets`) and `lb4_flows` (the LRU hash
+/// flow table, now `lb_flows`). Their memory goes with the pin (and, for a map the
+/// attached program still uses, with that program when [`attach`](Dataplane::attach) replaces it).
 fn remove_obsolete_pins(dir: &Path) -> Result<()> {
-    let path = dir.join("lb4_flows_new");
-    match std::fs::remove_file(&path) {
-        Ok(()) => {
-            tracing::info!(map = "lb4_flows_new", "removed a map an older version pinned");
-            Ok(())
+    for name in ["lb4_flows_new", "lb4_flows"] {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!(map = name, "removed a map an older version pinned"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
     }
+    Ok(())
 }
 
+/// `lb_stats` is indexed by [`Reason`], which grows between versions: a pinned
+/// one left by an older version with fewer slots is replaced (its counts restart;
+/// the running program keeps the old one until [`attach`](Dataplane::attach) replaces it). Kept, it
+/// would leave the new reasons uncounted and make reading them fail.
 fn replace_outgrown_stats(dir: &Path) -> Result<()> {
     let path = dir.join(names::STATS);
     let Ok(pinned) = MapData::from_pin(&path) else { return Ok(()) };

@@ -291,30 +291,18 @@ impl Dataplane {
     }
 
     /// Evicts the flows a batch left pinned to a backend their service lost (or
-    /// that no service has any more), in one batched pass over the flow table:
-    /// they re-hash on their next packet. Separate from [`Self::apply`] so that
-    /// callers can tell "rings written" from "flows swept".
+    /// that no service has any more), in one pass over the flow table: they
+    /// re-hash on their next packet. Separate from [`Self::apply`] so that callers
+    /// can tell "rings written" from "flows swept". Flows carry their service's
+    /// id; a VIP's fragments (port 0) carry the id of the service its fragment
+    /// entry names, so they follow that service's kept set.
     pub fn sweep(&mut self, sweep: &Sweep) -> Result<usize> {
         if sweep.is_empty() {
             return Ok(0);
         }
         let Sweep { lost, gone } = sweep;
-        // Fragment flows (port 0) of a VIP follow its services' kept sets.
-        let mut by_vip: StdHashMap<([u8; 4], u8), Vec<&BTreeSet<u32>>> = StdHashMap::new();
-        for (a, kept) in lost {
-            by_vip.entry((a.vip.octets(), a.protocol.number())).or_default().push(kept);
-        }
-        self.evict_flows(|k, f| {
-            if gone.contains(&f.backend) {
-                return true;
-            }
-            if k.dport == [0, 0] {
-                return by_vip.get(&(k.dst, k.proto)).is_some_and(|v| v.iter().any(|kept| !kept.contains(&f.backend)));
-            }
-            let Some(protocol) = Protocol::from_number(k.proto) else { return false };
-            let addr = ServiceAddr { vip: Ipv4Addr::from(k.dst), port: u16::from_be_bytes(k.dport), protocol };
-            lost.get(&addr).is_some_and(|kept| !kept.contains(&f.backend))
-        })
+        let by_id: StdHashMap<u32, &BTreeSet<u32>> = lost.iter().filter_map(|(a, kept)| Some((self.programmed.get(a)?.id, kept))).collect();
+        self.evict_flows(|service, backend| gone.contains(&backend) || by_id.get(&service).is_some_and(|kept| !kept.contains(&backend)))
     }
 
     /// The ring `spec` builds, as backend ids per slot (writing backend entries).
@@ -393,11 +381,7 @@ impl Dataplane {
     /// lowest port of that VIP and protocol (or removes it when there is none).
     fn update_fragment_alias(&mut self, vip: Ipv4Addr, protocol: Protocol) -> Result<()> {
         let alias = ServiceAddr { vip, port: 0, protocol };
-        let first = self
-            .programmed
-            .range(alias..=ServiceAddr { vip, port: u16::MAX, protocol: Protocol::Udp })
-            .find(|(a, _)| a.protocol == protocol && a.port != 0)
-            .map(|(_, p)| *p);
+        let first = self.fragment_target(vip, protocol);
         match first {
             Some(p) => {
                 let size = self.rings.get(p.ring).map_or(0, |r| r.size());
@@ -406,6 +390,15 @@ impl Dataplane {
             None => ignore_missing(self.services.remove(&service_key(&alias)))?,
         }
         Ok(())
+    }
+
+    /// The service whose ring `vip`'s fragments of `protocol` use: its lowest port.
+    pub(super) fn fragment_target(&self, vip: Ipv4Addr, protocol: Protocol) -> Option<Programmed> {
+        let alias = ServiceAddr { vip, port: 0, protocol };
+        self.programmed
+            .range(alias..=ServiceAddr { vip, port: u16::MAX, protocol: Protocol::Udp })
+            .find(|(a, _)| a.protocol == protocol && a.port != 0)
+            .map(|(_, p)| *p)
     }
 
     /// Deletes backends no ring references and returns their ids; the caller

@@ -251,7 +251,7 @@ fn rows() -> Result<Vec<Row>> {
     let hit_prog_ns = per_packet(&mut dp, "vip_xdp", &fwd, false)?;
     let pass_ns = per_packet(&mut dp, "vip_xdp", &other, false)?;
     let pinned = dp.flow_count();
-    anyhow::ensure!(pinned > SPREAD_FLOWS as usize, "established flows were not pinned: {pinned} in lb4_flows");
+    anyhow::ensure!(pinned > SPREAD_FLOWS as usize, "established flows were not pinned: {pinned} in lb_flows");
     let mut spread_round = 0;
     let lru_ns = per_call(&mut dp, "vip_xdp", &spread, &mut spread_round)?;
     anyhow::ensure!(dp.flow_count() == pinned, "established flows were not all in the flow table");
