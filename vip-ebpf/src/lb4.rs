@@ -464,49 +464,41 @@ fn lb_flow_set_of(s: *mut Scratch) -> Option<*mut LbFlowSet> {
 }
 
 /// Pins the flow in `s` to the backend in the scratch (its second packet): in the
-/// way of its set that holds it already, else an empty one, else the one looked
-/// up least recently (counted `FlowEvicted` when that was within
-/// FLOW_LIVE_STAMPS). The second word is written first: a reader between the two
-/// stores sees the old tag with the new check, which matches nothing.
+/// way of its set that holds it already, else the first empty one, else the one
+/// looked up least recently (counted `FlowEvicted` when that was within
+/// FLOW_LIVE_STAMPS). Each way gets a score and the highest wins, so that one
+/// register carries the choice (more would be spilled to the stack: speculation
+/// barriers without CAP_PERFMON): 2 for the flow's own way, 1 for an empty one,
+/// else how old its stamp is, above the way's rank. The second word is written
+/// first: a reader between the two stores sees the old tag with the new check,
+/// which matches nothing.
 #[inline(always)]
 fn lb_flow_insert(s: *mut Scratch) {
     let Some(set) = lb_flow_set_of(s) else { return };
     let w = set as *mut u64;
     let live = unsafe {
         let tag = (*s).ftag;
-        let stamp = ((*s).now >> FLOW_STAMP_SHIFT) as u32;
-        let (mut way, mut empty, mut oldest, mut oldest_stamp) = (FLOW_WAYS as usize, FLOW_WAYS as usize, 0, u32::MAX);
-        for i in 0..FLOW_WAYS as usize {
-            let t = *w.add(2 * i);
-            if t == tag {
-                way = i;
-                break;
-            }
-            if t == 0 {
-                if empty == FLOW_WAYS as usize {
-                    empty = i;
-                }
+        let mut best = 0u64;
+        for i in 0..FLOW_WAYS as u64 {
+            let t = *w.add(2 * i as usize);
+            let score = if t == tag {
+                2 << 34
+            } else if t == 0 {
+                1 << 34
             } else {
-                let st = (*w.add(2 * i + 1) >> 32) as u32;
-                if st < oldest_stamp {
-                    oldest = i;
-                    oldest_stamp = st;
-                }
-            }
-        }
-        let mut live = false;
-        if way == FLOW_WAYS as usize {
-            way = if empty < FLOW_WAYS as usize {
-                empty
-            } else {
-                live = stamp.wrapping_sub(oldest_stamp) <= FLOW_LIVE_STAMPS;
-                oldest
+                u64::from(!((*w.add(2 * i as usize + 1) >> 32) as u32))
             };
+            best = best.max(score << 2 | (3 - i));
         }
-        let e = w.add(2 * (way & (FLOW_WAYS as usize - 1)));
+        // Through the scratch: the verifier then sees one unknown offset on every
+        // path (a variable offset that differs between paths is refused without
+        // CAP_PERFMON).
+        write_volatile(&raw mut (*s).key2, (3 - (best & 3)) as u32);
+        let e = w.add(2 * (read_volatile(&(*s).key2) & (FLOW_WAYS - 1)) as usize);
+        let stamp = ((*s).now >> FLOW_STAMP_SHIFT) as u32;
         write_volatile(e.add(1), lb_flow_word1(tag, (*s).backend_id as u16, stamp));
         write_volatile(e, tag);
-        live
+        best >> 2 < 1 << 34 && stamp.wrapping_sub(!((best >> 2) as u32)) <= FLOW_LIVE_STAMPS
     };
     // Counted last: nothing else is live across the counter's lookup.
     if live {
