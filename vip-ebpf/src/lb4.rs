@@ -137,6 +137,12 @@ fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
 /// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
 #[inline(always)]
 fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    // A packet past its first (no SYN) will look its flow up in lb_flows, most
+    // likely a line not in the caches: it is loaded now, so that the lookups
+    // below run while it comes (a SYN does not touch the table).
+    if unsafe { (*s).syn } == 0 {
+        lb_flow_touch(s);
+    }
     // The Lb4ServiceKey (VIP, dport, proto) as one word.
     unsafe {
         let (w0, w1) = ((*s).words[0], (*s).words[1]);
@@ -450,13 +456,28 @@ fn lb4_flow_backend(s: *mut Scratch) -> bool {
     false
 }
 
-/// The flow in `s`'s set in `lb_flows`; its tag goes to the scratch. The hash
-/// key is read from `lb_flows_ctl` (an inlined lookup of a line that stays cached).
+/// Computes the flow's keyed hash (to the scratch; the key from `lb_flows_ctl`,
+/// an inlined lookup of a line that stays cached) and loads its set's line.
 #[inline(always)]
-fn lb_flow_set_of(s: *mut Scratch) -> Option<*mut LbFlowSet> {
-    let ctl = lookup_at::<_, LbFlowsCtl>(&lb_flows_ctl, lb_key0())?;
+fn lb_flow_touch(s: *mut Scratch) {
+    let Some(ctl) = lookup_at::<_, LbFlowsCtl>(&lb_flows_ctl, lb_key0()) else { return };
     unsafe {
         let h = lb_flow_hash(&(*ctl).seed, FLOW_FAMILY_V4, &(*s).words);
+        (*s).fhash = h;
+        (*s).key = lb_flow_set(h);
+        if let Some(set) = lookup_at::<_, u64>(&lb_flows, s.cast()) {
+            // Volatile: kept though its value is not used.
+            let _ = read_volatile(set);
+        }
+    }
+}
+
+/// The flow in `s`'s set in `lb_flows` (its hash from [`lb_flow_touch`]); its tag
+/// goes to the scratch.
+#[inline(always)]
+fn lb_flow_set_of(s: *mut Scratch) -> Option<*mut LbFlowSet> {
+    unsafe {
+        let h = (*s).fhash;
         (*s).ftag = lb_flow_tag(h, (*s).service.id);
         (*s).key = lb_flow_set(h);
         lookup_at::<_, LbFlowSet>(&lb_flows, s.cast())

@@ -169,7 +169,9 @@ pub struct Scratch {
     pub service: Lb4Service,
     pub backend: Lb4Backend,
     pub backend_id: u32,
-    /// The flow's `lb_flows` tag (lb_flow_tag), for its lookup or insert.
+    /// The flow's `lb_flows` hash (lb_flow_hash) and tag (lb_flow_tag), for its
+    /// lookup or insert.
+    pub fhash: u64,
     pub ftag: u64,
     /// The home interface, when the frame leaves by it.
     pub home: LbHome,

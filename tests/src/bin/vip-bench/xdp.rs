@@ -251,7 +251,8 @@ fn rows() -> Result<Vec<Row>> {
     let hit_prog_ns = per_packet(&mut dp, "vip_xdp", &fwd, false)?;
     let pass_ns = per_packet(&mut dp, "vip_xdp", &other, false)?;
     let pinned = dp.flow_count();
-    anyhow::ensure!(pinned > SPREAD_FLOWS as usize, "established flows were not pinned: {pinned} in lb_flows");
+    // All but a few: with 65,537 flows a set of four ways overflows now and then.
+    anyhow::ensure!(pinned * 1000 > SPREAD_FLOWS as usize * 999, "established flows were not pinned: {pinned} in lb_flows");
     let mut spread_round = 0;
     let lru_ns = per_call(&mut dp, "vip_xdp", &spread, &mut spread_round)?;
     anyhow::ensure!(dp.flow_count() == pinned, "established flows were not all in the flow table");
