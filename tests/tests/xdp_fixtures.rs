@@ -5,13 +5,13 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use vip_agent::{
-    dataplane::{monotonic_ns, BackendSpec, Dataplane, ServiceAddr},
+    dataplane::{monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr},
     model::Protocol,
 };
 use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     frames::{self, Ip4, Mac},
-    netns::{privileged, PinDir},
+    netns::{privileged, NetNs, PinDir},
 };
 
 const XDP_DROP: u32 = 1;
@@ -1225,6 +1225,51 @@ fn an_outgrown_stats_map_from_an_older_version_is_replaced() {
     let (verdict, _, _) = dp.test_run(&frame, 1, None).unwrap();
     assert_eq!(verdict, XDP_DROP, "a group frame to a VIP not held here");
     assert_eq!(dp.counters().unwrap().reasons["drop_group_not_owner"].0, 1);
+}
+
+/// An upgrade from the version whose flow table was the `lb4_flows` LRU hash: the
+/// new agent removes that pin, and its program replaces the one running on the
+/// pinned link (the same link: no frame goes unhandled), on every later start too.
+#[test]
+fn an_upgrade_drops_the_old_flow_table_and_replaces_the_running_program() {
+    if !privileged() {
+        return;
+    }
+    let pins = PinDir::new().unwrap();
+    let old = pins.path.join("lb4_flows");
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&old)
+        .args(["type", "lru_hash", "key", "16", "value", "8", "entries", "1024", "name", "lb4_flows"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bpftool map create: {}", String::from_utf8_lossy(&out.stderr));
+    let ns = NetNs::new("vipup").unwrap();
+    ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"]).unwrap();
+    ns.ip(&["link", "set", "up0", "up"]).unwrap();
+    let show = |what: &str, path: std::path::PathBuf| -> serde_json::Value {
+        let out = std::process::Command::new("bpftool").args(["-j", what, "show", "pinned"]).arg(&path).output().unwrap();
+        assert!(out.status.success(), "bpftool {what} show {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let mut running = Vec::new();
+    for start in 0..2 {
+        let dir = pins.path.clone();
+        let mode = ns.run(move || Dataplane::load(&dir, 1 << 16).and_then(|mut dp| dp.attach("up0", AttachMode::Generic)).map(|a| a.mode)).unwrap().unwrap();
+        assert_eq!(mode.is_none(), start > 0, "start {start}: attached anew ({mode:?})");
+        assert!(!old.exists(), "the old flow table's pin is still there");
+        let prog = show("prog", pins.path.join(vip_common::PROGRAM_NAME))["id"].clone();
+        let link = show("link", pins.path.join("links/up0"));
+        assert_eq!(link["prog_id"], prog, "start {start}: the link runs another program than this start loaded: {link}");
+        running.push(prog);
+    }
+    assert_ne!(running[0], running[1], "the second start did not replace the program");
+    let mut dp = Dataplane::open(&pins.path).unwrap();
+    dp.set_service(svc(VIP, 80, PROTO_TCP), &[backend(1)], TABLE, 0).unwrap();
+    let key = Lb4FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: 40000u16.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    dp.insert_flows(&[(key, 0)]).unwrap();
+    assert_eq!(dp.flow_count(), 1, "the new flow table in use");
+    assert!(dp.flow(&key).is_some());
 }
 
 /// A spoofed-SYN flood of twice the flow table's size, then a ring change (a
