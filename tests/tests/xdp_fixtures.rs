@@ -1227,6 +1227,50 @@ fn an_outgrown_stats_map_from_an_older_version_is_replaced() {
     assert_eq!(dp.counters().unwrap().reasons["drop_group_not_owner"].0, 1);
 }
 
+/// A flow's second packet pins it in the way of its set of four that was looked up
+/// least recently when all four are taken: silently when that flow was idle for
+/// longer than FLOW_LIVE_STAMPS, counted `flow_evicted` when it was not.
+#[test]
+fn a_full_set_gives_its_oldest_way_to_a_new_flow() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let key = |i: u32| {
+        let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (i & 0x1_ffff));
+        Lb4FlowKey {
+            src: src.octets(),
+            dst: VIP.octets(),
+            sport: (1024 + (i >> 17) as u16).to_be_bytes(),
+            dport: 80u16.to_be_bytes(),
+            proto: PROTO_TCP,
+            _pad: [0; 3],
+        }
+    };
+    let set = w.dp.flow_set(&key(0)).unwrap();
+    let same: Vec<Lb4FlowKey> = (0..1 << 26).map(key).filter(|k| w.dp.flow_set(k) == Some(set)).take(6).collect();
+    assert_eq!(same.len(), 6, "six flows of one set");
+    w.dp.insert_flows(&same[..4].iter().map(|k| (*k, 0)).collect::<Vec<_>>()).unwrap();
+    let now = w.dp.flow(&same[0]).unwrap().stamp;
+    // same[0] idle for 1,000 s; same[1] and same[2] looked up 20 and 10 s ago.
+    for (k, age) in [(0, 1000), (1, 20), (2, 10)] {
+        assert!(w.dp.set_flow_stamp(&same[k], now.saturating_sub(age)));
+    }
+    let evicted = |w: &World| w.dp.counters().unwrap().reasons["flow_evicted"].0;
+    let open = |w: &mut World, k: &Lb4FlowKey| {
+        let (src, sport) = (Ipv4Addr::from(k.src), u16::from_be_bytes(k.sport));
+        w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (src, sport), (VIP, 80)), 1, None).unwrap();
+        assert_eq!(w.dp.test_run(&frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (src, sport), (VIP, 80)), 1, None).unwrap().0, XDP_TX);
+    };
+    open(&mut w, &same[4]);
+    let pinned = |w: &World| same.iter().map(|k| w.dp.flow(k).is_some()).collect::<Vec<_>>();
+    assert_eq!(pinned(&w), [false, true, true, true, true, false], "the idle flow gave its way");
+    assert_eq!(evicted(&w), 0, "an idle flow's eviction was counted");
+    open(&mut w, &same[5]);
+    assert_eq!(pinned(&w), [false, false, true, true, true, true], "the oldest live flow gave its way");
+    assert_eq!(evicted(&w), 1, "a live flow's eviction was not counted");
+}
+
 /// An upgrade from the version whose flow table was the `lb4_flows` LRU hash: the
 /// new agent removes that pin, and its program replaces the one running on the
 /// pinned link (the same link: no frame goes unhandled), on every later start too.

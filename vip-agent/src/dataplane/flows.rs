@@ -225,6 +225,11 @@ impl Dataplane {
         self.flows.find(set, tag).map(|i| self.flows.entry(i))
     }
 
+    /// The set of `lb_flows` an IPv4 flow goes to (None: no service for it).
+    pub fn flow_set(&self, key: &Lb4FlowKey) -> Option<usize> {
+        Some(self.flows.place(key, self.flow_service(key)?).0)
+    }
+
     /// Sets the stamp of a pinned flow (tests: a flow made to look idle); whether
     /// it was pinned.
     #[doc(hidden)]
