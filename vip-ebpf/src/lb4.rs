@@ -137,12 +137,6 @@ fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
 /// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
 #[inline(always)]
 fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    // A packet past its first (no SYN) will look its flow up in lb_flows, most
-    // likely a line not in the caches: it is loaded now, so that the lookups
-    // below run while it comes (a SYN does not touch the table).
-    if unsafe { (*s).syn } == 0 {
-        lb_flow_touch(s);
-    }
     // The Lb4ServiceKey (VIP, dport, proto) as one word.
     unsafe {
         let (w0, w1) = ((*s).words[0], (*s).words[1]);
@@ -157,6 +151,13 @@ fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
         // Not ours to balance (another node owns it): the frame was sent to this
         // node as a backend, or is stray; the stack decides.
         return Ok(if lb4_group(ctx)? { (xdp_action::XDP_DROP, Reason::DropGroupNotOwner) } else { (xdp_action::XDP_PASS, Reason::PassedNotOwner) });
+    }
+    // A packet past its first (no SYN) to a VIP held here will look its flow up
+    // in lb_flows, most likely a line not in the caches: it is loaded now, so that
+    // the steps before that lookup run while it comes. (Not earlier: frames for
+    // VIPs held elsewhere, which backends receive, and SYNs never read the table.)
+    if unsafe { (*s).syn } == 0 {
+        lb_flow_touch(s);
     }
     let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
     if !fresh() && lb4_group(ctx)? {
