@@ -1275,3 +1275,74 @@ fn a_spoofed_syn_flood_does_not_break_established_flows_on_a_ring_change() {
     assert!(broken * 100 <= ESTABLISHED as usize, "{broken} of {ESTABLISHED} established flows changed backend (target ≤ 1%)");
     assert_eq!(broken, 0);
 }
+
+/// The ARP self-check's recording (`arp_watch`): an ARP reply or gratuitous ARP
+/// claiming a VIP the agent watches on the network it arrived on has its sender MAC
+/// recorded (distinct MACs, up to four, every claim counted) and is passed
+/// unchanged; claims for unwatched VIPs, on another network, for a VIP held here,
+/// requests and malformed frames record nothing.
+#[test]
+fn arp_watch_records_the_macs_that_answer_for_a_watched_vip() {
+    if !privileged() {
+        return;
+    }
+    let mac = |i: u8| -> Mac { [0x02, 0, 0, 0, 0x77, i] };
+    let reply_from = |sha, vip| frames::arp(CLIENT_MAC, None, 2, sha, vip, CLIENT_MAC, CLIENT);
+    let mut w = world();
+    let watched = |w: &mut World, vip: Ipv4Addr| w.dp.held().take_arp_watch(IFINDEX, vip).unwrap();
+    let count = |w: &World, r: &str| w.dp.counters().unwrap().reasons[r].0;
+    // Nothing is recorded for a VIP that is not watched.
+    let frame = reply_from(mac(1), VIP_NOT_HELD);
+    let (verdict, out, _) = w.dp.test_run(&frame, 1, None).unwrap();
+    assert_eq!((verdict, &out), (XDP_PASS, &frame));
+    assert_eq!(watched(&mut w, VIP_NOT_HELD), None);
+
+    for vip in [VIP_NOT_HELD, OTHER, VIP] {
+        w.dp.held().watch_arp(IFINDEX, vip).unwrap();
+    }
+    w.dp.held().watch_arp(IFINDEX, VIP_STALE).unwrap();
+    let before = count(&w, "arp_watched");
+    let mut sent = 0;
+    // Six claims from five MACs: 1, 2, 1 again (no new slot), 3, 4, 5 (no slot left).
+    for i in [1, 2, 1, 3, 4, 5] {
+        let frame = if i == 3 { frames::arp(frames::BROADCAST, None, 1, mac(i), VIP_NOT_HELD, [0; 6], VIP_NOT_HELD) } else { reply_from(mac(i), VIP_NOT_HELD) };
+        let (verdict, out, _) = w.dp.test_run(&frame, 1, None).unwrap();
+        assert_eq!((verdict, out), (XDP_PASS, frame), "claim from MAC {i}: passed unchanged");
+        sent += 1;
+    }
+    assert_eq!(count(&w, "arp_watched"), before + sent);
+    // Not recorded: the watched VIP in VLAN 42 (another network), a request from
+    // it (not an answer), a truncated reply, and a VIP held here (a conflict).
+    let not = [
+        frames::arp(CLIENT_MAC, Some(VLAN), 2, mac(9), VIP_NOT_HELD, CLIENT_MAC, CLIENT),
+        frames::arp_request(mac(9), VIP_NOT_HELD, CLIENT, None),
+        reply_from(mac(9), VIP_NOT_HELD)[..14 + 20].to_vec(),
+        reply_from(mac(9), VIP),
+    ];
+    for frame in &not {
+        w.dp.test_run(frame, 1, None).unwrap();
+    }
+    assert_eq!(count(&w, "arp_watched"), before + sent, "only the six claims are counted as arp_watched");
+    // The stale VIP (held here, past its deadline) is not ours: watched like any.
+    w.dp.test_run(&reply_from(mac(6), VIP_STALE), 1, None).unwrap();
+    assert_eq!(watched(&mut w, VIP_NOT_HELD), Some((vec![mac(1), mac(2), mac(3), mac(4)], 6)));
+    assert_eq!(watched(&mut w, VIP_NOT_HELD), None, "taken: the entry is gone");
+    assert_eq!(watched(&mut w, OTHER), Some((vec![], 0)));
+    assert_eq!(watched(&mut w, VIP), Some((vec![], 0)), "a claim for a VIP held here is a conflict, not recorded");
+    assert_eq!(watched(&mut w, VIP_STALE), Some((vec![mac(6)], 1)));
+    // The entry is a byte-for-byte layout shared with the program: check it raw.
+    w.dp.held().watch_arp(IFINDEX, OTHER).unwrap();
+    w.dp.test_run(&reply_from(mac(7), OTHER), 1, None).unwrap();
+    let pinned = aya::maps::MapData::from_pin(w._pins.path.join(map_names::ARP_WATCH)).unwrap();
+    let raw: aya::maps::HashMap<_, [u8; 8], [u8; 40]> = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(pinned)).unwrap();
+    let mut key = [0u8; 8];
+    key[..4].copy_from_slice(&IFINDEX.to_ne_bytes());
+    key[4..].copy_from_slice(&OTHER.octets());
+    let value = raw.get(&key, 0).unwrap();
+    assert_eq!(&value[..6], &mac(7), "first MAC slot");
+    assert_eq!(&value[6..24], &[0u8; 18], "other slots empty");
+    assert_eq!(&value[24..32], &[1, 0, 0, 0, 1, 0, 0, 0], "seen 1, replies 1 (native-endian u32s)");
+    assert_ne!(&value[32..40], &[0u8; 8], "last_ns set");
+    w.dp.held().clear_arp_watch().unwrap();
+    assert_eq!(watched(&mut w, OTHER), None);
+}

@@ -24,7 +24,8 @@ pub mod map_names {
     pub const HOME: &str = "lb_home";
     pub const HELD6: &str = "ndp_held";
     pub const CONFLICTS6: &str = "ndp_conflicts";
-    pub const ALL: [&str; 18] = [
+    pub const ARP_WATCH: &str = "arp_watch";
+    pub const ALL: [&str; 19] = [
         IFACES,
         HELD,
         CONFLICTS,
@@ -43,6 +44,7 @@ pub mod map_names {
         VIP_FILTER,
         HELD6,
         CONFLICTS6,
+        ARP_WATCH,
     ];
 }
 
@@ -142,6 +144,30 @@ pub struct ArpHeldKey {
     pub ifindex: u32,
     /// IPv4 address, network byte order.
     pub vip: [u8; 4],
+}
+
+/// Entries of `arp_watch`: the VIPs whose ARP answers the agent waits for at once
+/// (it probes a few per second, each for about a second).
+pub const MAX_ARP_WATCH: u32 = 256;
+/// Distinct sender MACs an [`ArpWatch`] keeps.
+pub const ARP_WATCH_MACS: usize = 4;
+
+/// `arp_watch` value (key: an [`ArpHeldKey`], the network the agent asked on and
+/// the VIP): the ARP replies and gratuitous ARP seen claiming the VIP there since
+/// the agent wrote the entry (zeroed) and sent its request. The agent of a peer
+/// node asks who answers for a VIP another node holds (its ARP self-check).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ArpWatch {
+    /// The distinct sender MACs seen, the first `seen` of them.
+    pub macs: [[u8; 6]; ARP_WATCH_MACS],
+    /// How many of `macs` are filled (at most ARP_WATCH_MACS; further MACs are
+    /// counted in `replies` only).
+    pub seen: u32,
+    /// Every reply or gratuitous ARP counted.
+    pub replies: u32,
+    /// `bpf_ktime_get_coarse_ns` of the last one.
+    pub last_ns: u64,
 }
 
 /// `ndp_held` key: an IPv6 VIP held on one interface (as [`ArpHeldKey`]; its
@@ -383,10 +409,11 @@ pub enum Reason {
     NdpInvalid = 23,
     NdpConflict = 24,
     NdpNotAnnounced = 25,
+    ArpWatched = 26,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 26;
+    pub const COUNT: u32 = 27;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -414,6 +441,7 @@ impl Reason {
         Reason::NdpInvalid,
         Reason::NdpConflict,
         Reason::NdpNotAnnounced,
+        Reason::ArpWatched,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -444,6 +472,7 @@ impl Reason {
             Reason::NdpInvalid => "ndp_invalid",
             Reason::NdpConflict => "ndp_conflict",
             Reason::NdpNotAnnounced => "ndp_not_announced",
+            Reason::ArpWatched => "arp_watched",
         }
     }
 }
@@ -472,7 +501,8 @@ impl Reason {
             | Reason::NdpOther
             | Reason::NdpInvalid
             | Reason::NdpConflict
-            | Reason::NdpNotAnnounced => "XDP_PASS",
+            | Reason::NdpNotAnnounced
+            | Reason::ArpWatched => "XDP_PASS",
         }
     }
 
@@ -554,6 +584,9 @@ impl Reason {
             Reason::NdpNotAnnounced => {
                 "A Neighbor Solicitation for a VIP of an `announce: lo` pool that this node holds: not answered (a routing daemon announces the VIP), passed; Linux answers solicitations only for the receiving interface's own addresses, so a VIP on lo is not answered by the kernel either."
             }
+            Reason::ArpWatched => {
+                "An ARP reply or gratuitous ARP for a VIP another node holds that this node's agent is checking (its ARP self-check asked who answers for it): the sender MAC is recorded in `arp_watch` for the agent, the frame passed. A few per VIP checked, about every 45 s."
+            }
         }
     }
 }
@@ -594,6 +627,7 @@ mod pod {
     unsafe impl aya::Pod for LbVlanKey {}
     unsafe impl aya::Pod for LbHome {}
     unsafe impl aya::Pod for ArpHeldVip {}
+    unsafe impl aya::Pod for ArpWatch {}
     unsafe impl aya::Pod for Lb4ServiceKey {}
     unsafe impl aya::Pod for Lb4Service {}
     unsafe impl aya::Pod for Lb4Backend {}

@@ -32,6 +32,12 @@ pub static arp_held: HashMap<ArpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD,
 #[map]
 pub static arp_conflicts: LruHashMap<ArpHeldKey, u64> = LruHashMap::pinned(MAX_HELD, 0);
 
+/// (ifindex, VIP of another node) → the ARP answers seen claiming it there, while
+/// the agent checks who answers for it (its ARP self-check writes the entry, sends
+/// a request, reads and removes the entry a second later).
+#[map]
+pub static arp_watch: HashMap<ArpHeldKey, ArpWatch> = HashMap::pinned(MAX_ARP_WATCH, 0);
+
 /// (ifindex, IPv6 VIP) → as `arp_held`, for the IPv6 VIPs this node answers
 /// Neighbor Solicitations for (a map of its own: the IPv4 key stays 8 bytes).
 #[map]
