@@ -437,8 +437,9 @@ fn forged_and_replayed_heartbeats_change_nothing_and_keys_rotate_without_a_move(
             })
             .unwrap();
     };
-    let hb =
-        |node: &str, incarnation: u64, seq: u64| Heartbeat { v: Heartbeat::VERSION, node: node.into(), incarnation, seq, sent_ms: 0, leaving_ms: 0 }.encode();
+    let hb = |node: &str, incarnation: u64, seq: u64| {
+        Heartbeat { v: Heartbeat::VERSION, node: node.into(), incarnation, seq, sent_ms: 0, leaving_ms: 0, arp: vec![] }.encode()
+    };
     let far_future = u64::MAX / 2;
     let changes = |lab: &HaLab| lab.agent_logs().matches("peer liveness changed").count();
     let before = changes(&lab);

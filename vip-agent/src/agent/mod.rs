@@ -71,6 +71,9 @@ pub struct Options {
     pub reload_interval: Duration,
     /// How gratuitous ARP and ARP requests leave the node.
     pub arp_sender: ArpSender,
+    /// How often each VIP held elsewhere and checked here is asked for (the ARP
+    /// self-check, `ha::arpcheck`); zero: never.
+    pub arp_check_interval: Duration,
     /// Where the cluster's heartbeat key comes from.
     pub heartbeat_key: HeartbeatKey,
 }
@@ -255,6 +258,7 @@ pub async fn run(opts: Options) -> Result<()> {
         keys: keys.as_ref().map(|k| k.keys.clone()),
         leave: leave_rx,
         held_vips,
+        arp_check: agent.opts.arp_check_interval,
     };
     let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
     agent.membership = members.borrow_and_update().clone();
