@@ -126,6 +126,8 @@ pub struct Pass {
     pub unheld_events: usize,
     /// VipStatuses created, deleted, and given a `Held=False` status.
     pub vip_statuses: usize,
+    /// `ArpConflict` Warnings and `ArpConflictResolved` Events recorded.
+    pub arp_events: usize,
 }
 
 pub struct Controller {
@@ -147,6 +149,9 @@ pub struct Controller {
     reported_unprogrammed: BTreeMap<IpAddr, Vec<String>>,
     /// VIPs in use held by no node, already reported (Events), with why.
     reported_unheld: BTreeMap<IpAddr, String>,
+    /// VIPs whose `ArpConflict` episode was reported (a Warning), by the time it
+    /// started; started from the VipStatuses, so a new leader does not repeat it.
+    reported_arp: Option<BTreeMap<IpAddr, Time>>,
     /// The addresses each of our Services held when last seen (with its uid): the
     /// server clears `status.loadBalancer` itself when a Service's type leaves
     /// LoadBalancer, so a release is only seen as a Service that held an address
@@ -184,6 +189,7 @@ impl Controller {
                 reported: None,
                 reported_unprogrammed: BTreeMap::new(),
                 reported_unheld: BTreeMap::new(),
+                reported_arp: None,
                 held: BTreeMap::new(),
                 stale: BTreeMap::new(),
                 metallb_said: BTreeMap::new(),
@@ -266,6 +272,7 @@ impl Controller {
         let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
         out.vip_statuses = self.sync_vip_statuses(&views, &by_vip, &unheld).await;
+        out.arp_events = self.report_arp_conflicts(&by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {
                 Some(v) => owners.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, o)| (a.to_string(), o.clone())).collect(),
@@ -452,6 +459,49 @@ impl Controller {
         // only once it has one (no Held Event is lost to a lagging owner view).
         self.reported_unheld.retain(|v, _| by_vip.contains_key(v) && !owners.contains_key(v));
         self.reported_unheld.extend(now.iter().map(|(v, w)| (*v, w.clone())));
+        let mut n = 0;
+        for (vip, ev) in &events {
+            for svc in by_vip.get(vip).into_iter().flatten() {
+                self.publish(ev, *svc).await;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Records an `ArpConflict` Warning on each Service of a VIP whose VipStatus
+    /// turned `ArpConflict=True` (its holder heard from a peer that another MAC
+    /// answers ARP for it, `ha::arpcheck`), once per episode (by the condition's
+    /// transition time), and an `ArpConflictResolved` Event when it turns False;
+    /// returns how many were recorded.
+    async fn report_arp_conflicts(&mut self, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> usize {
+        let now: BTreeMap<IpAddr, k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> = self
+            .vip_statuses
+            .state()
+            .iter()
+            .filter_map(|o| Some((o.spec.address.parse().ok()?, o.status.as_ref()?.conditions.iter().find(|c| c.type_ == "ArpConflict")?.clone())))
+            .collect();
+        let reported = self
+            .reported_arp
+            .get_or_insert_with(|| now.iter().filter(|(_, c)| c.status == "True").map(|(v, c)| (*v, c.last_transition_time.clone())).collect());
+        let mut events = Vec::new();
+        for (vip, c) in &now {
+            if c.status == "True" && reported.get(vip) != Some(&c.last_transition_time) {
+                reported.insert(*vip, c.last_transition_time.clone());
+                let note = format!("{vip}: {}", c.message);
+                events.push((
+                    *vip,
+                    Event { type_: EventType::Warning, reason: "ArpConflict".into(), note: Some(note), action: "Announce".into(), secondary: None },
+                ));
+            } else if c.status == "False" && reported.remove(vip).is_some() {
+                let note = format!("{vip}: {}", c.message);
+                events.push((
+                    *vip,
+                    Event { type_: EventType::Normal, reason: "ArpConflictResolved".into(), note: Some(note), action: "Announce".into(), secondary: None },
+                ));
+            }
+        }
+        reported.retain(|v, _| now.contains_key(v));
         let mut n = 0;
         for (vip, ev) in &events {
             for svc in by_vip.get(vip).into_iter().flatten() {
@@ -660,6 +710,7 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             // from the Services as they are then (another leader reported meanwhile).
             c.reported = None;
             c.reported_unheld.clear();
+            c.reported_arp = None;
             c.held.clear();
             c.stale.clear();
             // Only the leader's counts are current.
