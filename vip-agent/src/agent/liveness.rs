@@ -544,7 +544,6 @@ impl Liveness {
         self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &on_lo));
         self.s.metrics.record(&self.world, &self.owners, &o, &metrics::Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
         self.owners = o.owners.clone();
-        self.arp_mine = self.arp_checked_here();
         let m = Membership {
             tracked: self.tracked.clone(),
             live: self.live.clone(),
@@ -554,6 +553,8 @@ impl Liveness {
             on_lo: o.on_lo,
         };
         self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
+        // Last: O(VIPs × nodes) hashing, after everything a failover waits for.
+        self.arp_mine = self.arp_checked_here();
     }
 
     /// Joins the solicited-node group of every IPv6 VIP answered here on the
