@@ -597,6 +597,7 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     }
     l.pool_owner_changes.with(&PoolLabels { pool: s() }, |_| ());
     l.peer_live.with(&PeerLabels { peer: s() }, |_| ());
+    l.arp_foreign.with(&ArpLabels { vip: s() }, |_| ());
     l.heartbeat.gaps.track(["x"], Instant::now());
     let _ = l.heartbeat.rejected.get_or_create(&crate::ha::heartbeat::RejectLabels { reason: s() });
     m.backend_healthy.with(&BackendLabels { node: s(), check: s() }, |_| ());
