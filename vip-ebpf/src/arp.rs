@@ -67,21 +67,24 @@ fn arp_conflict_record(ifindex: u32, vip: [u8; 4]) {
     }
 }
 
-/// Records the sender MAC of an ARP reply or gratuitous ARP (`arp`, its header)
-/// in the `arp_watch` entry of the key `arp_held_get` left in the scratch `s`, if
-/// the agent watches that VIP there; the reason to count. Off the answering path:
-/// only claims for VIPs this node does not hold come here.
-#[inline(always)]
-fn arp_watch_record(s: *mut Scratch, arp: *const u8) -> Reason {
+/// Records the sender MAC of an ARP reply or gratuitous ARP, copied into the
+/// scratch `s` (`mac`), in the `arp_watch` entry of the key `arp_held_get` left
+/// there, if the agent watches that VIP on that network; the reason to count.
+/// Only claims for VIPs this node does not hold come here. A function of its own
+/// (BPF to BPF) taking the scratch alone: with the packet pointer too, or inlined,
+/// the compiler kept more values across `arp_handle`'s helper calls and the
+/// answering path got slower.
+#[inline(never)]
+fn arp_watch_record(s: *mut Scratch) -> Reason {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let Some(w) = lookup_at::<_, ArpWatch>(&arp_watch, unsafe { (&raw const (*s).held).cast() }) else {
         return Reason::ArpOther;
     };
     unsafe {
         let w = &mut *w;
-        // sha, as one word and a half-word read (see arp_handle's copies).
-        let lo = read_unaligned(arp.add(8) as *const u32);
-        let hi = read_unaligned(arp.add(12) as *const u16);
+        let sha = (&raw const (*s).mac) as *const u8;
+        let lo = read_unaligned(sha as *const u32);
+        let hi = read_unaligned(sha.add(4) as *const u16);
         w.replies = w.replies.wrapping_add(1);
         w.last_ns = now;
         // Constant indices: `seen` comes from a map the agent writes.
@@ -131,14 +134,21 @@ fn arp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         // Someone announces spa is at sha. If spa is a VIP we hold (fresh) on this
         // interface and sha is not our MAC, two nodes claim the VIP: count it, and
         // let the stack see the frame as it is.
+        // sha into the scratch: after the lookups it is read from there, and
+        // the packet pointer need not be kept (see arp_watch_record).
+        unsafe {
+            let m = (&raw mut (*s).mac) as *mut u8;
+            write_unaligned(m as *mut u32, read_unaligned((arp as *const u8).add(8) as *const u32));
+            write_unaligned(m.add(4) as *mut u16, read_unaligned((arp as *const u8).add(12) as *const u16));
+        }
         return Ok(match arp_held_fresh(s, ifindex, a.spa) {
-            Ok(h) if a.sha != unsafe { (*h).mac } => {
+            Ok(h) if unsafe { (*s).mac != (*h).mac } => {
                 arp_conflict_record(ifindex, a.spa);
                 (xdp_action::XDP_PASS, Reason::ArpConflict)
             }
             Ok(_) => (xdp_action::XDP_PASS, Reason::ArpOther),
             // Not ours: the agent may be checking who answers for it (arp_watch).
-            Err(_) => (xdp_action::XDP_PASS, arp_watch_record(s, arp as *const u8)),
+            Err(_) => (xdp_action::XDP_PASS, arp_watch_record(s)),
         });
     }
     if oper != ARPOP_REQUEST {

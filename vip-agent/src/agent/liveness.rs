@@ -768,7 +768,8 @@ impl Liveness {
         let mut changed = false;
         for f in findings {
             let vip = IpAddr::V4(f.vip);
-            if !self.held.contains_key(&vip) {
+            // Not ours any more, or just taken (see arpcheck::SETTLE).
+            if !self.held.contains_key(&vip) || self.since.get(&vip).is_some_and(|t| t.elapsed().unwrap_or_default() < arpcheck::SETTLE) {
                 continue;
             }
             let Some(mine) = self.link_of(vip).map(|l| l.mac) else { continue };

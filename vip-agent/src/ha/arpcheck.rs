@@ -37,6 +37,11 @@ pub const WAIT: Duration = Duration::from_secs(1);
 pub const PER_HEARTBEAT: usize = 8;
 /// Findings queued for the holders at most; older ones go first.
 const OUTBOX_MAX: usize = 256;
+/// Findings for a VIP the holder took less than this long ago are ignored: the
+/// previous holder may still have answered the request (until its hold time ran
+/// out, or while a node coming back takes its VIPs back), which is a takeover, not
+/// a second responder.
+pub const SETTLE: Duration = Duration::from_secs(5);
 /// A holder forgets a check that was not renewed for this long (its checker left,
 /// or stopped checking): the condition and the metric go rather than go stale.
 pub const FORGET_AFTER: Duration = Duration::from_secs(20 * 60);
