@@ -145,7 +145,7 @@ impl Schedule {
 /// addresses land far apart).
 fn spread(vip: Ipv4Addr, period: Duration) -> Duration {
     let h = u64::from(u32::from(vip).wrapping_mul(0x9e37_79b1));
-    Duration::from_millis(h * period.as_millis() as u64 >> 32)
+    Duration::from_millis((h * period.as_millis() as u64) >> 32)
 }
 
 /// What the holder of a VIP knows from its last check.
