@@ -126,12 +126,13 @@ fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
 
 /// Walks the extension headers from the IPv6 header's next header `next`, read
 /// with a helper (their offsets vary; see parse::ETH_LEN). Any fragment header
-/// makes the packet a fragment. A header that ends past the frame is malformed.
+/// makes the packet a fragment. Each header is at least 8 bytes: a frame that
+/// ends within those is malformed.
 #[inline(always)]
 fn lb6_walk<const L2: usize>(ctx: &XdpContext, mut next: u8) -> Result<Upper, ()> {
     let mut off = IP6;
     let mut fragment = false;
-    let mut h = [0u8; 2];
+    let mut h = [0u8; 8];
     for _ in 0..MAX_EXT_HEADERS {
         match next {
             PROTO_TCP | PROTO_UDP => return Ok(Upper::Ports { proto: next, off, fragment }),
@@ -140,7 +141,7 @@ fn lb6_walk<const L2: usize>(ctx: &XdpContext, mut next: u8) -> Result<Upper, ()
             // No next header (59), and every other upper layer or header.
             _ => return Ok(if lb6_known_upper(next) { Upper::Other } else { Upper::Unwalked }),
         }
-        if unsafe { bpf_xdp_load_bytes(ctx.ctx, (L2 + off) as u32, h.as_mut_ptr() as *mut c_void, 2) } != 0 {
+        if unsafe { bpf_xdp_load_bytes(ctx.ctx, (L2 + off) as u32, h.as_mut_ptr() as *mut c_void, 8) } != 0 {
             return Err(());
         }
         if next == IPPROTO_FRAGMENT {

@@ -495,7 +495,7 @@ mod tests {
         assert_eq!(w.backend_candidates(local).iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1"], "and only eligible nodes");
         assert_eq!(local.health.as_ref().unwrap().probe, Probe::Http { port: 32000, path: "/healthz".into() });
         // Only the pool's addresses in use are held (answered by ARP), not the 11 of its range.
-        let used: Vec<Ipv4Addr> = w.services.iter().map(|s| s.vip).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let used: Vec<IpAddr> = w.services.iter().map(|s| s.vip).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         assert_eq!(w.pools[0].addresses, used);
         assert!(used.len() < 11);
     }
