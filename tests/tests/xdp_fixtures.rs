@@ -667,37 +667,60 @@ fn flow_table_keeps_flows_across_ring_changes() {
     if !privileged() {
         return;
     }
+    let syn = |sport| frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    let ack = |sport| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    flows_kept_across_ring_changes(svc(VIP, 80, PROTO_TCP), CLIENT.into(), syn, ack);
+}
+
+/// The same for IPv6 flows (`lb6_flows`, `lb6_first_packets`, `lb6_flow_cache`).
+#[test]
+fn ipv6_flow_table_keeps_flows_across_ring_changes() {
+    if !privileged() {
+        return;
+    }
+    let syn = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_SYN);
+    let ack = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_ACK);
+    flows_kept_across_ring_changes(svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), syn, ack);
+}
+
+/// Established flows (SYN, then the ACK that pins them; then answered from the
+/// flow cache) keep their backend when a backend joins the ring; removing
+/// backends evicts their flows alone, which re-hash.
+fn flows_kept_across_ring_changes(s: ServiceAddr, client: IpAddr, syn: impl Fn(u16) -> Vec<u8>, ack: impl Fn(u16) -> Vec<u8>) {
     let mut w = world();
-    let s = svc(VIP, 80, PROTO_TCP);
     let three = [backend(1), backend(2), backend(3)];
     // Find a flow that a fourth backend would take over.
     let four = [backend(1), backend(2), backend(3), backend(4)];
     let mut flows = Vec::new();
     for sport in 30000..31000u16 {
-        // Established: the SYN, then the ACK that pins it.
-        w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), 1, None).unwrap();
-        let f = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+        w.dp.test_run(&syn(sport), 1, None).unwrap();
+        let f = ack(sport);
         let (_, out, _) = w.dp.test_run(&f, 1, None).unwrap();
         flows.push((sport, f, <Mac>::try_from(&out[0..6]).unwrap()));
     }
+    assert!(w.dp.flow_count() >= 1000, "second packets pinned their flows: {}", w.dp.flow_count());
     w.dp.set_service(s, &four, TABLE, 0).unwrap();
-    let moved: Vec<_> = flows.iter().filter(|(sport, _, before)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *before).collect();
+    let moved: Vec<_> = flows.iter().filter(|(sport, _, before)| ring_choice(&w.dp, s, client, *sport, 80) != *before).collect();
     assert!(!moved.is_empty(), "adding a backend moved no ring slot for 1000 flows");
-    for (sport, f, before) in &moved {
-        let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
-        assert_eq!(&out[0..6], before, "established flow {sport} followed the new ring");
+    for _ in 0..2 {
+        for (sport, f, before) in &moved {
+            let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
+            assert_eq!(&out[0..6], before, "established flow {sport} followed the new ring");
+        }
     }
     // New flows do use the new backend.
-    let (_, out, _) = w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 9), (VIP, 80)), 1, None).unwrap();
-    assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, 9, 80));
+    let (_, out, _) = w.dp.test_run(&syn(9), 1, None).unwrap();
+    assert_eq!(out[0..6], ring_choice(&w.dp, s, client, 9, 80));
 
     // Removing backends 3 and 4 evicts their flows: they re-hash, and only they move.
+    let pinned = w.dp.flow_count();
     w.dp.set_service(s, &three[..2], TABLE, 0).unwrap();
     let gone = backend(3).mac;
+    assert_eq!(w.dp.flow_count(), pinned - flows.iter().filter(|f| f.2 == gone).count(), "the removed backend's flows swept");
     for (sport, f, before) in &flows {
         let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
         if *before == gone {
-            assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, *sport, 80), "flow {sport} of the removed backend");
+            assert_eq!(out[0..6], ring_choice(&w.dp, s, client, *sport, 80), "flow {sport} of the removed backend");
             assert_ne!(out[0..6], gone);
         } else {
             assert_eq!(&out[0..6], before, "flow {sport} on a surviving backend moved");
