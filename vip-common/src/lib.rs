@@ -107,18 +107,19 @@ pub fn vip_filter_bit6(addr: [u8; 16]) -> u32 {
     vip_filter_bit(fold6(addr))
 }
 
-/// An IPv6 address's four words XORed into one, each rotated by its place so that
-/// equal words do not cancel.
+/// An IPv6 address folded into four bytes: its two halves XORed (the second
+/// rotated, so that equal halves do not cancel), then the result's two halves.
 #[inline(always)]
 pub fn fold6(a: [u8; 16]) -> [u8; 4] {
-    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
-    fold6_words(w(0), w(4), w(8), w(12)).to_ne_bytes()
+    let w = |i: usize| u64::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], a[i + 6], a[i + 7]]);
+    fold6_words(w(0), w(8)).to_ne_bytes()
 }
 
-/// [`fold6`] of an address loaded as four native-endian words.
+/// [`fold6`] of an address loaded as two native-endian words.
 #[inline(always)]
-pub fn fold6_words(w0: u32, w1: u32, w2: u32, w3: u32) -> u32 {
-    w0 ^ w1.rotate_left(8) ^ w2.rotate_left(16) ^ w3.rotate_left(24)
+pub fn fold6_words(w0: u64, w1: u64) -> u32 {
+    let x = w0 ^ w1.rotate_left(17);
+    (x ^ (x >> 32)) as u32
 }
 
 /// Default number of ring slots in `lb4_ring`, shared by all services.

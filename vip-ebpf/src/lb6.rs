@@ -16,6 +16,7 @@ use network_types::ip::Ipv6Hdr;
 use vip_common::*;
 
 use crate::{
+    ndp::ndp_call,
     lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, Flows},
     maps::{lb4_flow_cache_ctl, lb4_vip_filter, lb6_first_packets, lb6_flow_cache, lb6_flows, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
     parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict},
@@ -34,11 +35,16 @@ const TCP_FLAGS: usize = 13;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
-/// [`lb6_handle`] as a function of its own (BPF to BPF), as ndp::ndp_call: the
-/// IPv4 paths are allocated without it. Its verdict packed ([`verdict_pack`]).
+/// IPv6: neighbour discovery ([`ndp_call`]: ICMPv6 right behind the IPv6 header,
+/// as RFC 4861 messages carry no extension headers), else [`lb6_handle`]. A
+/// function of its own (BPF to BPF), as ndp_call: the IPv4 paths are allocated
+/// without it. Its verdict packed ([`verdict_pack`]).
 #[inline(never)]
-pub fn lb6_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
-    let ctx = XdpContext::new(ctx);
+pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
+    let ctx = XdpContext::new(ctxp);
+    if matches!(ptr_at::<u8>(&ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6) {
+        return ndp_call::<L2>(ctxp, s, ifindex);
+    }
     verdict_pack(match lb6_handle::<L2>(&ctx, s, ifindex) {
         Ok(v) => v,
         Err(()) => {
@@ -71,11 +77,12 @@ fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
     if vcf0 >> 4 != 6 {
         return Err(());
     }
-    // A jumbogram says 0 (its length is in a hop-by-hop option): the frame's.
-    let bytes = if payload_len == 0 { frame_len(ctx) } else { L2 + IP6 + usize::from(payload_len) };
-    unsafe { write_volatile(&raw mut (*s).bytes, bytes as u32) };
-    let dst = unsafe { (ip as *const u8).add(24) as *const u32 };
-    let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)), read_unaligned(dst.add(2)), read_unaligned(dst.add(3)))) };
+    // A jumbogram says 0 (its length is in a hop-by-hop option) and is counted
+    // by its headers alone: asking a helper for the frame's length would keep
+    // values across a call on every IPv6 packet's path (see maps::Scratch).
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
+    let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) };
     let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
     if unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0 {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));

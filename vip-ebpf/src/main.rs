@@ -86,12 +86,6 @@ fn try_l3<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, l3: L3, ifindex: u
         return Ok(parse::verdict_unpack(arp::arp_call::<L2>(ctx.ctx, s, ifindex)));
     }
     if let L3::Ipv6 = l3 {
-        // Neighbour discovery is ICMPv6 right behind the IPv6 header (RFC 4861
-        // messages carry no extension headers); the rest is balanced or passed.
-        let next = parse::ptr_at::<u8>(ctx, L2 + 6)?;
-        if unsafe { *next } == ndp::IPPROTO_ICMPV6 {
-            return Ok(parse::verdict_unpack(ndp::ndp_call::<L2>(ctx.ctx, s, ifindex)));
-        }
         return Ok(parse::verdict_unpack(lb6::lb6_call::<L2>(ctx.ctx, s, ifindex)));
     }
     lb4::lb4_handle::<L2>(ctx, s, ifindex)
