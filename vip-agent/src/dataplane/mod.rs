@@ -161,9 +161,14 @@ impl Dataplane {
         ensure_bpffs_dir(dir)?;
         replace_outgrown_stats(dir)?;
         remove_obsolete_pins(dir)?;
+        // The flow caches get the slots this machine's CPUs use (flow_cache_slots_for):
+        // per-CPU arrays, they would otherwise grow with the CPUs at full size.
+        let slots = flow_cache::slots()?;
         let mut ebpf = aya::EbpfLoader::new()
             .default_map_pin_directory(dir)
             .map_max_entries(names::RING, ring_capacity)
+            .map_max_entries(names::FLOW_CACHE, slots)
+            .map_max_entries(names::FLOW_CACHE6, slots)
             .load(OBJECT)
             .context("loading the XDP object (needs root or CAP_BPF)")?;
         let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing from the object"))?.try_into()?;
