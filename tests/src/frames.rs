@@ -329,7 +329,15 @@ pub fn ext_header(kind: u8, next: u8, units: u8, frag: (u16, bool)) -> Vec<u8> {
 
 /// An IPv6 packet whose extension headers are `exts` (type, 8-byte units beyond
 /// the first, fragment offset and flag) then `upper` carrying `payload`.
-pub fn ipv6_ext(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, addrs: (Ipv6Addr, Ipv6Addr), exts: &[(u8, u8, (u16, bool))], upper: u8, payload: &[u8]) -> Vec<u8> {
+pub fn ipv6_ext(
+    dst_mac: Mac,
+    src_mac: Mac,
+    vlan: Option<u16>,
+    addrs: (Ipv6Addr, Ipv6Addr),
+    exts: &[(u8, u8, (u16, bool))],
+    upper: u8,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut body = Vec::new();
     for (i, &(kind, units, frag)) in exts.iter().enumerate() {
         let next = exts.get(i + 1).map_or(upper, |e| e.0);

@@ -16,9 +16,9 @@ use network_types::ip::Ipv6Hdr;
 use vip_common::*;
 
 use crate::{
-    ndp::ndp_call,
     lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, Flows},
     maps::{lb4_flow_cache_ctl, lb4_vip_filter, lb6_first_packets, lb6_flow_cache, lb6_flows, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
+    ndp::ndp_call,
     parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict},
 };
 

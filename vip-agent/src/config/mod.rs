@@ -272,7 +272,10 @@ fn validate(f: File) -> Result<World, FieldError> {
                 return invalid(format!("{p}.ports[{k}]"), "port 0 is not a service port");
             }
             if let Some(j) = taken.insert((vip, port, fs.protocol), i) {
-                return invalid(format!("{p}.ports[{k}]"), format!("{}/{:?} is already served by services[{j}]", std::net::SocketAddr::new(vip, port), fs.protocol).to_lowercase());
+                return invalid(
+                    format!("{p}.ports[{k}]"),
+                    format!("{}/{:?} is already served by services[{j}]", std::net::SocketAddr::new(vip, port), fs.protocol).to_lowercase(),
+                );
             }
         }
         if let Err(e) = maglev::check_table_size(fs.table_size) {

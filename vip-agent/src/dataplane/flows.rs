@@ -55,7 +55,12 @@ fn first_packets<R: FirstPacket>(map: &Array<MapData, R>, name: &str) -> Result<
 
 /// Removes the entries of one family's tables matching `pred` (one batched walk of
 /// each, batched deletes; first-packet records are cleared); returns how many.
-fn evict<K: Pod, R: FirstPacket<Key = K>>(flows: &HashMap<MapData, K, Lb4Flow>, firsts: &Array<MapData, R>, name: &str, pred: impl Fn(&K, &Lb4Flow) -> bool) -> Result<usize> {
+fn evict<K: Pod, R: FirstPacket<Key = K>>(
+    flows: &HashMap<MapData, K, Lb4Flow>,
+    firsts: &Array<MapData, R>,
+    name: &str,
+    pred: impl Fn(&K, &Lb4Flow) -> bool,
+) -> Result<usize> {
     let map = flows.map();
     let stale: Vec<K> = batch::lookup_all::<K, Lb4Flow>(map)?.into_iter().filter(|(k, f)| pred(k, f)).map(|(k, _)| k).collect();
     let mut n = if stale.is_empty() { 0 } else { batch::delete(map, &stale)? };
@@ -116,6 +121,7 @@ impl Dataplane {
 
     /// Flows recorded in `lb4_first_packets` and `lb6_first_packets` (seen once).
     pub fn new_flow_count(&self) -> usize {
-        first_packets(&self.first_packets, "lb4_first_packets").map_or(0, |v| v.len()) + first_packets(&self.first_packets6, "lb6_first_packets").map_or(0, |v| v.len())
+        first_packets(&self.first_packets, "lb4_first_packets").map_or(0, |v| v.len())
+            + first_packets(&self.first_packets6, "lb6_first_packets").map_or(0, |v| v.len())
     }
 }

@@ -230,8 +230,7 @@ impl Dataplane {
         entries.extend(batch::lookup_all::<Lb6ServiceKey, Lb4Service>(self.services6.map())?.into_iter().map(|(k, s)| (service_addr6(&k), s)));
         // Fragment aliases (port 0) share their service's entry.
         let entries: Vec<(ServiceAddr, Lb4Service)> = entries.into_iter().filter_map(|(a, s)| Some((a.filter(|a| a.port != 0)?, s))).collect();
-        let regions: BTreeSet<(u32, u32)> =
-            entries.iter().filter(|(_, s)| s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
+        let regions: BTreeSet<(u32, u32)> = entries.iter().filter(|(_, s)| s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
         // Only the regions in use are read (shared rings: usually a few).
         for (off, size) in regions {
             let slots = batch::array_range::<u32>(self.ring.map(), off, size).with_context(|| format!("reading ring region {off}+{size} of lb4_ring"))?;

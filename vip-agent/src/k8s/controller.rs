@@ -232,14 +232,8 @@ impl Controller {
         let by_vip = services_by_vip(&services_now);
         let owners: BTreeMap<IpAddr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
-        let unprogrammed: BTreeMap<IpAddr, Vec<String>> = self
-            .view
-            .unprogrammed
-            .borrow()
-            .iter()
-            .filter(|(v, _)| by_vip.contains_key(v))
-            .map(|(v, e)| (*v, e.clone()))
-            .collect();
+        let unprogrammed: BTreeMap<IpAddr, Vec<String>> =
+            self.view.unprogrammed.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
         let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;

@@ -291,7 +291,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
         let dual = vips.iter().any(|v| v.is_ipv4()) && vips.iter().any(|v| v.is_ipv6());
         let local = spec.external_traffic_policy.as_deref() == Some("Local");
         for vip in vips {
-            let Some((pool, v)) = valid.iter().find(|(_, v)| v.addresses.contains(vip.into())) else { continue };
+            let Some((pool, v)) = valid.iter().find(|(_, v)| v.addresses.contains(vip)) else { continue };
             let mut by_proto: BTreeMap<Protocol, Vec<u16>> = BTreeMap::new();
             for p in spec.ports.iter().flatten() {
                 let proto = match p.protocol.as_deref().unwrap_or("TCP") {
