@@ -169,6 +169,11 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
 /// they still reach the same backend).
 pub fn serve_name(port: u16, name: &str) -> Result<()> {
     let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding port {port}"))?;
+    serve_name_on(l, name)
+}
+
+/// [`serve_name`] on a listener already bound (in another namespace, say).
+pub fn serve_name_on(l: TcpListener, name: &str) -> Result<()> {
     for conn in l.incoming() {
         let Ok(mut s) = conn else { continue };
         let name = name.to_owned();

@@ -332,7 +332,14 @@ fn a_restarted_agent_sweeps_services_deleted_while_it_was_down() {
     // the four VIPs are left.
     let dp = vip_agent::dataplane::Dataplane::open(&lab.nodes[0].pins.path).unwrap();
     let want: BTreeSet<Ipv4Addr> = (0..4).map(vip).collect();
-    let services: BTreeSet<Ipv4Addr> = dp.service_addrs().iter().map(|a| a.vip).collect();
+    let services: BTreeSet<Ipv4Addr> = dp
+        .service_addrs()
+        .iter()
+        .filter_map(|a| match a.vip {
+            std::net::IpAddr::V4(v) => Some(v),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
     assert_eq!(services, want, "lb4_services after the restart");
     assert_eq!(dp.usage().services, 4);
     let held: BTreeSet<std::net::IpAddr> = dp.held_ref().entries().unwrap().into_iter().map(|e| e.vip).collect();
@@ -359,7 +366,16 @@ fn a_full_ring_map_is_reported_isolated_and_never_stops_failover() {
         }
     }
     // The services that fit forward.
-    let programmed: Vec<Ipv4Addr> = lab.status(0).unwrap().services.iter().map(|s| s.vip).collect();
+    let programmed: Vec<Ipv4Addr> = lab
+        .status(0)
+        .unwrap()
+        .services
+        .iter()
+        .filter_map(|s| match s.vip {
+            std::net::IpAddr::V4(v) => Some(v),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
     for (p, v) in programmed.iter().enumerate() {
         ask(&lab.client, *v, 46000 + p as u16, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{v}: {e:#}"));
     }

@@ -214,7 +214,7 @@ async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Bac
     let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
     eventually("web allocated", || ingress_ips(&api).contains_key("shop/web")).await;
     eventually("programmed", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
-    let vip: std::net::Ipv4Addr = ingress_ips(&api)["shop/web"].parse().unwrap();
+    let vip: std::net::IpAddr = ingress_ips(&api)["shop/web"].parse().unwrap();
     let why = "80/tcp: lb4_ring is full: no room for a 16381-slot ring in 1048576 slots (raise --ring-capacity)".to_owned();
     unprogrammed.send_replace(BTreeMap::from([(vip, vec![why.clone()])]));
     eventually("not programmed", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "False")).await;

@@ -82,6 +82,23 @@ pub static lb4_first_packets: Array<Lb4FirstPacket> = Array::pinned(FIRST_PACKET
 #[map]
 pub static lb4_vip_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinned(1, 0);
 
+/// (IPv6 VIP, port, protocol) → the service's id and its ring's place in
+/// `lb4_ring`, which serves both families (as do `lb4_backends` and the counters).
+#[map]
+pub static lb6_services: HashMap<Lb6ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
+
+/// IPv6 5-tuple → backend, as `lb4_flows`.
+#[map]
+pub static lb6_flows: LruHashMap<Lb6FlowKey, Lb4Flow> = LruHashMap::pinned(MAX_FLOWS6, BPF_F_NO_COMMON_LRU);
+
+/// IPv6 flows seen once, as `lb4_first_packets`.
+#[map]
+pub static lb6_first_packets: Array<Lb6FirstPacket> = Array::pinned(FIRST_PACKET_SLOTS, 0);
+
+/// The per-CPU flow cache of IPv6 flows, as `lb4_flow_cache` (same epoch and slot mask).
+#[map]
+pub static lb6_flow_cache: PerCpuArray<Lb6FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
+
 /// Reason → packets and bytes, per CPU.
 #[map]
 pub static lb_stats: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
@@ -143,6 +160,10 @@ pub struct Scratch {
     pub ifindex: u32,
     /// The Lb4FlowKey as two words (see lb4_handle).
     pub words: [u64; 2],
+    /// The Lb6FlowKey as five words (see lb6_handle).
+    pub words6: [u64; 5],
+    /// The `lb6_services` key being looked up (an Lb6ServiceKey in three words).
+    pub svc6: [u64; 3],
     pub epoch: u64,
     pub bytes: u32,
     pub fragment: u32,

@@ -601,7 +601,7 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     l.heartbeat.gaps.track(["x"], Instant::now());
     let _ = l.heartbeat.rejected.get_or_create(&crate::ha::heartbeat::RejectLabels { reason: s() });
     m.backend_healthy.with(&BackendLabels { node: s(), check: s() }, |_| ());
-    let svc = ServiceAddr { vip: Ipv4Addr::UNSPECIFIED, port: 0, protocol: crate::model::Protocol::Tcp };
+    let svc = ServiceAddr { vip: Ipv4Addr::UNSPECIFIED.into(), port: 0, protocol: crate::model::Protocol::Tcp };
     for f in [&m.ring_updates, &m.ring_slots_written] {
         f.with(&ServiceLabels::new("", &svc), |_| ());
     }

@@ -17,7 +17,7 @@ mod publish;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{atomic::Ordering, Arc, Mutex},
     time::Duration,
@@ -101,7 +101,7 @@ struct Agent {
     /// What the latest placement found wrong (part of the host problems).
     iface_problems: Vec<String>,
     /// The VIPs this node is a backend of in `world` (what the host check reads).
-    backed: BTreeSet<Ipv4Addr>,
+    backed: BTreeSet<IpAddr>,
     world: Arc<World>,
     /// Bytes of the config file last read (valid or not): reloads only on change.
     config_text: Option<String>,
@@ -113,7 +113,7 @@ struct Agent {
     /// VIP → owner as this node sees it, for the controller (pool status, Events).
     owners_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// VIP → its service-ports not programmed, for the controller (pool condition, Events).
-    unprogrammed_tx: watch::Sender<BTreeMap<Ipv4Addr, Vec<String>>>,
+    unprogrammed_tx: watch::Sender<BTreeMap<IpAddr, Vec<String>>>,
     /// VIP → why no node holds it, for the controller (pool condition, Events).
     unheld_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// VIP → the nodes its rings spread to, for the VipStatus of the VIPs held here.

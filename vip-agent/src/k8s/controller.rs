@@ -10,7 +10,7 @@
 //! holds the VIP, see `vipstatus`).
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     time::Duration,
 };
 
@@ -37,7 +37,6 @@ use super::{
     crd::{vip_status_name, VipPool, VipPoolStatus, VipStatus, VipStatusSpec},
     owned, pools, reflect, vipstatus,
 };
-use crate::addrs::IPV6_NOT_SERVED;
 
 /// Labels of `vip_pool_addresses`, which the elected controller writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -54,7 +53,7 @@ pub struct AgentView {
     /// `vip_pool_addresses`, set while leading.
     pub pool_addresses: Option<crate::agent::metrics::Tracked<PoolStateLabels, Gauge>>,
     /// VIP → its service-ports the agent could not program ("port/proto: why").
-    pub unprogrammed: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>,
+    pub unprogrammed: watch::Receiver<BTreeMap<IpAddr, Vec<String>>>,
     /// VIP → why no node holds it (`agent::desired::unheld`).
     pub unheld: watch::Receiver<BTreeMap<IpAddr, String>>,
 }
@@ -78,25 +77,6 @@ fn services_by_vip(services: &[Service]) -> BTreeMap<IpAddr, Vec<&Service>> {
         }
     }
     m
-}
-
-/// The service-ports of the IPv6 VIPs of valid pools in use ("port/proto: why"),
-/// by VIP: the agent keeps them out of the data path, which cannot serve them yet,
-/// and the controller says so where it says it for IPv4 VIPs the data path could
-/// not take (a `NotProgrammed` Warning, the pool's `Programmed` condition).
-fn ipv6_unserved(pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> BTreeMap<IpAddr, Vec<String>> {
-    by_vip
-        .iter()
-        .filter(|(v, _)| v.is_ipv6() && pools.iter().any(|p| p.addresses.contains(**v)))
-        .map(|(v, svcs)| {
-            let ports: BTreeSet<String> = svcs
-                .iter()
-                .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
-                .map(|p| format!("{}/{}", p.port, p.protocol.as_deref().unwrap_or("TCP").to_lowercase()))
-                .collect();
-            (*v, ports.into_iter().map(|p| format!("{p}: {IPV6_NOT_SERVED}")).collect())
-        })
-        .collect()
 }
 
 /// What a pool's conditions say beyond its spec.
@@ -258,16 +238,8 @@ impl Controller {
         let by_vip = services_by_vip(&services_now);
         let owners: BTreeMap<IpAddr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
-        let mut unprogrammed: BTreeMap<IpAddr, Vec<String>> = self
-            .view
-            .unprogrammed
-            .borrow()
-            .iter()
-            .map(|(v, e)| (IpAddr::V4(*v), e))
-            .filter(|(v, _)| by_vip.contains_key(v))
-            .map(|(v, e)| (v, e.clone()))
-            .collect();
-        unprogrammed.extend(ipv6_unserved(&views, &by_vip));
+        let unprogrammed: BTreeMap<IpAddr, Vec<String>> =
+            self.view.unprogrammed.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
         let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
@@ -373,11 +345,8 @@ impl Controller {
             .iter()
             .filter_map(|(name, vip)| {
                 let seen = seen.get(name)?.as_ref();
-                let (reason, why) = match vip {
-                    IpAddr::V6(_) => ("NotServed", IPV6_NOT_SERVED),
-                    IpAddr::V4(_) => ("NoHolder", unheld.get(vip)?.as_str()),
-                };
-                Some((name, vipstatus::unheld_state(reason, &format!("{vip} is answered by no node: {why}"), seen)))
+                let why = unheld.get(vip)?;
+                Some((name, vipstatus::unheld_state("NoHolder", &format!("{vip} is answered by no node: {why}"), seen)))
             })
             .collect();
         let differing: Vec<&String> = wants.iter().filter(|(name, w)| vipstatus::differs(seen[**name].as_ref(), w)).map(|(name, _)| *name).collect();
