@@ -522,28 +522,14 @@ fn ndp_cases_are_counted_by_reason() {
         return;
     }
     let mut w = world();
-    for (c, reason) in ndp_cases() {
-        let before = w.dp.counters().unwrap().reasons[reason];
-        let (verdict, out, _) = w.dp.test_run(&c.input, 1, None).unwrap();
-        assert_eq!(verdict, c.verdict, "{}: verdict", c.name);
-        assert_eq!(out, c.output.clone().unwrap_or_else(|| c.input.clone()), "{}: output frame", c.name);
-        let after = w.dp.counters().unwrap().reasons[reason];
-        let l2 = if c.input[12..14] == [0x81, 0x00] { 18 } else { 14 };
-        let bytes = (l2 + 40 + usize::from(u16::from_be_bytes([c.input[l2 + 4], c.input[l2 + 5]]))) as u64;
-        assert_eq!((after.0 - before.0, after.1 - before.1), (1, bytes), "{}: {reason} (packets, bytes)", c.name);
-    }
+    counted_by_reason(&mut w, ndp_cases());
 }
 
-/// Every IPv6 balancing case is counted under its reason, with the bytes its
-/// headers give (the frame's for a malformed frame; a jumbogram's headers say 0
-/// bytes of payload).
-#[test]
-fn lb6_cases_are_counted_by_reason() {
-    if !privileged() {
-        return;
-    }
-    let mut w = world();
-    for (c, reason) in lb6_cases(&w.dp) {
+/// Runs each case and checks its verdict, its output and that it was counted once
+/// under its reason with the bytes its headers give: the layer-2 header, the IPv6
+/// header and its payload length (a jumbogram's says 0); the frame's when dropped.
+fn counted_by_reason(w: &mut World, cases: Vec<(Case, &'static str)>) {
+    for (c, reason) in cases {
         let before = w.dp.counters().unwrap().reasons[reason];
         let (verdict, out, _) = w.dp.test_run(&c.input, 1, None).unwrap();
         assert_eq!(verdict, c.verdict, "{}: verdict", c.name);
@@ -554,6 +540,17 @@ fn lb6_cases_are_counted_by_reason() {
         let bytes = if verdict == XDP_DROP { c.input.len() } else { l2 + 40 + payload } as u64;
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, bytes), "{}: {reason} (packets, bytes)", c.name);
     }
+}
+
+/// Every IPv6 balancing case is counted under its reason (see [`counted_by_reason`]).
+#[test]
+fn lb6_cases_are_counted_by_reason() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let cases = lb6_cases(&w.dp);
+    counted_by_reason(&mut w, cases);
 }
 
 /// The unsolicited advertisement the agent sends on takeover (through the
