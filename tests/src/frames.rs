@@ -283,3 +283,66 @@ pub fn neighbor_advertisement_for(ns: &[u8], our_mac: Mac) -> Vec<u8> {
     }
     na
 }
+
+/// A TCP segment (SYN, or `flags`) over IPv6.
+pub fn tcp6(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, src: (Ipv6Addr, u16), dst: (Ipv6Addr, u16), flags: u8) -> Vec<u8> {
+    ipv6(dst_mac, src_mac, vlan, (src.0, dst.0), 64, 6, &tcp_header(src.1, dst.1, flags))
+}
+
+/// A UDP datagram over IPv6.
+pub fn udp6(dst_mac: Mac, src_mac: Mac, src: (Ipv6Addr, u16), dst: (Ipv6Addr, u16), data: &[u8]) -> Vec<u8> {
+    ipv6(dst_mac, src_mac, None, (src.0, dst.0), 64, 17, &udp_header(src.1, dst.1, data))
+}
+
+/// IPv6 extension header types.
+pub const EXT_HOP_BY_HOP: u8 = 0;
+pub const EXT_ROUTING: u8 = 43;
+pub const EXT_FRAGMENT: u8 = 44;
+pub const EXT_AH: u8 = 51;
+pub const EXT_DEST_OPTS: u8 = 60;
+
+/// One extension header of type `kind` whose next header is `next`: a fragment
+/// header (`frag`: offset in 8-byte units and more-fragments), an AH of 12 bytes,
+/// or an options/routing header of `units` + 1 8-byte units padded with PadN.
+pub fn ext_header(kind: u8, next: u8, units: u8, frag: (u16, bool)) -> Vec<u8> {
+    match kind {
+        EXT_FRAGMENT => {
+            let off = frag.0 << 3 | u16::from(frag.1);
+            let mut h = vec![next, 0];
+            h.extend_from_slice(&off.to_be_bytes());
+            h.extend_from_slice(&0x1234_5678u32.to_be_bytes());
+            h
+        }
+        EXT_AH => {
+            let mut h = vec![next, 1, 0, 0];
+            h.extend_from_slice(&[0; 8]);
+            h
+        }
+        _ => {
+            let len = (usize::from(units) + 1) * 8;
+            let mut h = vec![next, units, 1, (len - 4) as u8];
+            h.resize(len, 0);
+            h
+        }
+    }
+}
+
+/// An IPv6 packet whose extension headers are `exts` (type, 8-byte units beyond
+/// the first, fragment offset and flag) then `upper` carrying `payload`.
+pub fn ipv6_ext(
+    dst_mac: Mac,
+    src_mac: Mac,
+    vlan: Option<u16>,
+    addrs: (Ipv6Addr, Ipv6Addr),
+    exts: &[(u8, u8, (u16, bool))],
+    upper: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (i, &(kind, units, frag)) in exts.iter().enumerate() {
+        let next = exts.get(i + 1).map_or(upper, |e| e.0);
+        body.extend_from_slice(&ext_header(kind, next, units, frag));
+    }
+    body.extend_from_slice(payload);
+    ipv6(dst_mac, src_mac, vlan, addrs, 64, exts.first().map_or(upper, |e| e.0), &body)
+}

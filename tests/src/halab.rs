@@ -62,6 +62,8 @@ pub struct HaSpec {
     /// The agents' HTTP port on every address of their namespace (as the DaemonSet
     /// binds it), for a Prometheus on the segment; else on 127.0.0.1 only.
     pub metrics_on_segment: bool,
+    /// The agents' `--arp-check-interval` in ms (None: the default, 45 s).
+    pub arp_check_ms: Option<u64>,
 }
 
 impl Default for HaSpec {
@@ -86,6 +88,7 @@ impl Default for HaSpec {
             heartbeat_net: false,
             xdp_mode: xdp_mode(),
             metrics_on_segment: false,
+            arp_check_ms: None,
         }
     }
 }
@@ -166,6 +169,11 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
 /// they still reach the same backend).
 pub fn serve_name(port: u16, name: &str) -> Result<()> {
     let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding port {port}"))?;
+    serve_name_on(l, name)
+}
+
+/// [`serve_name`] on a listener already bound (in another namespace, say).
+pub fn serve_name_on(l: TcpListener, name: &str) -> Result<()> {
     for conn in l.incoming() {
         let Ok(mut s) = conn else { continue };
         let name = name.to_owned();
@@ -480,6 +488,10 @@ impl HaLab {
         let capacity = self.spec.ring_capacity.map(|c| c.to_string());
         if let Some(c) = &capacity {
             args.extend(["--ring-capacity", c]);
+        }
+        let arp_check = self.spec.arp_check_ms.map(|ms| format!("{ms}ms"));
+        if let Some(a) = &arp_check {
+            args.extend(["--arp-check-interval", a]);
         }
         let kubeconfig = self.spec.kubeconfig.as_deref().map(path_str).transpose()?;
         match kubeconfig {

@@ -34,7 +34,8 @@ fn vip(k: usize) -> Ipv4Addr {
 
 /// A TCP frame from the client to `addr` forwarded by the data path: to which backend MAC.
 fn forwarded_to(dp: &mut Dataplane, addr: ServiceAddr, sport: u16) -> Option<Mac> {
-    let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (addr.vip, addr.port));
+    let std::net::IpAddr::V4(vip) = addr.vip else { panic!("IPv4 services only here") };
+    let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (vip, addr.port));
     let (v, out, _) = dp.test_run(&f, 1, None).unwrap();
     (v == XDP_TX).then(|| out[0..6].try_into().unwrap())
 }
@@ -48,7 +49,7 @@ fn five_thousand_service_ports_share_one_ring_at_default_settings() {
     let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
     let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
-    let addrs: Vec<ServiceAddr> = (0..2500).flat_map(|k| [80, 443].map(|port| ServiceAddr { vip: vip(k), port, protocol: Protocol::Tcp })).collect();
+    let addrs: Vec<ServiceAddr> = (0..2500).flat_map(|k| [80, 443].map(|port| ServiceAddr { vip: vip(k).into(), port, protocol: Protocol::Tcp })).collect();
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &three)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
     assert!(done.failed.is_empty(), "{} failed, first: {:?}", done.failed.len(), done.failed.iter().next());
@@ -94,7 +95,7 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     let hour = monotonic_ns() + 3_600_000_000_000;
     // Five services, each with its own backend set (externalTrafficPolicy: Local).
     let specs: Vec<ServiceSpec> = (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251, absent: Vec::new() }).collect();
-    let addrs: Vec<ServiceAddr> = (0..5).map(|k| ServiceAddr { vip: vip(k), port: 80, protocol: Protocol::Tcp }).collect();
+    let addrs: Vec<ServiceAddr> = (0..5).map(|k| ServiceAddr { vip: vip(k).into(), port: 80, protocol: Protocol::Tcp }).collect();
     for a in &addrs {
         dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
     }

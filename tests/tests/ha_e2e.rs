@@ -332,7 +332,14 @@ fn a_restarted_agent_sweeps_services_deleted_while_it_was_down() {
     // the four VIPs are left.
     let dp = vip_agent::dataplane::Dataplane::open(&lab.nodes[0].pins.path).unwrap();
     let want: BTreeSet<Ipv4Addr> = (0..4).map(vip).collect();
-    let services: BTreeSet<Ipv4Addr> = dp.service_addrs().iter().map(|a| a.vip).collect();
+    let services: BTreeSet<Ipv4Addr> = dp
+        .service_addrs()
+        .iter()
+        .filter_map(|a| match a.vip {
+            std::net::IpAddr::V4(v) => Some(v),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
     assert_eq!(services, want, "lb4_services after the restart");
     assert_eq!(dp.usage().services, 4);
     let held: BTreeSet<std::net::IpAddr> = dp.held_ref().entries().unwrap().into_iter().map(|e| e.vip).collect();
@@ -359,7 +366,16 @@ fn a_full_ring_map_is_reported_isolated_and_never_stops_failover() {
         }
     }
     // The services that fit forward.
-    let programmed: Vec<Ipv4Addr> = lab.status(0).unwrap().services.iter().map(|s| s.vip).collect();
+    let programmed: Vec<Ipv4Addr> = lab
+        .status(0)
+        .unwrap()
+        .services
+        .iter()
+        .filter_map(|s| match s.vip {
+            std::net::IpAddr::V4(v) => Some(v),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
     for (p, v) in programmed.iter().enumerate() {
         ask(&lab.client, *v, 46000 + p as u16, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{v}: {e:#}"));
     }
@@ -437,8 +453,9 @@ fn forged_and_replayed_heartbeats_change_nothing_and_keys_rotate_without_a_move(
             })
             .unwrap();
     };
-    let hb =
-        |node: &str, incarnation: u64, seq: u64| Heartbeat { v: Heartbeat::VERSION, node: node.into(), incarnation, seq, sent_ms: 0, leaving_ms: 0 }.encode();
+    let hb = |node: &str, incarnation: u64, seq: u64| {
+        Heartbeat { v: Heartbeat::VERSION, node: node.into(), incarnation, seq, sent_ms: 0, leaving_ms: 0, arp: vec![] }.encode()
+    };
     let far_future = u64::MAX / 2;
     let changes = |lab: &HaLab| lab.agent_logs().matches("peer liveness changed").count();
     let before = changes(&lab);
@@ -600,4 +617,44 @@ fn a_lost_uplink_moves_its_vips_though_heartbeats_could_still_get_through() {
     let back = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
     assert_eq!(back, owners, "ownership after the uplink came back");
     assert_eq!(answerers(&lab, &back), owners_macs(&lab, &back), "after the uplink came back");
+}
+
+/// The ARP self-check: a host on the segment with a held VIP configured (a second
+/// responder) answers ARP for it besides the holder. The holder cannot see those
+/// answers (they go to whoever asked); its peer's check does, and the holder says
+/// so: `vip_arp_foreign_answers{vip}` 1, a log line naming the MAC. The rogue
+/// gone, the next check brings both back.
+#[test]
+fn a_second_responder_is_found_by_a_peers_arp_check() {
+    let Some((_g, lab, owners)) = setup(HaSpec { arp_check_ms: Some(1000), ..Default::default() }) else { return };
+    let v = vip(0);
+    let h = owner_index(&lab, &owners, v);
+    let series = format!(r#"vip_arp_foreign_answers{{vip="{v}"}}"#);
+    let foreign = || metric(&lab.metrics(h), &series);
+    let waited = |want: f64, what: &str| {
+        let got = vip_tests::halab::time_until(Duration::from_secs(15), || foreign() == Some(want));
+        assert!(got.is_some(), "{what}: {series} is {:?} on {}, not {want}\n{}", foreign(), lab.nodes[h].name, lab.agent_logs());
+    };
+    // A peer checked: only the holder answers.
+    waited(0.0, "before any rogue");
+    let checks: f64 = (0..lab.nodes.len()).filter(|i| *i != h).filter_map(|i| metric(&lab.metrics(i), "vip_arp_checks_total")).sum();
+    assert!(checks >= 1.0, "no peer of {} counts a check", lab.nodes[h].name);
+    let offset = std::fs::metadata(&lab.nodes[h].log).map_or(0, |m| m.len() as usize);
+    let new_log = || String::from_utf8_lossy(std::fs::read(&lab.nodes[h].log).unwrap_or_default().get(offset..).unwrap_or_default()).into_owned();
+
+    let rogue = lab.seg.plug(vip_tests::netns::NetNs::new("vrogue").unwrap(), "198.18.0.99/24").unwrap();
+    let rogue_mac = vip_agent::ha::arpcheck::mac_text(&rogue.mac("eth0").unwrap());
+    rogue.ip(&["addr", "add", &format!("{v}/32"), "dev", "eth0"]).unwrap();
+    waited(1.0, "with a second responder");
+    let log = new_log();
+    assert!(log.contains("another MAC answers ARP") && log.contains(&rogue_mac), "the holder's log names the rogue's MAC {rogue_mac}:\n{log}");
+
+    rogue.ip(&["addr", "del", &format!("{v}/32"), "dev", "eth0"]).unwrap();
+    waited(0.0, "once the rogue stopped answering");
+    assert!(new_log().contains("only this node answers ARP for the VIP again"), "{}", new_log());
+    // The other VIPs, held elsewhere, were never answered twice.
+    for (other, owner) in owners.iter().filter(|(o, _)| **o != v) {
+        let series = format!(r#"vip_arp_foreign_answers{{vip="{other}"}}"#);
+        assert_ne!(metric(&lab.metrics(lab.index_of(owner)), &series), Some(1.0), "{other}");
+    }
 }

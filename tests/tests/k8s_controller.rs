@@ -32,6 +32,7 @@ vip_tests::both_api_servers!(leader_change_mid_allocation_hands_out_no_address_t
 vip_tests::both_api_servers!(pool_status_lists_owners_of_vips_in_use_and_owner_changes_are_events);
 vip_tests::both_api_servers!(unprogrammed_services_are_reported_on_the_pool_and_the_service);
 vip_tests::both_api_servers!(vips_no_node_holds_are_reported_on_the_pool_and_the_service);
+vip_tests::both_api_servers!(arp_conflicts_are_a_condition_and_an_event_and_held_since_survives_a_restart);
 
 fn lb(name: &str, port: i32, annotations: Value) -> Service {
     serde_json::from_value(json!({
@@ -213,7 +214,7 @@ async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Bac
     let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
     eventually("web allocated", || ingress_ips(&api).contains_key("shop/web")).await;
     eventually("programmed", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;
-    let vip: std::net::Ipv4Addr = ingress_ips(&api)["shop/web"].parse().unwrap();
+    let vip: std::net::IpAddr = ingress_ips(&api)["shop/web"].parse().unwrap();
     let why = "80/tcp: lb4_ring is full: no room for a 16381-slot ring in 1048576 slots (raise --ring-capacity)".to_owned();
     unprogrammed.send_replace(BTreeMap::from([(vip, vec![why.clone()])]));
     eventually("not programmed", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "False")).await;
@@ -268,5 +269,72 @@ async fn vips_no_node_holds_are_reported_on_the_pool_and_the_service(api: Backen
     eventually("a Held Event", || events(&api, "Held").len() == 1).await;
     assert_eq!(events(&api, "Held"), [format!("web: {vip} is held again, by node node-1")]);
     assert_eq!(events(&api, "NotHeld").len(), 1);
+    task.abort();
+}
+
+/// The holder's VipStatus writer (`vipstatus::run_holder`) with the controller:
+/// an ARP self-check that saw a foreign MAC is `ArpConflict=True` naming it and
+/// one `ArpConflict` Warning on the Service for the whole episode, however many
+/// checks confirm it; a clean check `ArpConflict=False` and one
+/// `ArpConflictResolved` Event. Then the writer restarts (a new agent) and finds
+/// the VIP held (adopted): `heldSince` stays the take-over time; a VIP taken anew
+/// gets its new time.
+async fn arp_conflicts_are_a_condition_and_an_event_and_held_since_survives_a_restart(api: Backend) {
+    use std::time::{Duration as D, SystemTime};
+    use vip_agent::{agent::liveness::HeldVip, ha::arpcheck::ArpCheck, k8s::vipstatus};
+    let client = api.client().await;
+    api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})).unwrap();
+    let pp = PostParams::default();
+    Api::<VipPool>::all(client.clone()).create(&pp, &vip_pool("p", json!({"addresses": ["198.18.1.10"]}))).await.unwrap();
+    Api::<Service>::namespaced(client.clone(), "shop").create(&pp, &lb("web", 80, json!({}))).await.unwrap();
+    let (owners, view) = controller::AgentView::fixed(BTreeMap::new());
+    let (_lead, leading) = watch::channel(true);
+    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), view));
+    eventually("web allocated", || ingress_ips(&api).contains_key("shop/web")).await;
+    let vip: std::net::IpAddr = ingress_ips(&api)["shop/web"].parse().unwrap();
+    owners.send_replace(BTreeMap::from([(vip, "node-1".to_owned())]));
+    let name = vip_agent::k8s::crd::vip_status_name(vip);
+    let status = || api.get("vipstatuses.vip.dev", None, &name).map(|o| o["status"].clone()).unwrap_or_default();
+    let arp = || status()["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "ArpConflict").cloned();
+
+    let t = |s: u64| SystemTime::UNIX_EPOCH + D::from_secs(1_790_000_000 + s);
+    let took = HeldVip { since: t(0), last_garp: Some(t(0)), interface: "eth0".into(), vlan: None, adopted: false, arp: None };
+    let (held, held_rx) = watch::channel(BTreeMap::from([(vip, took.clone())]));
+    let (_backends, backends_rx) = watch::channel(BTreeMap::new());
+    let writer = tokio::spawn(vipstatus::run_holder(client.clone(), "node-1".into(), held_rx, backends_rx.clone()));
+    eventually("the holder's status", || status()["heldSince"] == "2026-09-21T14:13:20Z" && status()["holder"] == "node-1").await;
+    assert_eq!(arp(), None, "no check yet: no condition");
+
+    let check = |foreign: Vec<[u8; 6]>, at: u64, since: u64| ArpCheck { by: "node-2".into(), at: t(at), holder_answered: true, foreign, since: t(since) };
+    let rogue = [0x02, 0xde, 0xad, 0, 0, 0x99];
+    for at in [30, 75, 120] {
+        held.send_replace(BTreeMap::from([(vip, HeldVip { arp: Some(check(vec![rogue], at, 30)), ..took.clone() })]));
+        eventually("ArpConflict=True", || arp().is_some_and(|c| c["status"] == "True")).await;
+    }
+    let c = arp().unwrap();
+    assert_eq!((c["reason"].as_str(), c["lastTransitionTime"].as_str()), (Some("ForeignAnswer"), Some("2026-09-21T14:13:50Z")));
+    assert!(c["message"].as_str().unwrap().contains("02:de:ad:00:00:99"), "{c}");
+    eventually("an ArpConflict Warning", || events(&api, "ArpConflict").len() == 1).await;
+    let ev = &events(&api, "ArpConflict")[0];
+    assert!(ev.starts_with(&format!("web: {vip}: node node-2 asked")) && ev.contains("02:de:ad:00:00:99"), "{ev}");
+    held.send_replace(BTreeMap::from([(vip, HeldVip { arp: Some(check(vec![], 165, 165)), ..took.clone() })]));
+    eventually("ArpConflict=False", || arp().is_some_and(|c| c["status"] == "False" && c["reason"] == "HolderOnly")).await;
+    eventually("an ArpConflictResolved Event", || events(&api, "ArpConflictResolved").len() == 1).await;
+    assert_eq!(events(&api, "ArpConflict").len(), 1, "one Warning for the episode");
+
+    // A new agent on the holder: it found the VIP held at its start.
+    writer.abort();
+    let _ = writer.await;
+    let restarted = HeldVip { since: t(600), adopted: true, ..took.clone() };
+    let (held, held_rx) = watch::channel(BTreeMap::from([(vip, restarted.clone())]));
+    let writer = tokio::spawn(vipstatus::run_holder(client.clone(), "node-1".into(), held_rx, backends_rx.clone()));
+    held.send_replace(BTreeMap::from([(vip, HeldVip { last_garp: Some(t(601)), ..restarted.clone() })]));
+    eventually("the new agent's write", || status()["lastGratuitousArp"] == "2026-09-21T14:23:21Z").await;
+    assert_eq!(status()["heldSince"], "2026-09-21T14:13:20Z", "the take-over time survives the restart: {}", status());
+    assert_eq!(arp(), None, "the new agent has no check yet");
+    // Released and taken again: a new take-over time.
+    held.send_replace(BTreeMap::from([(vip, HeldVip { since: t(700), adopted: false, ..restarted })]));
+    eventually("a new take-over time", || status()["heldSince"] == "2026-09-21T14:25:00Z").await;
+    writer.abort();
     task.abort();
 }

@@ -50,8 +50,9 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let mut kl = KubeLab::start(HaSpec::default(), lab_exe()).unwrap();
+    let mut kl = KubeLab::start(spec(), lab_exe()).unwrap();
     scenario(&kl);
+    arp_conflict(&kl);
     excluded(&kl);
     failover_and_release(&mut kl);
 }
@@ -63,7 +64,7 @@ fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let Some(mut kl) = KubeLab::start_real(HaSpec::default(), lab_exe()).unwrap() else {
+    let Some(mut kl) = KubeLab::start_real(spec(), lab_exe()).unwrap() else {
         return;
     };
     let server = kl.api.real().unwrap();
@@ -79,9 +80,49 @@ fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
     // No VLAN (untagged): an empty cell.
     assert_eq!((cells[1], cells[2], cells[3], cells[6]), (v.to_string().as_str(), holder.as_str(), "eth0", r#"["node-1"]"#), "{kubectl}");
     eprintln!("kubectl get vipstatuses:\n{kubectl}");
+    arp_conflict(&kl);
     excluded(&kl);
     failover_and_release(&mut kl);
     outage(&kl);
+}
+
+/// The lab, its agents checking who answers ARP for each VIP every second.
+fn spec() -> HaSpec {
+    HaSpec { arp_check_ms: Some(1000), ..HaSpec::default() }
+}
+
+/// A second responder for the VIP on the segment (a host with the address on its
+/// interface): the holder's VipStatus turns `ArpConflict=True` naming its MAC, one
+/// `ArpConflict` Warning on the Service, the holder's `vip_arp_foreign_answers` 1;
+/// gone, `ArpConflict=False`, an `ArpConflictResolved` Event, the metric 0.
+fn arp_conflict(kl: &KubeLab) {
+    let (lab, api) = (&kl.lab, &kl.api);
+    let v = vip(0);
+    let arp =
+        |s: &serde_json::Value, status: &str| s["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "ArpConflict" && c["status"] == status);
+    let events = |reason: &str| {
+        api.list("events.events.k8s.io", None).into_iter().filter(|e| e["reason"] == reason && e["regarding"]["name"] == "web").collect::<Vec<_>>()
+    };
+    let s = vip_status(kl, v, "checked by a peer", |s| arp(s, "False"));
+    let holder = lab.index_of(s["holder"].as_str().unwrap());
+    let series = format!(r#"vip_arp_foreign_answers{{vip="{v}"}}"#);
+    let foreign = |want: f64| wait_for(Duration::from_secs(10), || (vip_tests::halab::metric(&lab.metrics(holder), &series) == Some(want)).then_some(()));
+
+    let rogue = lab.seg.plug(vip_tests::netns::NetNs::new("vrogue").unwrap(), "198.18.0.99/24").unwrap();
+    let mac = vip_agent::ha::arpcheck::mac_text(&rogue.mac("eth0").unwrap());
+    rogue.ip(&["addr", "add", &format!("{v}/32"), "dev", "eth0"]).unwrap();
+    let s = vip_status(kl, v, "ArpConflict=True", |s| arp(s, "True"));
+    let c = s["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "ArpConflict").unwrap();
+    assert!(c["message"].as_str().unwrap().contains(&mac), "the condition names the rogue's MAC {mac}: {c}");
+    assert!(foreign(1.0).is_some(), "{series} not 1 on the holder:\n{}", lab.metrics(holder));
+    assert!(wait_for(Duration::from_secs(10), || (events("ArpConflict").len() == 1).then_some(())).is_some(), "no ArpConflict Warning on web");
+    assert_eq!(events("ArpConflict")[0]["type"], "Warning");
+
+    rogue.ip(&["addr", "del", &format!("{v}/32"), "dev", "eth0"]).unwrap();
+    vip_status(kl, v, "ArpConflict=False again", |s| arp(s, "False"));
+    assert!(foreign(0.0).is_some(), "{series} not back to 0 on the holder");
+    assert!(wait_for(Duration::from_secs(10), || (events("ArpConflictResolved").len() == 1).then_some(())).is_some(), "no ArpConflictResolved Event on web");
+    assert_eq!(events("ArpConflict").len(), 1, "one Warning for the whole episode");
 }
 
 /// VIP `v`'s VipStatus's status once `ok` holds for it (within 10 s: the holder

@@ -6,9 +6,10 @@
 //! reports for every map (fdinfo `memlock`), then computes the charge for 2 to 256
 //! CPUs and checks that deploy/20-daemonset.yaml's limit covers the largest plus
 //! the agent's own memory.
+use vip_common::{flow_cache_slots_for, map_names};
 use vip_tests::{
     kubeapi::deploy_dir,
-    mapmem::{charge, pinned_maps, possible_cpus, quantity_bytes, HEADER_SLACK},
+    mapmem::{charge, pinned_maps, possible_cpus, quantity_bytes, MapDef, HEADER_SLACK},
     netns::{privileged, PinDir},
 };
 
@@ -31,7 +32,15 @@ fn the_daemonset_limit_covers_the_maps_on_nodes_of_any_size() {
         let c = charge(def, here).unwrap_or_else(|| panic!("{name}: map type {} not modelled in mapmem::charge", def.map_type));
         assert!(c <= def.memlock && def.memlock <= c + HEADER_SLACK, "{name}: formula {c} bytes, kernel {} ({def:?})", def.memlock);
     }
-    let total = |cpus: u64| -> u64 { maps.values().map(|d| charge(d, cpus).unwrap() + HEADER_SLACK).sum() };
+    // The flow caches are created with the slots the machine's CPUs use.
+    let sized = |name: &str, d: &MapDef, cpus: u64| match name {
+        map_names::FLOW_CACHE | map_names::FLOW_CACHE6 => MapDef { max_entries: u64::from(flow_cache_slots_for(cpus as u32)), ..d.clone() },
+        _ => d.clone(),
+    };
+    for name in [map_names::FLOW_CACHE, map_names::FLOW_CACHE6] {
+        assert_eq!(maps[name].max_entries, u64::from(flow_cache_slots_for(here as u32)), "{name} sized for this machine");
+    }
+    let total = |cpus: u64| -> u64 { maps.iter().map(|(n, d)| charge(&sized(n, d, cpus), cpus).unwrap() + HEADER_SLACK).sum() };
     let measured: u64 = maps.values().map(|d| d.memlock).sum();
     eprintln!("maps here ({here} possible CPUs): {:.1} MiB by the kernel, {:.1} MiB by the formula", mib(measured), mib(total(here)));
     eprintln!("| possible CPUs | maps' charge (MiB) |\n|---:|---:|");

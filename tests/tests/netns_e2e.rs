@@ -108,7 +108,7 @@ fn tcp_through_the_vip_reaches_the_ring_choice() {
         weight: 1,
         local: false,
     };
-    let s = ServiceAddr { vip, port: 8080, protocol: Protocol::Tcp };
+    let s = ServiceAddr { vip: vip.into(), port: 8080, protocol: Protocol::Tcp };
     dp.set_service(s, &[spec("k1", &k1, 11), spec("k2", &k2, 12)], 251, 0).unwrap();
     let (_, entry, ring) = dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap();
     let backends = dp.backends().unwrap();

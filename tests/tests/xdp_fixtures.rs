@@ -1,14 +1,14 @@
 //! Packet fixtures through BPF_PROG_TEST_RUN: input frame, expected verdict,
 //! expected output frame, byte for byte. Then truncations and random mutations
 //! of every fixture: the program must never transmit a frame it did not build.
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use vip_agent::{
     dataplane::{monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr},
     model::Protocol,
 };
-use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, map_names, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP};
+use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, map_names, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP};
 use vip_tests::{
     frames::{self, Ip4, Mac},
     netns::{privileged, NetNs, PinDir},
@@ -53,8 +53,8 @@ fn backend(i: u8) -> BackendSpec {
     BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
 }
 
-fn svc(vip: Ipv4Addr, port: u16, proto: u8) -> ServiceAddr {
-    ServiceAddr { vip, port, protocol: Protocol::from_number(proto).expect("tcp or udp") }
+fn svc(vip: impl Into<IpAddr>, port: u16, proto: u8) -> ServiceAddr {
+    ServiceAddr { vip: vip.into(), port, protocol: Protocol::from_number(proto).expect("tcp or udp") }
 }
 
 struct World {
@@ -87,6 +87,11 @@ fn world() -> World {
         svc(VIP_NOT_HELD, 80, PROTO_TCP),
         svc(VIP_LO, 80, PROTO_TCP),
         svc(VIP_VLAN, 80, PROTO_TCP),
+        svc(VIP6, 80, PROTO_TCP),
+        svc(VIP6, 53, PROTO_UDP),
+        svc(VIP6_STALE, 80, PROTO_TCP),
+        svc(VIP6_NOT_HELD, 80, PROTO_TCP),
+        svc(VIP6_VLAN, 80, PROTO_TCP),
     ] {
         dp.set_service(s, &three, TABLE, 0).unwrap();
     }
@@ -97,9 +102,14 @@ fn world() -> World {
 }
 
 /// The backend MAC the ring gives a new flow, computed from the maps in userspace.
-fn ring_choice(dp: &Dataplane, s: ServiceAddr, src: Ipv4Addr, sport: u16, dport: u16) -> Mac {
+fn ring_choice(dp: &Dataplane, s: ServiceAddr, src: impl Into<IpAddr>, sport: u16, dport: u16) -> Mac {
     let (_, entry, ring) = dp.services().unwrap().into_iter().find(|(a, _, _)| *a == s).unwrap();
-    let h = flow_hash(src.octets(), s.vip.octets(), sport.to_be_bytes(), dport.to_be_bytes(), s.protocol.number());
+    let (sp, dp_, proto) = (sport.to_be_bytes(), dport.to_be_bytes(), s.protocol.number());
+    let h = match (src.into(), s.vip) {
+        (IpAddr::V4(src), IpAddr::V4(vip)) => flow_hash(src.octets(), vip.octets(), sp, dp_, proto),
+        (IpAddr::V6(src), IpAddr::V6(vip)) => flow_hash6(src.octets(), vip.octets(), sp, dp_, proto),
+        _ => panic!("a flow's addresses are of one family"),
+    };
     let id = ring[(h % entry.ring_size) as usize];
     dp.backends().unwrap()[&id].mac
 }
@@ -289,7 +299,71 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     ]
     .into_iter()
     .chain(ndp_cases().into_iter().map(|(c, _)| c))
+    .chain(lb6_cases(dp).into_iter().map(|(c, _)| c))
     .collect()
+}
+
+/// IPv6 balancing cases, each with the reason it is counted under.
+fn lb6_cases(dp: &Dataplane) -> Vec<(Case, &'static str)> {
+    use frames::{ipv6_ext, tcp6, udp6, EXT_AH, EXT_DEST_OPTS, EXT_FRAGMENT, EXT_HOP_BY_HOP, EXT_ROUTING, TCP_SYN};
+    let tcp = |dst, sport, dport, vlan| tcp6(OUR_MAC, CLIENT_MAC, vlan, (CLIENT6, sport), (dst, dport), TCP_SYN);
+    let choice = |vip, sport, dport, proto| ring_choice(dp, svc(vip, dport, proto), CLIENT6, sport, dport);
+    let fwd = |name, input: Vec<u8>, to| (Case { name, output: Some(forwarded(&input, to)), input, verdict: XDP_TX }, "forwarded");
+    let pass = |name, input, reason| (Case { name, input, verdict: XDP_PASS, output: None }, reason);
+    let ext = |exts: &[(u8, u8, (u16, bool))], upper, payload: &[u8]| ipv6_ext(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), exts, upper, payload);
+    let tcp_hdr = |sport| frames::tcp_header(sport, 80, TCP_SYN);
+    let vlan = tcp(VIP6_VLAN, 41001, 80, Some(VLAN));
+    let vlan_to = choice(VIP6_VLAN, 41001, 80, PROTO_TCP);
+    let chain = ext(&[(EXT_HOP_BY_HOP, 0, (0, false)), (EXT_ROUTING, 1, (0, false)), (EXT_DEST_OPTS, 2, (0, false))], PROTO_TCP, &tcp_hdr(41002));
+    // A jumbogram's hop-by-hop option, payload length 0: the ports are found all the same.
+    let mut jumbo = ext(&[(EXT_HOP_BY_HOP, 0, (0, false))], PROTO_TCP, &tcp_hdr(41003));
+    jumbo[14 + 4..14 + 6].copy_from_slice(&[0, 0]);
+    jumbo[14 + 40 + 2..14 + 40 + 8].copy_from_slice(&[0xc2, 4, 0, 0, 0x01, 0x00]);
+    // Fragments hash with zero ports, as IPv4's: both go where (src, dst, proto) points.
+    let frag_to = ring_choice(dp, svc(VIP6, 53, PROTO_UDP), CLIENT6, 0, 0);
+    let first_frag = ext(&[(EXT_FRAGMENT, 0, (0, true))], PROTO_UDP, &frames::udp_header(5353, 53, &[7u8; 32]));
+    let later_frag = ext(&[(EXT_DEST_OPTS, 0, (0, false)), (EXT_FRAGMENT, 0, (5, false))], PROTO_UDP, &[9u8; 24]);
+    let seven: Vec<(u8, u8, (u16, bool))> = vec![(EXT_DEST_OPTS, 0, (0, false)); 7];
+    let mut cut_ext = ext(&[(EXT_HOP_BY_HOP, 3, (0, false))], PROTO_TCP, &tcp_hdr(41006));
+    cut_ext.truncate(14 + 40 + 16); // the header says 32 bytes
+    vec![
+        fwd("tcp to an IPv6 VIP forwarded to the ring's backend", tcp(VIP6, 41000, 80, None), choice(VIP6, 41000, 80, PROTO_TCP)),
+        (
+            Case {
+                name: "tcp in VLAN 42 to an IPv6 VIP of VLAN 42 forwarded, tag kept, from that VLAN's MAC",
+                output: Some(forwarded_from(&vlan, vlan_to, VLAN_MAC)),
+                input: vlan,
+                verdict: XDP_TX,
+            },
+            "forwarded",
+        ),
+        fwd(
+            "udp to an IPv6 VIP forwarded to the ring's backend",
+            udp6(OUR_MAC, CLIENT_MAC, (CLIENT6, 5353), (VIP6, 53), b"query"),
+            choice(VIP6, 5353, 53, PROTO_UDP),
+        ),
+        fwd("tcp past hop-by-hop, routing and destination options headers: forwarded by its ports", chain, choice(VIP6, 41002, 80, PROTO_TCP)),
+        fwd("a jumbogram's hop-by-hop option (payload length 0): forwarded by its ports", jumbo, choice(VIP6, 41003, 80, PROTO_TCP)),
+        fwd("first IPv6 fragment hashed on addresses", first_frag, frag_to),
+        fwd("later IPv6 fragment, behind destination options, follows the first", later_frag, frag_to),
+        pass("tcp behind an authentication header: passed, not walked", ext(&[(EXT_AH, 0, (0, false))], PROTO_TCP, &tcp_hdr(41004)), "passed_ipv6_ext"),
+        pass("tcp behind seven extension headers: passed, chain too long", ext(&seven, PROTO_TCP, &tcp_hdr(41005)), "passed_ipv6_ext"),
+        (Case { name: "an extension header cut short: dropped", input: cut_ext, verdict: XDP_DROP, output: None }, "drop_malformed"),
+        pass("tcp to an IPv6 VIP on a port without service: passed", tcp(VIP6, 41007, 81, None), "passed_not_vip"),
+        pass("tcp to an IPv6 VIP held elsewhere: passed", tcp(VIP6_NOT_HELD, 41008, 80, None), "passed_not_owner"),
+        pass("tcp to a stale IPv6 VIP: passed", tcp(VIP6_STALE, 41009, 80, None), "passed_not_owner"),
+        pass("tcp to an IPv6 non-VIP address: passed", tcp(CLIENT6, 41010, 80, None), "passed_not_vip"),
+        pass("tcp in VLAN 42 to an IPv6 VIP of the untagged network: passed", tcp(VIP6, 41011, 80, Some(VLAN)), "passed_not_owner"),
+        (
+            Case {
+                name: "broadcast tcp to an IPv6 VIP held elsewhere: dropped",
+                input: tcp6(frames::BROADCAST, CLIENT_MAC, None, (CLIENT6, 41012), (VIP6_NOT_HELD, 80), TCP_SYN),
+                verdict: XDP_DROP,
+                output: None,
+            },
+            "drop_group_not_owner",
+        ),
+    ]
 }
 
 /// The advertisement owed to a solicitation from (CLIENT_MAC, `to`) for `vip`,
@@ -365,7 +439,7 @@ fn ndp_cases() -> Vec<(Case, &'static str)> {
         &nd_message(ND_NS, 0, 0, VIP6, &slla),
     );
     let echo = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 58, &[128, 0, 0, 0, 0, 1, 0, 1]);
-    let udp6 = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 17, &frames::udp_header(5353, 53, b"query"));
+    let udp6 = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 17, &frames::udp_header(5353, 5300, b"query"));
     let rs = ipv6(ALL_NODES_MAC, CLIENT_MAC, None, (CLIENT6_LL, Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2)), 255, 58, &[133, 0, 0, 0, 0, 0, 0, 0]);
     let tx = |name, input, output| (Case { name, input, verdict: XDP_TX, output: Some(output) }, "ndp_answered");
     let pass = |name, input, reason| (Case { name, input, verdict: XDP_PASS, output: None }, reason);
@@ -408,7 +482,7 @@ fn ndp_cases() -> Vec<(Case, &'static str)> {
         pass("ns to all-nodes", to_all_nodes, "ndp_invalid"),
         pass("ns to another target's solicited-node group", other_group, "ndp_invalid"),
         pass("icmpv6 echo to an IPv6 VIP: the stack's", echo, "passed_other"),
-        pass("udp to an IPv6 VIP: passed (no IPv6 balancing yet)", udp6, "passed_other"),
+        pass("udp to an IPv6 VIP without a service there: passed", udp6, "passed_not_vip"),
         pass("router solicitation: the kernel's", rs, "ndp_other"),
     ]
 }
@@ -435,7 +509,7 @@ fn fixtures_byte_for_byte() {
     assert!(counters.reasons["arp_not_announced"].0 >= 1);
     assert!(counters.reasons["passed_local_backend"].0 >= 1);
     assert!(counters.reasons["passed_icmp"].0 >= 1);
-    assert_eq!(counters.reasons["drop_group_not_owner"].0, 2);
+    assert_eq!(counters.reasons["drop_group_not_owner"].0, 3);
     // Per-service and per-backend counters saw the forwarded packets.
     assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
     assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
@@ -448,16 +522,35 @@ fn ndp_cases_are_counted_by_reason() {
         return;
     }
     let mut w = world();
-    for (c, reason) in ndp_cases() {
+    counted_by_reason(&mut w, ndp_cases());
+}
+
+/// Runs each case and checks its verdict, its output and that it was counted once
+/// under its reason with the bytes its headers give: the layer-2 header, the IPv6
+/// header and its payload length (a jumbogram's says 0); the frame's when dropped.
+fn counted_by_reason(w: &mut World, cases: Vec<(Case, &'static str)>) {
+    for (c, reason) in cases {
         let before = w.dp.counters().unwrap().reasons[reason];
         let (verdict, out, _) = w.dp.test_run(&c.input, 1, None).unwrap();
         assert_eq!(verdict, c.verdict, "{}: verdict", c.name);
         assert_eq!(out, c.output.clone().unwrap_or_else(|| c.input.clone()), "{}: output frame", c.name);
         let after = w.dp.counters().unwrap().reasons[reason];
         let l2 = if c.input[12..14] == [0x81, 0x00] { 18 } else { 14 };
-        let bytes = (l2 + 40 + usize::from(u16::from_be_bytes([c.input[l2 + 4], c.input[l2 + 5]]))) as u64;
+        let payload = usize::from(u16::from_be_bytes([c.input[l2 + 4], c.input[l2 + 5]]));
+        let bytes = if verdict == XDP_DROP { c.input.len() } else { l2 + 40 + payload } as u64;
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, bytes), "{}: {reason} (packets, bytes)", c.name);
     }
+}
+
+/// Every IPv6 balancing case is counted under its reason (see [`counted_by_reason`]).
+#[test]
+fn lb6_cases_are_counted_by_reason() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let cases = lb6_cases(&w.dp);
+    counted_by_reason(&mut w, cases);
 }
 
 /// The unsolicited advertisement the agent sends on takeover (through the
@@ -528,7 +621,7 @@ fn counters_count_layer2_and_layer3_lengths() {
         ("padded tcp, cached", pad(&tcp, 80), "forwarded", tcp.len() as u64),
         ("tcp in VLAN 42 with options, padded", pad(&tcp_vlan_opts, 100), "forwarded", tcp_vlan_opts.len() as u64),
         ("arp request in VLAN 42, padded", pad(&arp, 64), "arp_answered", arp.len() as u64),
-        ("ipv6 frame, padded", pad(&udp6, 100), "passed_other", udp6.len() as u64),
+        ("ipv6 frame to an IPv6 VIP, padded", pad(&udp6, 100), "forwarded", udp6.len() as u64),
         ("truncated IPv6 header", udp6[..40].to_vec(), "drop_malformed", 40),
         ("arp request in VLAN 4000, padded", pad(&arp_4000, 64), "passed_vlan_other", 64),
         ("truncated IPv4 header", tcp[..20].to_vec(), "drop_malformed", 20),
@@ -572,37 +665,60 @@ fn flow_table_keeps_flows_across_ring_changes() {
     if !privileged() {
         return;
     }
+    let syn = |sport| frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    let ack = |sport| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    flows_kept_across_ring_changes(svc(VIP, 80, PROTO_TCP), CLIENT.into(), syn, ack);
+}
+
+/// The same for IPv6 flows (`lb_flows`, shared, `lb6_first_packets`, `lb6_flow_cache`).
+#[test]
+fn ipv6_flow_table_keeps_flows_across_ring_changes() {
+    if !privileged() {
+        return;
+    }
+    let syn = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_SYN);
+    let ack = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_ACK);
+    flows_kept_across_ring_changes(svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), syn, ack);
+}
+
+/// Established flows (SYN, then the ACK that pins them; then answered from the
+/// flow cache) keep their backend when a backend joins the ring; removing
+/// backends evicts their flows alone, which re-hash.
+fn flows_kept_across_ring_changes(s: ServiceAddr, client: IpAddr, syn: impl Fn(u16) -> Vec<u8>, ack: impl Fn(u16) -> Vec<u8>) {
     let mut w = world();
-    let s = svc(VIP, 80, PROTO_TCP);
     let three = [backend(1), backend(2), backend(3)];
     // Find a flow that a fourth backend would take over.
     let four = [backend(1), backend(2), backend(3), backend(4)];
     let mut flows = Vec::new();
     for sport in 30000..31000u16 {
-        // Established: the SYN, then the ACK that pins it.
-        w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), 1, None).unwrap();
-        let f = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+        w.dp.test_run(&syn(sport), 1, None).unwrap();
+        let f = ack(sport);
         let (_, out, _) = w.dp.test_run(&f, 1, None).unwrap();
         flows.push((sport, f, <Mac>::try_from(&out[0..6]).unwrap()));
     }
+    assert!(w.dp.flow_count() >= 1000, "second packets pinned their flows: {}", w.dp.flow_count());
     w.dp.set_service(s, &four, TABLE, 0).unwrap();
-    let moved: Vec<_> = flows.iter().filter(|(sport, _, before)| ring_choice(&w.dp, s, CLIENT, *sport, 80) != *before).collect();
+    let moved: Vec<_> = flows.iter().filter(|(sport, _, before)| ring_choice(&w.dp, s, client, *sport, 80) != *before).collect();
     assert!(!moved.is_empty(), "adding a backend moved no ring slot for 1000 flows");
-    for (sport, f, before) in &moved {
-        let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
-        assert_eq!(&out[0..6], before, "established flow {sport} followed the new ring");
+    for _ in 0..2 {
+        for (sport, f, before) in &moved {
+            let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
+            assert_eq!(&out[0..6], before, "established flow {sport} followed the new ring");
+        }
     }
     // New flows do use the new backend.
-    let (_, out, _) = w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 9), (VIP, 80)), 1, None).unwrap();
-    assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, 9, 80));
+    let (_, out, _) = w.dp.test_run(&syn(9), 1, None).unwrap();
+    assert_eq!(out[0..6], ring_choice(&w.dp, s, client, 9, 80));
 
     // Removing backends 3 and 4 evicts their flows: they re-hash, and only they move.
+    let pinned = w.dp.flow_count();
     w.dp.set_service(s, &three[..2], TABLE, 0).unwrap();
     let gone = backend(3).mac;
+    assert_eq!(w.dp.flow_count(), pinned - flows.iter().filter(|f| f.2 == gone).count(), "the removed backend's flows swept");
     for (sport, f, before) in &flows {
         let (_, out, _) = w.dp.test_run(f, 1, None).unwrap();
         if *before == gone {
-            assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, *sport, 80), "flow {sport} of the removed backend");
+            assert_eq!(out[0..6], ring_choice(&w.dp, s, client, *sport, 80), "flow {sport} of the removed backend");
             assert_ne!(out[0..6], gone);
         } else {
             assert_eq!(&out[0..6], before, "flow {sport} on a surviving backend moved");
@@ -738,6 +854,16 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
                 let to: Mac = out[0..6].try_into().unwrap();
                 let ok = out.len() == input.len() && out[12..] == input[12..] && out[6..12] == ours && backend_macs.contains(&to);
                 ok.then_some(()).ok_or("forwarded frame altered beyond its MACs".into())
+            } else if ethertype == [0x86, 0xdd] && upper6(&input[off..]).is_some() {
+                let ip = &input[off..];
+                let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
+                let vips: &[Ipv6Addr] = if ours == VLAN_MAC { &[VIP6_VLAN] } else { &[VIP6] };
+                if !vips.contains(&dst) {
+                    return Err(format!("TX of IPv6 TCP/UDP to {dst}, not a VIP balanced on its network"));
+                }
+                let to: Mac = out[0..6].try_into().unwrap();
+                let ok = out.len() == input.len() && out[12..] == input[12..] && out[6..12] == ours && backend_macs.contains(&to);
+                ok.then_some(()).ok_or("forwarded IPv6 frame altered beyond its MACs".into())
             } else if ethertype == [0x86, 0xdd] {
                 let ndp_vips: &[Ipv6Addr] = if ours == VLAN_MAC { &[VIP6_VLAN] } else { &[VIP6] };
                 let target = owed_solicitation(&input[off..]).ok_or("TX of IPv6 that is not a valid neighbour solicitation")?;
@@ -751,6 +877,34 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
         }
         v => Err(format!("unexpected verdict {v}")),
     }
+}
+
+/// The upper-layer protocol of `ip` (an IPv6 packet) if it is TCP or UDP behind
+/// at most six hop-by-hop, routing, destination options and fragment headers,
+/// all within the packet: the test's own reading of what may be balanced.
+fn upper6(ip: &[u8]) -> Option<u8> {
+    if *ip.first()? >> 4 != 6 {
+        return None;
+    }
+    let (mut next, mut off, mut fragment) = (*ip.get(6)?, 40usize, false);
+    for _ in 0..=6 {
+        match next {
+            // A fragment is balanced on its addresses: its ports need not be there.
+            6 | 17 => return (fragment || ip.len() >= off + 4).then_some(next),
+            0 | 43 | 60 => {
+                let h = ip.get(off..off + 8)?;
+                (next, off) = (h[0], off + (usize::from(h[1]) + 1) * 8);
+            }
+            44 => {
+                next = *ip.get(off)?;
+                off += 8;
+                ip.get(off - 1)?;
+                fragment = true;
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// The target of `ip` (an IPv6 packet) if it is a Neighbor Solicitation that
@@ -908,7 +1062,7 @@ fn cached_to(w: &World, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) ->
     let epoch = w.dp.flow_cache_epoch().unwrap();
     let per_cpu = cache.get(&slot, 0).unwrap();
     let e = &per_cpu[0];
-    (e.key == key && e.epoch == epoch && e.ifindex == IFINDEX).then(|| e.eth[..6].try_into().unwrap())
+    (e.key == key && e.answer.epoch == epoch && e.answer.ifindex == IFINDEX).then(|| e.answer.eth[..6].try_into().unwrap())
 }
 
 /// Runs `frame` (flow table or cache; a flow's first packet is not cached, its
@@ -1365,4 +1519,75 @@ fn a_spoofed_syn_flood_does_not_break_established_flows_on_a_ring_change() {
         .count();
     assert!(broken * 100 <= ESTABLISHED as usize, "{broken} of {ESTABLISHED} established flows changed backend (target ≤ 1%)");
     assert_eq!(broken, 0);
+}
+
+/// The ARP self-check's recording (`arp_watch`): an ARP reply or gratuitous ARP
+/// claiming a VIP the agent watches on the network it arrived on has its sender MAC
+/// recorded (distinct MACs, up to four, every claim counted) and is passed
+/// unchanged; claims for unwatched VIPs, on another network, for a VIP held here,
+/// requests and malformed frames record nothing.
+#[test]
+fn arp_watch_records_the_macs_that_answer_for_a_watched_vip() {
+    if !privileged() {
+        return;
+    }
+    let mac = |i: u8| -> Mac { [0x02, 0, 0, 0, 0x77, i] };
+    let reply_from = |sha, vip| frames::arp(CLIENT_MAC, None, 2, sha, vip, CLIENT_MAC, CLIENT);
+    let mut w = world();
+    let watched = |w: &mut World, vip: Ipv4Addr| w.dp.held().take_arp_watch(IFINDEX, vip).unwrap();
+    let count = |w: &World, r: &str| w.dp.counters().unwrap().reasons[r].0;
+    // Nothing is recorded for a VIP that is not watched.
+    let frame = reply_from(mac(1), VIP_NOT_HELD);
+    let (verdict, out, _) = w.dp.test_run(&frame, 1, None).unwrap();
+    assert_eq!((verdict, &out), (XDP_PASS, &frame));
+    assert_eq!(watched(&mut w, VIP_NOT_HELD), None);
+
+    for vip in [VIP_NOT_HELD, OTHER, VIP] {
+        w.dp.held().watch_arp(IFINDEX, vip).unwrap();
+    }
+    w.dp.held().watch_arp(IFINDEX, VIP_STALE).unwrap();
+    let before = count(&w, "arp_watched");
+    let mut sent = 0;
+    // Six claims from five MACs: 1, 2, 1 again (no new slot), 3, 4, 5 (no slot left).
+    for i in [1, 2, 1, 3, 4, 5] {
+        let frame = if i == 3 { frames::arp(frames::BROADCAST, None, 1, mac(i), VIP_NOT_HELD, [0; 6], VIP_NOT_HELD) } else { reply_from(mac(i), VIP_NOT_HELD) };
+        let (verdict, out, _) = w.dp.test_run(&frame, 1, None).unwrap();
+        assert_eq!((verdict, out), (XDP_PASS, frame), "claim from MAC {i}: passed unchanged");
+        sent += 1;
+    }
+    assert_eq!(count(&w, "arp_watched"), before + sent);
+    // Not recorded: the watched VIP in VLAN 42 (another network), a request from
+    // it (not an answer), a truncated reply, and a VIP held here (a conflict).
+    let not = [
+        frames::arp(CLIENT_MAC, Some(VLAN), 2, mac(9), VIP_NOT_HELD, CLIENT_MAC, CLIENT),
+        frames::arp_request(mac(9), VIP_NOT_HELD, CLIENT, None),
+        reply_from(mac(9), VIP_NOT_HELD)[..14 + 20].to_vec(),
+        reply_from(mac(9), VIP),
+    ];
+    for frame in &not {
+        w.dp.test_run(frame, 1, None).unwrap();
+    }
+    assert_eq!(count(&w, "arp_watched"), before + sent, "only the six claims are counted as arp_watched");
+    // The stale VIP (held here, past its deadline) is not ours: watched like any.
+    w.dp.test_run(&reply_from(mac(6), VIP_STALE), 1, None).unwrap();
+    assert_eq!(watched(&mut w, VIP_NOT_HELD), Some((vec![mac(1), mac(2), mac(3), mac(4)], 6)));
+    assert_eq!(watched(&mut w, VIP_NOT_HELD), None, "taken: the entry is gone");
+    assert_eq!(watched(&mut w, OTHER), Some((vec![], 0)));
+    assert_eq!(watched(&mut w, VIP), Some((vec![], 0)), "a claim for a VIP held here is a conflict, not recorded");
+    assert_eq!(watched(&mut w, VIP_STALE), Some((vec![mac(6)], 1)));
+    // The entry is a byte-for-byte layout shared with the program: check it raw.
+    w.dp.held().watch_arp(IFINDEX, OTHER).unwrap();
+    w.dp.test_run(&reply_from(mac(7), OTHER), 1, None).unwrap();
+    let pinned = aya::maps::MapData::from_pin(w._pins.path.join(map_names::ARP_WATCH)).unwrap();
+    let raw: aya::maps::HashMap<_, [u8; 8], [u8; 40]> = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(pinned)).unwrap();
+    let mut key = [0u8; 8];
+    key[..4].copy_from_slice(&IFINDEX.to_ne_bytes());
+    key[4..].copy_from_slice(&OTHER.octets());
+    let value = raw.get(&key, 0).unwrap();
+    assert_eq!(&value[..6], &mac(7), "first MAC slot");
+    assert_eq!(&value[6..24], &[0u8; 18], "other slots empty");
+    assert_eq!(&value[24..32], &[1, 0, 0, 0, 1, 0, 0, 0], "seen 1, replies 1 (native-endian u32s)");
+    assert_ne!(&value[32..40], &[0u8; 8], "last_ns set");
+    w.dp.held().clear_arp_watch().unwrap();
+    assert_eq!(watched(&mut w, OTHER), None);
 }

@@ -7,12 +7,6 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-/// Why an IPv6 VIP's service is refused (file) or reported unprogrammed
-/// (Kubernetes): the XDP program answers neighbour solicitations for held IPv6
-/// VIPs, but balances IPv4 only for now.
-pub const IPV6_NOT_SERVED: &str =
-    "IPv6 traffic is not forwarded yet: the holder answers neighbour solicitations for the VIP, but the data path balances IPv4 VIPs only for now";
-
 /// An address family, in the words Kubernetes uses (`spec.ipFamilies`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Family {

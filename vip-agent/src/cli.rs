@@ -141,6 +141,12 @@ pub struct RunArgs {
     /// How gratuitous ARP and ARP requests leave the node.
     #[arg(long, value_enum, env = "VIP_ARP_SENDER", default_value = "auto")]
     pub arp_sender: ArpSender,
+    /// How often each VIP another node holds is checked by a peer (the ARP
+    /// self-check: the peer asks who answers ARP for it and tells the holder of any
+    /// MAC but its own), e.g. 45s; checks are spread over it, at most 5 requests a
+    /// second per node (more VIPs are checked less often). 0s: no check.
+    #[arg(long, env = "VIP_ARP_CHECK_INTERVAL", default_value = "45s", value_parser = humantime::parse_duration)]
+    pub arp_check_interval: Duration,
     /// Log JSON lines instead of text (the level comes from RUST_LOG, default info).
     #[arg(long, env = "VIP_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     pub log_json: bool,

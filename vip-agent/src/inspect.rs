@@ -129,7 +129,7 @@ pub struct ServiceRow {
     /// The Service's name as the agent's model has it (`namespace/name` from
     /// Kubernetes, the file's `name`); None without a status.
     pub name: Option<String>,
-    pub vip: Ipv4Addr,
+    pub vip: std::net::IpAddr,
     pub port: u16,
     pub proto: &'static str,
     /// The data path's id of the service (its counters' key).

@@ -60,6 +60,7 @@ fn main() -> Result<()> {
                 status_file: Some(r.status_file),
                 reload_interval: r.reload_interval,
                 arp_sender: r.arp_sender,
+                arp_check_interval: r.arp_check_interval,
                 heartbeat_key,
             };
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;

@@ -120,7 +120,7 @@ impl std::fmt::Display for Protocol {
 /// One balanced service-port: (VIP, port, protocol). A `Service` has one per port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceAddr {
-    pub vip: Ipv4Addr,
+    pub vip: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
 }
@@ -145,7 +145,7 @@ pub struct HealthCheck {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Service {
     pub name: String,
-    pub vip: Ipv4Addr,
+    pub vip: IpAddr,
     pub ports: Vec<u16>,
     pub protocol: Protocol,
     /// Maglev table size (prime, 251..=131071).

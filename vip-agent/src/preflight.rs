@@ -5,7 +5,7 @@
 //! `arp_announce=2`; kube-proxy's IPVS mode calls this `strictARP`). Nothing here
 //! stops the agent: the problems are logged, shown in the status and printed by
 //! `vip-agent check`.
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use crate::model::World;
 
@@ -17,14 +17,14 @@ pub struct HostFacts {
     /// The effective `arp_announce` on the uplink, likewise.
     pub arp_announce: u32,
     /// The VIPs asked about that are addresses of this host.
-    pub local: BTreeSet<Ipv4Addr>,
+    pub local: BTreeSet<IpAddr>,
 }
 
 impl HostFacts {
     /// Reads the sysctls of `iface` and which of `vips` are local, in this
     /// network namespace. A VIP is local when a socket can bind to it (on hosts with
     /// `ip_nonlocal_bind=1` every VIP looks local).
-    pub fn read(iface: &str, vips: impl IntoIterator<Item = Ipv4Addr>) -> Self {
+    pub fn read(iface: &str, vips: impl IntoIterator<Item = IpAddr>) -> Self {
         let sysctl = |name: &str| {
             ["all", iface]
                 .iter()
@@ -48,26 +48,29 @@ pub enum Intake {
 }
 
 /// The VIPs of the services `me` is a backend of.
-pub fn backed_vips(world: &World, me: &str) -> BTreeSet<Ipv4Addr> {
+pub fn backed_vips(world: &World, me: &str) -> BTreeSet<IpAddr> {
     world.services.iter().filter(|s| world.backend_candidates(s).iter().any(|n| n.name == me)).map(|s| s.vip).collect()
 }
 
 /// What is wrong with this host as a backend of `vips` (see [`backed_vips`]),
 /// one sentence each (empty: ready).
-pub fn problems(vips: &BTreeSet<Ipv4Addr>, intake: Intake, iface: &str, facts: &HostFacts) -> Vec<String> {
+pub fn problems(vips: &BTreeSet<IpAddr>, intake: Intake, iface: &str, facts: &HostFacts) -> Vec<String> {
     let mut out = Vec::new();
     if intake == Intake::VipOnLo {
-        let missing: Vec<Ipv4Addr> = vips.iter().copied().filter(|v| !facts.local.contains(v)).collect();
+        let missing: Vec<IpAddr> = vips.iter().copied().filter(|v| !facts.local.contains(v)).collect();
         if let Some(first) = missing.first() {
+            let len = if first.is_ipv4() { 32 } else { 128 };
             out.push(format!(
                 "{} VIP(s) this node is a backend of are not addresses of this host ({}): connections forwarded here are dropped by its stack; \
-                 add each to lo (`ip addr add {first}/32 dev lo`)",
+                 add each to lo (`ip addr add {first}/{len} dev lo`)",
                 missing.len(),
                 list(&missing)
             ));
         }
     }
-    let local: Vec<Ipv4Addr> = vips.iter().copied().filter(|v| facts.local.contains(v)).collect();
+    // IPv4 only: Linux answers neighbour solicitations only for the receiving
+    // interface's own addresses, so an IPv6 VIP on lo is never answered.
+    let local: Vec<IpAddr> = vips.iter().copied().filter(|v| v.is_ipv4() && facts.local.contains(v)).collect();
     if !local.is_empty() && (facts.arp_ignore < 1 || facts.arp_announce < 2) {
         out.push(format!(
             "arp_ignore is {} and arp_announce {} on {iface} (need 1 and 2): this host's kernel answers ARP for {} beside its holder, \
@@ -81,7 +84,7 @@ pub fn problems(vips: &BTreeSet<Ipv4Addr>, intake: Intake, iface: &str, facts: &
     out
 }
 
-fn list(vips: &[Ipv4Addr]) -> String {
+fn list(vips: &[IpAddr]) -> String {
     let shown: Vec<String> = vips.iter().take(5).map(|v| v.to_string()).collect();
     match vips.len() {
         n if n > 5 => format!("{}, ... {} more", shown.join(", "), n - 5),

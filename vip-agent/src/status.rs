@@ -55,7 +55,7 @@ pub struct ConfigStatus {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ServiceStatus {
     pub name: String,
-    pub vip: Ipv4Addr,
+    pub vip: IpAddr,
     pub port: u16,
     pub protocol: String,
     /// Backend nodes in the ring now (candidates that are healthy, with a known MAC;
@@ -73,7 +73,7 @@ pub struct ServiceStatus {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct UnprogrammedStatus {
     pub name: String,
-    pub vip: Ipv4Addr,
+    pub vip: IpAddr,
     pub port: u16,
     pub protocol: String,
     pub error: String,

@@ -25,7 +25,11 @@ pub mod map_names {
     pub const HOME: &str = "lb_home";
     pub const HELD6: &str = "ndp_held";
     pub const CONFLICTS6: &str = "ndp_conflicts";
-    pub const ALL: [&str; 19] = [
+    pub const ARP_WATCH: &str = "arp_watch";
+    pub const SERVICES6: &str = "lb6_services";
+    pub const FIRST_PACKETS6: &str = "lb6_first_packets";
+    pub const FLOW_CACHE6: &str = "lb6_flow_cache";
+    pub const ALL: [&str; 23] = [
         IFACES,
         HELD,
         CONFLICTS,
@@ -45,6 +49,10 @@ pub mod map_names {
         VIP_FILTER,
         HELD6,
         CONFLICTS6,
+        ARP_WATCH,
+        SERVICES6,
+        FIRST_PACKETS6,
+        FLOW_CACHE6,
     ];
 }
 
@@ -87,7 +95,36 @@ pub const VIP_FILTER_WORDS: u32 = 2048;
 /// word `bit / 32`, bit `bit % 32`. A multiplicative hash's top 16 bits.
 #[inline(always)]
 pub fn vip_filter_bit(addr: [u8; 4]) -> u32 {
-    u32::from_ne_bytes(addr).wrapping_mul(0x9e37_79b1) >> 16
+    vip_filter_bit_word(u32::from_ne_bytes(addr))
+}
+
+/// [`vip_filter_bit`] of an address loaded as a native-endian word.
+#[inline(always)]
+pub fn vip_filter_bit_word(addr: u32) -> u32 {
+    addr.wrapping_mul(0x9e37_79b1) >> 16
+}
+
+/// The `lb4_vip_filter` bit of an IPv6 address (network byte order): its four
+/// words folded into one, then as [`vip_filter_bit`]. IPv4 and IPv6 addresses
+/// share the bitmap: a bit set by the other family only costs a service lookup.
+#[inline(always)]
+pub fn vip_filter_bit6(addr: [u8; 16]) -> u32 {
+    vip_filter_bit(fold6(addr))
+}
+
+/// An IPv6 address folded into four bytes: its two halves XORed (the second
+/// rotated, so that equal halves do not cancel), then the result's two halves.
+#[inline(always)]
+pub fn fold6(a: [u8; 16]) -> [u8; 4] {
+    let w = |i: usize| u64::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], a[i + 6], a[i + 7]]);
+    fold6_words(w(0), w(8)).to_ne_bytes()
+}
+
+/// [`fold6`] of an address loaded as two native-endian words.
+#[inline(always)]
+pub fn fold6_words(w0: u64, w1: u64) -> u32 {
+    let x = w0 ^ w1.rotate_left(17);
+    (x ^ (x >> 32)) as u32
 }
 
 /// Default number of ring slots in `lb4_ring`, shared by all services.
@@ -150,6 +187,30 @@ pub struct ArpHeldKey {
     pub ifindex: u32,
     /// IPv4 address, network byte order.
     pub vip: [u8; 4],
+}
+
+/// Entries of `arp_watch`: the VIPs whose ARP answers the agent waits for at once
+/// (it probes a few per second, each for about a second).
+pub const MAX_ARP_WATCH: u32 = 256;
+/// Distinct sender MACs an [`ArpWatch`] keeps.
+pub const ARP_WATCH_MACS: usize = 4;
+
+/// `arp_watch` value (key: an [`ArpHeldKey`], the network the agent asked on and
+/// the VIP): the ARP replies and gratuitous ARP seen claiming the VIP there since
+/// the agent wrote the entry (zeroed) and sent its request. The agent of a peer
+/// node asks who answers for a VIP another node holds (its ARP self-check).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ArpWatch {
+    /// The distinct sender MACs seen, the first `seen` of them.
+    pub macs: [[u8; 6]; ARP_WATCH_MACS],
+    /// How many of `macs` are filled (at most ARP_WATCH_MACS; further MACs are
+    /// counted in `replies` only).
+    pub seen: u32,
+    /// Every reply or gratuitous ARP counted.
+    pub replies: u32,
+    /// `bpf_ktime_get_coarse_ns` of the last one.
+    pub last_ns: u64,
 }
 
 /// `ndp_held` key: an IPv6 VIP held on one interface (as [`ArpHeldKey`]; its
@@ -389,6 +450,13 @@ pub const FLOW_CACHE_LOCAL: u16 = 1;
 pub struct Lb4FlowCacheEntry {
     /// The flow (compared as two u64 words).
     pub key: Lb4FlowKey,
+    pub answer: FlowAnswer,
+}
+
+/// What a flow-cache slot memoises for its flow, in either family's cache.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowAnswer {
     /// [`Lb4FlowCacheCtl::epoch`] when the answer was computed.
     pub epoch: u64,
     /// Receiving interface (our MAC differs per interface).
@@ -401,7 +469,7 @@ pub struct Lb4FlowCacheEntry {
     pub service: u32,
     /// [`FLOW_CACHE_LOCAL`].
     pub flags: u16,
-    /// Hits since the answer was read from `lb_flows` (see [`FLOW_CACHE_RECHECK_HITS`]).
+    /// Hits since the answer was read from the flow table (see [`FLOW_CACHE_RECHECK_HITS`]).
     pub hits: u16,
     pub _pad: [u8; 4],
 }
@@ -445,6 +513,74 @@ pub fn flow_cache_slot(w0: u64, w1: u64) -> u32 {
     ((w0 ^ w1.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FLOW_CACHE_BITS)) as u32
 }
 
+/// `lb6_services` key: (VIP, port, protocol), as [`Lb4ServiceKey`]. Its value is an
+/// [`Lb4Service`]: service ids, `lb4_ring`, `lb4_backends` and the service and
+/// backend counters serve both families (a backend is a node, whatever the VIP's family).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Lb6ServiceKey {
+    pub vip: [u8; 16],
+    /// Network byte order; 0 is the entry fragments of this VIP/protocol use.
+    pub port: [u8; 2],
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// An IPv6 flow's key (`lb6_first_packets`, `lb6_flow_cache`; hashed into `lb_flows`): the IPv6 5-tuple (ports 0 for fragments), 40 bytes: the
+/// source and destination as they follow each other in the IPv6 header, then the
+/// ports and protocol as in [`Lb4FlowKey`]'s second word.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Lb6FlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+impl Lb6FlowKey {
+    /// The key as the five native-endian words the data path loads and compares.
+    pub fn words(&self) -> [u64; 5] {
+        let w = |a: &[u8; 16], i: usize| u64::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3], a[i + 4], a[i + 5], a[i + 6], a[i + 7]]);
+        let (sp, dp, p) = (self.sport, self.dport, self._pad);
+        [w(&self.src, 0), w(&self.src, 8), w(&self.dst, 0), w(&self.dst, 8), u64::from_ne_bytes([sp[0], sp[1], dp[0], dp[1], self.proto, p[0], p[1], p[2]])]
+    }
+}
+
+/// An IPv6 key's five words folded into two, for the IPv4 slot and check
+/// functions ([`flow_cache_slot`], [`first_packet_slot`], [`first_packet_check`]).
+#[inline(always)]
+pub fn fold_words6(w: &[u64; 5]) -> (u64, u64) {
+    (w[0] ^ w[2].rotate_left(21), w[1] ^ w[3].rotate_left(21) ^ w[4].rotate_left(42))
+}
+
+/// `lb6_first_packets` value, as [`Lb4FirstPacket`] (index: [`first_packet_slot`]
+/// of [`fold_words6`]; `check`: [`first_packet_check`] of the same).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Lb6FirstPacket {
+    pub key: Lb6FlowKey,
+    pub backend: u32,
+    pub check: u32,
+}
+
+/// `lb6_flow_cache` value, as [`Lb4FlowCacheEntry`] (index: [`flow_cache_slot`] of
+/// [`fold_words6`]); it shares `lb4_flow_cache_ctl`'s epoch and slot mask.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Lb6FlowCacheEntry {
+    pub key: Lb6FlowKey,
+    pub answer: FlowAnswer,
+}
+
+/// The flow hash of an IPv6 5-tuple: [`flow_hash`] of the addresses folded ([`fold6`]).
+#[inline(always)]
+pub fn flow_hash6(src: [u8; 16], dst: [u8; 16], sport: [u8; 2], dport: [u8; 2], proto: u8) -> u32 {
+    flow_hash(fold6(src), fold6(dst), sport, dport, proto)
+}
+
 /// Packet and byte counter, one per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -483,11 +619,13 @@ pub enum Reason {
     NdpInvalid = 23,
     NdpConflict = 24,
     NdpNotAnnounced = 25,
-    FlowEvicted = 26,
+    ArpWatched = 26,
+    PassedIpv6Ext = 27,
+    FlowEvicted = 28,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 27;
+    pub const COUNT: u32 = 29;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -515,6 +653,8 @@ impl Reason {
         Reason::NdpInvalid,
         Reason::NdpConflict,
         Reason::NdpNotAnnounced,
+        Reason::ArpWatched,
+        Reason::PassedIpv6Ext,
         Reason::FlowEvicted,
     ];
 
@@ -546,6 +686,8 @@ impl Reason {
             Reason::NdpInvalid => "ndp_invalid",
             Reason::NdpConflict => "ndp_conflict",
             Reason::NdpNotAnnounced => "ndp_not_announced",
+            Reason::ArpWatched => "arp_watched",
+            Reason::PassedIpv6Ext => "passed_ipv6_ext",
             Reason::FlowEvicted => "flow_evicted",
         }
     }
@@ -575,7 +717,9 @@ impl Reason {
             | Reason::NdpOther
             | Reason::NdpInvalid
             | Reason::NdpConflict
-            | Reason::NdpNotAnnounced => "XDP_PASS",
+            | Reason::NdpNotAnnounced
+            | Reason::ArpWatched
+            | Reason::PassedIpv6Ext => "XDP_PASS",
         }
     }
 
@@ -602,14 +746,14 @@ impl Reason {
                 "A packet to a VIP service whose chosen backend is this node: passed to the local stack (kube-proxy's rules, or the VIP on lo in file mode, take it)."
             }
             Reason::PassedNotVip => {
-                "An IPv4 packet not addressed to a VIP service (another destination, port or IP protocol): ordinary traffic of the node, passed."
+                "An IPv4 or IPv6 packet not addressed to a VIP service (another destination, port or IP protocol): ordinary traffic of the node, passed."
             }
             Reason::PassedNotOwner => {
                 "A packet to a VIP service this node does not hold fresh: a frame another node forwarded here as a backend (normal on backends), or a new flow reaching a former holder before the client learnt the new owner's MAC. Passed to the stack."
             }
-            Reason::PassedIcmp => "ICMP (pings, errors), whatever its destination: passed to the stack, which answers pings to the VIPs it holds.",
+            Reason::PassedIcmp => "ICMP or ICMPv6 (pings, errors) to a VIP: passed to the stack, which answers pings to the VIPs it holds.",
             Reason::PassedFragmentNoService => {
-                "An IPv4 fragment to an address and protocol without a VIP service: passed. (Fragments of VIP services go to one backend per datagram.)"
+                "An IPv4 or IPv6 fragment to an address and protocol without a VIP service: passed. (Fragments of VIP services go to one backend per datagram.)"
             }
             Reason::DropMalformed => "A frame whose Ethernet, VLAN, ARP, IPv4 or IPv6 header is truncated or invalid: dropped.",
             Reason::DropNoBackend => {
@@ -619,7 +763,7 @@ impl Reason {
                 "An event, not a verdict: a flow whose recorded backend has left (unhealthy, drained or removed) was placed on the service's ring again; its connection most likely breaks."
             }
             Reason::PassedOther => {
-                "A frame that is neither ARP, IPv4 nor IPv6 neighbour discovery (other IPv6 traffic, which is not balanced yet; LLDP, ...): passed."
+                "A frame that is neither ARP, IPv4 nor IPv6 (LLDP, ...), or ICMPv6 that is not neighbour discovery: passed."
             }
             Reason::ArpConflict => {
                 "An ARP reply or gratuitous ARP in which another MAC claims a VIP this node holds: two nodes answer for it (a second load balancer, a host with the VIP configured, a partitioned peer). Passed; the agent re-announces the VIP and counts vip_arp_conflicts_total."
@@ -657,8 +801,14 @@ impl Reason {
             Reason::FlowEvicted => {
                 "An event, not a verdict: a flow's second packet pinned it in the flow table (`lb_flows`) over another flow looked up in the last minute or so (`FLOW_LIVE_STAMPS`), the oldest of the four in its set (a 64-byte line), because all four were taken. Flows idle for longer are replaced without a count (nothing else removes ended flows). A steady rise means more active flows than the table holds (1,048,576 a node), or a flood of flows that send two packets each: an evicted flow's next packet follows the ring again, which breaks it only if the ring changed since it began."
             }
+            Reason::PassedIpv6Ext => {
+                "An IPv6 packet to a VIP whose extension headers the program does not walk (other than hop-by-hop, routing, destination options and fragment, such as AH or ESP), or a chain of more than six: passed to the stack, not balanced."
+            }
             Reason::NdpNotAnnounced => {
                 "A Neighbor Solicitation for a VIP of an `announce: lo` pool that this node holds: not answered (a routing daemon announces the VIP), passed; Linux answers solicitations only for the receiving interface's own addresses, so a VIP on lo is not answered by the kernel either."
+            }
+            Reason::ArpWatched => {
+                "An ARP reply or gratuitous ARP for a VIP another node holds that this node's agent is checking (its ARP self-check asked who answers for it): the sender MAC is recorded in `arp_watch` for the agent, the frame passed. A few per VIP checked, about every 45 s."
             }
         }
     }
@@ -700,6 +850,7 @@ mod pod {
     unsafe impl aya::Pod for LbVlanKey {}
     unsafe impl aya::Pod for LbHome {}
     unsafe impl aya::Pod for ArpHeldVip {}
+    unsafe impl aya::Pod for ArpWatch {}
     unsafe impl aya::Pod for Lb4ServiceKey {}
     unsafe impl aya::Pod for Lb4Service {}
     unsafe impl aya::Pod for Lb4Backend {}
@@ -710,4 +861,8 @@ mod pod {
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for Lb4FlowCacheEntry {}
     unsafe impl aya::Pod for Lb4FlowCacheCtl {}
+    unsafe impl aya::Pod for Lb6ServiceKey {}
+    unsafe impl aya::Pod for Lb6FlowKey {}
+    unsafe impl aya::Pod for Lb6FirstPacket {}
+    unsafe impl aya::Pod for Lb6FlowCacheEntry {}
 }

@@ -7,10 +7,10 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use network_types::arp::ArpHdr;
-use vip_common::{ArpHeldKey, ArpHeldVip, Reason, HELD_NO_ARP};
+use vip_common::{ArpHeldKey, ArpHeldVip, ArpWatch, Reason, ARP_WATCH_MACS, HELD_NO_ARP};
 
 use crate::{
-    maps::{arp_conflicts, arp_held, lookup_at, Scratch},
+    maps::{arp_conflicts, arp_held, arp_watch, lookup_at, Scratch},
     parse::{frame_len, ptr_at, verdict_pack, Verdict},
 };
 
@@ -67,6 +67,43 @@ fn arp_conflict_record(ifindex: u32, vip: [u8; 4]) {
     }
 }
 
+/// Records the sender MAC of an ARP reply or gratuitous ARP, copied into the
+/// scratch `s` (`mac`), in the `arp_watch` entry of the key `arp_held_get` left
+/// there, if the agent watches that VIP on that network; the reason to count.
+/// Only claims for VIPs this node does not hold come here. A function of its own
+/// (BPF to BPF) taking the scratch alone: with the packet pointer too, or inlined,
+/// the compiler kept more values across `arp_handle`'s helper calls and the
+/// answering path got slower.
+#[inline(never)]
+fn arp_watch_record(s: *mut Scratch) -> Reason {
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let Some(w) = lookup_at::<_, ArpWatch>(&arp_watch, unsafe { (&raw const (*s).held).cast() }) else {
+        return Reason::ArpOther;
+    };
+    unsafe {
+        let w = &mut *w;
+        let sha = (&raw const (*s).mac) as *const u8;
+        let lo = read_unaligned(sha as *const u32);
+        let hi = read_unaligned(sha.add(4) as *const u16);
+        w.replies = w.replies.wrapping_add(1);
+        w.last_ns = now;
+        // Constant indices: `seen` comes from a map the agent writes.
+        for i in 0..ARP_WATCH_MACS {
+            let m = (&raw mut w.macs[i]) as *mut u8;
+            if w.seen == i as u32 {
+                write_unaligned(m as *mut u32, lo);
+                write_unaligned(m.add(4) as *mut u16, hi);
+                w.seen += 1;
+                break;
+            }
+            if read_unaligned(m as *const u32) == lo && read_unaligned(m.add(4) as *const u16) == hi {
+                break;
+            }
+        }
+    }
+    Reason::ArpWatched
+}
+
 /// [`arp_handle`] as a function of its own (BPF to BPF), its verdict packed
 /// ([`verdict_pack`]): inlined, its live values made the compiler spill registers
 /// on the IPv4 paths too (speculation barriers without CAP_PERFMON, maps::LB_KEY0).
@@ -97,12 +134,21 @@ fn arp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         // Someone announces spa is at sha. If spa is a VIP we hold (fresh) on this
         // interface and sha is not our MAC, two nodes claim the VIP: count it, and
         // let the stack see the frame as it is.
+        // sha into the scratch: after the lookups it is read from there, and
+        // the packet pointer need not be kept (see arp_watch_record).
+        unsafe {
+            let m = (&raw mut (*s).mac) as *mut u8;
+            write_unaligned(m as *mut u32, read_unaligned((arp as *const u8).add(8) as *const u32));
+            write_unaligned(m.add(4) as *mut u16, read_unaligned((arp as *const u8).add(12) as *const u16));
+        }
         return Ok(match arp_held_fresh(s, ifindex, a.spa) {
-            Ok(h) if a.sha != unsafe { (*h).mac } => {
+            Ok(h) if unsafe { (*s).mac != (*h).mac } => {
                 arp_conflict_record(ifindex, a.spa);
                 (xdp_action::XDP_PASS, Reason::ArpConflict)
             }
-            _ => (xdp_action::XDP_PASS, Reason::ArpOther),
+            Ok(_) => (xdp_action::XDP_PASS, Reason::ArpOther),
+            // Not ours: the agent may be checking who answers for it (arp_watch).
+            Err(_) => (xdp_action::XDP_PASS, arp_watch_record(s)),
         });
     }
     if oper != ARPOP_REQUEST {

@@ -1,11 +1,13 @@
 //! vip XDP program: answers ARP and IPv6 neighbour solicitations for the VIPs
-//! this node holds and spreads IPv4 VIP traffic over backend nodes with Maglev
-//! rings (README, "The data path").
+//! this node holds and spreads IPv4 and IPv6 VIP traffic over backend nodes with
+//! Maglev rings (README, "The data path").
 #![no_std]
 #![no_main]
 
 mod arp;
+mod lb;
 mod lb4;
+mod lb6;
 mod maps;
 mod ndp;
 mod parse;
@@ -84,7 +86,7 @@ fn try_l3<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, l3: L3, ifindex: u
         return Ok(parse::verdict_unpack(arp::arp_call::<L2>(ctx.ctx, s, ifindex)));
     }
     if let L3::Ipv6 = l3 {
-        return Ok(parse::verdict_unpack(ndp::ndp_call::<L2>(ctx.ctx, s, ifindex)));
+        return Ok(parse::verdict_unpack(lb6::lb6_call::<L2>(ctx.ctx, s, ifindex)));
     }
     lb4::lb4_handle::<L2>(ctx, s, ifindex)
 }

@@ -34,6 +34,12 @@ pub static arp_held: HashMap<ArpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD,
 #[map]
 pub static arp_conflicts: LruHashMap<ArpHeldKey, u64> = LruHashMap::pinned(MAX_HELD, 0);
 
+/// (ifindex, VIP of another node) → the ARP answers seen claiming it there, while
+/// the agent checks who answers for it (its ARP self-check writes the entry, sends
+/// a request, reads and removes the entry a second later).
+#[map]
+pub static arp_watch: HashMap<ArpHeldKey, ArpWatch> = HashMap::pinned(MAX_ARP_WATCH, 0);
+
 /// (ifindex, IPv6 VIP) → as `arp_held`, for the IPv6 VIPs this node answers
 /// Neighbor Solicitations for (a map of its own: the IPv4 key stays 8 bytes).
 #[map]
@@ -85,6 +91,19 @@ pub static lb4_first_packets: Array<Lb4FirstPacket> = Array::pinned(FIRST_PACKET
 /// zero), before the flow cache and the service hash.
 #[map]
 pub static lb4_vip_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinned(1, 0);
+
+/// (IPv6 VIP, port, protocol) → the service's id and its ring's place in
+/// `lb4_ring`, which serves both families (as do `lb4_backends` and the counters).
+#[map]
+pub static lb6_services: HashMap<Lb6ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
+
+/// IPv6 flows seen once, as `lb4_first_packets`.
+#[map]
+pub static lb6_first_packets: Array<Lb6FirstPacket> = Array::pinned(FIRST_PACKET_SLOTS, 0);
+
+/// The per-CPU flow cache of IPv6 flows, as `lb4_flow_cache` (same epoch and slot mask).
+#[map]
+pub static lb6_flow_cache: PerCpuArray<Lb6FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
 
 /// Reason → packets and bytes, per CPU.
 #[map]
@@ -147,6 +166,10 @@ pub struct Scratch {
     pub ifindex: u32,
     /// The Lb4FlowKey as two words (see lb4_handle).
     pub words: [u64; 2],
+    /// The Lb6FlowKey as five words (see lb6_handle).
+    pub words6: [u64; 5],
+    /// The `lb6_services` key being looked up (an Lb6ServiceKey in three words).
+    pub svc6: [u64; 3],
     pub epoch: u64,
     pub bytes: u32,
     pub fragment: u32,

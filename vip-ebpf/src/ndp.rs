@@ -19,7 +19,7 @@ use crate::{
     parse::{frame_len, ptr_at, verdict_pack},
 };
 
-const IPPROTO_ICMPV6: u8 = 58;
+pub const IPPROTO_ICMPV6: u8 = 58;
 const ND_ROUTER_SOLICIT: u8 = 133;
 const ND_NEIGHBOR_SOLICIT: u8 = 135;
 const ND_NEIGHBOR_ADVERT: u8 = 136;

@@ -24,6 +24,7 @@ use crate::{
     dataplane::{Announce, HeldVips},
     ha::{
         self,
+        arpcheck::{self, ArpCheck, Finding},
         garp::{FrameTx, Job, Order},
         heartbeat,
     },
@@ -57,6 +58,12 @@ pub struct HeldVip {
     /// Where it is answered: the interface (a VLAN's parent for a pool's `vlan`), and the VLAN.
     pub interface: String,
     pub vlan: Option<u16>,
+    /// Whether this agent found it held at its start (by this node's agent before
+    /// it, without a gap): `since` is then this agent's start, and the VIP's
+    /// status keeps the take-over time it already shows.
+    pub adopted: bool,
+    /// What the last ARP self-check from a peer saw (None: none yet).
+    pub arp: Option<ArpCheck>,
 }
 
 /// Where this node's VIPs live and where it is reached, as resolved by the agent
@@ -108,6 +115,9 @@ pub struct Setup {
     /// The VIPs held, with since when and their last announcement, for their
     /// `VipStatus`: only ever sent on, never waited for.
     pub held_vips: watch::Sender<BTreeMap<IpAddr, HeldVip>>,
+    /// How often each VIP held by another node and checked by this one is asked
+    /// for (`run --arp-check-interval`); zero: no ARP self-check.
+    pub arp_check: Duration,
 }
 
 /// Starts the thread, which first sweeps `arp_held` (entries of VIPs this node
@@ -175,6 +185,26 @@ struct Liveness {
     unplaced: BTreeSet<IpAddr>,
     /// The solicited-node groups of the IPv6 VIPs answered here.
     groups: ha::groups::Groups,
+    /// Held VIPs found held at start (see [`HeldVip::adopted`]).
+    adopted: BTreeSet<IpAddr>,
+    /// The ARP self-check, as a checker: the VIPs of other nodes this node checks
+    /// (→ their holder), when each is due, and the requests awaiting answers.
+    arp_mine: BTreeMap<Ipv4Addr, String>,
+    arp_schedule: arpcheck::Schedule,
+    arp_inflight: Vec<InFlight>,
+    /// ... and as a holder: findings from the checkers (by heartbeat), and the last
+    /// check of each held VIP.
+    arp_link: heartbeat::ArpLink,
+    arp_reports: mpsc::UnboundedReceiver<(String, Vec<Finding>)>,
+    arp_checks: BTreeMap<IpAddr, ArpCheck>,
+}
+
+/// An ARP self-check request sent, awaiting answers.
+struct InFlight {
+    vip: Ipv4Addr,
+    ifindex: u32,
+    holder: String,
+    sent: Instant,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -187,6 +217,8 @@ pub fn hold_refresh(w: &World) -> tokio::time::Interval {
 impl Liveness {
     fn new(s: Setup, mut inputs: watch::Receiver<Inputs>, out: watch::Sender<Membership>, arp_tx: mpsc::UnboundedSender<Order>) -> Self {
         let Inputs { world, uplinks } = inputs.borrow_and_update().clone();
+        let (reports, arp_reports) = mpsc::unbounded_channel();
+        let arp_schedule = arpcheck::Schedule::new(s.arp_check);
         Self {
             s,
             inputs,
@@ -208,6 +240,13 @@ impl Liveness {
             link_up: true,
             unplaced: BTreeSet::new(),
             groups: ha::groups::Groups::default(),
+            adopted: BTreeSet::new(),
+            arp_mine: BTreeMap::new(),
+            arp_schedule,
+            arp_inflight: Vec::new(),
+            arp_link: heartbeat::ArpLink { outbox: Default::default(), reports },
+            arp_reports,
+            arp_checks: BTreeMap::new(),
         }
     }
 
@@ -241,6 +280,11 @@ impl Liveness {
                 self.held.insert(e.vip, (e.announce, e.ifindex));
             }
         }
+        self.adopted = self.held.keys().copied().collect();
+        // Watches an earlier agent left mid-check would never be read.
+        if let Err(e) = self.s.held.clear_arp_watch() {
+            warn!("clearing arp_watch: {e:#}");
+        }
         self.link_up = self.links_up();
         self.sync_heartbeat().await;
         self.decide(false);
@@ -257,6 +301,9 @@ impl Liveness {
         // The uplink's state: polled (one ioctl), so that a lost NIC is noticed
         // within this tick even when heartbeats still get through another network.
         let mut link = tokio::time::interval(Duration::from_millis(50));
+        // The ARP self-check: one request per tick at most (arpcheck::RATE a second).
+        let mut arp_check = tokio::time::interval(Duration::from_secs(1) / arpcheck::RATE);
+        arp_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.s.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
             tokio::select! {
@@ -313,6 +360,8 @@ impl Liveness {
                 }
                 _ = garp_refresh.tick() => self.refresh_garp(),
                 _ = watch_conflicts.tick() => self.watch_conflicts(),
+                _ = arp_check.tick(), if !self.s.arp_check.is_zero() => self.arp_check(),
+                Some((from, findings)) = self.arp_reports.recv() => self.arp_findings(&from, findings),
             }
         }
         info!("liveness thread stopping; held VIPs stay answered until their deadline");
@@ -362,6 +411,7 @@ impl Liveness {
             metrics: Some(self.s.metrics.heartbeat.clone()),
             keys: self.s.keys.clone(),
             leave: Some(self.s.leave.clone()),
+            arp: Some(self.arp_link.clone()),
         };
         let same =
             |a: &heartbeat::Options, b: &heartbeat::Options| (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after);
@@ -466,6 +516,10 @@ impl Liveness {
             Err(e) => error!("reading arp_held: {e:#}"),
         }
         let now = SystemTime::now();
+        // A VIP taken (again) is no longer the one found held at start.
+        self.adopted.retain(|v| want.contains_key(v) && !taken.contains(v));
+        self.arp_checks.retain(|v, _| want.contains_key(v) && !taken.contains(v));
+        self.s.metrics.arp_foreign.retain(|l| l.vip.parse().is_ok_and(|v: IpAddr| self.arp_checks.contains_key(&v)));
         self.since.retain(|v, _| want.contains_key(v) && !taken.contains(v));
         for v in want.keys() {
             self.since.entry(*v).or_insert(now);
@@ -499,6 +553,8 @@ impl Liveness {
             on_lo: o.on_lo,
         };
         self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
+        // Last: O(VIPs × nodes) hashing, after everything a failover waits for.
+        self.arp_mine = self.arp_checked_here();
     }
 
     /// Joins the solicited-node group of every IPv6 VIP answered here on the
@@ -581,7 +637,17 @@ impl Liveness {
                 // A pool's `vlan` is no interface of the host: its parent is.
                 let interface = if crate::links::is_vlan_net(*ifindex) { l.xdp_iface.clone() } else { l.name.clone() };
                 let since = *self.since.get(v)?;
-                Some((*v, HeldVip { since, last_garp: self.last_garp.get(v).map(|(_, t)| *t), interface, vlan: l.vlan }))
+                Some((
+                    *v,
+                    HeldVip {
+                        since,
+                        last_garp: self.last_garp.get(v).map(|(_, t)| *t),
+                        interface,
+                        vlan: l.vlan,
+                        adopted: self.adopted.contains(v),
+                        arp: self.arp_checks.get(v).cloned(),
+                    },
+                ))
             })
             .collect();
         self.s.held_vips.send_if_modified(|cur| replace_if_changed(cur, &vips));
@@ -609,6 +675,121 @@ impl Liveness {
             addrs.into_iter().map(|a| (a.into(), home.xdp_ifindex, ha::garp::tagged(&ha::garp::arp_request_frame(home.mac, me, a), home.vlan))).collect();
         if !frames.is_empty() {
             let _ = self.arp_tx.send(Order::Send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" }));
+        }
+    }
+
+    /// The IPv4 VIPs of ARP pools that other nodes hold and this node checks
+    /// (`arpcheck::checker`), with their holder: none while this node is no live
+    /// member, or where the VIP's pool has no interface here.
+    fn arp_checked_here(&self) -> BTreeMap<Ipv4Addr, String> {
+        let me = self.s.me.as_str();
+        if self.s.arp_check.is_zero() || !self.live.contains(me) {
+            return BTreeMap::new();
+        }
+        let mut out = BTreeMap::new();
+        for pool in self.world.pools.iter().filter(|p| p.announce == AnnounceMode::Arp && self.uplinks.by_pool.contains_key(&p.name)) {
+            let live: Vec<&str> = self.world.eligible(pool).into_iter().map(|n| n.name.as_str()).filter(|n| self.live.contains(*n)).collect();
+            if !live.contains(&me) || live.len() < 2 {
+                continue;
+            }
+            for v in pool.addresses.iter() {
+                let (IpAddr::V4(v4), Some(holder)) = (v, self.owners.get(v)) else { continue };
+                if holder != me && arpcheck::checker(*v4, holder, live.iter().copied()) == Some(me) {
+                    out.insert(*v4, holder.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// One turn of the ARP self-check as a checker: the answers to requests sent
+    /// [`arpcheck::WAIT`] ago go to their holders (next heartbeat), and the VIP
+    /// most overdue is asked for: an `arp_watch` entry, then a broadcast request
+    /// from this node's MAC and address on the VIP's network (0.0.0.0, an ARP
+    /// probe, where it has none), through the frame sender.
+    fn arp_check(&mut self) {
+        let now = Instant::now();
+        let (done, waiting): (Vec<InFlight>, Vec<InFlight>) = std::mem::take(&mut self.arp_inflight).into_iter().partition(|p| now >= p.sent + arpcheck::WAIT);
+        self.arp_inflight = waiting;
+        for p in done {
+            match self.s.held.take_arp_watch(p.ifindex, p.vip) {
+                Ok(Some((macs, _))) => {
+                    let f = Finding { vip: p.vip, macs: macs.iter().map(arpcheck::mac_text).collect() };
+                    tracing::debug!(vip = %p.vip, holder = %p.holder, macs = ?f.macs, "ARP self-check: answers seen");
+                    self.arp_link.outbox.push(&p.holder, f);
+                }
+                Ok(None) => {}
+                Err(e) => warn!(vip = %p.vip, "ARP self-check: {e:#}"),
+            }
+        }
+        // Checks this node's holder sent long ago (its checker left) are forgotten.
+        let before = self.arp_checks.len();
+        self.arp_checks.retain(|_, c| c.at.elapsed().unwrap_or_default() < arpcheck::FORGET_AFTER);
+        if self.arp_checks.len() != before {
+            self.s.metrics.arp_foreign.retain(|l| l.vip.parse().is_ok_and(|v: IpAddr| self.arp_checks.contains_key(&v)));
+            self.tell_held();
+        }
+        let mine: BTreeSet<Ipv4Addr> = self.arp_mine.keys().copied().collect();
+        for vip in self.arp_schedule.next(&mine, now, 1) {
+            if self.arp_inflight.iter().any(|p| p.vip == vip) {
+                continue;
+            }
+            let Some(l) = self.link_of(vip.into()).cloned() else { continue };
+            let src = crate::links::read_host()
+                .ok()
+                .and_then(|host| {
+                    let nets = host.into_iter().find(|i| i.ifindex == l.ifindex)?.nets;
+                    let within = |(a, p): &(Ipv4Addr, u8)| (u32::from(*a) ^ u32::from(vip)).checked_shr(32 - u32::from(*p)).unwrap_or(0) == 0;
+                    nets.iter().find(|n| within(n)).or(nets.first()).map(|(a, _)| *a)
+                })
+                .unwrap_or(Ipv4Addr::UNSPECIFIED);
+            if let Err(e) = self.s.held.watch_arp(l.ifindex, vip) {
+                warn!(%vip, "ARP self-check: {e:#}");
+                continue;
+            }
+            let frame = ha::garp::tagged(&ha::garp::arp_request_frame(l.mac, src, vip), l.vlan);
+            let _ = self.arp_tx.send(Order::Send(Job {
+                frames: vec![(vip.into(), l.xdp_ifindex, frame)],
+                rounds: 1,
+                gap: Duration::ZERO,
+                what: "ARP self-check request",
+            }));
+            self.s.metrics.arp_checks.inc();
+            self.arp_inflight.push(InFlight { vip, ifindex: l.ifindex, holder: self.arp_mine[&vip].clone(), sent: now });
+        }
+    }
+
+    /// Findings of a checker (`from`) for VIPs this node holds: compared with our
+    /// MAC there, they become each VIP's ARP check (its status condition), the
+    /// metric `vip_arp_foreign_answers` and, when a foreign MAC appears or goes, a
+    /// log line. Findings for VIPs no longer held here are dropped.
+    fn arp_findings(&mut self, from: &str, findings: Vec<Finding>) {
+        let now = SystemTime::now();
+        let mut changed = false;
+        for f in findings {
+            let vip = IpAddr::V4(f.vip);
+            // Not ours any more, or just taken (see arpcheck::SETTLE).
+            if !self.held.contains_key(&vip) || self.since.get(&vip).is_some_and(|t| t.elapsed().unwrap_or_default() < arpcheck::SETTLE) {
+                continue;
+            }
+            let Some(mine) = self.link_of(vip).map(|l| l.mac) else { continue };
+            let prev = self.arp_checks.get(&vip);
+            let Some(c) = ArpCheck::update(prev, &f, mine, from, now) else {
+                warn!(%vip, node = %from, macs = ?f.macs, "ARP self-check: a finding with a malformed MAC, ignored");
+                continue;
+            };
+            let was = prev.map(|p| p.foreign.clone()).unwrap_or_default();
+            if !c.foreign.is_empty() && c.foreign != was {
+                warn!(%vip, node = %from, foreign = %c.foreign_text(), holder_answered = c.holder_answered, "ARP self-check: another MAC answers ARP for a VIP this node holds (a second responder on the segment, or a switch or proxy answering from a stale cache); clients may be sent there");
+            } else if c.foreign.is_empty() && !was.is_empty() {
+                info!(%vip, node = %from, "ARP self-check: only this node answers ARP for the VIP again");
+            }
+            self.s.metrics.arp_foreign.with(&metrics::ArpLabels { vip: vip.to_string() }, |g| g.set(c.foreign.len() as i64));
+            changed |= prev != Some(&c);
+            self.arp_checks.insert(vip, c);
+        }
+        if changed {
+            self.tell_held();
         }
     }
 

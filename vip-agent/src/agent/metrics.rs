@@ -42,6 +42,11 @@ pub struct VipLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ArpLabels {
+    pub vip: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct HeldLabels {
     pub vip: String,
     pub pool: String,
@@ -176,6 +181,10 @@ pub struct Liveness {
     pub peer_live: Tracked<PeerLabels, Gauge>,
     pub dead_after: Gauge<f64, AtomicU64>,
     pub arp_conflicts: Counter,
+    /// The ARP self-check: for each held VIP a peer checked, the MACs other than
+    /// ours that answered; and the requests this node sent as a checker.
+    pub arp_foreign: Tracked<ArpLabels, Gauge>,
+    pub arp_checks: Counter,
     /// The heartbeat task's: stalls (should stay 0), gaps per peer, rejections.
     pub heartbeat: crate::ha::heartbeat::Metrics,
     /// Monotonic ns of the liveness loop's last turn (for /healthz and the heartbeat gate).
@@ -290,6 +299,8 @@ impl Metrics {
                 peer_live: Tracked::default(),
                 dead_after: Gauge::default(),
                 arp_conflicts: Counter::default(),
+                arp_foreign: Tracked::default(),
+                arp_checks: Counter::default(),
                 heartbeat: Default::default(),
                 last_turn_ns: Arc::new(AtomicU64::new(monotonic_ns())),
             },
@@ -338,6 +349,16 @@ impl Metrics {
             l.pool_owner_changes.family(),
         );
         registry.register("vip_arp_conflicts", "ARP replies or gratuitous ARP from another MAC claiming a VIP this node holds", l.arp_conflicts.clone());
+        registry.register(
+            "vip_arp_foreign_answers",
+            "For each VIP this node holds that a peer checked (the ARP self-check): how many MACs other than this node's answered the peer's ARP request for it, at the last check (0: only this node)",
+            l.arp_foreign.family(),
+        );
+        registry.register(
+            "vip_arp_checks",
+            "ARP requests this node sent to check who answers for VIPs other nodes hold (the ARP self-check)",
+            l.arp_checks.clone(),
+        );
         registry.register(
             "vip_peer_live",
             "Each peer this node exchanges heartbeats with: 1 heard within deadAfter, 0 dead (or leaving to restart)",
@@ -576,10 +597,11 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     }
     l.pool_owner_changes.with(&PoolLabels { pool: s() }, |_| ());
     l.peer_live.with(&PeerLabels { peer: s() }, |_| ());
+    l.arp_foreign.with(&ArpLabels { vip: s() }, |_| ());
     l.heartbeat.gaps.track(["x"], Instant::now());
     let _ = l.heartbeat.rejected.get_or_create(&crate::ha::heartbeat::RejectLabels { reason: s() });
     m.backend_healthy.with(&BackendLabels { node: s(), check: s() }, |_| ());
-    let svc = ServiceAddr { vip: Ipv4Addr::UNSPECIFIED, port: 0, protocol: crate::model::Protocol::Tcp };
+    let svc = ServiceAddr { vip: Ipv4Addr::UNSPECIFIED.into(), port: 0, protocol: crate::model::Protocol::Tcp };
     for f in [&m.ring_updates, &m.ring_slots_written] {
         f.with(&ServiceLabels::new("", &svc), |_| ());
     }

@@ -17,7 +17,7 @@ mod publish;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{atomic::Ordering, Arc, Mutex},
     time::Duration,
@@ -71,6 +71,9 @@ pub struct Options {
     pub reload_interval: Duration,
     /// How gratuitous ARP and ARP requests leave the node.
     pub arp_sender: ArpSender,
+    /// How often each VIP held elsewhere and checked here is asked for (the ARP
+    /// self-check, `ha::arpcheck`); zero: never.
+    pub arp_check_interval: Duration,
     /// Where the cluster's heartbeat key comes from.
     pub heartbeat_key: HeartbeatKey,
 }
@@ -98,7 +101,7 @@ struct Agent {
     /// What the latest placement found wrong (part of the host problems).
     iface_problems: Vec<String>,
     /// The VIPs this node is a backend of in `world` (what the host check reads).
-    backed: BTreeSet<Ipv4Addr>,
+    backed: BTreeSet<IpAddr>,
     world: Arc<World>,
     /// Bytes of the config file last read (valid or not): reloads only on change.
     config_text: Option<String>,
@@ -110,7 +113,7 @@ struct Agent {
     /// VIP → owner as this node sees it, for the controller (pool status, Events).
     owners_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// VIP → its service-ports not programmed, for the controller (pool condition, Events).
-    unprogrammed_tx: watch::Sender<BTreeMap<Ipv4Addr, Vec<String>>>,
+    unprogrammed_tx: watch::Sender<BTreeMap<IpAddr, Vec<String>>>,
     /// VIP → why no node holds it, for the controller (pool condition, Events).
     unheld_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// VIP → the nodes its rings spread to, for the VipStatus of the VIPs held here.
@@ -255,6 +258,7 @@ pub async fn run(opts: Options) -> Result<()> {
         keys: keys.as_ref().map(|k| k.keys.clone()),
         leave: leave_rx,
         held_vips,
+        arp_check: agent.opts.arp_check_interval,
     };
     let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
     agent.membership = members.borrow_and_update().clone();

@@ -1,6 +1,6 @@
 //! Publishing what the agent does: the status (file and `/status`), the gauges,
 //! and what the controller reads (owners, service-ports not programmed).
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use tracing::warn;
 
@@ -38,13 +38,13 @@ impl Agent {
                 failing_open: d.failing_open,
             })
             .collect();
-        let mut backends: BTreeMap<Ipv4Addr, std::collections::BTreeSet<String>> = BTreeMap::new();
+        let mut backends: BTreeMap<IpAddr, std::collections::BTreeSet<String>> = BTreeMap::new();
         for (a, d) in &self.applied {
             backends.entry(a.vip).or_default().extend(d.spec.backends.iter().map(|b| b.name.clone()));
         }
-        let backends: BTreeMap<std::net::IpAddr, Vec<String>> = backends.into_iter().map(|(v, b)| (v.into(), b.into_iter().collect())).collect();
+        let backends: BTreeMap<IpAddr, Vec<String>> = backends.into_iter().map(|(v, b)| (v, b.into_iter().collect())).collect();
         self.backends_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &backends));
-        let mut by_vip: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
+        let mut by_vip: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
         for (a, (_, e)) in &self.failed {
             by_vip.entry(a.vip).or_default().push(format!("{}/{}: {e}", a.port, a.protocol));
         }

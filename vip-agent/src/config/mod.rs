@@ -13,7 +13,6 @@ use serde::Deserialize;
 
 pub use crate::spec::{FieldError, MAX_POOL_ADDRESSES};
 use crate::{
-    addrs::IPV6_NOT_SERVED,
     maglev,
     model::{Announce, AnnounceMode, Failover, Garp, NoHealthyBackend, Node, Pool, Protocol, Selector, Service, World},
     spec::{self, gratuitous_arp, health_check, invalid, pool_addresses, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Mac},
@@ -254,18 +253,15 @@ fn validate(f: File) -> Result<World, FieldError> {
     }
 
     let mut services = Vec::new();
-    let mut taken: BTreeMap<(Ipv4Addr, u16, Protocol), usize> = BTreeMap::new();
+    let mut taken: BTreeMap<(IpAddr, u16, Protocol), usize> = BTreeMap::new();
     let mut svc_names = BTreeMap::new();
     for (i, fs) in f.services.into_iter().enumerate() {
         let p = format!("services[{i}]");
         if let Some(j) = svc_names.insert(fs.name.clone(), i) {
             return invalid(format!("{p}.name"), format!("service {:?} is already defined at services[{j}]", fs.name));
         }
-        let vip = match fs.vip {
-            IpAddr::V4(v) => v,
-            IpAddr::V6(v) => return invalid(format!("{p}.vip"), format!("{v} is IPv6: {IPV6_NOT_SERVED}")),
-        };
-        let Some(&pool) = owner_of.get(&IpAddr::V4(vip)) else {
+        let vip = fs.vip;
+        let Some(&pool) = owner_of.get(&vip) else {
             return invalid(format!("{p}.vip"), format!("{} is in no pool; add it to a pool's addresses", vip));
         };
         if fs.ports.is_empty() {
@@ -276,7 +272,10 @@ fn validate(f: File) -> Result<World, FieldError> {
                 return invalid(format!("{p}.ports[{k}]"), "port 0 is not a service port");
             }
             if let Some(j) = taken.insert((vip, port, fs.protocol), i) {
-                return invalid(format!("{p}.ports[{k}]"), format!("{}:{port}/{:?} is already served by services[{j}]", vip, fs.protocol).to_lowercase());
+                return invalid(
+                    format!("{p}.ports[{k}]"),
+                    format!("{}/{:?} is already served by services[{j}]", std::net::SocketAddr::new(vip, port), fs.protocol).to_lowercase(),
+                );
             }
         }
         if let Err(e) = maglev::check_table_size(fs.table_size) {

@@ -169,8 +169,8 @@ fn service_errors() {
     rejects("ports: [80, 443]", "ports: []", "services[0].ports", "ports: []", "at least one port");
     rejects("ports: [80, 443]", "ports: [80, 0]", "services[0].ports[1]", "ports: [80, 0]", "port 0 is not a service port");
     rejects("ports: [80, 443]", "ports: [80, 80]", "services[0].ports[1]", "ports: [80, 80]", "198.18.1.10:80/tcp is already served by services[0]");
-    // IPv6 is parsed, and refused by name: the data path cannot balance it yet.
-    rejects("vip: 198.18.1.16", "vip: 2001:2::16", "services[1].vip", "vip: 2001:2::16", "2001:2::16 is IPv6: IPv6 traffic is not forwarded yet");
+    // An IPv6 VIP is a VIP like any other: it must be in a pool.
+    rejects("vip: 198.18.1.16", "vip: 2001:2::16", "services[1].vip", "vip: 2001:2::16", "2001:2::16 is in no pool");
     rejects("tableSize: 251", "tableSize: 1000", "services[0].tableSize", "tableSize: 1000", "table size 1000 is not a prime between 251 and 131071");
     rejects("tableSize: 251", "tableSize: 131101", "services[0].tableSize", "tableSize: 131101", "table size 131101 is not a prime between 251 and 131071");
     rejects("name: dns", "name: web", "services[1].name", "name: web\n    vip: 198.18.1.16", "service \"web\" is already defined at services[0]");

@@ -8,7 +8,7 @@ use anyhow::Result;
 use aya::maps::{IterableMap as _, MapData, PerCpuArray};
 use vip_common::*;
 
-use super::{batch, service_addr, Dataplane, ServiceAddr};
+use super::{batch, service_addr, service_addr6, Dataplane, ServiceAddr};
 
 /// Summed counters.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -35,12 +35,12 @@ impl Dataplane {
         // endpoint, inspect) sees services another handle programmed since. Two
         // batched reads, then one read per id.
         let mut ids = BTreeSet::new();
-        for (k, s) in batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())? {
+        let v4 = batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?.into_iter().map(|(k, s)| (service_addr(&k), s));
+        let v6 = batch::lookup_all::<Lb6ServiceKey, Lb4Service>(self.services6.map())?.into_iter().map(|(k, s)| (service_addr6(&k), s));
+        for (a, s) in v4.chain(v6) {
             ids.insert(s.id);
-            if k.port != [0, 0] {
-                if let Some(a) = service_addr(&k) {
-                    c.service_addrs.insert(s.id, a);
-                }
+            if let Some(a) = a.filter(|a| a.port != 0) {
+                c.service_addrs.insert(s.id, a);
             }
         }
         for id in ids {

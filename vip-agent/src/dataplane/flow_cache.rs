@@ -16,6 +16,11 @@ use anyhow::{Context as _, Result};
 use aya::maps::{Array, MapData};
 use vip_common::{flow_cache_slots_for, Lb4FlowCacheCtl};
 
+/// The flow-cache slots this machine uses ([`flow_cache_slots_for`] its possible CPUs).
+pub(super) fn slots() -> Result<u32> {
+    Ok(flow_cache_slots_for(aya::util::nr_cpus().map_err(|(_, e)| e)? as u32))
+}
+
 #[derive(Clone)]
 pub(super) struct Ctl(Arc<Mutex<Array<MapData, Lb4FlowCacheCtl>>>);
 
@@ -40,8 +45,7 @@ impl Ctl {
 
     /// Sizes the cache for this machine's CPUs (see [`flow_cache_slots_for`]).
     pub(super) fn configure(&self) -> Result<()> {
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)? as u32;
-        let mask = flow_cache_slots_for(cpus) - 1;
+        let mask = slots()? - 1;
         self.update(|c| (c.slot_mask != mask).then_some(Lb4FlowCacheCtl { epoch: c.epoch.wrapping_add(1), slot_mask: mask, _pad: 0 }))
     }
 

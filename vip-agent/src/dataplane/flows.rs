@@ -1,5 +1,5 @@
-//! The flow tables (`lb_flows` for flows past their first packet, `lb4_first_packets`
-//! for flows seen once): eviction, counts, and filling them to scale in tests and
+//! The flow tables (`lb_flows` for flows past their first packet, both families;
+//! `lb4_first_packets` and `lb6_first_packets` for flows seen once): eviction, counts, and filling them to scale in tests and
 //! benchmarks.
 //!
 //! `lb_flows` is an array of sets (four 16-byte entries, one cache line each; see
@@ -9,7 +9,7 @@
 //! only if it is still the one read (compare-and-swap), so a flow the data path
 //! pins meanwhile in that way is never lost.
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     os::fd::{AsFd as _, AsRawFd as _},
     sync::atomic::{AtomicU64, Ordering},
 };
@@ -17,7 +17,8 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, IterableMap as _, MapData};
 use vip_common::{
-    first_packet_check, lb_flow_check, lb_flow_hash, lb_flow_set, lb_flow_tag, lb_flow_word1, Lb4FirstPacket, Lb4FlowKey, LbFlowEntry, LbFlowSet, LbFlowsCtl,
+    first_packet_check, fold_words6, lb_flow_check, lb_flow_hash, lb_flow_set, lb_flow_tag, lb_flow_word1, Lb4FirstPacket, Lb4FlowKey, Lb6FirstPacket, Lb6FlowKey,
+    LbFlowEntry, LbFlowSet, LbFlowsCtl,
     FIRST_PACKET_SLOTS, FLOW_FAMILY_V4, FLOW_SETS, FLOW_STAMP_SHIFT, FLOW_WAYS,
 };
 
@@ -160,6 +161,16 @@ impl Dataplane {
             batch::update(self.first_packets.map(), &cleared).context("clearing lb4_first_packets")?;
             n += cleared.len();
         }
+        let cleared6: Vec<(u32, Lb6FirstPacket)> = self
+            .first_packets6()?
+            .into_iter()
+            .filter(|(_, r)| pred(self.flow_service6(&r.key).unwrap_or(NO_SERVICE), r.backend))
+            .map(|(slot, _)| (slot, Lb6FirstPacket::default()))
+            .collect();
+        if !cleared6.is_empty() {
+            batch::update(self.first_packets6.map(), &cleared6).context("clearing lb6_first_packets")?;
+            n += cleared6.len();
+        }
         self.epoch.bump()?; // cached copies of the removed flows
         Ok(n)
     }
@@ -186,7 +197,18 @@ impl Dataplane {
     /// or for a fragment (port 0) the service its VIP's fragment entry names.
     pub(super) fn flow_service(&self, key: &Lb4FlowKey) -> Option<u32> {
         let protocol = Protocol::from_number(key.proto)?;
-        let (vip, port) = (Ipv4Addr::from(key.dst), u16::from_be_bytes(key.dport));
+        self.service_of(Ipv4Addr::from(key.dst).into(), u16::from_be_bytes(key.dport), protocol)
+    }
+
+    /// The id of the service an IPv6 flow reaches now, as [`Self::flow_service`].
+    pub(super) fn flow_service6(&self, key: &Lb6FlowKey) -> Option<u32> {
+        let protocol = Protocol::from_number(key.proto)?;
+        self.service_of(Ipv6Addr::from(key.dst).into(), u16::from_be_bytes(key.dport), protocol)
+    }
+
+    /// The id of the service of (`vip`, `port`, `protocol`); port 0: the service
+    /// the VIP's fragment entry names.
+    fn service_of(&self, vip: std::net::IpAddr, port: u16, protocol: Protocol) -> Option<u32> {
         if port == 0 {
             return self.fragment_target(vip, protocol).map(|p| p.id);
         }
@@ -201,6 +223,18 @@ impl Dataplane {
             .filter(|(_, r)| {
                 let w = r.key.words();
                 r.check == first_packet_check(w[0], w[1], r.backend)
+            })
+            .collect())
+    }
+
+    /// The valid records of `lb6_first_packets` with their slots.
+    fn first_packets6(&self) -> Result<Vec<(u32, Lb6FirstPacket)>> {
+        let all = batch::array_range::<Lb6FirstPacket>(self.first_packets6.map(), 0, FIRST_PACKET_SLOTS).context("reading lb6_first_packets")?;
+        Ok((0..)
+            .zip(all)
+            .filter(|(_, r)| {
+                let (h0, h1) = fold_words6(&r.key.words());
+                r.check == first_packet_check(h0, h1, r.backend)
             })
             .collect())
     }
@@ -247,13 +281,13 @@ impl Dataplane {
         self.epoch.epoch()
     }
 
-    /// Flows in `lb_flows` (past their first packet).
+    /// Flows in `lb_flows` (past their first packet), of both families.
     pub fn flow_count(&self) -> usize {
         self.flows.valid().count()
     }
 
-    /// Flows recorded in `lb4_first_packets` (seen once).
+    /// Flows recorded in `lb4_first_packets` and `lb6_first_packets` (seen once).
     pub fn new_flow_count(&self) -> usize {
-        self.first_packets().map_or(0, |v| v.len())
+        self.first_packets().map_or(0, |v| v.len()) + self.first_packets6().map_or(0, |v| v.len())
     }
 }

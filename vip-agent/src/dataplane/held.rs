@@ -9,7 +9,9 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, HashMap, IterableMap as _, MapData, PerCpuArray};
-use vip_common::{map_names as names, ArpHeldKey, ArpHeldVip, Counter, LbHome, LbIface, LbVlanKey, NdpHeldKey, Reason, HELD_NO_ARP, IFACE_NATIVE};
+use vip_common::{
+    map_names as names, ArpHeldKey, ArpHeldVip, ArpWatch, Counter, LbHome, LbIface, LbVlanKey, NdpHeldKey, Reason, ARP_WATCH_MACS, HELD_NO_ARP, IFACE_NATIVE,
+};
 
 use super::{batch, coarse_slack_ns, counters::sum, flow_cache, ignore_missing, open_pinned};
 
@@ -62,6 +64,9 @@ pub struct HeldVips {
     /// (ifindex, VIP) → conflicting claims the data path saw.
     conflicts: HashMap<MapData, ArpHeldKey, u64>,
     conflicts6: HashMap<MapData, NdpHeldKey, u64>,
+    /// (ifindex, VIP of another node) → ARP answers seen for it (the ARP
+    /// self-check); None when pinned by an older agent that had no such map.
+    watch: Option<HashMap<MapData, ArpHeldKey, ArpWatch>>,
     stats: PerCpuArray<MapData, Counter>,
     epoch: flow_cache::Ctl,
 }
@@ -77,6 +82,7 @@ impl HeldVips {
             held6: open_pinned(dir, names::HELD6)?,
             conflicts: open_pinned(dir, names::CONFLICTS)?,
             conflicts6: open_pinned(dir, names::CONFLICTS6)?,
+            watch: open_pinned(dir, names::ARP_WATCH).ok(),
             stats: open_pinned(dir, names::STATS)?,
             epoch,
         })
@@ -239,6 +245,42 @@ impl HeldVips {
             .filter(|(k, _)| k.ifindex == ifindex)
             .map(|(k, n)| (Ipv6Addr::from(k.vip).into(), n));
         Ok(v4.chain(v6).collect())
+    }
+
+    /// Starts recording the ARP answers claiming `vip` on `ifindex` (an
+    /// `arp_watch` entry, zeroed; the data path fills it). Fails when the maps
+    /// were pinned by an agent without the ARP self-check.
+    pub fn watch_arp(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<()> {
+        let w = self.watch.as_mut().context("arp_watch is not pinned (an older agent's maps)")?;
+        w.insert(ArpHeldKey { ifindex, vip: vip.octets() }, ArpWatch::default(), 0).context("writing arp_watch")
+    }
+
+    /// What was recorded for `vip` on `ifindex` since [`Self::watch_arp`]: the
+    /// distinct sender MACs (at most ARP_WATCH_MACS) and how many claims in all;
+    /// the entry is removed. None when it was not watched.
+    pub fn take_arp_watch(&mut self, ifindex: u32, vip: Ipv4Addr) -> Result<Option<(Vec<[u8; 6]>, u32)>> {
+        let Some(w) = self.watch.as_mut() else { return Ok(None) };
+        let key = ArpHeldKey { ifindex, vip: vip.octets() };
+        let got = match w.get(&key, 0) {
+            Ok(v) => Some((v.macs[..(v.seen as usize).min(ARP_WATCH_MACS)].to_vec(), v.replies)),
+            Err(aya::maps::MapError::KeyNotFound) => None,
+            Err(e) => return Err(e).context("reading arp_watch"),
+        };
+        if got.is_some() {
+            w.remove(&key).context("removing from arp_watch")?;
+        }
+        Ok(got)
+    }
+
+    /// Removes every `arp_watch` entry (those an earlier agent left mid-check).
+    pub fn clear_arp_watch(&mut self) -> Result<()> {
+        let Some(w) = self.watch.as_mut() else { return Ok(()) };
+        let keys: Vec<ArpHeldKey> = w.keys().filter_map(|k| k.ok()).collect();
+        for k in keys {
+            // Gone meanwhile is fine: only this agent writes the map.
+            let _ = w.remove(&k);
+        }
+        Ok(())
     }
 
     /// One reason's counter (packets, bytes) summed over CPUs: cheap enough to poll.

@@ -36,7 +36,7 @@ use aya::{
 pub use counters::Counters;
 pub use error::DataplaneError;
 pub use held::{Announce, HeldEntry, HeldVips};
-use services::service_addr;
+use services::{service_addr, service_addr6};
 pub use services::{Applied, BackendSpec, RingUpdate, ServiceSpec, Sweep, Usage};
 use vip_common::{map_names as names, *};
 pub use xmit::XdpXmit;
@@ -62,10 +62,13 @@ pub struct Dataplane {
     ebpf: Option<Ebpf>,
     held: HeldVips,
     services: HashMap<MapData, Lb4ServiceKey, Lb4Service>,
+    /// IPv6 services (their ids, rings and backends shared with IPv4's).
+    services6: HashMap<MapData, Lb6ServiceKey, Lb4Service>,
     backends: Array<MapData, Lb4Backend>,
     ring: Array<MapData, u32>,
     flows: flows::FlowTable,
     first_packets: Array<MapData, Lb4FirstPacket>,
+    first_packets6: Array<MapData, Lb6FirstPacket>,
     stats: PerCpuArray<MapData, Counter>,
     service_stats: PerCpuArray<MapData, Counter>,
     backend_stats: PerCpuArray<MapData, Counter>,
@@ -128,6 +131,8 @@ macro_rules! maps_from {
             $get(s, names::SERVICE_STATS)?,
             $get(s, names::BACKEND_STATS)?,
             $get(s, names::VIP_FILTER)?,
+            $get(s, names::SERVICES6)?,
+            $get(s, names::FIRST_PACKETS6)?,
         )
     }};
 }
@@ -143,6 +148,8 @@ type MapSet = (
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
     Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
+    HashMap<MapData, Lb6ServiceKey, Lb4Service>,
+    Array<MapData, Lb6FirstPacket>,
 );
 
 impl Dataplane {
@@ -153,9 +160,14 @@ impl Dataplane {
         ensure_bpffs_dir(dir)?;
         replace_outgrown_stats(dir)?;
         remove_obsolete_pins(dir)?;
+        // The flow caches get the slots this machine's CPUs use (flow_cache_slots_for):
+        // per-CPU arrays, they would otherwise grow with the CPUs at full size.
+        let slots = flow_cache::slots()?;
         let mut ebpf = aya::EbpfLoader::new()
             .default_map_pin_directory(dir)
             .map_max_entries(names::RING, ring_capacity)
+            .map_max_entries(names::FLOW_CACHE, slots)
+            .map_max_entries(names::FLOW_CACHE6, slots)
             .load(OBJECT)
             .context("loading the XDP object (needs root or CAP_BPF)")?;
         let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing from the object"))?.try_into()?;
@@ -177,7 +189,7 @@ impl Dataplane {
     /// `create`: this process loaded the object, and writes the flow table's hash
     /// key if the table is new (before the program is attached or replaces one).
     fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl, create: bool) -> Result<Self> {
-        let (services, backends, ring, flows, mut flows_ctl, first_packets, stats, service_stats, backend_stats, vip_filter) = m;
+        let (services, backends, ring, flows, mut flows_ctl, first_packets, stats, service_stats, backend_stats, vip_filter, services6, first_packets6) = m;
         let flows = flows::FlowTable::new(flows, &mut flows_ctl, create)?;
         let mut dp = Self {
             dir: dir.to_owned(),
@@ -185,10 +197,12 @@ impl Dataplane {
             held: HeldVips::open(dir, epoch.clone())?,
             rings: rings::Rings::new(ring.len()),
             services,
+            services6,
             backends,
             ring,
             flows,
             first_packets,
+            first_packets6,
             stats,
             service_stats,
             backend_stats,
@@ -212,19 +226,18 @@ impl Dataplane {
                 self.backend_slots.insert(id, b);
             }
         }
-        let entries = batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?;
-        let regions: BTreeSet<(u32, u32)> =
-            entries.iter().filter(|(k, s)| k.port != [0, 0] && s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
+        let mut entries: Vec<(Option<ServiceAddr>, Lb4Service)> =
+            batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?.into_iter().map(|(k, s)| (service_addr(&k), s)).collect();
+        entries.extend(batch::lookup_all::<Lb6ServiceKey, Lb4Service>(self.services6.map())?.into_iter().map(|(k, s)| (service_addr6(&k), s)));
+        // Fragment aliases (port 0) share their service's entry.
+        let entries: Vec<(ServiceAddr, Lb4Service)> = entries.into_iter().filter_map(|(a, s)| Some((a.filter(|a| a.port != 0)?, s))).collect();
+        let regions: BTreeSet<(u32, u32)> = entries.iter().filter(|(_, s)| s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
         // Only the regions in use are read (shared rings: usually a few).
         for (off, size) in regions {
             let slots = batch::array_range::<u32>(self.ring.map(), off, size).with_context(|| format!("reading ring region {off}+{size} of lb4_ring"))?;
             self.rings.insert(off, slots, true)?;
         }
-        for (key, svc) in entries {
-            if key.port == [0, 0] {
-                continue; // fragment alias: shares its service's entry
-            }
-            let Some(addr) = service_addr(&key) else { continue };
+        for (addr, svc) in entries {
             self.ids.insert(svc.id);
             self.rings.add_user(svc.ring_offset, addr);
             self.programmed.insert(addr, Programmed { id: svc.id, ring: svc.ring_offset });
@@ -324,7 +337,7 @@ fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<()> {
 /// flow table, now `lb_flows`). Their memory goes with the pin (and, for a map the
 /// attached program still uses, with that program when [`attach`](Dataplane::attach) replaces it).
 fn remove_obsolete_pins(dir: &Path) -> Result<()> {
-    for name in ["lb4_flows_new", "lb4_flows"] {
+    for name in ["lb4_flows_new", "lb4_flows", "lb6_flows"] {
         let path = dir.join(name);
         match std::fs::remove_file(&path) {
             Ok(()) => tracing::info!(map = name, "removed a map an older version pinned"),

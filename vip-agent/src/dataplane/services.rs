@@ -2,7 +2,7 @@
 //! batch leaves pinned to lost backends (`sweep`), and what is programmed.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap as StdHashMap},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -28,14 +28,14 @@ pub struct BackendSpec {
     pub local: bool,
 }
 
-/// The `lb4_services` key of a service-port.
-fn service_key(a: &ServiceAddr) -> Lb4ServiceKey {
-    Lb4ServiceKey { vip: a.vip.octets(), port: a.port.to_be_bytes(), proto: a.protocol.number(), _pad: 0 }
-}
-
 /// The service-port of an `lb4_services` key (None: a protocol we never write).
 pub(super) fn service_addr(k: &Lb4ServiceKey) -> Option<ServiceAddr> {
-    Some(ServiceAddr { vip: Ipv4Addr::from(k.vip), port: u16::from_be_bytes(k.port), protocol: Protocol::from_number(k.proto)? })
+    Some(ServiceAddr { vip: Ipv4Addr::from(k.vip).into(), port: u16::from_be_bytes(k.port), protocol: Protocol::from_number(k.proto)? })
+}
+
+/// The service-port of an `lb6_services` key.
+pub(super) fn service_addr6(k: &Lb6ServiceKey) -> Option<ServiceAddr> {
+    Some(ServiceAddr { vip: Ipv6Addr::from(k.vip).into(), port: u16::from_be_bytes(k.port), protocol: Protocol::from_number(k.proto)? })
 }
 
 /// What a service should be: its backends and ring size.
@@ -235,8 +235,8 @@ impl Dataplane {
                     },
                 };
                 let entry = Lb4Service { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
-                if let Err(e) = self.services.insert(service_key(&addr), entry, 0) {
-                    out.failed.insert(addr, DataplaneError::kernel("lb4_services", e));
+                if let Err((map, e)) = self.write_service(&addr, entry) {
+                    out.failed.insert(addr, DataplaneError::kernel(map, e));
                     continue;
                 }
                 self.ids.insert(id);
@@ -254,14 +254,14 @@ impl Dataplane {
         }
         for &addr in remove {
             let Some(p) = self.programmed.remove(&addr) else { continue };
-            ignore_missing(self.services.remove(&service_key(&addr)))?;
+            self.remove_service_entry(&addr)?;
             self.rings.drop_user(p.ring, addr);
             self.ids.remove(&p.id);
             reset_counter(&mut self.service_stats, p.id)?;
             touched.insert(addr);
             out.removed.push(addr);
         }
-        let aliases: BTreeSet<(Ipv4Addr, Protocol)> = touched.iter().map(|a| (a.vip, a.protocol)).collect();
+        let aliases: BTreeSet<(IpAddr, Protocol)> = touched.iter().map(|a| (a.vip, a.protocol)).collect();
         for (vip, protocol) in aliases {
             self.update_fragment_alias(vip, protocol)?;
         }
@@ -277,10 +277,13 @@ impl Dataplane {
     /// services' addresses and of `extra` (one write of the whole bitmap: each word
     /// a reader sees is the old or the new one, and a sync only sets or only
     /// clears the bits that change).
-    pub(super) fn sync_vip_filter(&mut self, extra: impl Iterator<Item = Ipv4Addr>) -> Result<()> {
+    pub(super) fn sync_vip_filter(&mut self, extra: impl Iterator<Item = IpAddr>) -> Result<()> {
         let mut want = [0u32; VIP_FILTER_WORDS as usize];
         for vip in self.programmed.keys().map(|a| a.vip).chain(extra) {
-            let bit = vip_filter_bit(vip.octets());
+            let bit = match vip {
+                IpAddr::V4(v) => vip_filter_bit(v.octets()),
+                IpAddr::V6(v) => vip_filter_bit6(v.octets()),
+            };
             want[(bit / 32) as usize] |= 1 << (bit % 32);
         }
         if want != self.vip_filter_words {
@@ -379,26 +382,44 @@ impl Dataplane {
 
     /// Points (vip, port 0, proto), the entry fragments use, at the service with the
     /// lowest port of that VIP and protocol (or removes it when there is none).
-    fn update_fragment_alias(&mut self, vip: Ipv4Addr, protocol: Protocol) -> Result<()> {
+    fn update_fragment_alias(&mut self, vip: IpAddr, protocol: Protocol) -> Result<()> {
         let alias = ServiceAddr { vip, port: 0, protocol };
         let first = self.fragment_target(vip, protocol);
         match first {
             Some(p) => {
                 let size = self.rings.get(p.ring).map_or(0, |r| r.size());
-                self.services.insert(service_key(&alias), Lb4Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }, 0)?;
+                self.write_service(&alias, Lb4Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }).map_err(|(_, e)| e)?;
             }
-            None => ignore_missing(self.services.remove(&service_key(&alias)))?,
+            None => self.remove_service_entry(&alias)?,
         }
         Ok(())
     }
 
     /// The service whose ring `vip`'s fragments of `protocol` use: its lowest port.
-    pub(super) fn fragment_target(&self, vip: Ipv4Addr, protocol: Protocol) -> Option<Programmed> {
+    pub(super) fn fragment_target(&self, vip: IpAddr, protocol: Protocol) -> Option<Programmed> {
         let alias = ServiceAddr { vip, port: 0, protocol };
         self.programmed
             .range(alias..=ServiceAddr { vip, port: u16::MAX, protocol: Protocol::Udp })
             .find(|(a, _)| a.protocol == protocol && a.port != 0)
             .map(|(_, p)| *p)
+    }
+
+    /// Writes a service's entry to its family's map (the map's name with the error).
+    fn write_service(&mut self, a: &ServiceAddr, entry: Lb4Service) -> Result<(), (&'static str, aya::maps::MapError)> {
+        let (port, proto) = (a.port.to_be_bytes(), a.protocol.number());
+        match a.vip {
+            IpAddr::V4(v) => self.services.insert(Lb4ServiceKey { vip: v.octets(), port, proto, _pad: 0 }, entry, 0).map_err(|e| ("lb4_services", e)),
+            IpAddr::V6(v) => self.services6.insert(Lb6ServiceKey { vip: v.octets(), port, proto, _pad: 0 }, entry, 0).map_err(|e| ("lb6_services", e)),
+        }
+    }
+
+    /// Removes a service's entry, if any, from its family's map.
+    fn remove_service_entry(&mut self, a: &ServiceAddr) -> Result<()> {
+        let (port, proto) = (a.port.to_be_bytes(), a.protocol.number());
+        ignore_missing(match a.vip {
+            IpAddr::V4(v) => self.services.remove(&Lb4ServiceKey { vip: v.octets(), port, proto, _pad: 0 }),
+            IpAddr::V6(v) => self.services6.remove(&Lb6ServiceKey { vip: v.octets(), port, proto, _pad: 0 }),
+        })
     }
 
     /// Deletes backends no ring references and returns their ids; the caller

@@ -41,6 +41,11 @@ pub struct Heartbeat {
     /// Absent (0) in every other heartbeat; agents of before ignore it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub leaving_ms: u64,
+    /// ARP self-check findings for VIPs the receiver holds (`super::arpcheck`),
+    /// in the heartbeat to that peer only; absent when there are none. Agents of
+    /// before ignore the field (unknown fields are skipped when decoding).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arp: Vec<super::arpcheck::Finding>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -268,6 +273,16 @@ pub struct Options {
     /// Set to Some(stay) when the agent stops: the task sends leaving heartbeats
     /// ([`Heartbeat::leaving_ms`]) and ends.
     pub leave: Option<watch::Receiver<Option<Duration>>>,
+    /// The ARP self-check's findings: those to send (by holder), and where the
+    /// findings received go (with their sender's name).
+    pub arp: Option<ArpLink>,
+}
+
+/// How the ARP self-check rides on heartbeats ([`Heartbeat::arp`]).
+#[derive(Clone, Debug)]
+pub struct ArpLink {
+    pub outbox: super::arpcheck::Outbox,
+    pub reports: tokio::sync::mpsc::UnboundedSender<(String, Vec<super::arpcheck::Finding>)>,
 }
 
 /// Why a received datagram changed nothing.
@@ -488,7 +503,7 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 // the peers a dead_after with our VIPs unanswered.
                 for _ in 0..3 {
                     seq += 1;
-                    let hb = seal(Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: stay.as_millis() as u64 });
+                    let hb = seal(Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: stay.as_millis() as u64, arp: Vec::new() });
                     for (_, p) in &peers {
                         let _ = sock.send_to(&hb, p).await;
                     }
@@ -507,11 +522,21 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 last_turn = now;
                 if gate_open(&gate) {
                     seq += 1;
-                    let hb = seal(Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: 0 });
-                    for (_, p) in &peers {
+                    let plain = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: 0, arp: Vec::new() };
+                    let hb = seal(plain.clone());
+                    for (name, p) in &peers {
+                        // A peer whose VIPs this node checked gets its findings.
+                        let arp = o.arp.as_ref().map(|a| a.outbox.take(name)).unwrap_or_default();
+                        let own;
+                        let datagram = if arp.is_empty() {
+                            &hb
+                        } else {
+                            own = seal(Heartbeat { arp, ..plain.clone() });
+                            &own
+                        };
                         // A peer that is down may refuse (ICMP unreachable): that is what
                         // the protocol detects, not an error of ours.
-                        if let Err(e) = sock.send_to(&hb, p).await {
+                        if let Err(e) = sock.send_to(datagram, p).await {
                             tracing::debug!(peer = %p, error = %e, "heartbeat send failed");
                         }
                     }
@@ -540,6 +565,9 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                             Seen::Fresh(e) => {
                                 if let Some(m) = &metrics {
                                     m.gaps.heard(&hb.node, hb.incarnation, now);
+                                }
+                                if let (false, Some(a)) = (hb.arp.is_empty(), &o.arp) {
+                                    let _ = a.reports.send((hb.node.clone(), hb.arp));
                                 }
                                 ev.extend(e);
                             }
@@ -716,7 +744,7 @@ mod tests {
         let a: SocketAddr = "198.18.0.11:7473".parse().unwrap();
         let b: SocketAddr = "198.18.0.12:7473".parse().unwrap();
         let known: HashMap<SocketAddr, String> = [(a, "n1".to_owned()), (b, "n2".to_owned())].into();
-        let hb = |node: &str| Heartbeat { v: 1, node: node.into(), incarnation: 5, seq: 1, sent_ms: 0, leaving_ms: 0 }.encode();
+        let hb = |node: &str| Heartbeat { v: 1, node: node.into(), incarnation: 5, seq: 1, sent_ms: 0, leaving_ms: 0, arp: vec![] }.encode();
         assert_eq!(accept(&keys.seal(&hb("n1")), a, &known, Some(&keys)).map(|h| h.node), Ok("n1".to_owned()));
         assert_eq!(accept(&keys.seal(&hb("n1")), "198.18.0.99:7473".parse().unwrap(), &known, Some(&keys)).err(), Some(Rejected::UnknownSender));
         assert_eq!(accept(&hb("n1"), a, &known, Some(&keys)).err(), Some(Rejected::Malformed));
@@ -741,7 +769,7 @@ mod tests {
 
     #[test]
     fn wire_format_round_trips_and_rejects_others() {
-        let hb = Heartbeat { v: 1, node: "node-1".into(), incarnation: u64::MAX, seq: 3, sent_ms: 1_700_000_000_000, leaving_ms: 0 };
+        let hb = Heartbeat { v: 1, node: "node-1".into(), incarnation: u64::MAX, seq: 3, sent_ms: 1_700_000_000_000, leaving_ms: 0, arp: vec![] };
         assert_eq!(Heartbeat::decode(&hb.encode()), Some(hb.clone()));
         // Only a leaving heartbeat carries leaving_ms: others are what agents of
         // before send and read.
@@ -751,6 +779,67 @@ mod tests {
         assert_eq!(Heartbeat::decode(&Heartbeat { v: 2, ..hb }.encode()), None);
         assert_eq!(Heartbeat::decode(b"\x00garbage"), None);
         assert_ne!(new_incarnation(), new_incarnation());
+    }
+
+    /// Rolling upgrade: an agent of before (its Heartbeat, without `arp`) takes a
+    /// new agent's heartbeat that carries findings (unknown fields are skipped),
+    /// and a new agent takes the old one's. A full heartbeat, sealed, fits the
+    /// receive buffer.
+    #[test]
+    fn findings_ride_along_and_agents_of_before_ignore_them() {
+        use crate::ha::arpcheck::{Finding, PER_HEARTBEAT};
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Before {
+            v: u8,
+            node: String,
+            incarnation: u64,
+            seq: u64,
+            sent_ms: u64,
+            #[serde(default)]
+            leaving_ms: u64,
+        }
+        let mac = "02:00:00:00:00:01".to_owned();
+        let findings: Vec<Finding> =
+            (0..PER_HEARTBEAT).map(|i| Finding { vip: std::net::Ipv4Addr::new(255, 255, 255, i as u8), macs: vec![mac.clone(); 4] }).collect();
+        let node = "n".repeat(63);
+        let new = Heartbeat { v: 1, node: node.clone(), incarnation: u64::MAX, seq: u64::MAX, sent_ms: u64::MAX, leaving_ms: 0, arp: findings };
+        let old: Before = serde_json::from_slice(&new.encode()).expect("an agent of before decodes it");
+        assert_eq!(old, Before { v: 1, node: node.clone(), incarnation: u64::MAX, seq: u64::MAX, sent_ms: u64::MAX, leaving_ms: 0 });
+        let from_old = Heartbeat::decode(&serde_json::to_vec(&old).unwrap()).expect("a new agent decodes an old one's");
+        assert!(from_old.arp.is_empty());
+        assert_eq!(Heartbeat::decode(&new.encode()), Some(new.clone()));
+        let keys = crate::ha::auth::Keys::new(&[vec![b'k'; 32]]).unwrap();
+        let sealed = keys.seal(&new.encode());
+        assert!(sealed.len() <= 1500, "{} bytes", sealed.len());
+        assert_eq!(
+            accept(&sealed, "198.18.0.1:7473".parse().unwrap(), &[("198.18.0.1:7473".parse().unwrap(), node)].into(), Some(&keys)).map(|h| h.arp.len()),
+            Ok(PER_HEARTBEAT)
+        );
+    }
+
+    /// Findings queued for a peer reach it in a heartbeat, with the sender's name;
+    /// other peers get none.
+    #[tokio::test]
+    async fn findings_reach_their_holder() {
+        use crate::ha::arpcheck::{Finding, Outbox};
+        let addrs = free_addrs(3);
+        let link = |outbox: Outbox| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            (ArpLink { outbox, reports: tx }, rx)
+        };
+        let (l0, mut r0) = link(Outbox::default());
+        let (l2, mut r2) = link(Outbox::default());
+        let out1 = Outbox::default();
+        let (l1, _r1) = link(out1.clone());
+        let _a = run(Options { arp: Some(l0), ..opts(&addrs, 0) }).await.unwrap();
+        let _b = run(Options { arp: Some(l1), ..opts(&addrs, 1) }).await.unwrap();
+        let _c = run(Options { arp: Some(l2), ..opts(&addrs, 2) }).await.unwrap();
+        let f = Finding { vip: "198.18.1.10".parse().unwrap(), macs: vec!["02:00:00:00:00:bb".into()] };
+        out1.push("n0", f.clone());
+        let got = tokio::time::timeout(Duration::from_secs(2), r0.recv()).await.expect("a finding within 2 s");
+        assert_eq!(got, Some(("n1".to_owned(), vec![f])));
+        tokio::time::sleep(INTERVAL * 3).await;
+        assert!(r2.try_recv().is_err(), "n2 holds nothing n1 checked");
     }
 
     /// Free 127.0.0.1 ports: bound, then released for the tasks to bind.
@@ -775,6 +864,7 @@ mod tests {
             metrics: None,
             keys: None,
             leave: None,
+            arp: None,
         }
     }
 

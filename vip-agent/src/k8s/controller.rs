@@ -10,7 +10,7 @@
 //! holds the VIP, see `vipstatus`).
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     time::Duration,
 };
 
@@ -37,7 +37,6 @@ use super::{
     crd::{vip_status_name, VipPool, VipPoolStatus, VipStatus, VipStatusSpec},
     owned, pools, reflect, vipstatus,
 };
-use crate::addrs::IPV6_NOT_SERVED;
 
 /// Labels of `vip_pool_addresses`, which the elected controller writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -54,7 +53,7 @@ pub struct AgentView {
     /// `vip_pool_addresses`, set while leading.
     pub pool_addresses: Option<crate::agent::metrics::Tracked<PoolStateLabels, Gauge>>,
     /// VIP → its service-ports the agent could not program ("port/proto: why").
-    pub unprogrammed: watch::Receiver<BTreeMap<Ipv4Addr, Vec<String>>>,
+    pub unprogrammed: watch::Receiver<BTreeMap<IpAddr, Vec<String>>>,
     /// VIP → why no node holds it (`agent::desired::unheld`).
     pub unheld: watch::Receiver<BTreeMap<IpAddr, String>>,
 }
@@ -78,25 +77,6 @@ fn services_by_vip(services: &[Service]) -> BTreeMap<IpAddr, Vec<&Service>> {
         }
     }
     m
-}
-
-/// The service-ports of the IPv6 VIPs of valid pools in use ("port/proto: why"),
-/// by VIP: the agent keeps them out of the data path, which cannot serve them yet,
-/// and the controller says so where it says it for IPv4 VIPs the data path could
-/// not take (a `NotProgrammed` Warning, the pool's `Programmed` condition).
-fn ipv6_unserved(pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> BTreeMap<IpAddr, Vec<String>> {
-    by_vip
-        .iter()
-        .filter(|(v, _)| v.is_ipv6() && pools.iter().any(|p| p.addresses.contains(**v)))
-        .map(|(v, svcs)| {
-            let ports: BTreeSet<String> = svcs
-                .iter()
-                .flat_map(|s| s.spec.iter().flat_map(|sp| sp.ports.iter().flatten()))
-                .map(|p| format!("{}/{}", p.port, p.protocol.as_deref().unwrap_or("TCP").to_lowercase()))
-                .collect();
-            (*v, ports.into_iter().map(|p| format!("{p}: {IPV6_NOT_SERVED}")).collect())
-        })
-        .collect()
 }
 
 /// What a pool's conditions say beyond its spec.
@@ -126,6 +106,8 @@ pub struct Pass {
     pub unheld_events: usize,
     /// VipStatuses created, deleted, and given a `Held=False` status.
     pub vip_statuses: usize,
+    /// `ArpConflict` Warnings and `ArpConflictResolved` Events recorded.
+    pub arp_events: usize,
 }
 
 pub struct Controller {
@@ -147,6 +129,9 @@ pub struct Controller {
     reported_unprogrammed: BTreeMap<IpAddr, Vec<String>>,
     /// VIPs in use held by no node, already reported (Events), with why.
     reported_unheld: BTreeMap<IpAddr, String>,
+    /// VIPs whose `ArpConflict` episode was reported (a Warning), by the time it
+    /// started; started from the VipStatuses, so a new leader does not repeat it.
+    reported_arp: Option<BTreeMap<IpAddr, Time>>,
     /// The addresses each of our Services held when last seen (with its uid): the
     /// server clears `status.loadBalancer` itself when a Service's type leaves
     /// LoadBalancer, so a release is only seen as a Service that held an address
@@ -184,6 +169,7 @@ impl Controller {
                 reported: None,
                 reported_unprogrammed: BTreeMap::new(),
                 reported_unheld: BTreeMap::new(),
+                reported_arp: None,
                 held: BTreeMap::new(),
                 stale: BTreeMap::new(),
                 metallb_said: BTreeMap::new(),
@@ -252,20 +238,13 @@ impl Controller {
         let by_vip = services_by_vip(&services_now);
         let owners: BTreeMap<IpAddr, String> = self.view.owners.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, o)| (*v, o.clone())).collect();
         out.owner_events = self.report_owner_changes(&pools, &owners, &by_vip).await;
-        let mut unprogrammed: BTreeMap<IpAddr, Vec<String>> = self
-            .view
-            .unprogrammed
-            .borrow()
-            .iter()
-            .map(|(v, e)| (IpAddr::V4(*v), e))
-            .filter(|(v, _)| by_vip.contains_key(v))
-            .map(|(v, e)| (v, e.clone()))
-            .collect();
-        unprogrammed.extend(ipv6_unserved(&views, &by_vip));
+        let unprogrammed: BTreeMap<IpAddr, Vec<String>> =
+            self.view.unprogrammed.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
         let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
         out.vip_statuses = self.sync_vip_statuses(&views, &by_vip, &unheld).await;
+        out.arp_events = self.report_arp_conflicts(&by_vip).await;
         for (c, p) in checks.iter().filter_map(|c| Some((c, pools.iter().find(|p| p.name_any() == c.name)?))) {
             let in_pool: BTreeMap<String, String> = match &c.valid {
                 Some(v) => owners.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, o)| (a.to_string(), o.clone())).collect(),
@@ -366,11 +345,8 @@ impl Controller {
             .iter()
             .filter_map(|(name, vip)| {
                 let seen = seen.get(name)?.as_ref();
-                let (reason, why) = match vip {
-                    IpAddr::V6(_) => ("NotServed", IPV6_NOT_SERVED),
-                    IpAddr::V4(_) => ("NoHolder", unheld.get(vip)?.as_str()),
-                };
-                Some((name, vipstatus::unheld_state(reason, &format!("{vip} is answered by no node: {why}"), seen)))
+                let why = unheld.get(vip)?;
+                Some((name, vipstatus::unheld_state("NoHolder", &format!("{vip} is answered by no node: {why}"), seen)))
             })
             .collect();
         let differing: Vec<&String> = wants.iter().filter(|(name, w)| vipstatus::differs(seen[**name].as_ref(), w)).map(|(name, _)| *name).collect();
@@ -452,6 +428,49 @@ impl Controller {
         // only once it has one (no Held Event is lost to a lagging owner view).
         self.reported_unheld.retain(|v, _| by_vip.contains_key(v) && !owners.contains_key(v));
         self.reported_unheld.extend(now.iter().map(|(v, w)| (*v, w.clone())));
+        let mut n = 0;
+        for (vip, ev) in &events {
+            for svc in by_vip.get(vip).into_iter().flatten() {
+                self.publish(ev, *svc).await;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Records an `ArpConflict` Warning on each Service of a VIP whose VipStatus
+    /// turned `ArpConflict=True` (its holder heard from a peer that another MAC
+    /// answers ARP for it, `ha::arpcheck`), once per episode (by the condition's
+    /// transition time), and an `ArpConflictResolved` Event when it turns False;
+    /// returns how many were recorded.
+    async fn report_arp_conflicts(&mut self, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> usize {
+        let now: BTreeMap<IpAddr, k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> = self
+            .vip_statuses
+            .state()
+            .iter()
+            .filter_map(|o| Some((o.spec.address.parse().ok()?, o.status.as_ref()?.conditions.iter().find(|c| c.type_ == "ArpConflict")?.clone())))
+            .collect();
+        let reported = self
+            .reported_arp
+            .get_or_insert_with(|| now.iter().filter(|(_, c)| c.status == "True").map(|(v, c)| (*v, c.last_transition_time.clone())).collect());
+        let mut events = Vec::new();
+        for (vip, c) in &now {
+            if c.status == "True" && reported.get(vip) != Some(&c.last_transition_time) {
+                reported.insert(*vip, c.last_transition_time.clone());
+                let note = format!("{vip}: {}", c.message);
+                events.push((
+                    *vip,
+                    Event { type_: EventType::Warning, reason: "ArpConflict".into(), note: Some(note), action: "Announce".into(), secondary: None },
+                ));
+            } else if c.status == "False" && reported.remove(vip).is_some() {
+                let note = format!("{vip}: {}", c.message);
+                events.push((
+                    *vip,
+                    Event { type_: EventType::Normal, reason: "ArpConflictResolved".into(), note: Some(note), action: "Announce".into(), secondary: None },
+                ));
+            }
+        }
+        reported.retain(|v, _| now.contains_key(v));
         let mut n = 0;
         for (vip, ev) in &events {
             for svc in by_vip.get(vip).into_iter().flatten() {
@@ -660,6 +679,7 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             // from the Services as they are then (another leader reported meanwhile).
             c.reported = None;
             c.reported_unheld.clear();
+            c.reported_arp = None;
             c.held.clear();
             c.stale.clear();
             // Only the leader's counts are current.

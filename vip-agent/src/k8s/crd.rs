@@ -41,8 +41,7 @@ pub struct VipPoolSpec {
     /// IPv4 and IPv6 addresses, CIDRs (every address of the block) and inclusive
     /// ranges (`198.18.1.10-198.18.1.20`, `2001:2::10-2001:2::ff`). The first
     /// address of an IPv6 CIDR (its subnet-router anycast address) is never handed
-    /// out. IPv6 addresses are allocated to Services but not yet served by the data
-    /// path (the pool's `Programmed` condition and a `NotProgrammed` Warning say so).
+    /// out.
     pub addresses: Vec<String>,
     /// Addresses of the pool never handed out: addresses, CIDRs or ranges, each
     /// within `addresses`.
@@ -205,7 +204,7 @@ pub struct VipState {
     #[serde(default)]
     pub backends: Vec<String>,
     /// `Held`: True while a node holds the VIP (reason `Held`); False with why when
-    /// none does (`NoHolder`, `NotServed` for an IPv6 VIP).
+    /// none does (`NoHolder`).
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }

@@ -5,7 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::crd::{validate, ValidPool, VipPool};
-use crate::addrs::{AddrSet, IPV6_NOT_SERVED};
+use crate::addrs::AddrSet;
 
 /// One pool's verdict.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,10 +63,6 @@ pub fn conditions(check: &PoolCheck, unprogrammed: &[String], stale: &[String], 
     };
     let programmed = match unprogrammed {
         [] => ("True", "AllProgrammed", "every service-port of the pool is in the data path".to_owned()),
-        // Not retried: they wait for a data path that serves IPv6.
-        some if some.iter().all(|e| e.contains(IPV6_NOT_SERVED)) => {
-            ("False", "IPv6NotServed", format!("{} service-port(s) not programmed: {}", some.len(), some_of(some)))
-        }
         some => ("False", "CapacityExceeded", format!("{} service-port(s) not programmed, retried: {}", some.len(), some_of(some))),
     };
     let stale = match stale {
@@ -165,10 +161,6 @@ mod tests {
         assert_eq!((c[2].status.as_str(), c[2].reason.as_str()), ("False", "CapacityExceeded"));
         assert_eq!(c[2].message, "5 service-port(s) not programmed, retried: 198.18.1.0 80/tcp: lb4_ring is full; 198.18.1.1 80/tcp: lb4_ring is full; 198.18.1.2 80/tcp: lb4_ring is full (and 2 more)");
         assert_eq!(c[0].last_transition_time, t0, "Ready did not change");
-        let v6 = [format!("2001:2::1 80/tcp: {IPV6_NOT_SERVED}")];
-        let c = conditions(&ok, &v6, &[], Some(5), &first, t1.clone());
-        assert_eq!((c[2].status.as_str(), c[2].reason.as_str()), ("False", "IPv6NotServed"));
-        assert_eq!(c[2].message, format!("1 service-port(s) not programmed: 2001:2::1 80/tcp: {IPV6_NOT_SERVED}"));
         assert_eq!((first[3].type_.as_str(), first[3].status.as_str()), ("StaleAllocations", "False"));
         let c = conditions(&ok, &[], &["shop/web 198.18.1.10".to_owned()], Some(5), &first, t1.clone());
         assert_eq!((c[3].status.as_str(), c[3].reason.as_str()), ("True", "SelectorsChanged"));

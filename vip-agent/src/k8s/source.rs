@@ -274,32 +274,24 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
         });
         valid.push((p, v));
     }
-    // IPv6 addresses in use: held and answered by neighbour discovery, not
-    // balanced yet (no lb6: they are no services of the model).
-    let mut in_use6: std::collections::BTreeSet<IpAddr> = std::collections::BTreeSet::new();
     for svc in services {
         let spec = svc.spec.clone().unwrap_or_default();
-        let mut vips: Vec<Ipv4Addr> = Vec::new();
+        let mut vips: Vec<IpAddr> = Vec::new();
         if allocate::is_ours(svc) {
-            for a in svc
-                .status
-                .iter()
-                .flat_map(|s| s.load_balancer.iter())
-                .flat_map(|lb| lb.ingress.iter().flatten())
-                .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
-            {
-                match a {
-                    IpAddr::V4(v) => vips.push(v),
-                    IpAddr::V6(_) => {
-                        in_use6.insert(a);
-                    }
-                }
-            }
+            vips.extend(
+                svc.status
+                    .iter()
+                    .flat_map(|s| s.load_balancer.iter())
+                    .flat_map(|lb| lb.ingress.iter().flatten())
+                    .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok()),
+            );
         }
-        vips.extend(spec.external_ips.iter().flatten().filter_map(|a| a.parse::<Ipv4Addr>().ok()));
+        vips.extend(spec.external_ips.iter().flatten().filter_map(|a| a.parse::<IpAddr>().ok()));
+        // A dual-stack Service is two services of the model, one per family.
+        let dual = vips.iter().any(|v| v.is_ipv4()) && vips.iter().any(|v| v.is_ipv6());
         let local = spec.external_traffic_policy.as_deref() == Some("Local");
         for vip in vips {
-            let Some((pool, v)) = valid.iter().find(|(_, v)| v.addresses.contains(vip.into())) else { continue };
+            let Some((pool, v)) = valid.iter().find(|(_, v)| v.addresses.contains(vip)) else { continue };
             let mut by_proto: BTreeMap<Protocol, Vec<u16>> = BTreeMap::new();
             for p in spec.ports.iter().flatten() {
                 let proto = match p.protocol.as_deref().unwrap_or("TCP") {
@@ -337,11 +329,15 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                         h
                     }),
                 };
-                let name = if spec.ports.iter().flatten().any(|p| p.protocol.as_deref() == Some("UDP")) && protocol == Protocol::Udp {
+                let mut name = if spec.ports.iter().flatten().any(|p| p.protocol.as_deref() == Some("UDP")) && protocol == Protocol::Udp {
                     format!("{}/udp", key(svc))
                 } else {
                     key(svc)
                 };
+                if dual && vip.is_ipv6() {
+                    name.push_str("/ipv6");
+                }
+                let family = if vip.is_ipv4() { Family::V4 } else { Family::V6 };
                 w.services.push(model::Service {
                     name,
                     vip,
@@ -349,7 +345,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
                     protocol,
                     table_size: v.table_size,
                     backend_selector: pool.spec.node_selector.clone(),
-                    backend_nodes: local.then(|| local_endpoint_nodes(svc, slices, Family::V4)),
+                    backend_nodes: local.then(|| local_endpoint_nodes(svc, slices, family)),
                     health,
                     no_healthy_backend: pool.spec.no_healthy_backend,
                 });
@@ -360,7 +356,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
     // used by something else on the segment until it is allocated, and answering
     // ARP for it would draw that traffic (the file source, where the operator lists
     // each VIP on purpose, holds every address of its pools).
-    let in_use: std::collections::BTreeSet<IpAddr> = w.services.iter().map(|s| IpAddr::V4(s.vip)).chain(in_use6).collect();
+    let in_use: std::collections::BTreeSet<IpAddr> = w.services.iter().map(|s| s.vip).collect();
     for (p, (_, v)) in w.pools.iter_mut().zip(&valid) {
         p.addresses = in_use.iter().copied().filter(|a| v.addresses.contains(*a)).collect();
     }
@@ -499,7 +495,7 @@ mod tests {
         assert_eq!(w.backend_candidates(local).iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["n1"], "and only eligible nodes");
         assert_eq!(local.health.as_ref().unwrap().probe, Probe::Http { port: 32000, path: "/healthz".into() });
         // Only the pool's addresses in use are held (answered by ARP), not the 11 of its range.
-        let used: Vec<Ipv4Addr> = w.services.iter().map(|s| s.vip).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let used: Vec<IpAddr> = w.services.iter().map(|s| s.vip).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         assert_eq!(w.pools[0].addresses, used);
         assert!(used.len() < 11);
     }

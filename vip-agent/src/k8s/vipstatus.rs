@@ -83,6 +83,36 @@ fn time(t: std::time::SystemTime) -> Option<Time> {
     Timestamp::try_from(t).ok().map(Time)
 }
 
+/// The `ArpConflict` condition of a VIP a peer checked (see `ha::arpcheck`):
+/// True when a MAC other than the holder's answered the peer's ARP request,
+/// False when only the holder's did, Unknown when none did.
+pub fn arp_condition(c: &crate::ha::arpcheck::ArpCheck) -> Condition {
+    let (status, reason, message) = if !c.foreign.is_empty() {
+        let holder = if c.holder_answered { "besides the holder" } else { "and the holder did not answer" };
+        (
+            "True",
+            "ForeignAnswer",
+            format!(
+                "node {} asked who answers ARP for the VIP: {} answered, {holder}; a second responder on the segment (another load balancer, a host with the address) or a switch or proxy answering from a stale cache: clients may be sent there",
+                c.by,
+                c.foreign_text()
+            ),
+        )
+    } else if c.holder_answered {
+        ("False", "HolderOnly", format!("only the holder answers ARP for the VIP (asked from node {})", c.by))
+    } else {
+        ("Unknown", "NoAnswer", format!("node {} saw no answer to its ARP request for the VIP", c.by))
+    };
+    Condition {
+        type_: "ArpConflict".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: None,
+        last_transition_time: time(c.since).unwrap_or_else(|| Time(Timestamp::now())),
+    }
+}
+
 /// What `node`'s VipStatus of `vip` says while `node` holds it.
 pub fn held_state(node: &str, vip: &HeldVip, backends: &[String]) -> VipState {
     let since = time(vip.since);
@@ -102,8 +132,20 @@ pub fn held_state(node: &str, vip: &HeldVip, backends: &[String]) -> VipState {
         held_since: since,
         last_gratuitous_arp: vip.last_garp.and_then(time),
         backends: backends.to_vec(),
-        conditions: vec![held],
+        conditions: std::iter::once(held).chain(vip.arp.as_ref().map(arp_condition)).collect(),
     }
+}
+
+/// The take-over time of a VIP this agent found held at its start (`adopted`):
+/// the `heldSince` its VipStatus shows when it names this node as the holder
+/// (the agent before this one, with no gap between them), else this agent's
+/// own; `None` for a VIP this agent took itself.
+fn adopted_since(node: &str, vip: &HeldVip, seen: Option<&VipState>) -> Option<std::time::SystemTime> {
+    if !vip.adopted {
+        return None;
+    }
+    let earlier = seen.filter(|s| s.holder.as_deref() == Some(node)).and_then(|s| s.held_since.as_ref()).map(|t| std::time::SystemTime::from(t.0));
+    Some(earlier.filter(|t| *t < vip.since).unwrap_or(vip.since))
 }
 
 /// What the VipStatus of a VIP no node holds says: no holder, `Held=False`
@@ -164,12 +206,25 @@ pub async fn run_holder(
     let who = manager(&node);
     let mut limit = Coalescer::new(MIN_INTERVAL);
     let what = "write vipstatuses";
+    // The take-over times of adopted VIPs, decided at their first look (by the
+    // `since` the liveness thread gave them, which changes if one is taken anew).
+    let mut kept: BTreeMap<IpAddr, (std::time::SystemTime, std::time::SystemTime)> = BTreeMap::new();
     loop {
         let seen = seen(&store);
         let wants: BTreeMap<String, VipState> = {
             let held = held.borrow_and_update();
             let backends = backends.borrow_and_update();
-            held.iter().map(|(v, h)| (vip_status_name(*v), held_state(&node, h, backends.get(v).map_or(&[][..], Vec::as_slice)))).collect()
+            kept.retain(|v, (since, _)| held.get(v).is_some_and(|h| h.adopted && h.since == *since));
+            held.iter()
+                .map(|(v, h)| {
+                    let name = vip_status_name(*v);
+                    let mut h = h.clone();
+                    if let Some(s) = adopted_since(&node, &h, seen.get(&name).and_then(Option::as_ref)) {
+                        h.since = kept.entry(*v).or_insert((h.since, s)).1;
+                    }
+                    (name, held_state(&node, &h, backends.get(v).map_or(&[][..], Vec::as_slice)))
+                })
+                .collect()
         };
         let differing = wants.iter().filter(|(n, w)| seen.get(*n).is_some_and(|s| differs(s.as_ref(), w))).map(|(n, _)| n.clone());
         let now = Instant::now();
@@ -237,7 +292,7 @@ mod tests {
 
     fn held(vlan: Option<u16>, garp: bool) -> HeldVip {
         let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        HeldVip { since, last_garp: garp.then(|| since + Duration::from_millis(1500)), interface: "eth1".into(), vlan }
+        HeldVip { since, last_garp: garp.then(|| since + Duration::from_millis(1500)), interface: "eth1".into(), vlan, adopted: false, arp: None }
     }
 
     #[test]
@@ -277,5 +332,46 @@ mod tests {
         let again = unheld_state("NoHolder", "no eligible node alive", Some(&first));
         assert!(!differs(Some(&first), &again));
         assert!(again.holder.is_none() && again.backends.is_empty());
+    }
+
+    /// A restarted agent that found the VIP held keeps the take-over time the
+    /// status shows when it names this node; not another node's, not a later one,
+    /// and not for a VIP it took itself.
+    #[test]
+    fn an_adopted_vip_keeps_its_take_over_time() {
+        let mut h = held(None, true);
+        let earlier = h.since - Duration::from_secs(3600);
+        let seen = |holder: &str| VipState { holder: Some(holder.into()), held_since: time(earlier), ..VipState::default() };
+        assert_eq!(adopted_since("node-a", &h, Some(&seen("node-a"))), None, "taken by this agent: its own time");
+        h.adopted = true;
+        assert_eq!(adopted_since("node-a", &h, Some(&seen("node-a"))), Some(earlier));
+        assert_eq!(adopted_since("node-a", &h, Some(&seen("node-b"))), Some(h.since), "another node's time is not ours");
+        assert_eq!(adopted_since("node-a", &h, None), Some(h.since));
+        let later = VipState { holder: Some("node-a".into()), held_since: time(h.since + Duration::from_secs(5)), ..VipState::default() };
+        assert_eq!(adopted_since("node-a", &h, Some(&later)), Some(h.since));
+    }
+
+    /// The ArpConflict condition follows the last check: True with the foreign
+    /// MACs and the checker, False when only the holder answered, Unknown when
+    /// nobody did; absent before any check.
+    #[test]
+    fn the_arp_check_is_a_condition() {
+        use crate::ha::arpcheck::ArpCheck;
+        let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_100);
+        let check = |foreign: Vec<[u8; 6]>, holder_answered| ArpCheck { by: "node-b".into(), at: since, holder_answered, foreign, since };
+        let cond = |c: Option<ArpCheck>| {
+            let v = serde_json::to_value(held_state("node-a", &HeldVip { arp: c, ..held(None, true) }, &[])).unwrap();
+            v["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "ArpConflict").cloned()
+        };
+        assert_eq!(cond(None), None);
+        let c = cond(Some(check(vec![[2, 0, 0, 0, 0, 0xbb]], true))).unwrap();
+        assert_eq!(
+            (c["status"].as_str(), c["reason"].as_str(), c["lastTransitionTime"].as_str()),
+            (Some("True"), Some("ForeignAnswer"), Some("2023-11-14T22:15:00Z"))
+        );
+        let m = c["message"].as_str().unwrap();
+        assert!(m.contains("02:00:00:00:00:bb") && m.contains("node node-b") && m.contains("besides the holder"), "{m}");
+        assert_eq!(cond(Some(check(vec![], true))).unwrap()["status"], "False");
+        assert_eq!(cond(Some(check(vec![], false))).unwrap()["reason"], "NoAnswer");
     }
 }

@@ -22,6 +22,7 @@ pub fn section() -> Result<Section> {
         seq: 123_456,
         sent_ms: 1_795_391_020_187,
         leaving_ms: 0,
+        arp: Vec::new(),
     }
     .encode();
     let n = 100_000u32;

@@ -132,7 +132,7 @@ impl Wire {
         dp.hold_vip(ifindex, VIP, monotonic_ns() + 3_600_000_000_000)?;
         let b = BackendSpec { name: "b1".into(), addr: BACKEND, mac: backend.mac("eth0")?, weight: 1, local: false };
         for port in [ECHO, SINK] {
-            dp.set_service(ServiceAddr { vip: VIP, port, protocol: Protocol::Tcp }, std::slice::from_ref(&b), 251, 0)?;
+            dp.set_service(ServiceAddr { vip: VIP.into(), port, protocol: Protocol::Tcp }, std::slice::from_ref(&b), 251, 0)?;
         }
         Ok(Self { stop, dp, _pins: pins, client, backend, _lb: lb, _seg: seg })
     }

@@ -1,6 +1,9 @@
 //! Data-path cost per packet (BPF_PROG_TEST_RUN) as ratios to a trivial XDP_PASS
 //! program measured in the same run, and the machine's memory latency beside them.
-use std::{net::Ipv4Addr, time::Instant};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    time::Instant,
+};
 
 use anyhow::Result;
 use vip_agent::{
@@ -31,6 +34,11 @@ const OUR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xaa];
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x100);
+/// IPv6 flows cycled through for the not-cached row: as many as IPv4's (both
+/// families share `lb_flows`).
+const SPREAD_FLOWS6: u32 = SPREAD_FLOWS;
 
 /// Median over ROUNDS of ns/packet for `repeat` runs of one frame.
 fn per_packet(dp: &mut Dataplane, prog: &str, frame: &[u8], live: bool) -> Result<f64> {
@@ -118,11 +126,13 @@ fn bench_dataplane() -> Result<(Dataplane, PinDir)> {
     let mut dp = Dataplane::load(&pins.path, 1 << 20)?;
     dp.set_iface(1, OUR_MAC)?;
     dp.hold_vip(1, VIP, monotonic_ns() + 3_600_000_000_000)?;
+    dp.hold_vip(1, VIP6, monotonic_ns() + 3_600_000_000_000)?;
     let backends: Vec<BackendSpec> = (1..=10u8)
         .map(|i| BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [2, 0, 0, 0, 0x10, i], weight: 1, local: false })
         .collect();
-    dp.set_service(ServiceAddr { vip: VIP, port: 80, protocol: Protocol::Tcp }, &backends, 16381, 0)?;
-    dp.set_service(ServiceAddr { vip: VIP, port: 53, protocol: Protocol::Udp }, &backends, 16381, 0)?;
+    dp.set_service(ServiceAddr { vip: VIP.into(), port: 80, protocol: Protocol::Tcp }, &backends, 16381, 0)?;
+    dp.set_service(ServiceAddr { vip: VIP.into(), port: 53, protocol: Protocol::Udp }, &backends, 16381, 0)?;
+    dp.set_service(ServiceAddr { vip: VIP6.into(), port: 80, protocol: Protocol::Tcp }, &backends, 16381, 0)?;
     Ok((dp, pins))
 }
 
@@ -256,6 +266,30 @@ fn rows() -> Result<Vec<Row>> {
     let mut spread_round = 0;
     let lru_ns = per_call(&mut dp, "vip_xdp", &spread, &mut spread_round)?;
     anyhow::ensure!(dp.flow_count() == pinned, "established flows were not all in the flow table");
+
+    // IPv6: the same paths, beside their IPv4 twins.
+    let ns6 = frames::neighbor_solicitation(CLIENT_MAC, None, CLIENT6, VIP6);
+    let ns6_ns = per_call(&mut dp, "vip_xdp", &|_| ns6.clone(), &mut arp_round)?;
+    let fwd6 = frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (VIP6, 80), frames::TCP_ACK);
+    dp.test_run(&frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (VIP6, 80), frames::TCP_SYN), 1, None)?;
+    dp.test_run(&fwd6, 1, None)?;
+    let hit6_ns = per_packet(&mut dp, "vip_xdp", &fwd6, false)?;
+    let other6 = frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (CLIENT6, 80), frames::TCP_ACK);
+    let pass6_ns = per_packet(&mut dp, "vip_xdp", &other6, false)?;
+    let tuple6 = |i: u32| (Ipv6Addr::from(u128::from(Ipv6Addr::new(0x2001, 2, 0x19, 0, 0, 0, 0, 0)) + u128::from(i >> 12)), 1024 + (i & 0xfff) as u16);
+    let spread6 = |i: u32| frames::tcp6(OUR_MAC, CLIENT_MAC, None, tuple6(i % SPREAD_FLOWS6 + (1 << 24)), (VIP6, 80), frames::TCP_ACK);
+    for i in 0..SPREAD_FLOWS6 {
+        dp.test_run(&frames::tcp6(OUR_MAC, CLIENT_MAC, None, tuple6(i + (1 << 24)), (VIP6, 80), frames::TCP_SYN), 1, None)?;
+        dp.test_run(&spread6(i), 1, None)?;
+    }
+    let pinned6 = dp.flow_count() - pinned;
+    anyhow::ensure!(pinned6 * 1000 > SPREAD_FLOWS6 as usize * 999, "IPv6 flows were not pinned: {pinned6} in lb_flows");
+    let lru6_ns = per_call(&mut dp, "vip_xdp", &spread6, &mut spread_round)?;
+    anyhow::ensure!(dp.flow_count() == pinned + pinned6, "IPv6 flows were not all in the flow table");
+    let c6 = dp.counters()?;
+    anyhow::ensure!(c6.reasons["ndp_answered"].0 >= u64::from(MISS_FLOWS) * ROUNDS as u64, "NDP path not taken: {:?}", c6.reasons);
+    let syn6 = |i: u32| frames::tcp6(OUR_MAC, CLIENT_MAC, None, tuple6(i), (VIP6, 80), frames::TCP_SYN);
+    let ack6 = |i: u32| frames::tcp6(OUR_MAC, CLIENT_MAC, None, tuple6(i), (VIP6, 80), frames::TCP_ACK);
     let c = dp.counters()?;
     anyhow::ensure!(c.reasons["arp_answered"].0 >= u64::from(MISS_FLOWS) * ROUNDS as u64, "ARP path not taken: {:?}", c.reasons);
     anyhow::ensure!(c.reasons["forwarded"].0 >= (2 * u64::from(REPEAT) + u64::from(MISS_FLOWS)) * ROUNDS as u64, "forward path not taken: {:?}", c.reasons);
@@ -286,6 +320,8 @@ fn rows() -> Result<Vec<Row>> {
     let udp_ns = new_flows(&udp, None)?;
     let udp2_ns = new_flows(&udp, Some((&udp, (false, true))))?;
     let udp_both = new_flows(&udp, Some((&udp, (true, true))))?;
+    let syn6_ns = new_flows(&syn6, None)?;
+    let tcp6_both = new_flows(&syn6, Some((&ack6, (true, true))))?;
     Ok(vec![
         ("ARP reply (XDP_TX)", "100k fresh requests, 1 run each", arp_ns, base_call, "≤ 2×"),
         ("VIP forward, flow-table hit (XDP_TX)", "live frames, 100k repeats", hit_ns, base_live, "≤ 2.5×"),
@@ -298,5 +334,11 @@ fn rows() -> Result<Vec<Row>> {
         ("new UDP flow, second packet", "100k flows, 256 first packets then their second ones", udp2_ns, base_call, "—"),
         ("new UDP flow, first two packets together (per flow)", "as above, both timed", udp_both, base_call, "≤ 10×"),
         ("non-VIP pass (XDP_PASS)", "100k repeats, not live", pass_ns, base, "≤ 1.5× (DaemonSet's mode)"),
+        ("IPv6: Neighbor Solicitation answered (XDP_TX)", "100k fresh solicitations, 1 run each", ns6_ns, base_call, "≤ 1.2× ARP's"),
+        ("IPv6: VIP forward, flow-table hit (XDP_TX)", "100k repeats, not live", hit6_ns, base, "≤ 1.2× IPv4's"),
+        ("IPv6: established flow not in the flow cache (XDP_TX)", "65,536 established flows in turn, 1 run each", lru6_ns, base_call, "≤ 1.2× IPv4's"),
+        ("IPv6: new TCP flow, first packet (SYN)", "100k fresh flows, 1 run each", syn6_ns, base_call, "≤ 1.2× IPv4's"),
+        ("IPv6: new TCP flow, first two packets together (per flow)", "SYNs of 256 then their ACKs, both timed", tcp6_both, base_call, "≤ 1.2× IPv4's"),
+        ("IPv6: non-VIP pass (XDP_PASS)", "100k repeats, not live", pass6_ns, base, "≤ 1.2× IPv4's"),
     ])
 }

@@ -1,0 +1,426 @@
+//! What IPv4 (lb4.rs) and IPv6 (lb6.rs) balancing share: everything past a
+//! flow's service and held-VIP lookups (first packet, second packet, flow table,
+//! ring, backend, home, counters, the rewrite) and the flow cache's answer. The
+//! families differ only in their keys and tables ([`Flows`]).
+use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_redirect, bpf_xdp_adjust_head},
+    programs::XdpContext,
+};
+use network_types::eth::EthHdr;
+use vip_common::*;
+
+use crate::{
+    maps::{lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb_flows, lb_flows_ctl, lb_home, lb_key0, lookup_at, Scratch},
+    parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
+    stats,
+};
+
+/// A family's flow tables, keyed by the flow in the scratch.
+pub trait Flows {
+    /// The flow's hash on its service's ring.
+    fn ring_hash(s: *const Scratch) -> u32;
+    /// Records the flow's first packet, whose backend [`lb_ring_backend`] put in
+    /// the scratch, in its first-packet slot.
+    fn record_first(s: *mut Scratch);
+    /// Whether the flow's first packet was recorded and its backend still exists
+    /// (then in the scratch); the record is cleared.
+    fn second_packet(s: *mut Scratch) -> bool;
+    /// The flow's keyed hash in `lb_flows` ([`lb_flow_hash`] of its family and words).
+    fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64;
+    /// Drops this CPU's cached answer for the flow, if any.
+    fn cache_forget(s: *mut Scratch);
+    /// The flow's cache slot with its key written, for [`lb_answer_store`].
+    fn cache_claim(s: *mut Scratch) -> Option<*mut FlowAnswer>;
+}
+
+/// Whether the frame goes to a broadcast or multicast MAC: it reaches every node,
+/// so only the VIP's fresh holder may handle it, or every node's stack would
+/// answer it too.
+#[inline(always)]
+pub fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
+    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+    Ok(unsafe { (*eth).dst_addr[0] } & 1 != 0)
+}
+
+/// The flow in `s`, of a service found (in the scratch) and of a VIP this node
+/// holds on its network (`held`; its MAC and freshness in the scratch): the
+/// flow-table and ring decisions, then the counters and the rewrite. Only `ctx`
+/// and `s` live across its map lookups (see maps::Scratch).
+#[inline(always)]
+pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool) -> Result<Verdict, ()> {
+    if !held {
+        // Not ours to balance (another node owns it): the frame was sent to this
+        // node as a backend, or is stray; the stack decides.
+        return Ok(if lb_group(ctx)? { (xdp_action::XDP_DROP, Reason::DropGroupNotOwner) } else { (xdp_action::XDP_PASS, Reason::PassedNotOwner) });
+    }
+    // A packet past its first (no SYN) to a VIP held here will look its flow up
+    // in lb_flows, most likely a line not in the caches: it is loaded now, so that
+    // the steps before that lookup run while it comes. (Not earlier: frames for
+    // VIPs held elsewhere, which backends receive, and SYNs never read the table.)
+    if unsafe { (*s).syn } == 0 {
+        lb_flow_touch::<F>(s);
+    }
+    let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
+    if !fresh() && lb_group(ctx)? {
+        return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
+    }
+    // Whether the flow is in the flow table now (only those are memoised in the cache).
+    let established = if unsafe { (*s).syn } != 0 {
+        // A new connection, also on a reused 5-tuple whose pin is stale: the ring
+        // decides, and its next packet pins that choice over any old one.
+        if !fresh() {
+            return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
+        }
+        F::cache_forget(s);
+        if !lb_first_packet::<F>(s) {
+            return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
+        }
+        false
+    } else if F::second_packet(s) {
+        // Its second packet: the flow is pinned to where its first went.
+        lb_flow_insert(s);
+        true
+    } else if lb_flow_backend(s) {
+        true
+    } else if !fresh() {
+        // A stale entry (fenced, or released when the VIP moved) takes no new
+        // flow, but keeps the flows it already pinned: a client still sending to
+        // our MAC until the new owner's gratuitous ARP reaches it keeps its
+        // connection instead of getting a RST from our stack.
+        return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
+    } else if lb_first_packet::<F>(s) {
+        // A flow seen for the first time without a SYN (UDP, or TCP picked up
+        // mid-connection after a failover): recorded like a SYN.
+        false
+    } else {
+        return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
+    };
+    // A VIP of another network than home: its frames reach the backend out of home.
+    let home = lookup_at::<_, LbHome>(&lb_home, lb_key0()).is_some_and(|h| unsafe {
+        let via = (*h).ifindex != 0 && (*h).ifindex != (*s).ifindex;
+        if via {
+            (*s).home.ifindex = (*h).ifindex;
+            lb_copy_mac(&raw mut (*s).home.mac, &raw const (*h).mac);
+        }
+        via
+    });
+    // The flow is pinned: memoise the answer for its next packets (forwards on
+    // the frame's own network and local deliveries only).
+    if established && !home {
+        if let Some(a) = F::cache_claim(s) {
+            lb_answer_store(a, s);
+        }
+    }
+    unsafe { (*s).key = (*s).service.id };
+    stats::count_at(&lb4_service_stats, s.cast(), unsafe { &(*s).bytes });
+    unsafe { (*s).key = (*s).backend_id };
+    stats::count_at(&lb4_backend_stats, s.cast(), unsafe { &(*s).bytes });
+    let b = unsafe { &(*s).backend };
+    if b.flags & BACKEND_LOCAL != 0 {
+        // A VLAN's frame reaches this node's stack untagged too, as it would from
+        // another node: the node need not have that VLAN.
+        if home && L2 == VLAN_ETH_LEN {
+            lb_pop_tag(ctx)?;
+        }
+        return Ok((xdp_action::XDP_PASS, Reason::PassedLocalBackend));
+    }
+    if home {
+        return lb_forward_home::<L2>(ctx, &b.mac, unsafe { &(*s).home });
+    }
+    lb_copy_macs(ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8, &b.mac, unsafe { &(*s).mac });
+    Ok((xdp_action::XDP_TX, Reason::Forwarded))
+}
+
+/// Whether this established flow is in `lb_flows` with a backend that still
+/// exists (then in the scratch), its stamp refreshed if the clock moved on. A
+/// flow whose backend was removed (unhealthy, drained) is re-hashed on the
+/// current ring. The four ways of its set are one line: one cold access at most.
+#[inline(always)]
+pub fn lb_flow_backend(s: *mut Scratch) -> bool {
+    let Some(set) = lb_flow_set_of(s) else { return false };
+    let w = set as *mut u64;
+    unsafe {
+        let tag = (*s).ftag;
+        for i in 0..FLOW_WAYS as usize {
+            if *w.add(2 * i) != tag {
+                continue;
+            }
+            let w1 = *w.add(2 * i + 1);
+            let backend = w1 as u16;
+            if (w1 >> 16) as u16 != lb_flow_check(tag, backend) {
+                return false; // torn by two writers: matches nothing
+            }
+            // Written only when it changed (once a second at most): a lookup
+            // does not dirty the line.
+            let stamp = ((*s).now >> FLOW_STAMP_SHIFT) as u32;
+            if (w1 >> 32) as u32 != stamp {
+                write_volatile((w.add(2 * i + 1) as *mut u32).add(1), stamp);
+            }
+            return lb_present_backend(s, u32::from(backend));
+        }
+    }
+    false
+}
+
+/// Computes the flow's keyed hash (to the scratch; the key from `lb_flows_ctl`,
+/// an inlined lookup of a line that stays cached; the family's words) and loads
+/// its set's line.
+#[inline(always)]
+fn lb_flow_touch<F: Flows>(s: *mut Scratch) {
+    let Some(ctl) = lookup_at::<_, LbFlowsCtl>(&lb_flows_ctl, lb_key0()) else { return };
+    unsafe {
+        let h = F::flow_hash(&(*ctl).seed, s);
+        (*s).fhash = h;
+        (*s).key = lb_flow_set(h);
+        if let Some(set) = lookup_at::<_, u64>(&lb_flows, s.cast()) {
+            // Volatile: kept though its value is not used.
+            let _ = read_volatile(set);
+        }
+    }
+}
+
+/// The flow in `s`'s set in `lb_flows` (its hash from [`lb_flow_touch`]); its tag
+/// goes to the scratch.
+#[inline(always)]
+fn lb_flow_set_of(s: *mut Scratch) -> Option<*mut LbFlowSet> {
+    unsafe {
+        let h = (*s).fhash;
+        (*s).ftag = lb_flow_tag(h, (*s).service.id);
+        (*s).key = lb_flow_set(h);
+        lookup_at::<_, LbFlowSet>(&lb_flows, s.cast())
+    }
+}
+
+/// Pins the flow in `s` to the backend in the scratch (its second packet): in the
+/// way of its set that holds it already, else the first empty one, else the one
+/// looked up least recently (counted `FlowEvicted` when that was within
+/// FLOW_LIVE_STAMPS). Each way gets a score and the highest wins, so that one
+/// register carries the choice (more would be spilled to the stack: speculation
+/// barriers without CAP_PERFMON): 2 for the flow's own way, 1 for an empty one,
+/// else how old its stamp is, above the way's rank. The second word is written
+/// first: a reader between the two stores sees the old tag with the new check,
+/// which matches nothing.
+#[inline(always)]
+pub fn lb_flow_insert(s: *mut Scratch) {
+    let Some(set) = lb_flow_set_of(s) else { return };
+    let w = set as *mut u64;
+    let live = unsafe {
+        let tag = (*s).ftag;
+        let mut best = 0u64;
+        for i in 0..FLOW_WAYS as u64 {
+            let t = *w.add(2 * i as usize);
+            let score = if t == tag {
+                2 << 34
+            } else if t == 0 {
+                1 << 34
+            } else {
+                u64::from(!((*w.add(2 * i as usize + 1) >> 32) as u32))
+            };
+            best = best.max(score << 2 | (3 - i));
+        }
+        // Through the scratch: the verifier then sees one unknown offset on every
+        // path (a variable offset that differs between paths is refused without
+        // CAP_PERFMON).
+        write_volatile(&raw mut (*s).key2, (3 - (best & 3)) as u32);
+        let e = w.add(2 * (read_volatile(&(*s).key2) & (FLOW_WAYS - 1)) as usize);
+        let stamp = ((*s).now >> FLOW_STAMP_SHIFT) as u32;
+        write_volatile(e.add(1), lb_flow_word1(tag, (*s).backend_id as u16, stamp));
+        write_volatile(e, tag);
+        best >> 2 < 1 << 34 && stamp.wrapping_sub(!((best >> 2) as u32)) <= FLOW_LIVE_STAMPS
+    };
+    // Counted last: nothing else is live across the counter's lookup.
+    if live {
+        stats::count_reason(s, Reason::FlowEvicted, 0);
+    }
+}
+
+/// A flow's first packet: the ring's backend (to the scratch), recorded in its
+/// first-packet slot (over whatever flow was there) for its second packet to
+/// pin. No hash table is touched: a flood of first packets costs array writes and
+/// evicts nothing.
+#[inline(always)]
+fn lb_first_packet<F: Flows>(s: *mut Scratch) -> bool {
+    if !lb_ring_backend(s, F::ring_hash(s)) {
+        return false;
+    }
+    F::record_first(s);
+    true
+}
+
+/// Copies a MAC as a word and a half-word (see [`lb_copy_words`]).
+#[inline(always)]
+pub fn lb_copy_mac(dst: *mut [u8; 6], src: *const [u8; 6]) {
+    let (d, m) = (dst.cast::<u8>(), src.cast::<u8>());
+    unsafe {
+        write_unaligned(d as *mut u32, read_unaligned(m as *const u32));
+        write_unaligned(d.add(4) as *mut u16, read_unaligned(m.add(4) as *const u16));
+    }
+}
+
+/// Copies `N` words from `src` to `dst` (8-byte aligned map values): a struct
+/// assignment compiles to memmove, whose pointer comparison the verifier refuses
+/// without CAP_PERFMON.
+#[inline(always)]
+pub fn lb_copy_words<const N: usize>(dst: *mut u64, src: *const u64) {
+    for i in 0..N {
+        unsafe { write_volatile(dst.add(i), read_volatile(src.add(i))) };
+    }
+}
+
+/// Writes the answer for the flow in `s` to its flow-cache slot's answer `a`
+/// (its key written by the family). Field by field, the MACs as words: a
+/// whole-struct write compiles to memmove (see [`lb_copy_words`]).
+#[inline(always)]
+fn lb_answer_store(a: *mut FlowAnswer, s: *const Scratch) {
+    unsafe {
+        (*a).epoch = (*s).epoch;
+        (*a).ifindex = (*s).ifindex;
+        (*a).backend = (*s).backend_id;
+        lb_copy_macs((*a).eth.as_mut_ptr(), &(*s).backend.mac, &(*s).mac);
+        (*a).service = (*s).service.id;
+        (*a).flags = if (*s).backend.flags & BACKEND_LOCAL != 0 { FLOW_CACHE_LOCAL } else { 0 };
+        (*a).hits = 0;
+    }
+}
+
+/// Whether the cached answer `a` (its key matched) is current for the frame's
+/// interface and not due for its periodic recheck (which counts this hit).
+#[inline(always)]
+pub fn lb_answer_hit(a: *mut FlowAnswer, s: *const Scratch) -> bool {
+    unsafe {
+        if (*a).epoch != (*s).epoch || (*a).ifindex != (*s).ifindex {
+            return false;
+        }
+        let hits = (*a).hits.wrapping_add(1);
+        if hits % FLOW_CACHE_RECHECK_HITS == 0 {
+            return false;
+        }
+        (*a).hits = hits;
+    }
+    true
+}
+
+/// A flow-cache hit: the rewrite and the counters the slow path would have done.
+/// The counters' keys are copied to the scratch first, so that only the scratch
+/// and the verdict live across their lookups (not the entry, a fifth register).
+#[inline(always)]
+pub fn lb_cached(ctx: &XdpContext, a: *const FlowAnswer, s: *mut Scratch) -> Result<Verdict, ()> {
+    let a = unsafe { &*a };
+    unsafe {
+        (*s).key = a.service;
+        (*s).key2 = a.backend;
+    }
+    let verdict = if a.flags & FLOW_CACHE_LOCAL != 0 {
+        (xdp_action::XDP_PASS, Reason::PassedLocalBackend)
+    } else {
+        let dst: *mut u8 = ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8;
+        let src = a.eth.as_ptr();
+        unsafe {
+            write_unaligned(dst as *mut u64, read_unaligned(src as *const u64));
+            write_unaligned(dst.add(8) as *mut u32, read_unaligned(src.add(8) as *const u32));
+        }
+        (xdp_action::XDP_TX, Reason::Forwarded)
+    };
+    stats::count_at(&lb4_service_stats, s.cast(), unsafe { &(*s).bytes });
+    unsafe { (*s).key = read_volatile(&(*s).key2) };
+    stats::count_at(&lb4_backend_stats, s.cast(), unsafe { &(*s).bytes });
+    Ok(verdict)
+}
+
+/// Removes the frame's 802.1Q tag: its MACs move 4 bytes on, over the tag, and
+/// the head moves past them.
+#[inline(always)]
+fn lb_pop_tag(ctx: &XdpContext) -> Result<(), ()> {
+    let p = ptr_at::<[u8; 16]>(ctx, 0)? as *mut u8;
+    unsafe {
+        let (a, b, c) = (read_unaligned(p as *const u32), read_unaligned(p.add(4) as *const u32), read_unaligned(p.add(8) as *const u32));
+        write_unaligned(p.add(4) as *mut u32, a);
+        write_unaligned(p.add(8) as *mut u32, b);
+        write_unaligned(p.add(12) as *mut u32, c);
+        if bpf_xdp_adjust_head(ctx.ctx, (VLAN_ETH_LEN - ETH_LEN) as i32) != 0 {
+            return Err(());
+        }
+    }
+    Ok(())
+}
+
+/// Forwards the frame to the backend MAC `to` out of the home interface `h`,
+/// untagged: the backends' MACs are those of the network their nodes are
+/// reached on, which need not have the VIP's VLAN or segment. The tag, if any,
+/// goes (the MACs are written 4 bytes on, over it, and the head moves past them).
+#[inline(always)]
+fn lb_forward_home<const L2: usize>(ctx: &XdpContext, to: &[u8; 6], h: &LbHome) -> Result<Verdict, ()> {
+    const TAG: usize = VLAN_ETH_LEN - ETH_LEN;
+    if L2 == VLAN_ETH_LEN {
+        lb_copy_macs(ptr_at::<[u8; 12]>(ctx, TAG)? as *mut u8, to, &h.mac);
+        if unsafe { bpf_xdp_adjust_head(ctx.ctx, TAG as i32) } != 0 {
+            return Err(());
+        }
+    } else {
+        lb_copy_macs(ptr_at::<[u8; 12]>(ctx, 0)? as *mut u8, to, &h.mac);
+    }
+    if h.ifindex == ctx.ingress_ifindex() as u32 {
+        return Ok((xdp_action::XDP_TX, Reason::ForwardedHome));
+    }
+    Ok((unsafe { bpf_redirect(h.ifindex, 0) } as u32, Reason::ForwardedHome))
+}
+
+/// Writes `to` then `ours` at `dst` (12 bytes) as words (no memmove, see above).
+#[inline(always)]
+fn lb_copy_macs(dst: *mut u8, to: &[u8; 6], ours: &[u8; 6]) {
+    // `ours` as a half-word then a word: `dst` is 8-aligned in a flow-cache entry.
+    unsafe {
+        write_unaligned(dst as *mut u32, read_unaligned(to.as_ptr() as *const u32));
+        write_unaligned(dst.add(4) as *mut u16, read_unaligned(to.as_ptr().add(4) as *const u16));
+        write_unaligned(dst.add(6) as *mut u16, read_unaligned(ours.as_ptr() as *const u16));
+        write_unaligned(dst.add(8) as *mut u32, read_unaligned(ours.as_ptr().add(2) as *const u32));
+    }
+}
+
+/// Whether backend `id` exists (then it and its id in the scratch); counts a
+/// re-hash when it does not.
+#[inline(always)]
+pub fn lb_present_backend(s: *mut Scratch, id: u32) -> bool {
+    if lb_backend(s, id) {
+        return true;
+    }
+    stats::count_reason(s, Reason::FlowRehashed, 0);
+    false
+}
+
+/// Whether backend `id` exists: copied with its id to the scratch.
+#[inline(always)]
+fn lb_backend(s: *mut Scratch, id: u32) -> bool {
+    unsafe {
+        (*s).backend_id = id;
+        (*s).key = id;
+        match lookup_at::<_, Lb4Backend>(&lb4_backends, s.cast()) {
+            Some(b) if (*b).flags & BACKEND_PRESENT != 0 => {
+                lb_copy_words::<2>((&raw mut (*s).backend).cast(), b.cast());
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Maglev lookup: the backend of the slot `hash` picks in the service's ring
+/// (in the scratch), to the scratch.
+#[inline(always)]
+fn lb_ring_backend(s: *mut Scratch, hash: u32) -> bool {
+    unsafe {
+        let svc = (*s).service;
+        if svc.ring_size == 0 {
+            return false;
+        }
+        (*s).key = svc.ring_offset.wrapping_add(hash % svc.ring_size);
+        let id = match lookup_at::<_, u32>(&lb4_ring, s.cast()) {
+            Some(id) => *id,
+            None => return false,
+        };
+        id != NO_BACKEND && lb_backend(s, id)
+    }
+}

@@ -1,0 +1,345 @@
+//! IPv6 load balancing, the twin of lb4.rs: per-CPU flow cache, else flow table,
+//! else Maglev ring, then L2 direct server return (lb.rs). The extension headers
+//! a flow may carry (hop-by-hop, routing, destination options, fragment) are
+//! walked to find its ports.
+use core::{
+    ffi::c_void,
+    ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile},
+};
+
+use aya_ebpf::{
+    bindings::{xdp_action, xdp_md},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_xdp_load_bytes},
+    programs::XdpContext,
+};
+use network_types::ip::Ipv6Hdr;
+use vip_common::*;
+
+use crate::{
+    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, Flows},
+    maps::{lb4_flow_cache_ctl, lb4_vip_filter, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
+    ndp::ndp_call,
+    parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict},
+};
+
+const IP6: usize = Ipv6Hdr::LEN;
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_ROUTING: u8 = 43;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_ICMPV6: u8 = 58;
+const IPPROTO_DSTOPTS: u8 = 60;
+/// Extension headers walked at most before the upper layer; more pass, counted.
+const MAX_EXT_HEADERS: usize = 6;
+/// The flags byte's offset in the TCP header, and the flags that tell a SYN.
+const TCP_FLAGS: usize = 13;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+/// IPv6: neighbour discovery ([`ndp_call`]: ICMPv6 right behind the IPv6 header,
+/// as RFC 4861 messages carry no extension headers), else [`lb6_handle`]. A
+/// function of its own (BPF to BPF), as ndp_call: the IPv4 paths are allocated
+/// without it. Its verdict packed ([`verdict_pack`]).
+#[inline(never)]
+pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
+    let ctx = XdpContext::new(ctxp);
+    if matches!(ptr_at::<u8>(&ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6) {
+        return ndp_call::<L2>(ctxp, s, ifindex);
+    }
+    verdict_pack(match lb6_handle::<L2>(&ctx, s, ifindex) {
+        Ok(v) => v,
+        Err(()) => {
+            unsafe { (*s).bytes = frame_len(&ctx) as u32 };
+            (xdp_action::XDP_DROP, Reason::DropMalformed)
+        }
+    })
+}
+
+/// Where a flow's upper-layer header is, past the extension headers.
+enum Upper {
+    /// TCP or UDP at this offset from the IPv6 header; a fragment when `fragment`.
+    Ports { proto: u8, off: usize, fragment: bool },
+    /// ICMPv6 (errors and pings belong to the holder's stack).
+    Icmp,
+    /// Another protocol: not a service's.
+    Other,
+    /// A header not walked, or a chain too long.
+    Unwalked,
+}
+
+/// IPv6 (not neighbour discovery, see main.rs) behind an `L2`-byte layer-2
+/// header, received on the network of `ifindex`. As lb4::lb4_handle: not a
+/// service's address out first, then the flow cache, then [`lb6_slow`].
+#[inline(always)]
+fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
+    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
+    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
+    let (vcf0, payload_len) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len)) };
+    if vcf0 >> 4 != 6 {
+        return Err(());
+    }
+    // A jumbogram says 0 (its length is in a hop-by-hop option) and is counted
+    // by its headers alone: asking a helper for the frame's length would keep
+    // values across a call on every IPv6 packet's path (see maps::Scratch).
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
+    let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) };
+    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
+    if unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0 {
+        return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
+    }
+    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
+    let next = unsafe { (*ip).next_hdr };
+    let upper = match next {
+        PROTO_TCP | PROTO_UDP => Upper::Ports { proto: next, off: IP6, fragment: false },
+        _ => lb6_walk::<L2>(ctx, next)?,
+    };
+    let (proto, off, fragment) = match upper {
+        Upper::Ports { proto, off, fragment } => (proto, off, fragment),
+        Upper::Icmp => return Ok((xdp_action::XDP_PASS, Reason::PassedIcmp)),
+        Upper::Other => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
+        Upper::Unwalked => return Ok((xdp_action::XDP_PASS, Reason::PassedIpv6Ext)),
+    };
+    // The Lb6FlowKey's words: source and destination as they follow each other
+    // in the header, then (sport, dport, proto) as in IPv4's second word.
+    let a = unsafe { (ip as *const u8).add(8) };
+    unsafe {
+        for i in 0..4 {
+            write_volatile(&raw mut (*s).words6[i], read_unaligned(a.add(8 * i) as *const u64));
+        }
+        write_volatile(&raw mut (*s).fragment, fragment as u32);
+    }
+    // Fragments hash without ports and use the VIP's port-0 service, as in IPv4.
+    let (ports, syn) = if fragment {
+        (0, false)
+    } else if off == IP6 {
+        let p: *const u32 = ptr_at(ctx, L2 + IP6)?;
+        let syn = proto == PROTO_TCP && matches!(ptr_at::<u8>(ctx, L2 + IP6 + TCP_FLAGS), Ok(f) if unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
+        (unsafe { read_unaligned(p) }, syn)
+    } else {
+        lb6_ports_at::<L2>(ctx, off, proto)?
+    };
+    unsafe {
+        write_volatile(&raw mut (*s).words6[4], u64::from(ports) | u64::from(proto) << 32);
+        write_volatile(&raw mut (*s).syn, syn as u32);
+    }
+    if let Some(p) = lb6_cache_lookup(s) {
+        // As in IPv4: a SYN and a frame to a group MAC skip the cache.
+        if unsafe { read_volatile(&(*s).syn) } == 0 && !lb_group(ctx)? && lb6_cache_hit(p, s) {
+            return lb_cached(ctx, unsafe { &raw const (*p).answer }, s);
+        }
+    }
+    Ok(verdict_unpack(lb6_slow::<L2>(ctx.ctx, s)))
+}
+
+/// Walks the extension headers from the IPv6 header's next header `next`, read
+/// with a helper (their offsets vary; see parse::ETH_LEN). Any fragment header
+/// makes the packet a fragment. Each header is at least 8 bytes: a frame that
+/// ends within those is malformed.
+#[inline(always)]
+fn lb6_walk<const L2: usize>(ctx: &XdpContext, mut next: u8) -> Result<Upper, ()> {
+    let mut off = IP6;
+    let mut fragment = false;
+    let mut h = [0u8; 8];
+    for _ in 0..MAX_EXT_HEADERS {
+        match next {
+            PROTO_TCP | PROTO_UDP => return Ok(Upper::Ports { proto: next, off, fragment }),
+            IPPROTO_ICMPV6 => return Ok(Upper::Icmp),
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_FRAGMENT => {}
+            // No next header (59), and every other upper layer or header.
+            _ => return Ok(if lb6_known_upper(next) { Upper::Other } else { Upper::Unwalked }),
+        }
+        if unsafe { bpf_xdp_load_bytes(ctx.ctx, (L2 + off) as u32, h.as_mut_ptr() as *mut c_void, 8) } != 0 {
+            return Err(());
+        }
+        if next == IPPROTO_FRAGMENT {
+            fragment = true;
+            off += 8;
+        } else {
+            off += (usize::from(h[1]) + 1) * 8;
+        }
+        next = h[0];
+    }
+    Ok(Upper::Unwalked)
+}
+
+/// Upper-layer protocols that are no extension header to walk: not a service's
+/// (neither TCP nor UDP), passed as any other non-service packet.
+#[inline(always)]
+fn lb6_known_upper(next: u8) -> bool {
+    // No next header, IPv4/IPv6 in IPv6, GRE, SCTP, ICMP.
+    matches!(next, 59 | 4 | 41 | 47 | 132 | 1)
+}
+
+/// The ports word at `off` (past extension headers) and whether it is a TCP SYN
+/// without ACK, copied by a helper (a variable offset, see [`lb6_walk`]).
+#[inline(always)]
+fn lb6_ports_at<const L2: usize>(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u32, bool), ()> {
+    let mut ports = 0u32;
+    if unsafe { bpf_xdp_load_bytes(ctx.ctx, (L2 + off) as u32, (&mut ports as *mut u32).cast(), 4) } != 0 {
+        return Err(());
+    }
+    let mut flags = 0u8;
+    let syn = proto == PROTO_TCP
+        && unsafe { bpf_xdp_load_bytes(ctx.ctx, (L2 + off + TCP_FLAGS) as u32, (&mut flags as *mut u8).cast(), 1) } == 0
+        && flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    Ok((ports, syn))
+}
+
+/// This CPU's `lb6_flow_cache` slot for the flow in `s` (with the epoch, as
+/// lb4's, in `s`).
+#[inline(always)]
+fn lb6_cache_lookup(s: *mut Scratch) -> Option<*mut Lb6FlowCacheEntry> {
+    let ctl = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
+    unsafe {
+        (*s).epoch = ctl.epoch;
+        let (h0, h1) = fold_words6(&(*s).words6);
+        (*s).key = flow_cache_slot(h0, h1) & ctl.slot_mask;
+        (*s).cache_slot = (*s).key;
+        lookup_at::<_, Lb6FlowCacheEntry>(&lb6_flow_cache, s.cast())
+    }
+}
+
+/// Whether the five words at `p` are the flow's in `s`.
+#[inline(always)]
+fn lb6_key_is(p: *const u64, s: *const Scratch) -> bool {
+    unsafe {
+        let w = &(*s).words6;
+        *p == w[0] && *p.add(1) == w[1] && *p.add(2) == w[2] && *p.add(3) == w[3] && *p.add(4) == w[4]
+    }
+}
+
+#[inline(always)]
+fn lb6_cache_hit(p: *mut Lb6FlowCacheEntry, s: *const Scratch) -> bool {
+    lb6_key_is(p.cast(), s) && lb_answer_hit(unsafe { &raw mut (*p).answer }, s)
+}
+
+/// Everything past the flow cache, as lb4::lb4_slow.
+#[inline(never)]
+fn lb6_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    verdict_pack(match lb6_miss::<L2>(&ctx, s) {
+        Ok(v) => v,
+        Err(()) => {
+            unsafe { (*s).bytes = frame_len(&ctx) as u32 };
+            (xdp_action::XDP_DROP, Reason::DropMalformed)
+        }
+    })
+}
+
+/// [`lb6_slow`]'s path: the service and held-VIP lookups, then lb::lb_balance.
+#[inline(always)]
+fn lb6_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    // The Lb6ServiceKey (VIP, dport, proto) in three words.
+    unsafe {
+        let w = (*s).words6;
+        write_volatile(&raw mut (*s).svc6[0], w[2]);
+        write_volatile(&raw mut (*s).svc6[1], w[3]);
+        write_volatile(&raw mut (*s).svc6[2], (w[4] >> 16 & 0xffff) | (w[4] >> 32 & 0xff) << 16);
+    }
+    match lookup_at::<_, Lb4Service>(&lb6_services, unsafe { &raw const (*s).svc6 }.cast()) {
+        Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
+        None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
+        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
+    }
+    lb_balance::<V6, L2>(ctx, s, lb6_held(s))
+}
+
+/// Whether this node has an `ndp_held` entry for the flow's VIP on its network
+/// (its MAC and freshness then in the scratch), as lb4::lb4_held.
+#[inline(always)]
+fn lb6_held(s: *mut Scratch) -> bool {
+    unsafe {
+        write_volatile(&raw mut (*s).now, bpf_ktime_get_coarse_ns());
+        (*s).held6.ifindex = (*s).ifindex;
+        let k = (&raw mut (*s).held6.vip) as *mut u8;
+        write_unaligned(k as *mut u64, (*s).words6[2]);
+        write_unaligned(k.add(8) as *mut u64, (*s).words6[3]);
+        let Some(h) = lookup_at::<_, ArpHeldVip>(&ndp_held, (&raw const (*s).held6).cast()) else {
+            return false;
+        };
+        (*s).fresh = ((*s).now <= (*h).deadline_ns) as u32;
+        lb_copy_mac(&raw mut (*s).mac, &raw const (*h).mac);
+    }
+    true
+}
+
+/// IPv6's tables: `lb6_first_packets`, `lb6_flow_cache`; its flows in `lb_flows` too.
+struct V6;
+
+impl Flows for V6 {
+    #[inline(always)]
+    fn ring_hash(s: *const Scratch) -> u32 {
+        let k: Lb6FlowKey = unsafe { core::mem::transmute((*s).words6) };
+        flow_hash6(k.src, k.dst, k.sport, k.dport, k.proto)
+    }
+
+    #[inline(always)]
+    fn record_first(s: *mut Scratch) {
+        if let Some(p) = lb6_first_packet_slot(s) {
+            lb_copy_words::<5>(p.cast(), unsafe { &raw const (*s).words6 }.cast());
+            unsafe {
+                let (h0, h1) = fold_words6(&(*s).words6);
+                (*p).backend = (*s).backend_id;
+                (*p).check = first_packet_check(h0, h1, (*s).backend_id);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn second_packet(s: *mut Scratch) -> bool {
+        let Some(p) = lb6_first_packet_slot(s) else { return false };
+        unsafe {
+            let (h0, h1) = fold_words6(&(*s).words6);
+            if !lb6_key_is(p.cast(), s) || (*p).check != first_packet_check(h0, h1, (*p).backend) {
+                return false;
+            }
+            let w = p as *mut u64;
+            for i in 0..5 {
+                write_volatile(w.add(i), 0); // volatile: see lb4's
+            }
+            lb_present_backend(s, (*p).backend)
+        }
+    }
+
+    #[inline(always)]
+    fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64 {
+        lb_flow_hash(seed, FLOW_FAMILY_V6, unsafe { &(*s).words6 })
+    }
+
+    #[inline(always)]
+    fn cache_forget(s: *mut Scratch) {
+        let Some(e) = lb6_cache_slot(s) else { return };
+        if lb6_key_is(e.cast(), s) {
+            let w = e as *mut u64;
+            for i in 0..5 {
+                unsafe { write_volatile(w.add(i), 0) }; // volatile: see lb4's
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn cache_claim(s: *mut Scratch) -> Option<*mut FlowAnswer> {
+        let e = lb6_cache_slot(s)?;
+        lb_copy_words::<5>(e.cast(), unsafe { &raw const (*s).words6 }.cast());
+        Some(unsafe { &raw mut (*e).answer })
+    }
+}
+
+/// The `lb6_first_packets` slot of the flow in `s`.
+#[inline(always)]
+fn lb6_first_packet_slot(s: *mut Scratch) -> Option<*mut Lb6FirstPacket> {
+    unsafe {
+        let (h0, h1) = fold_words6(&(*s).words6);
+        (*s).key = first_packet_slot(h0, h1);
+        lookup_at::<_, Lb6FirstPacket>(&lb6_first_packets, s.cast())
+    }
+}
+
+/// This CPU's `lb6_flow_cache` slot for the flow in `s`, found again.
+#[inline(always)]
+fn lb6_cache_slot(s: *mut Scratch) -> Option<*mut Lb6FlowCacheEntry> {
+    unsafe {
+        (*s).key = (*s).cache_slot;
+        lookup_at::<_, Lb6FlowCacheEntry>(&lb6_flow_cache, s.cast())
+    }
+}
