@@ -17,9 +17,8 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, IterableMap as _, MapData};
 use vip_common::{
-    first_packet_check, fold_words6, lb_flow_check, lb_flow_hash, lb_flow_set, lb_flow_tag, lb_flow_word1, Lb4FirstPacket, Lb4FlowKey, Lb6FirstPacket, Lb6FlowKey,
-    LbFlowEntry, LbFlowSet, LbFlowsCtl,
-    FIRST_PACKET_SLOTS, FLOW_FAMILY_V4, FLOW_SETS, FLOW_STAMP_SHIFT, FLOW_WAYS,
+    first_packet_check, fold_words6, lb_flow_check, lb_flow_hash, lb_flow_set, lb_flow_tag, lb_flow_word1, Lb4FirstPacket, Lb4FlowKey, Lb6FirstPacket,
+    Lb6FlowKey, LbFlowEntry, LbFlowSet, LbFlowsCtl, FIRST_PACKET_SLOTS, FLOW_FAMILY_V4, FLOW_SETS, FLOW_STAMP_SHIFT, FLOW_WAYS,
 };
 
 use super::{batch, Dataplane};
