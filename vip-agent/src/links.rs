@@ -240,7 +240,7 @@ fn find<'a>(host: &'a [HostIface], name: &str) -> Option<&'a HostIface> {
     host.iter().find(|i| i.name == name)
 }
 
-fn contains((net, len): (Ipv4Addr, u8), a: Ipv4Addr) -> bool {
+pub(crate) fn contains((net, len): (Ipv4Addr, u8), a: Ipv4Addr) -> bool {
     let mask = match len {
         0 => 0,
         1..=32 => u32::MAX << (32 - len),

@@ -739,8 +739,7 @@ impl Liveness {
                 .ok()
                 .and_then(|host| {
                     let nets = host.into_iter().find(|i| i.ifindex == l.ifindex)?.nets;
-                    let within = |(a, p): &(Ipv4Addr, u8)| (u32::from(*a) ^ u32::from(vip)).checked_shr(32 - u32::from(*p)).unwrap_or(0) == 0;
-                    nets.iter().find(|n| within(n)).or(nets.first()).map(|(a, _)| *a)
+                    nets.iter().find(|&&n| crate::links::contains(n, vip)).or(nets.first()).map(|(a, _)| *a)
                 })
                 .unwrap_or(Ipv4Addr::UNSPECIFIED);
             if let Err(e) = self.s.held.watch_arp(l.ifindex, vip) {
