@@ -30,6 +30,8 @@ pub trait Flows {
     fn second_packet(s: *mut Scratch) -> bool;
     /// The flow's keyed hash in `lb_flows` ([`lb_flow_hash`] of its family and words).
     fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64;
+    /// Loads the flow's first-packet slot (see [`lb_touch_if`]).
+    fn first_touch(s: *mut Scratch);
     /// Drops this CPU's cached answer for the flow, if any.
     fn cache_forget(s: *mut Scratch);
     /// The flow's cache slot with its key written, for [`lb_answer_store`].
@@ -55,13 +57,6 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
         // Not ours to balance (another node owns it): the frame was sent to this
         // node as a backend, or is stray; the stack decides.
         return Ok(if lb_group(ctx)? { (xdp_action::XDP_DROP, Reason::DropGroupNotOwner) } else { (xdp_action::XDP_PASS, Reason::PassedNotOwner) });
-    }
-    // A packet past its first (no SYN) to a VIP held here will look its flow up
-    // in lb_flows, most likely a line not in the caches: it is loaded now, so that
-    // the steps before that lookup run while it comes. (Not earlier: frames for
-    // VIPs held elsewhere, which backends receive, and SYNs never read the table.)
-    if unsafe { (*s).syn } == 0 {
-        lb_flow_touch::<F>(s);
     }
     let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
     if !fresh() && lb_group(ctx)? {
@@ -163,6 +158,20 @@ pub fn lb_flow_backend(s: *mut Scratch) -> bool {
         }
     }
     false
+}
+
+/// A packet past its first (no SYN) to a VIP held here will look its flow up in
+/// lb_flows, most likely a line not in the caches, after its first-packet slot:
+/// both are loaded before the service lookup, so that the two misses overlap
+/// each other and the steps before them.
+/// (Frames for VIPs held elsewhere, which backends receive, and SYNs never read
+/// the table; the held-VIP lookup comes first to tell them.)
+#[inline(always)]
+pub fn lb_touch_if<F: Flows>(s: *mut Scratch, held: bool) {
+    if held && unsafe { read_volatile(&(*s).syn) } == 0 {
+        lb_flow_touch::<F>(s);
+        F::first_touch(s);
+    }
 }
 
 /// Computes the flow's keyed hash (to the scratch; the key from `lb_flows_ctl`,

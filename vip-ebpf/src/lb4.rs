@@ -11,7 +11,7 @@ use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, Flows},
+    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, lb_touch_if, Flows},
     maps::{arp_held, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb4_vip_filter, lb_key0, lookup_at, Scratch},
     parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict},
 };
@@ -130,12 +130,14 @@ fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
         let (w0, w1) = ((*s).words[0], (*s).words[1]);
         write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
     }
+    let held = lb4_held(s);
+    lb_touch_if::<V4>(s, held);
     match lookup_at::<_, Lb4Service>(&lb4_services, unsafe { &raw const (*s).svc }.cast()) {
         Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
         None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     }
-    lb_balance::<V4, L2>(ctx, s, lb4_held(s))
+    lb_balance::<V4, L2>(ctx, s, held)
 }
 
 /// Whether this node has an `arp_held` entry for the flow's VIP on its network
@@ -249,6 +251,14 @@ impl Flows for V4 {
     #[inline(always)]
     fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64 {
         lb_flow_hash(seed, FLOW_FAMILY_V4, unsafe { &(*s).words })
+    }
+
+    #[inline(always)]
+    fn first_touch(s: *mut Scratch) {
+        if let Some(p) = lb4_first_packet_slot(s) {
+            // Volatile: kept though its value is not used.
+            let _ = unsafe { read_volatile(p as *const u64) };
+        }
     }
 
     #[inline(always)]

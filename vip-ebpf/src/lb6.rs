@@ -16,7 +16,7 @@ use network_types::ip::Ipv6Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, Flows},
+    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, lb_touch_if, Flows},
     maps::{lb4_flow_cache_ctl, lb4_vip_filter, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
     ndp::ndp_call,
     parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict},
@@ -236,12 +236,14 @@ fn lb6_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
         write_volatile(&raw mut (*s).svc6[1], w[3]);
         write_volatile(&raw mut (*s).svc6[2], (w[4] >> 16 & 0xffff) | (w[4] >> 32 & 0xff) << 16);
     }
+    let held = lb6_held(s);
+    lb_touch_if::<V6>(s, held);
     match lookup_at::<_, Lb4Service>(&lb6_services, unsafe { &raw const (*s).svc6 }.cast()) {
         Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
         None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     }
-    lb_balance::<V6, L2>(ctx, s, lb6_held(s))
+    lb_balance::<V6, L2>(ctx, s, held)
 }
 
 /// Whether this node has an `ndp_held` entry for the flow's VIP on its network
@@ -304,6 +306,14 @@ impl Flows for V6 {
     #[inline(always)]
     fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64 {
         lb_flow_hash(seed, FLOW_FAMILY_V6, unsafe { &(*s).words6 })
+    }
+
+    #[inline(always)]
+    fn first_touch(s: *mut Scratch) {
+        if let Some(p) = lb6_first_packet_slot(s) {
+            // Volatile: kept though its value is not used.
+            let _ = unsafe { read_volatile(p as *const u64) };
+        }
     }
 
     #[inline(always)]
