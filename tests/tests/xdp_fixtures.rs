@@ -438,6 +438,13 @@ fn ndp_cases() -> Vec<(Case, &'static str)> {
         58,
         &nd_message(ND_NS, 0, 0, VIP6, &slla),
     );
+    // A checksum off by one in each part it covers: the pseudo-header's source,
+    // the message, an option.
+    let bad_src = flipped(ns(CLIENT_MAC, None, CLIENT6, VIP6), 14 + 8 + 15);
+    let bad_reserved = flipped(ns(CLIENT_MAC, None, CLIENT6, VIP6), 14 + 40 + 5);
+    let bad_option = flipped(ns(CLIENT_MAC, None, CLIENT6, VIP6), 14 + 40 + 24 + 7);
+    // An option of 16 bytes (SEcure Neighbor Discovery's are): not summed, not answered.
+    let long_ns = ns_opts(&[14u8, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
     let echo = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 58, &[128, 0, 0, 0, 0, 1, 0, 1]);
     let udp6 = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 17, &frames::udp_header(5353, 5300, b"query"));
     let rs = ipv6(ALL_NODES_MAC, CLIENT_MAC, None, (CLIENT6_LL, Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2)), 255, 58, &[133, 0, 0, 0, 0, 0, 0, 0]);
@@ -470,6 +477,10 @@ fn ndp_cases() -> Vec<(Case, &'static str)> {
         pass("ns for an unheld address", ns(CLIENT_MAC, None, CLIENT6, VIP6_NOT_HELD), "ndp_not_held"),
         pass("ns for a stale VIP (fenced)", ns(CLIENT_MAC, None, CLIENT6, VIP6_STALE), "ndp_stale"),
         pass("ns for a VIP announced from lo", ns(CLIENT_MAC, None, CLIENT6, VIP6_LO), "ndp_not_announced"),
+        pass("ns with a bad checksum (source address)", bad_src, "ndp_invalid"),
+        pass("ns with a bad checksum (reserved field)", bad_reserved, "ndp_invalid"),
+        pass("ns with a bad checksum (source link-layer option)", bad_option, "ndp_invalid"),
+        pass("ns with an option of 16 bytes", long_ns, "ndp_invalid"),
         pass("ns with hop limit 254 (through a router)", with_hop_limit(&ns(CLIENT_MAC, None, CLIENT6, VIP6), 254), "ndp_invalid"),
         pass("ns with code 1", code1, "ndp_invalid"),
         pass("ns of 20 bytes (shorter than 24)", short, "ndp_invalid"),
@@ -563,6 +574,12 @@ fn the_agents_unsolicited_advertisement_is_well_formed() {
     assert_eq!(vip_agent::ha::garp::announcement_frame(OUR_MAC, VIP6.into()), want);
 }
 
+/// `f` with the lowest bit of byte `at` flipped.
+fn flipped(mut f: Vec<u8>, at: usize) -> Vec<u8> {
+    f[at] ^= 1;
+    f
+}
+
 /// NDP conflict detection, as ARP's: a Neighbor Advertisement in which another
 /// MAC (its target link-layer option, else its source) claims a VIP we hold
 /// fresh on that network is counted (`ndp_conflict`, `ndp_conflicts`) and passed.
@@ -585,6 +602,7 @@ fn ndp_conflicts_are_counted() {
         ("foreign advertisement for a stale VIP", na(INTRUDER, VIP6_STALE, Some(INTRUDER), None, o), false),
         ("foreign advertisement with hop limit 64 (invalid)", with_hop_limit(&na(INTRUDER, VIP6, Some(INTRUDER), None, o), 64), false),
         ("foreign solicited advertisement to a group (invalid)", na(INTRUDER, VIP6, Some(INTRUDER), None, o | frames::NA_SOLICITED), false),
+        ("foreign advertisement with a bad checksum (invalid)", flipped(na(INTRUDER, VIP6, Some(INTRUDER), None, o), 14 + 40 + 2), false),
     ];
     let mut w = world();
     for (name, frame, conflict) in table {

@@ -7,7 +7,7 @@ use core::{
 
 use aya_ebpf::{
     bindings::{xdp_action, xdp_md},
-    helpers::{bpf_csum_diff, bpf_ktime_get_coarse_ns, bpf_xdp_adjust_tail, bpf_xdp_load_bytes},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_xdp_adjust_tail, bpf_xdp_load_bytes},
     programs::XdpContext,
 };
 use network_types::ip::Ipv6Hdr;
@@ -47,10 +47,14 @@ struct NdOptions {
 
 /// Walks the `len` bytes of options after an `L2`-byte layer-2 header, the IPv6
 /// header and ND_LEN: every option's length is non-zero and none runs past the
-/// end. Read with a helper: their offsets vary, and a variable offset added to a
-/// packet pointer needs CAP_PERFMON (see parse::ETH_LEN).
+/// end. Each goes into the checksum sum in the scratch (see [`csum_add`]), so an option must
+/// be 8 bytes long (those neighbour discovery uses are: link-layer addresses,
+/// nonce); a longer one (SEcure Neighbor Discovery's) makes the message
+/// malformed here: walking its further bytes too made the verifier's search
+/// outgrow its limit. Read with a helper: their offsets vary, and a variable
+/// offset added to a packet pointer needs CAP_PERFMON (see parse::ETH_LEN).
 #[inline(always)]
-fn nd_options<const L2: usize>(ctx: &XdpContext, len: usize) -> Option<NdOptions> {
+fn nd_options<const L2: usize>(ctx: &XdpContext, len: usize, s: *mut Scratch) -> Option<NdOptions> {
     let mut o = NdOptions { slla: false, tlla: None };
     let mut off = 0usize;
     let mut opt = [0u8; 8];
@@ -65,17 +69,36 @@ fn nd_options<const L2: usize>(ctx: &XdpContext, len: usize) -> Option<NdOptions
         if unsafe { bpf_xdp_load_bytes(ctx.ctx, at, opt.as_mut_ptr() as *mut c_void, 8) } != 0 {
             return None; // the frame ends before the payload length says
         }
-        if opt[1] == 0 {
+        if opt[1] != 1 {
             return None;
         }
+        unsafe { (*s).csum = csum_add((*s).csum, u64::from_ne_bytes(opt)) };
         match opt[0] {
             ND_OPT_SOURCE_LL_ADDR => o.slla = true,
             ND_OPT_TARGET_LL_ADDR => o.tlla = Some([opt[2], opt[3], opt[4], opt[5], opt[6], opt[7]]),
             _ => {}
         }
-        off += usize::from(opt[1]) * 8;
+        off += 8;
     }
     (off == len).then_some(o)
+}
+
+/// Adds the 8 bytes of `w` (as loaded from the packet) to a one's-complement sum
+/// kept in 64 bits, as two 32-bit halves: a sum of 16-bit words once folded
+/// ([`csum_fold`]), in the packet's byte order whatever the machine's (RFC 1071).
+#[inline(always)]
+fn csum_add(sum: u64, w: u64) -> u64 {
+    sum + (w & 0xffff_ffff) + (w >> 32)
+}
+
+/// The 16-bit one's-complement sum of `sum` (see [`csum_add`]).
+#[inline(always)]
+fn csum_fold(sum: u64) -> u16 {
+    let mut s = (sum & 0xffff_ffff) + (sum >> 32);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s as u16
 }
 
 /// The `ndp_held` entry for (`ifindex`, the 16 bytes at `vip`), its key built in
@@ -188,8 +211,18 @@ fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
     if hop_limit != 255 || unsafe { *nd.add(1) } != 0 || payload_len < ND_LEN || unsafe { *target } == 0xff {
         return pass(Reason::NdpInvalid);
     }
-    let Some(opts) = nd_options::<L2>(ctx, payload_len - ND_LEN) else { return pass(Reason::NdpInvalid) };
+    // 7.1.1 and 7.1.2: a valid ICMPv6 checksum, over the pseudo-header (both
+    // addresses, the length and next header) and the message.
     let (src, dst) = unsafe { ((ip as *const u8).add(8), (ip as *const u8).add(24)) };
+    let mut sum = u64::from(u32::from_ne_bytes((payload_len as u32).to_be_bytes())) + u64::from(u32::from_ne_bytes([0, 0, 0, IPPROTO_ICMPV6]));
+    for i in 0..(32 + ND_LEN) / 8 {
+        sum = csum_add(sum, unsafe { read_unaligned(src.add(8 * i) as *const u64) });
+    }
+    unsafe { (*s).csum = sum };
+    let Some(opts) = nd_options::<L2>(ctx, payload_len - ND_LEN, s) else { return pass(Reason::NdpInvalid) };
+    if csum_fold(unsafe { (*s).csum }) != 0xffff {
+        return pass(Reason::NdpInvalid);
+    }
     if icmp_type == ND_NEIGHBOR_ADVERT {
         // 7.1.2: an advertisement to a multicast group is never solicited.
         if unsafe { *dst } == 0xff && unsafe { *nd.add(4) } & NA_FLAG_SOLICITED != 0 {
@@ -267,14 +300,16 @@ fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         write_unaligned(icmp.add(ND_LEN) as *mut u16, u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1]));
         write_unaligned(icmp.add(ND_LEN + 2) as *mut u32, mac_lo);
         write_unaligned(icmp.add(ND_LEN + 6) as *mut u16, mac_hi);
-        // The checksum over the pseudo-header (both addresses, then the length and
-        // next header, added as the seed) and the message, which follow each other.
-        let seed = u32::from((NA_LEN as u16).to_be()) + u32::from(u16::from(IPPROTO_ICMPV6).to_be());
-        let sum = bpf_csum_diff(core::ptr::null_mut(), 0, p.add(8) as *mut u32, (32 + NA_LEN) as u32, seed) as u64;
-        let mut s = (sum & 0xffff_ffff) as u32;
-        s = (s & 0xffff) + (s >> 16);
-        s = (s & 0xffff) + (s >> 16);
-        write_unaligned(icmp.add(2) as *mut u16, !(s as u16));
+        // The checksum, summed from the words just written rather than read back
+        // by a helper: the pseudo-header (the target as source, the
+        // destination, the length and next header), then the message.
+        let (d0, d1) = addr_words(p.add(24));
+        let mut sum = u64::from(u32::from_ne_bytes([0, 0, 0, NA_LEN as u8])) + u64::from(u32::from_ne_bytes([0, 0, 0, IPPROTO_ICMPV6]));
+        sum = csum_add(csum_add(csum_add(csum_add(sum, t.0), t.1), d0), d1);
+        sum += u64::from(u32::from_ne_bytes([ND_NEIGHBOR_ADVERT, 0, 0, 0])) + u64::from(u32::from_ne_bytes([flags, 0, 0, 0]));
+        sum = csum_add(csum_add(sum, t.0), t.1);
+        sum += u64::from(u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1])) + u64::from(mac_lo) + u64::from(mac_hi);
+        write_unaligned(icmp.add(2) as *mut u16, !csum_fold(sum));
     }
     Ok((xdp_action::XDP_TX, Reason::NdpAnswered, bytes))
 }
