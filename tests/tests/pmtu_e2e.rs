@@ -76,7 +76,10 @@ fn fetch(to: SocketAddr) -> Result<String, String> {
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) => return Err(format!("stalled after {} bytes: {e}", got.len())),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(format!("stalled after {} bytes (nothing for 5 s)", got.len()))
+            }
+            Err(e) => return Err(format!("after {} bytes: {e}", got.len())),
         }
         if Instant::now() > deadline {
             return Err(format!("{} bytes in 15 s", got.len()));
