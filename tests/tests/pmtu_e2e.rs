@@ -191,7 +191,11 @@ fn path_mtu_discovery_works_through_backends_that_do_not_hold_the_vip() {
         let others: usize = by.iter().filter(|(name, _)| **name != lab.nodes[holder].name).map(|(_, n)| n).sum();
         assert!(others > 0, "{vip}: every fetch was served by its holder {}: {by:?}; the test proves nothing", lab.nodes[holder].name);
         assert!(counted() > before, "{vip}: the holder forwarded no ICMP error, yet {others} fetches came from other nodes: {by:?}");
-        eprintln!("{vip}: {FETCHES} fetches of {BODY} bytes through a {NARROW_MTU}-byte link, served {by:?}; {} ICMP errors forwarded by {}", counted() - before, lab.nodes[holder].name);
+        eprintln!(
+            "{vip}: {FETCHES} fetches of {BODY} bytes through a {NARROW_MTU}-byte link, served {by:?}; {} ICMP errors forwarded by {}",
+            counted() - before,
+            lab.nodes[holder].name
+        );
     }
     stop.store(true, Ordering::Relaxed);
     for s in servers {
