@@ -1030,6 +1030,13 @@ fn frames_to_vips_of_other_networks_go_to_backends_out_of_home_untagged() {
         assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&tcp, to, HOME_MAC)), "round {round}: redirected to home, from home's MAC");
     }
     assert_eq!(cached_to(&w, CLIENT, 42001, VIP, 80), None, "a forward out of home is not memoised");
+    // An ICMP error about that flow leaves the same way, counted as such.
+    let err = frag_needed(VIP, None, &reply4(VIP, 80, CLIENT, 42001));
+    let icmp_errors = |w: &World| w.dp.counters().unwrap().reasons["forwarded_icmp_error"].0;
+    let before = icmp_errors(&w);
+    let (verdict, out, _) = w.dp.test_run(&err, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&err, to, HOME_MAC)), "an ICMP error about a flow redirected to home");
+    assert_eq!(icmp_errors(&w) - before, 1, "forwarded_icmp_error");
     let (verdict, out, _) = w.dp.test_run(&vlan_tcp, 1, None).unwrap();
     let to = ring_choice(&w.dp, svc(VIP_VLAN, 80, PROTO_TCP), CLIENT, 42000, 80);
     assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&untag(&vlan_tcp), to, HOME_MAC)), "VLAN frame redirected untagged");
