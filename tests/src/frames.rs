@@ -1,6 +1,6 @@
 //! Frame builders for fixtures: Ethernet (optionally one 802.1Q tag), ARP, IPv4
-//! TCP/UDP/ICMP, fragments, IPv6 neighbour discovery. Checksums are real so
-//! captures read cleanly.
+//! TCP/UDP/ICMP, fragments, IPv6 neighbour discovery, ICMP and ICMPv6 errors.
+//! Checksums are real so captures read cleanly.
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub type Mac = [u8; 6];
@@ -176,6 +176,31 @@ pub fn icmp_echo(dst_mac: Mac, src_mac: Mac, src: Ipv4Addr, dst: Ipv4Addr) -> Ve
     let c = csum(&m);
     m[2..4].copy_from_slice(&c.to_be_bytes());
     ipv4(dst_mac, src_mac, None, Ip4::new(src, dst, 1), &m)
+}
+
+/// An ICMP error (`kind`: type and code) from `src` to `dst` quoting `quoted`
+/// (the start of the IP packet it is about); `rest` is the word after the
+/// checksum (the next-hop MTU of "fragmentation needed").
+pub fn icmp_error(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, (src, dst): (Ipv4Addr, Ipv4Addr), kind: (u8, u8), rest: u32, quoted: &[u8]) -> Vec<u8> {
+    let mut m = vec![kind.0, kind.1, 0, 0];
+    m.extend_from_slice(&rest.to_be_bytes());
+    m.extend_from_slice(quoted);
+    let c = csum(&m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    ipv4(dst_mac, src_mac, vlan, Ip4::new(src, dst, 1), &m)
+}
+
+/// [`icmp_error`] for ICMPv6 (`rest`: the MTU of "packet too big").
+pub fn icmp6_error(dst_mac: Mac, src_mac: Mac, vlan: Option<u16>, addrs: (Ipv6Addr, Ipv6Addr), kind: (u8, u8), rest: u32, quoted: &[u8]) -> Vec<u8> {
+    let mut m = vec![kind.0, kind.1, 0, 0];
+    m.extend_from_slice(&rest.to_be_bytes());
+    m.extend_from_slice(quoted);
+    ipv6(dst_mac, src_mac, vlan, addrs, 64, 58, &m)
+}
+
+/// The IP packet in `frame` (untagged or with one tag).
+pub fn l3(frame: &[u8]) -> &[u8] {
+    &frame[if frame[12..14] == [0x81, 0x00] { 18 } else { 14 }..]
 }
 
 /// An IPv6 packet (`next` header, `payload`) in an Ethernet frame; the checksum

@@ -46,6 +46,11 @@ const VIP6_STALE: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x101);
 const VIP6_NOT_HELD: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x102);
 const VIP6_LO: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x105);
 const VIP6_VLAN: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 1, 0, 0, 0, 0, 0x100);
+/// A router on the path to clients, which sends ICMP errors to VIPs.
+const ROUTER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
+const ROUTER6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0xfe);
+/// The port of an IPv6 VIP's service whose backend is this node.
+const LOCAL6_PORT: u16 = 82;
 const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 const ALL_NODES_MAC: Mac = [0x33, 0x33, 0, 0, 0, 1];
 
@@ -96,7 +101,8 @@ fn world() -> World {
         dp.set_service(s, &three, TABLE, 0).unwrap();
     }
     let me = BackendSpec { local: true, ..backend(9) };
-    dp.set_service(svc(VIP_LOCAL, 80, PROTO_TCP), &[me], TABLE, 0).unwrap();
+    dp.set_service(svc(VIP_LOCAL, 80, PROTO_TCP), std::slice::from_ref(&me), TABLE, 0).unwrap();
+    dp.set_service(svc(VIP6, LOCAL6_PORT, PROTO_TCP), &[me], TABLE, 0).unwrap();
     dp.set_service(svc(VIP_EMPTY, 80, PROTO_TCP), &[], TABLE, 0).unwrap();
     World { dp, _pins: pins }
 }
@@ -300,7 +306,154 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     .into_iter()
     .chain(ndp_cases().into_iter().map(|(c, _)| c))
     .chain(lb6_cases(dp).into_iter().map(|(c, _)| c))
+    .chain(icmp_cases(dp).into_iter().map(|(c, _)| c))
     .collect()
+}
+
+/// What a backend sends for a TCP flow from `client`:`cport` to `vip`:`vport`
+/// (its IP packet, as an ICMP error quotes it).
+fn reply4(vip: Ipv4Addr, vport: u16, client: Ipv4Addr, cport: u16) -> Vec<u8> {
+    frames::l3(&frames::tcp_ack(CLIENT_MAC, OUR_MAC, None, (vip, vport), (client, cport))).to_vec()
+}
+
+fn reply6(vip: Ipv6Addr, vport: u16, client: Ipv6Addr, cport: u16) -> Vec<u8> {
+    frames::l3(&frames::tcp6(CLIENT_MAC, OUR_MAC, None, (vip, vport), (client, cport), frames::TCP_ACK)).to_vec()
+}
+
+/// Fragmentation needed (next-hop MTU 1280) from the router to `vip`, quoting `quoted`.
+fn frag_needed(vip: Ipv4Addr, vlan: Option<u16>, quoted: &[u8]) -> Vec<u8> {
+    frames::icmp_error(OUR_MAC, CLIENT_MAC, vlan, (ROUTER, vip), (3, 4), 1280, quoted)
+}
+
+/// Packet too big (MTU 1280) from the router to `vip`, quoting `quoted`.
+fn too_big(vip: Ipv6Addr, vlan: Option<u16>, quoted: &[u8]) -> Vec<u8> {
+    frames::icmp6_error(OUR_MAC, CLIENT_MAC, vlan, (ROUTER6, vip), (2, 0), 1280, quoted)
+}
+
+/// ICMP and ICMPv6 errors to VIPs (and what else ICMP brings), each with the
+/// reason it is counted under. Flows none of these runs pinned: the ring decides.
+fn icmp_cases(dp: &Dataplane) -> Vec<(Case, &'static str)> {
+    let choice = |vip: IpAddr, vport, proto, client: IpAddr, cport| ring_choice(dp, svc(vip, vport, proto), client, cport, vport);
+    let fwd = |name, input: Vec<u8>, to, ours| (Case { name, output: Some(forwarded_from(&input, to, ours)), input, verdict: XDP_TX }, "forwarded_icmp_error");
+    let pass = |name, input, reason| (Case { name, input, verdict: XDP_PASS, output: None }, reason);
+    let udp4 = frames::l3(&frames::udp(CLIENT_MAC, OUR_MAC, (VIP, 53), (CLIENT, 5353), b"answer")).to_vec();
+    let udp6 = frames::l3(&frames::udp6(CLIENT_MAC, OUR_MAC, (VIP6, 53), (CLIENT6, 5353), b"answer")).to_vec();
+    // The quoted packet a later fragment (no ports), with IP options, cut short.
+    let mut later = reply4(VIP, 80, CLIENT, 43010);
+    later[6..8].copy_from_slice(&5u16.to_be_bytes());
+    let opts = frames::l3(&frames::with_ip_options(&frames::tcp_ack(CLIENT_MAC, OUR_MAC, None, (VIP, 80), (CLIENT, 43011)), 2)).to_vec();
+    let fragment6 = frames::l3(&frames::ipv6_ext(
+        CLIENT_MAC,
+        OUR_MAC,
+        None,
+        (VIP6, CLIENT6),
+        &[(frames::EXT_FRAGMENT, 0, (0, true))],
+        PROTO_TCP,
+        &frames::tcp_header(80, 43012, frames::TCP_ACK),
+    ))
+    .to_vec();
+    let time_exceeded = frames::icmp_error(OUR_MAC, CLIENT_MAC, None, (ROUTER, VIP), (11, 0), 0, &reply4(VIP, 80, CLIENT, 43013));
+    let time_exceeded6 = frames::icmp6_error(OUR_MAC, CLIENT_MAC, None, (ROUTER6, VIP6), (3, 0), 0, &reply6(VIP6, 80, CLIENT6, 43014));
+    let behind_ext = frames::ipv6_ext(OUR_MAC, CLIENT_MAC, None, (ROUTER6, VIP6), &[(frames::EXT_DEST_OPTS, 0, (0, false))], 58, &{
+        let mut m = vec![2, 0, 0, 0, 0, 0, 5, 0];
+        m.extend_from_slice(&reply6(VIP6, 80, CLIENT6, 43015));
+        m
+    });
+    let inner_icmp = frames::l3(&frames::icmp_echo(CLIENT_MAC, OUR_MAC, VIP, CLIENT)).to_vec();
+    vec![
+        fwd(
+            "fragmentation needed about a tcp flow: to the ring's backend",
+            frag_needed(VIP, None, &reply4(VIP, 80, CLIENT, 43000)),
+            choice(VIP.into(), 80, PROTO_TCP, CLIENT.into(), 43000),
+            OUR_MAC,
+        ),
+        fwd(
+            "port unreachable about a udp flow: to the ring's backend",
+            frames::icmp_error(OUR_MAC, CLIENT_MAC, None, (ROUTER, VIP), (3, 3), 0, &udp4),
+            choice(VIP.into(), 53, PROTO_UDP, CLIENT.into(), 5353),
+            OUR_MAC,
+        ),
+        fwd(
+            "fragmentation needed in VLAN 42 about a flow of a VIP of VLAN 42: forwarded, tag kept, from that VLAN's MAC",
+            frag_needed(VIP_VLAN, Some(VLAN), &reply4(VIP_VLAN, 80, CLIENT, 43001)),
+            choice(VIP_VLAN.into(), 80, PROTO_TCP, CLIENT.into(), 43001),
+            VLAN_MAC,
+        ),
+        fwd(
+            "packet too big about an IPv6 tcp flow: to the ring's backend",
+            too_big(VIP6, None, &reply6(VIP6, 80, CLIENT6, 43002)),
+            choice(VIP6.into(), 80, PROTO_TCP, CLIENT6.into(), 43002),
+            OUR_MAC,
+        ),
+        fwd(
+            "ICMPv6 port unreachable about a udp flow: to the ring's backend",
+            frames::icmp6_error(OUR_MAC, CLIENT_MAC, None, (ROUTER6, VIP6), (1, 4), 0, &udp6),
+            choice(VIP6.into(), 53, PROTO_UDP, CLIENT6.into(), 5353),
+            OUR_MAC,
+        ),
+        fwd(
+            "packet too big in VLAN 42 about a flow of an IPv6 VIP of VLAN 42: forwarded from that VLAN's MAC",
+            too_big(VIP6_VLAN, Some(VLAN), &reply6(VIP6_VLAN, 80, CLIENT6, 43003)),
+            choice(VIP6_VLAN.into(), 80, PROTO_TCP, CLIENT6.into(), 43003),
+            VLAN_MAC,
+        ),
+        pass(
+            "fragmentation needed about a flow served by this node: passed",
+            frag_needed(VIP_LOCAL, None, &reply4(VIP_LOCAL, 80, CLIENT, 43004)),
+            "passed_local_backend",
+        ),
+        pass(
+            "packet too big about a flow served by this node: passed",
+            too_big(VIP6, None, &reply6(VIP6, LOCAL6_PORT, CLIENT6, 43004)),
+            "passed_local_backend",
+        ),
+        pass(
+            "fragmentation needed for a VIP held elsewhere: passed",
+            frag_needed(VIP_NOT_HELD, None, &reply4(VIP_NOT_HELD, 80, CLIENT, 43005)),
+            "passed_not_owner",
+        ),
+        pass(
+            "packet too big for an IPv6 VIP held elsewhere: passed",
+            too_big(VIP6_NOT_HELD, None, &reply6(VIP6_NOT_HELD, 80, CLIENT6, 43005)),
+            "passed_not_owner",
+        ),
+        pass(
+            "fragmentation needed about an unpinned flow of a stale VIP: passed",
+            frag_needed(VIP_STALE, None, &reply4(VIP_STALE, 80, CLIENT, 43006)),
+            "passed_not_owner",
+        ),
+        (
+            Case {
+                name: "broadcast fragmentation needed for a VIP held elsewhere: dropped",
+                input: frames::icmp_error(frames::BROADCAST, CLIENT_MAC, None, (ROUTER, VIP_NOT_HELD), (3, 4), 1280, &reply4(VIP_NOT_HELD, 80, CLIENT, 43007)),
+                verdict: XDP_DROP,
+                output: None,
+            },
+            "drop_group_not_owner",
+        ),
+        pass("icmp echo to a VIP: the stack's", frames::icmp_echo(OUR_MAC, CLIENT_MAC, CLIENT, VIP), "passed_icmp"),
+        pass("time exceeded about a flow: the stack's", time_exceeded, "passed_icmp"),
+        pass(
+            "fragmentation needed quoting a packet from another address than the VIP",
+            frag_needed(VIP, None, &reply4(VIP_LOCAL, 80, CLIENT, 43008)),
+            "passed_icmp",
+        ),
+        pass("fragmentation needed quoting a packet to a port without service", frag_needed(VIP, None, &reply4(VIP, 81, CLIENT, 43009)), "passed_icmp"),
+        pass("fragmentation needed quoting a later fragment (no ports)", frag_needed(VIP, None, &later), "passed_icmp"),
+        pass("fragmentation needed quoting a packet with IP options", frag_needed(VIP, None, &opts), "passed_icmp"),
+        pass("fragmentation needed quoting an ICMP packet", frag_needed(VIP, None, &inner_icmp), "passed_icmp"),
+        pass("fragmentation needed quoting its packet's IP header alone", frag_needed(VIP, None, &reply4(VIP, 80, CLIENT, 43016)[..22]), "passed_icmp"),
+        pass(
+            "fragmentation needed with IP options: the stack's",
+            frames::with_ip_options(&frag_needed(VIP, None, &reply4(VIP, 80, CLIENT, 43017)), 1),
+            "passed_icmp",
+        ),
+        pass("packet too big quoting a packet from another address than the VIP", too_big(VIP6, None, &reply6(VIP6_STALE, 80, CLIENT6, 43008)), "passed_other"),
+        pass("packet too big quoting its packet's IPv6 header alone", too_big(VIP6, None, &reply6(VIP6, 80, CLIENT6, 43016)[..42]), "passed_other"),
+        pass("packet too big quoting a fragment (an extension header)", too_big(VIP6, None, &fragment6), "passed_other"),
+        pass("ICMPv6 time exceeded about a flow: the stack's", time_exceeded6, "passed_other"),
+        pass("packet too big behind an extension header: the stack's", behind_ext, "passed_icmp"),
+    ]
 }
 
 /// IPv6 balancing cases, each with the reason it is counted under.
@@ -520,7 +673,9 @@ fn fixtures_byte_for_byte() {
     assert!(counters.reasons["arp_not_announced"].0 >= 1);
     assert!(counters.reasons["passed_local_backend"].0 >= 1);
     assert!(counters.reasons["passed_icmp"].0 >= 1);
-    assert_eq!(counters.reasons["drop_group_not_owner"].0, 3);
+    // Group frames to VIPs held elsewhere or stale: two IPv4, one IPv6, one ICMP error.
+    assert_eq!(counters.reasons["drop_group_not_owner"].0, 4);
+    assert_eq!(counters.reasons["forwarded_icmp_error"].0, 6);
     // Per-service and per-backend counters saw the forwarded packets.
     assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
     assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
@@ -537,8 +692,9 @@ fn ndp_cases_are_counted_by_reason() {
 }
 
 /// Runs each case and checks its verdict, its output and that it was counted once
-/// under its reason with the bytes its headers give: the layer-2 header, the IPv6
-/// header and its payload length (a jumbogram's says 0); the frame's when dropped.
+/// under its reason with the bytes its headers give: the layer-2 header, then the
+/// IPv4 total length, or the IPv6 header and its payload length (a jumbogram's
+/// says 0); the frame's when dropped.
 fn counted_by_reason(w: &mut World, cases: Vec<(Case, &'static str)>) {
     for (c, reason) in cases {
         let before = w.dp.counters().unwrap().reasons[reason];
@@ -547,8 +703,9 @@ fn counted_by_reason(w: &mut World, cases: Vec<(Case, &'static str)>) {
         assert_eq!(out, c.output.clone().unwrap_or_else(|| c.input.clone()), "{}: output frame", c.name);
         let after = w.dp.counters().unwrap().reasons[reason];
         let l2 = if c.input[12..14] == [0x81, 0x00] { 18 } else { 14 };
-        let payload = usize::from(u16::from_be_bytes([c.input[l2 + 4], c.input[l2 + 5]]));
-        let bytes = if verdict == XDP_DROP { c.input.len() } else { l2 + 40 + payload } as u64;
+        let word = |at: usize| usize::from(u16::from_be_bytes([c.input[l2 + at], c.input[l2 + at + 1]]));
+        let l3 = if c.input[l2 - 2..l2] == [0x08, 0x00] { word(2) } else { 40 + word(4) };
+        let bytes = if verdict == XDP_DROP { c.input.len() } else { l2 + l3 } as u64;
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, bytes), "{}: {reason} (packets, bytes)", c.name);
     }
 }
@@ -562,6 +719,101 @@ fn lb6_cases_are_counted_by_reason() {
     let mut w = world();
     let cases = lb6_cases(&w.dp);
     counted_by_reason(&mut w, cases);
+}
+
+/// Every ICMP case is counted under its reason (see [`counted_by_reason`]).
+#[test]
+fn icmp_cases_are_counted_by_reason() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let cases = icmp_cases(&w.dp);
+    counted_by_reason(&mut w, cases);
+}
+
+/// An ICMP error about a flow goes where the flow's packets go: to its pin in the
+/// flow table when a ring change moved its slot elsewhere, to the ring's backend
+/// when it is not pinned. No error pins or records a flow (see also
+/// [`icmp_errors_follow_ipv4_flows_and_refresh_nothing`]).
+fn icmp_errors_follow_flows(
+    s: ServiceAddr,
+    client: IpAddr,
+    syn: impl Fn(u16) -> Vec<u8>,
+    ack: impl Fn(u16) -> Vec<u8>,
+    err: impl Fn(u16) -> Vec<u8>,
+) -> (World, Vec<(u16, Mac)>) {
+    let mut w = world();
+    let pinned: Vec<(u16, Mac)> = (44000..44300u16)
+        .map(|p| {
+            w.dp.test_run(&syn(p), 1, None).unwrap();
+            let (_, out, _) = w.dp.test_run(&ack(p), 1, None).unwrap();
+            (p, out[0..6].try_into().unwrap())
+        })
+        .collect();
+    w.dp.set_service(s, &[backend(1), backend(2), backend(3), backend(4)], TABLE, 0).unwrap();
+    let moved: Vec<(u16, Mac)> = pinned.into_iter().filter(|(p, m)| ring_choice(&w.dp, s, client, *p, s.port) != *m).collect();
+    assert!(!moved.is_empty(), "the fourth backend took no flow of 300: the test proves less");
+    let state = |w: &World| (w.dp.flow_count(), w.dp.new_flow_count(), w.dp.counters().unwrap().reasons["forwarded_icmp_error"].0);
+    let before = state(&w);
+    for (p, pin) in &moved {
+        let e = err(*p);
+        let (v, out, _) = w.dp.test_run(&e, 1, None).unwrap();
+        assert_eq!(
+            (v, out),
+            (XDP_TX, forwarded(&e, *pin)),
+            "error about flow {p}: to its pin, not to the ring's {:?}",
+            ring_choice(&w.dp, s, client, *p, s.port)
+        );
+    }
+    let unpinned = 45000..45100u16;
+    for p in unpinned.clone() {
+        let e = err(p);
+        let (v, out, _) = w.dp.test_run(&e, 1, None).unwrap();
+        assert_eq!((v, out), (XDP_TX, forwarded(&e, ring_choice(&w.dp, s, client, p, s.port))), "error about unpinned flow {p}: to the ring's backend");
+    }
+    let after = state(&w);
+    assert_eq!((after.0, after.1), (before.0, before.1), "ICMP errors pinned or recorded flows (pinned, recorded)");
+    assert_eq!(after.2 - before.2, (moved.len() + unpinned.len()) as u64, "forwarded_icmp_error");
+    // The unpinned flows are still new: their next packet is a first one.
+    w.dp.test_run(&ack(45000), 1, None).unwrap();
+    assert_eq!((w.dp.flow_count(), w.dp.new_flow_count()), (before.0, before.1 + 1), "a flow's first packet after its error");
+    (w, moved)
+}
+
+#[test]
+fn icmp_errors_follow_ipv4_flows_and_refresh_nothing() {
+    if !privileged() {
+        return;
+    }
+    stay_on_cpu0();
+    let syn = |p| frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, p), (VIP, 80));
+    let ack = |p| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, p), (VIP, 80));
+    let err = |p| frag_needed(VIP, None, &reply4(VIP, 80, CLIENT, p));
+    let (mut w, moved) = icmp_errors_follow_flows(svc(VIP, 80, PROTO_TCP), CLIENT.into(), syn, ack, err);
+    // Neither the pin's stamp (made older here) nor the flow cache is written by
+    // an error; the flow's own next packet writes both.
+    let (p, pin) = moved[0];
+    let key = Lb4FlowKey { src: CLIENT.octets(), dst: VIP.octets(), sport: p.to_be_bytes(), dport: 80u16.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
+    let old = w.dp.flow(&key).expect("pinned").stamp - 5;
+    assert!(w.dp.set_flow_stamp(&key, old));
+    assert_eq!(w.dp.test_run(&err(p), 1, None).unwrap().1[0..6], pin);
+    assert_eq!(w.dp.flow(&key).map(|e| e.stamp), Some(old), "an error refreshed its flow's stamp");
+    assert_eq!(cached_to(&w, CLIENT, p, VIP, 80), None, "an error's answer was memoised");
+    assert_eq!(w.dp.test_run(&ack(p), 1, None).unwrap().1[0..6], pin);
+    assert_ne!(w.dp.flow(&key).map(|e| e.stamp), Some(old), "the flow's packet did not refresh the stamp: the check above proves nothing");
+    assert_eq!(cached_to(&w, CLIENT, p, VIP, 80), Some(pin), "the flow's packet was not memoised: the check above proves nothing");
+}
+
+#[test]
+fn icmpv6_errors_follow_ipv6_flows() {
+    if !privileged() {
+        return;
+    }
+    let syn = |p| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, p), (VIP6, 80), frames::TCP_SYN);
+    let ack = |p| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, p), (VIP6, 80), frames::TCP_ACK);
+    let err = |p| too_big(VIP6, None, &reply6(VIP6, 80, CLIENT6, p));
+    icmp_errors_follow_flows(svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), syn, ack, err);
 }
 
 /// The unsolicited advertisement the agent sends on takeover (through the
@@ -796,6 +1048,13 @@ fn frames_to_vips_of_other_networks_go_to_backends_out_of_home_untagged() {
         assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&tcp, to, HOME_MAC)), "round {round}: redirected to home, from home's MAC");
     }
     assert_eq!(cached_to(&w, CLIENT, 42001, VIP, 80), None, "a forward out of home is not memoised");
+    // An ICMP error about that flow leaves the same way, counted as such.
+    let err = frag_needed(VIP, None, &reply4(VIP, 80, CLIENT, 42001));
+    let icmp_errors = |w: &World| w.dp.counters().unwrap().reasons["forwarded_icmp_error"].0;
+    let before = icmp_errors(&w);
+    let (verdict, out, _) = w.dp.test_run(&err, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&err, to, HOME_MAC)), "an ICMP error about a flow redirected to home");
+    assert_eq!(icmp_errors(&w) - before, 1, "forwarded_icmp_error");
     let (verdict, out, _) = w.dp.test_run(&vlan_tcp, 1, None).unwrap();
     let to = ring_choice(&w.dp, svc(VIP_VLAN, 80, PROTO_TCP), CLIENT, 42000, 80);
     assert_eq!((verdict, out), (XDP_REDIRECT, forwarded_from(&untag(&vlan_tcp), to, HOME_MAC)), "VLAN frame redirected untagged");
@@ -866,13 +1125,13 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
             } else if ethertype == [0x08, 0x00] {
                 let ip = input.get(off..off + 20).ok_or("TX of a truncated IPv4 frame")?;
                 let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-                if ip[0] >> 4 != 4 || !ip_vips.contains(&dst) || !(ip[9] == 6 || ip[9] == 17) {
-                    return Err(format!("TX of IPv4 that is not TCP/UDP to a VIP balanced on its network: {dst} proto {}", ip[9]));
+                if ip[0] >> 4 != 4 || !ip_vips.contains(&dst) || !(ip[9] == 6 || ip[9] == 17 || icmp_error_about_flow(&input[off..])) {
+                    return Err(format!("TX of IPv4 that is not TCP/UDP (or an ICMP error about it) to a VIP balanced on its network: {dst} proto {}", ip[9]));
                 }
                 let to: Mac = out[0..6].try_into().unwrap();
                 let ok = out.len() == input.len() && out[12..] == input[12..] && out[6..12] == ours && backend_macs.contains(&to);
                 ok.then_some(()).ok_or("forwarded frame altered beyond its MACs".into())
-            } else if ethertype == [0x86, 0xdd] && upper6(&input[off..]).is_some() {
+            } else if ethertype == [0x86, 0xdd] && (upper6(&input[off..]).is_some() || icmp6_error_about_flow(&input[off..])) {
                 let ip = &input[off..];
                 let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
                 let vips: &[Ipv6Addr] = if ours == VLAN_MAC { &[VIP6_VLAN] } else { &[VIP6] };
@@ -895,6 +1154,31 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
         }
         v => Err(format!("unexpected verdict {v}")),
     }
+}
+
+/// Whether `ip` (an IPv4 packet) is a destination unreachable about a TCP or UDP
+/// packet from its destination, all at fixed places: no IP options outer or
+/// inner, not a fragment, the quoted packet no later fragment and its ports there.
+/// The test's own reading of which ICMP may be forwarded.
+fn icmp_error_about_flow(ip: &[u8]) -> bool {
+    let Some(inner) = ip.get(28..52) else { return false };
+    let frag = |h: &[u8], mask: u16| u16::from_be_bytes([h[6], h[7]]) & mask != 0;
+    ip[0] == 0x45
+        && ip[9] == 1
+        && !frag(ip, 0x3fff)
+        && ip[20] == 3
+        && inner[0] == 0x45
+        && !frag(inner, 0x1fff)
+        && matches!(inner[9], 6 | 17)
+        && inner[12..16] == ip[16..20]
+}
+
+/// Whether `ip` (an IPv6 packet) is an ICMPv6 destination unreachable or packet
+/// too big right behind its header, about a TCP or UDP packet from its
+/// destination without extension headers, its ports there.
+fn icmp6_error_about_flow(ip: &[u8]) -> bool {
+    let Some(inner) = ip.get(48..92) else { return false };
+    ip[0] >> 4 == 6 && ip[6] == 58 && matches!(ip[40], 1 | 2) && inner[0] >> 4 == 6 && matches!(inner[6], 6 | 17) && inner[8..24] == ip[24..40]
 }
 
 /// The upper-layer protocol of `ip` (an IPv6 packet) if it is TCP or UDP behind

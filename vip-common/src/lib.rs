@@ -622,10 +622,11 @@ pub enum Reason {
     ArpWatched = 26,
     PassedIpv6Ext = 27,
     FlowEvicted = 28,
+    ForwardedIcmpError = 29,
 }
 
 impl Reason {
-    pub const COUNT: u32 = 29;
+    pub const COUNT: u32 = 30;
     pub const ALL: [Reason; Self::COUNT as usize] = [
         Reason::ArpAnswered,
         Reason::ArpNotHeld,
@@ -656,6 +657,7 @@ impl Reason {
         Reason::ArpWatched,
         Reason::PassedIpv6Ext,
         Reason::FlowEvicted,
+        Reason::ForwardedIcmpError,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -689,6 +691,7 @@ impl Reason {
             Reason::ArpWatched => "arp_watched",
             Reason::PassedIpv6Ext => "passed_ipv6_ext",
             Reason::FlowEvicted => "flow_evicted",
+            Reason::ForwardedIcmpError => "forwarded_icmp_error",
         }
     }
 }
@@ -698,7 +701,7 @@ impl Reason {
     pub const fn verdict(self) -> &'static str {
         match self {
             Reason::ArpAnswered | Reason::Forwarded | Reason::NdpAnswered => "XDP_TX",
-            Reason::ForwardedHome => "XDP_TX or XDP_REDIRECT",
+            Reason::ForwardedHome | Reason::ForwardedIcmpError => "XDP_TX or XDP_REDIRECT",
             Reason::DropMalformed | Reason::DropNoBackend | Reason::ArpNotAnnounced | Reason::DropGroupNotOwner => "XDP_DROP",
             Reason::FlowRehashed | Reason::FlowEvicted => "(an event, counted besides the verdict)",
             Reason::ArpNotHeld
@@ -751,7 +754,9 @@ impl Reason {
             Reason::PassedNotOwner => {
                 "A packet to a VIP service this node does not hold fresh: a frame another node forwarded here as a backend (normal on backends), or a new flow reaching a former holder before the client learnt the new owner's MAC. Passed to the stack."
             }
-            Reason::PassedIcmp => "ICMP or ICMPv6 (pings, errors) to a VIP: passed to the stack, which answers pings to the VIPs it holds.",
+            Reason::PassedIcmp => {
+                "ICMP to a VIP other than an error about one of its balanced flows (pings, and errors the data path does not read: see `forwarded_icmp_error`), or ICMPv6 behind extension headers: passed to the stack, which answers pings to the VIPs it holds."
+            }
             Reason::PassedFragmentNoService => {
                 "An IPv4 or IPv6 fragment to an address and protocol without a VIP service: passed. (Fragments of VIP services go to one backend per datagram.)"
             }
@@ -763,7 +768,7 @@ impl Reason {
                 "An event, not a verdict: a flow whose recorded backend has left (unhealthy, drained or removed) was placed on the service's ring again; its connection most likely breaks."
             }
             Reason::PassedOther => {
-                "A frame that is neither ARP, IPv4 nor IPv6 (LLDP, ...), or ICMPv6 that is not neighbour discovery: passed."
+                "A frame that is neither ARP, IPv4 nor IPv6 (LLDP, ...), or ICMPv6 that is neither neighbour discovery nor an error about a balanced flow (pings, and errors the data path does not read: see `forwarded_icmp_error`): passed."
             }
             Reason::ArpConflict => {
                 "An ARP reply or gratuitous ARP in which another MAC claims a VIP this node holds: two nodes answer for it (a second load balancer, a host with the VIP configured, a partitioned peer). Passed; the agent re-announces the VIP and counts vip_arp_conflicts_total."
@@ -806,6 +811,9 @@ impl Reason {
             }
             Reason::NdpNotAnnounced => {
                 "A Neighbor Solicitation for a VIP of an `announce: lo` pool that this node holds: not answered (a routing daemon announces the VIP), passed; Linux answers solicitations only for the receiving interface's own addresses, so a VIP on lo is not answered by the kernel either."
+            }
+            Reason::ForwardedIcmpError => {
+                "An ICMP destination unreachable (fragmentation needed among them) or ICMPv6 destination unreachable or packet too big about a flow of a VIP service this node holds, sent to the backend that serves the flow (its pin in the flow table, else the ring's choice) as a packet of the flow is: the backend, which answers clients directly, learns the path MTU. Read only when the headers are at fixed places (no IPv4 options, no IPv6 extension headers, outer or inner) and the quoted packet is TCP or UDP from the VIP with its ports; creates no flow. A rise means a path to clients with a smaller MTU than the backends' (normal), or a flood of forged errors."
             }
             Reason::ArpWatched => {
                 "An ARP reply or gratuitous ARP for a VIP another node holds that this node's agent is checking (its ARP self-check asked who answers for it): the sender MAC is recorded in `arp_watch` for the agent, the frame passed. A few per VIP checked, about every 45 s."

@@ -1,7 +1,8 @@
 //! What IPv4 (lb4.rs) and IPv6 (lb6.rs) balancing share: everything past a
 //! flow's service and held-VIP lookups (first packet, second packet, flow table,
-//! ring, backend, home, counters, the rewrite) and the flow cache's answer. The
-//! families differ only in their keys and tables ([`Flows`]).
+//! ring, backend, home, counters, the rewrite), the flow cache's answer, and where
+//! an ICMP error about a flow goes. The families differ only in their keys and
+//! tables ([`Flows`]).
 use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 
 use aya_ebpf::{
@@ -54,9 +55,7 @@ pub fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
 #[inline(always)]
 pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool) -> Result<Verdict, ()> {
     if !held {
-        // Not ours to balance (another node owns it): the frame was sent to this
-        // node as a backend, or is stray; the stack decides.
-        return Ok(if lb_group(ctx)? { (xdp_action::XDP_DROP, Reason::DropGroupNotOwner) } else { (xdp_action::XDP_PASS, Reason::PassedNotOwner) });
+        return lb_not_held(ctx);
     }
     let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
     if !fresh() && lb_group(ctx)? {
@@ -78,7 +77,7 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
         // Its second packet: the flow is pinned to where its first went.
         lb_flow_insert(s);
         true
-    } else if lb_flow_backend(s) {
+    } else if lb_flow_backend(s, true) {
         true
     } else if !fresh() {
         // A stale entry (fenced, or released when the VIP moved) takes no new
@@ -93,6 +92,54 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
     } else {
         return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
     };
+    lb_deliver::<F, L2>(ctx, s, established)
+}
+
+/// A frame for a VIP service this node does not hold (another node owns it): sent
+/// to this node as a backend, or stray; the stack decides.
+#[inline(always)]
+fn lb_not_held(ctx: &XdpContext) -> Result<Verdict, ()> {
+    Ok(if lb_group(ctx)? { (xdp_action::XDP_DROP, Reason::DropGroupNotOwner) } else { (xdp_action::XDP_PASS, Reason::PassedNotOwner) })
+}
+
+/// An ICMP error about the flow in `s` (its key as the flow's own packets give
+/// it, its service found), to a VIP held here or not (`held`): to the backend
+/// that serves the flow, which answers the client directly and so must hear of
+/// the path's MTU. The flow's pin in `lb_flows`, else the ring's choice; nothing
+/// is recorded, pinned, memoised or refreshed (the error is no packet of the
+/// flow, and may be forged). `pass` is the family's reason for ICMP it leaves to
+/// the stack, given when the ring has no backend.
+#[inline(always)]
+pub fn lb_icmp_error<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool, pass: Reason) -> Result<Verdict, ()> {
+    if !held {
+        return lb_not_held(ctx);
+    }
+    lb_flow_touch::<F>(s);
+    let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
+    if !fresh() && lb_group(ctx)? {
+        return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
+    }
+    // As for the flow's packets: a stale entry serves its pinned flows alone.
+    if !lb_flow_backend(s, false) {
+        if !fresh() {
+            return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
+        }
+        if !lb_ring_backend(s, F::ring_hash(s)) {
+            return Ok((xdp_action::XDP_PASS, pass));
+        }
+    }
+    Ok(match lb_deliver::<F, L2>(ctx, s, false)? {
+        (action, Reason::Forwarded | Reason::ForwardedHome) => (action, Reason::ForwardedIcmpError),
+        v => v,
+    })
+}
+
+/// The frame of a flow of a VIP held here, to the backend in the scratch: passed
+/// when it is this node, else its MAC written in and sent back out (or out of
+/// home); counted per service and backend. The answer is memoised in the flow
+/// cache when the flow is `established` (pinned).
+#[inline(always)]
+fn lb_deliver<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, established: bool) -> Result<Verdict, ()> {
     // A VIP of another network than home: its frames reach the backend out of home.
     let home = lookup_at::<_, LbHome>(&lb_home, lb_key0()).is_some_and(|h| unsafe {
         let via = (*h).ifindex != 0 && (*h).ifindex != (*s).ifindex;
@@ -130,11 +177,12 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
 }
 
 /// Whether this established flow is in `lb_flows` with a backend that still
-/// exists (then in the scratch), its stamp refreshed if the clock moved on. A
-/// flow whose backend was removed (unhealthy, drained) is re-hashed on the
-/// current ring. The four ways of its set are one line: one cold access at most.
+/// exists (then in the scratch), its stamp refreshed if the clock moved on and
+/// `refresh` asks. A flow whose backend was removed (unhealthy, drained) is
+/// re-hashed on the current ring. The four ways of its set are one line: one cold
+/// access at most.
 #[inline(always)]
-pub fn lb_flow_backend(s: *mut Scratch) -> bool {
+pub fn lb_flow_backend(s: *mut Scratch, refresh: bool) -> bool {
     let Some(set) = lb_flow_set_of(s) else { return false };
     let w = set as *mut u64;
     unsafe {
@@ -151,7 +199,7 @@ pub fn lb_flow_backend(s: *mut Scratch) -> bool {
             // Written only when it changed (once a second at most): a lookup
             // does not dirty the line.
             let stamp = ((*s).now >> FLOW_STAMP_SHIFT) as u32;
-            if (w1 >> 32) as u32 != stamp {
+            if refresh && (w1 >> 32) as u32 != stamp {
                 write_volatile((w.add(2 * i + 1) as *mut u32).add(1), stamp);
             }
             return lb_present_backend(s, u32::from(backend));

@@ -11,9 +11,9 @@ use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, lb_touch_if, Flows},
+    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_present_backend, lb_touch_if, Flows},
     maps::{arp_held, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb4_vip_filter, lb_key0, lookup_at, Scratch},
-    parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict},
+    parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
 const IPPROTO_ICMP: u8 = 1;
@@ -23,6 +23,11 @@ const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 /// More-fragments flag and fragment offset, in the host-order `frags` word.
 const IP_MF_OFFSET: u16 = 0x3fff;
+const IP_OFFSET: u16 = 0x1fff;
+/// ICMP's destination unreachable (every code: fragmentation needed is 4), and
+/// the header before the quoted packet.
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_HDR_LEN: usize = 8;
 
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
@@ -55,8 +60,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u
     let ihl = ((ip.vihl & 0x0f) as usize) * 4;
     let proto = ip.proto;
     if proto == IPPROTO_ICMP {
-        // Pings and ICMP errors for a VIP belong to the node's own stack.
-        return Ok((xdp_action::XDP_PASS, Reason::PassedIcmp));
+        return Ok(verdict_unpack(lb4_icmp_call::<L2>(ctx.ctx, s)));
     }
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
@@ -105,17 +109,11 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u
 /// service lookups, forwards out of home. A function of its own, called (BPF to
 /// BPF) rather than inlined: inlined, its many live values made the compiler spill
 /// registers on the hot paths too. The verdict packed in one register
-/// ([`verdict_pack`]).
+/// (parse::verdict_pack).
 #[inline(never)]
 fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
     let ctx = XdpContext::new(ctx);
-    verdict_pack(match lb4_miss::<L2>(&ctx, s) {
-        Ok(v) => v,
-        Err(()) => {
-            unsafe { (*s).bytes = frame_len(&ctx) as u32 };
-            (xdp_action::XDP_DROP, Reason::DropMalformed)
-        }
-    })
+    verdict_pack_or_malformed(&ctx, s, lb4_miss::<L2>(&ctx, s))
 }
 
 /// [`lb4_slow`]'s path. Only `ctx` and `s` live across its map lookups: what a
@@ -125,19 +123,69 @@ fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
 /// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
 #[inline(always)]
 fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    // The Lb4ServiceKey (VIP, dport, proto) as one word.
-    unsafe {
-        let (w0, w1) = ((*s).words[0], (*s).words[1]);
-        write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
-    }
     let held = lb4_held(s);
     lb_touch_if::<V4>(s, held);
-    match lookup_at::<_, Lb4Service>(&lb4_services, unsafe { &raw const (*s).svc }.cast()) {
+    match lb4_service(s) {
         Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
         None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
         None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
     }
     lb_balance::<V4, L2>(ctx, s, held)
+}
+
+/// The service of the flow in `s`: its Lb4ServiceKey (VIP, dport, proto) as one
+/// word, looked up.
+#[inline(always)]
+fn lb4_service(s: *mut Scratch) -> Option<*mut Lb4Service> {
+    unsafe {
+        let (w0, w1) = ((*s).words[0], (*s).words[1]);
+        write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
+    }
+    lookup_at::<_, Lb4Service>(&lb4_services, unsafe { &raw const (*s).svc }.cast())
+}
+
+/// ICMP to a VIP ([`lb4_icmp`]), a function of its own (BPF to BPF) as
+/// [`lb4_slow`]: the hot paths are allocated without it.
+#[inline(never)]
+fn lb4_icmp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    verdict_pack_or_malformed(&ctx, s, lb4_icmp::<L2>(&ctx, s))
+}
+
+/// ICMP to a VIP: a destination unreachable (fragmentation needed among them)
+/// about a flow of a service goes where the flow's packets go (lb::lb_icmp_error);
+/// pings and the rest belong to the node's own stack. The error quotes the packet
+/// the backend sent (VIP to client): its addresses and ports swapped are the
+/// flow's key. Read only at fixed offsets (no outer or inner IP options: see
+/// parse::ETH_LEN), from the VIP, TCP or UDP with its ports; else passed.
+#[inline(always)]
+fn lb4_icmp<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    const PASS: Verdict = (xdp_action::XDP_PASS, Reason::PassedIcmp);
+    const INNER: usize = Ipv4Hdr::LEN + ICMP_HDR_LEN;
+    let Ok(p) = ptr_at::<[u8; INNER + Ipv4Hdr::LEN + 4]>(ctx, L2) else { return Ok(PASS) };
+    let p = p as *const u8;
+    unsafe {
+        let inner = p.add(INNER);
+        let proto = *inner.add(9);
+        if *p != 0x45
+            || u16::from_be_bytes([*p.add(6), *p.add(7)]) & IP_MF_OFFSET != 0
+            || *p.add(Ipv4Hdr::LEN) != ICMP_DEST_UNREACH
+            || *inner != 0x45
+            || u16::from_be_bytes([*inner.add(6), *inner.add(7)]) & IP_OFFSET != 0
+            || (proto != PROTO_TCP && proto != PROTO_UDP)
+            || read_unaligned(inner.add(12) as *const u32) != read_unaligned(p.add(16) as *const u32)
+        {
+            return Ok(PASS);
+        }
+        // (VIP, client) and (VIP port, client port) swapped: as the client sent them.
+        let addrs = read_unaligned(inner.add(12) as *const u64);
+        let ports = read_unaligned(inner.add(Ipv4Hdr::LEN) as *const u32);
+        write_volatile(&raw mut (*s).words[0], addrs.rotate_left(32));
+        write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports.rotate_left(16), proto));
+    }
+    let Some(svc) = lb4_service(s) else { return Ok(PASS) };
+    lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), svc.cast());
+    lb_icmp_error::<V4, L2>(ctx, s, lb4_held(s), Reason::PassedIcmp)
 }
 
 /// Whether this node has an `arp_held` entry for the flow's VIP on its network

@@ -16,10 +16,10 @@ use network_types::ip::Ipv6Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_present_backend, lb_touch_if, Flows},
+    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_present_backend, lb_touch_if, Flows},
     maps::{lb4_flow_cache_ctl, lb4_vip_filter, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
     ndp::ndp_call,
-    parse::{frame_len, ptr_at, verdict_pack, verdict_unpack, Verdict},
+    parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
 const IP6: usize = Ipv6Hdr::LEN;
@@ -28,6 +28,10 @@ const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
+/// ICMPv6 errors about a flow (RFC 4443), and the header before the quoted packet.
+const ICMP6_DST_UNREACH: u8 = 1;
+const ICMP6_PACKET_TOO_BIG: u8 = 2;
+const ICMP6_HDR_LEN: usize = 8;
 /// Extension headers walked at most before the upper layer; more pass, counted.
 const MAX_EXT_HEADERS: usize = 6;
 /// The flags byte's offset in the TCP header, and the flags that tell a SYN.
@@ -35,23 +39,69 @@ const TCP_FLAGS: usize = 13;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
-/// IPv6: neighbour discovery ([`ndp_call`]: ICMPv6 right behind the IPv6 header,
-/// as RFC 4861 messages carry no extension headers), else [`lb6_handle`]. A
-/// function of its own (BPF to BPF), as ndp_call: the IPv4 paths are allocated
-/// without it. Its verdict packed ([`verdict_pack`]).
+/// IPv6: ICMPv6 right behind the IPv6 header, as RFC 4861 and RFC 4443 messages
+/// come: an error about a flow ([`lb6_icmp_call`]) or neighbour discovery
+/// ([`ndp_call`]); else [`lb6_handle`]. A function of its own (BPF to BPF), as
+/// ndp_call: the IPv4 paths are allocated without it. Its verdict packed
+/// (parse::verdict_pack).
 #[inline(never)]
 pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
     let ctx = XdpContext::new(ctxp);
     if matches!(ptr_at::<u8>(&ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6) {
+        if matches!(ptr_at::<u8>(&ctx, L2 + IP6), Ok(t) if matches!(unsafe { *t }, ICMP6_DST_UNREACH | ICMP6_PACKET_TOO_BIG)) {
+            return lb6_icmp_call::<L2>(ctxp, s, ifindex);
+        }
         return ndp_call::<L2>(ctxp, s, ifindex);
     }
-    verdict_pack(match lb6_handle::<L2>(&ctx, s, ifindex) {
-        Ok(v) => v,
-        Err(()) => {
-            unsafe { (*s).bytes = frame_len(&ctx) as u32 };
-            (xdp_action::XDP_DROP, Reason::DropMalformed)
+    verdict_pack_or_malformed(&ctx, s, lb6_handle::<L2>(&ctx, s, ifindex))
+}
+
+/// An ICMPv6 error ([`lb6_icmp`]), a function of its own as [`lb6_slow`].
+#[inline(never)]
+fn lb6_icmp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    verdict_pack_or_malformed(&ctx, s, lb6_icmp::<L2>(&ctx, s, ifindex))
+}
+
+/// An ICMPv6 destination unreachable or packet too big (its type checked) to the
+/// network of `ifindex`: about a flow of a service, it goes where the flow's
+/// packets go (lb::lb_icmp_error), as lb4::lb4_icmp; else it is passed as other
+/// ICMPv6 is (`passed_other`). Read at fixed offsets only: an inner packet with
+/// extension headers (a fragment among them) passes.
+#[inline(always)]
+fn lb6_icmp<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
+    const PASS: Verdict = (xdp_action::XDP_PASS, Reason::PassedOther);
+    const INNER: usize = IP6 + ICMP6_HDR_LEN;
+    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
+    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
+    let (vcf0, payload_len) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len)) };
+    if vcf0 >> 4 != 6 {
+        return Err(());
+    }
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    let Ok(p) = ptr_at::<[u8; INNER + IP6 + 4]>(ctx, L2) else { return Ok(PASS) };
+    let p = p as *const u8;
+    unsafe {
+        let inner = p.add(INNER);
+        let proto = *inner.add(6);
+        let (src, vip) = (inner.add(8), p.add(24));
+        if *inner >> 4 != 6
+            || (proto != PROTO_TCP && proto != PROTO_UDP)
+            || read_unaligned(src as *const u64) != read_unaligned(vip as *const u64)
+            || read_unaligned(src.add(8) as *const u64) != read_unaligned(vip.add(8) as *const u64)
+        {
+            return Ok(PASS);
         }
-    })
+        // (VIP, client) and (VIP port, client port) swapped: as the client sent them.
+        for (i, from) in [24, 32, 8, 16].into_iter().enumerate() {
+            write_volatile(&raw mut (*s).words6[i], read_unaligned(inner.add(from) as *const u64));
+        }
+        let ports = read_unaligned(inner.add(IP6) as *const u32);
+        write_volatile(&raw mut (*s).words6[4], u64::from(ports.rotate_left(16)) | u64::from(proto) << 32);
+    }
+    let Some(svc) = lb6_service(s) else { return Ok(PASS) };
+    lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), svc.cast());
+    lb_icmp_error::<V6, L2>(ctx, s, lb6_held(s), Reason::PassedOther)
 }
 
 /// Where a flow's upper-layer header is, past the extension headers.
@@ -217,33 +267,33 @@ fn lb6_cache_hit(p: *mut Lb6FlowCacheEntry, s: *const Scratch) -> bool {
 #[inline(never)]
 fn lb6_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
     let ctx = XdpContext::new(ctx);
-    verdict_pack(match lb6_miss::<L2>(&ctx, s) {
-        Ok(v) => v,
-        Err(()) => {
-            unsafe { (*s).bytes = frame_len(&ctx) as u32 };
-            (xdp_action::XDP_DROP, Reason::DropMalformed)
-        }
-    })
+    verdict_pack_or_malformed(&ctx, s, lb6_miss::<L2>(&ctx, s))
 }
 
 /// [`lb6_slow`]'s path: the service and held-VIP lookups, then lb::lb_balance.
 #[inline(always)]
 fn lb6_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    // The Lb6ServiceKey (VIP, dport, proto) in three words.
+    let held = lb6_held(s);
+    lb_touch_if::<V6>(s, held);
+    match lb6_service(s) {
+        Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
+        None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
+        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
+    }
+    lb_balance::<V6, L2>(ctx, s, held)
+}
+
+/// The service of the flow in `s`: its Lb6ServiceKey (VIP, dport, proto) in
+/// three words, looked up.
+#[inline(always)]
+fn lb6_service(s: *mut Scratch) -> Option<*mut Lb4Service> {
     unsafe {
         let w = (*s).words6;
         write_volatile(&raw mut (*s).svc6[0], w[2]);
         write_volatile(&raw mut (*s).svc6[1], w[3]);
         write_volatile(&raw mut (*s).svc6[2], (w[4] >> 16 & 0xffff) | (w[4] >> 32 & 0xff) << 16);
     }
-    let held = lb6_held(s);
-    lb_touch_if::<V6>(s, held);
-    match lookup_at::<_, Lb4Service>(&lb6_services, unsafe { &raw const (*s).svc6 }.cast()) {
-        Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
-        None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
-        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
-    }
-    lb_balance::<V6, L2>(ctx, s, held)
+    lookup_at::<_, Lb4Service>(&lb6_services, unsafe { &raw const (*s).svc6 }.cast())
 }
 
 /// Whether this node has an `ndp_held` entry for the flow's VIP on its network

@@ -1,9 +1,11 @@
 //! Bounds-checked header access and the Ethernet / 802.1Q layer.
 use core::mem;
 
-use aya_ebpf::{helpers::bpf_xdp_get_buff_len, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_get_buff_len, programs::XdpContext};
 use network_types::{eth::EthHdr, vlan::VlanHdr};
 use vip_common::{Reason, ETH_P_ARP};
+
+use crate::maps::Scratch;
 
 /// What the program returns, and the counter that says why.
 pub type Verdict = (u32, Reason);
@@ -13,6 +15,19 @@ pub type Verdict = (u32, Reason);
 #[inline(always)]
 pub fn verdict_pack((action, reason): Verdict) -> u64 {
     u64::from(action) << 32 | reason as u64
+}
+
+/// A function's result packed ([`verdict_pack`]): a header cut short drops the
+/// frame as malformed, counted by its whole length.
+#[inline(always)]
+pub fn verdict_pack_or_malformed(ctx: &XdpContext, s: *mut Scratch, r: Result<Verdict, ()>) -> u64 {
+    verdict_pack(match r {
+        Ok(v) => v,
+        Err(()) => {
+            unsafe { (*s).bytes = frame_len(ctx) as u32 };
+            (xdp_action::XDP_DROP, Reason::DropMalformed)
+        }
+    })
 }
 
 #[inline(always)]
