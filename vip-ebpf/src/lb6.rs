@@ -72,13 +72,7 @@ fn lb6_icmp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, ifindex: u3
 fn lb6_icmp<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
     const PASS: Verdict = (xdp_action::XDP_PASS, Reason::PassedOther);
     const INNER: usize = IP6 + ICMP6_HDR_LEN;
-    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
-    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
-    let (vcf0, payload_len) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len)) };
-    if vcf0 >> 4 != 6 {
-        return Err(());
-    }
-    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    lb6_begin::<L2>(ctx, s, ifindex)?;
     let Ok(p) = ptr_at::<[u8; INNER + IP6 + 4]>(ctx, L2) else { return Ok(PASS) };
     let p = p as *const u8;
     unsafe {
@@ -121,16 +115,7 @@ enum Upper {
 /// service's address out first, then the flow cache, then [`lb6_slow`].
 #[inline(always)]
 fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
-    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
-    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
-    let (vcf0, payload_len) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len)) };
-    if vcf0 >> 4 != 6 {
-        return Err(());
-    }
-    // A jumbogram says 0 (its length is in a hop-by-hop option) and is counted
-    // by its headers alone: asking a helper for the frame's length would keep
-    // values across a call on every IPv6 packet's path (see maps::Scratch).
-    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    let ip = lb6_begin::<L2>(ctx, s, ifindex)?;
     let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
     let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) };
     let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
@@ -179,6 +164,23 @@ fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         }
     }
     Ok(verdict_unpack(lb6_slow::<L2>(ctx.ctx, s)))
+}
+
+/// The IPv6 header of a frame on the network of `ifindex`, both noted in the
+/// scratch with the bytes to count. A jumbogram says 0 (its length is in a
+/// hop-by-hop option) and is counted by its headers alone: asking a helper for
+/// the frame's length would keep values across a call on every IPv6 packet's
+/// path (see maps::Scratch).
+#[inline(always)]
+fn lb6_begin<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<*const Ipv6Hdr, ()> {
+    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
+    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
+    let (vcf0, payload_len) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len)) };
+    if vcf0 >> 4 != 6 {
+        return Err(());
+    }
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    Ok(ip)
 }
 
 /// Walks the extension headers from the IPv6 header's next header `next`, read
