@@ -46,13 +46,14 @@ struct NdOptions {
 }
 
 /// Walks the `len` bytes of options after an `L2`-byte layer-2 header, the IPv6
-/// header and ND_LEN: every option's length is non-zero and none runs past the
-/// end. Each goes into the checksum sum in the scratch (see [`csum_add`]), so an option must
-/// be 8 bytes long (those neighbour discovery uses are: link-layer addresses,
-/// nonce); a longer one (SEcure Neighbor Discovery's) makes the message
-/// malformed here: walking its further bytes too made the verifier's search
-/// outgrow its limit. Read with a helper: their offsets vary, and a variable
-/// offset added to a packet pointer needs CAP_PERFMON (see parse::ETH_LEN).
+/// header and ND_LEN: each is 8 bytes long (its length field 1) and none runs
+/// past the end. Each goes into the checksum sum in the scratch (see
+/// [`csum_add`]). The options neighbour discovery uses are 8 bytes (link-layer
+/// addresses, nonce); a longer one (SEcure Neighbor Discovery's) makes the
+/// message malformed here: walking its further bytes too made the verifier's
+/// search outgrow its limit. Read with a helper: their offsets vary, and a
+/// variable offset added to a packet pointer needs CAP_PERFMON (see
+/// parse::ETH_LEN).
 #[inline(always)]
 fn nd_options<const L2: usize>(ctx: &XdpContext, len: usize, s: *mut Scratch) -> Option<NdOptions> {
     let mut o = NdOptions { slla: false, tlla: None };
@@ -89,6 +90,13 @@ fn nd_options<const L2: usize>(ctx: &XdpContext, len: usize, s: *mut Scratch) ->
 #[inline(always)]
 fn csum_add(sum: u64, w: u64) -> u64 {
     sum + (w & 0xffff_ffff) + (w >> 32)
+}
+
+/// The pseudo-header's last 8 bytes, the ICMPv6 length `len` and next header, as
+/// a start for [`csum_add`].
+#[inline(always)]
+fn csum_start(len: u32) -> u64 {
+    u64::from(u32::from_ne_bytes(len.to_be_bytes())) + u64::from(u32::from_ne_bytes([0, 0, 0, IPPROTO_ICMPV6]))
 }
 
 /// The 16-bit one's-complement sum of `sum` (see [`csum_add`]).
@@ -214,7 +222,7 @@ fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
     // 7.1.1 and 7.1.2: a valid ICMPv6 checksum, over the pseudo-header (both
     // addresses, the length and next header) and the message.
     let (src, dst) = unsafe { ((ip as *const u8).add(8), (ip as *const u8).add(24)) };
-    let mut sum = u64::from(u32::from_ne_bytes((payload_len as u32).to_be_bytes())) + u64::from(u32::from_ne_bytes([0, 0, 0, IPPROTO_ICMPV6]));
+    let mut sum = csum_start(payload_len as u32);
     for i in 0..(32 + ND_LEN) / 8 {
         sum = csum_add(sum, unsafe { read_unaligned(src.add(8 * i) as *const u64) });
     }
@@ -304,7 +312,7 @@ fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         // by a helper: the pseudo-header (the target as source, the
         // destination, the length and next header), then the message.
         let (d0, d1) = addr_words(p.add(24));
-        let mut sum = u64::from(u32::from_ne_bytes([0, 0, 0, NA_LEN as u8])) + u64::from(u32::from_ne_bytes([0, 0, 0, IPPROTO_ICMPV6]));
+        let mut sum = csum_start(NA_LEN as u32);
         sum = csum_add(csum_add(csum_add(csum_add(sum, t.0), t.1), d0), d1);
         sum += u64::from(u32::from_ne_bytes([ND_NEIGHBOR_ADVERT, 0, 0, 0])) + u64::from(u32::from_ne_bytes([flags, 0, 0, 0]));
         sum = csum_add(csum_add(sum, t.0), t.1);
