@@ -31,7 +31,15 @@ fn neighbour(ns: &NetNs, addr: Ipv4Addr) -> String {
 }
 
 fn lo_addresses(ns: &NetNs) -> String {
-    String::from_utf8_lossy(&ns.ip(&["-4", "addr", "show", "dev", "lo"]).unwrap().stdout).into_owned()
+    String::from_utf8_lossy(&ns.ip(&["addr", "show", "dev", "lo"]).unwrap().stdout).into_owned()
+}
+
+/// The line of `ip -6 addr show dev lo` for `addr`, with the one after it (flags).
+fn lo_v6(ns: &NetNs, addr: &str) -> Option<String> {
+    let out = String::from_utf8_lossy(&ns.ip(&["-6", "-d", "addr", "show", "dev", "lo"]).unwrap().stdout).into_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    let i = lines.iter().position(|l| l.contains(&format!("inet6 {addr}/")))?;
+    Some(lines[i..(i + 2).min(lines.len())].join("\n"))
 }
 
 fn agent_args<'a>(dir: &'a Path, pins: &'a PinDir, mode: &'a str) -> Vec<String> {
@@ -103,10 +111,13 @@ fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
     }
     let (node, client) = pair(5);
     let (arp_vip, lo_vip) = (Ipv4Addr::new(198, 18, 5, 100), Ipv4Addr::new(198, 18, 5, 110));
+    // An IPv6 VIP of the same pool: on lo as a /128 marked by its address protocol
+    // (IPv6 addresses have no label), without duplicate address detection.
+    let lo_vip6 = "2001:2::5:110";
     let dir = TempDir::new("vip-lo").unwrap();
     let pins = PinDir::new().unwrap();
     let cfg = |mode: &str| {
-        format!("nodes:\n  - {{name: n1, address: 198.18.5.1}}\npools:\n  - {{name: l2, addresses: [198.18.5.100]}}\n  - {{name: routed, addresses: [198.18.5.110], announce: {mode}}}\n")
+        format!("nodes:\n  - {{name: n1, address: 198.18.5.1}}\npools:\n  - {{name: l2, addresses: [198.18.5.100]}}\n  - {{name: routed, addresses: [198.18.5.110, '{lo_vip6}'], announce: {mode}}}\n")
     };
     write_atomic(&dir.0.join("vip.yaml"), &cfg("lo")).unwrap();
     let args = agent_args(&dir.0, &pins, xdp_mode_arg());
@@ -123,7 +134,12 @@ fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {}", String::from_utf8_lossy(&o.stderr)));
     let modes: Vec<(String, String)> =
         report["held"].as_array().unwrap().iter().map(|h| (h["vip"].as_str().unwrap().to_owned(), h["announce"].as_str().unwrap().to_owned())).collect();
-    assert_eq!(modes, [(arp_vip.to_string(), "arp".to_owned()), (lo_vip.to_string(), "lo".to_owned())]);
+    assert_eq!(modes, [(arp_vip.to_string(), "arp".to_owned()), (lo_vip.to_string(), "lo".to_owned()), (lo_vip6.to_owned(), "lo".to_owned())]);
+    let v6 = wait_for(Duration::from_secs(10), || lo_v6(&node, lo_vip6)).unwrap_or_else(|| panic!("{lo_vip6} not on lo:\n{}", lo_addresses(&node)));
+    // Its mark (the address protocol) is what lets the agent remove it below while
+    // it leaves the one added by hand (Debian 12's iproute2 does not print it).
+    assert!(v6.contains(&format!("inet6 {lo_vip6}/128")) && v6.contains("nodad"), "{lo_vip6} on lo, but not as the agent adds it: {v6}");
+    assert!(!v6.contains("tentative"), "{lo_vip6} is tentative (duplicate address detection ran): {v6}");
     let (ok, out) = arping(&client, "eth0", arp_vip);
     assert!(ok && out.contains(&node_mac), "the ARP pool's VIP is not answered: {out}");
     // The node's kernel would answer for an address on lo; the data path drops the request.
@@ -132,8 +148,8 @@ fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
 
     // Live edit: the pool now announces by ARP; the address leaves lo, ARP answers.
     write_atomic(&dir.0.join("vip.yaml"), &cfg("arp")).unwrap();
-    let gone = wait_for(Duration::from_secs(10), || (!lo_addresses(&node).contains(&lo_vip.to_string())).then_some(()));
-    assert!(gone.is_some(), "{lo_vip} still on lo after the pool moved to ARP:\n{}", lo_addresses(&node));
+    let gone = wait_for(Duration::from_secs(10), || (!lo_addresses(&node).contains(&lo_vip.to_string()) && lo_v6(&node, lo_vip6).is_none()).then_some(()));
+    assert!(gone.is_some(), "{lo_vip} or {lo_vip6} still on lo after the pool moved to ARP:\n{}", lo_addresses(&node));
     let (ok, out) = arping(&client, "eth0", lo_vip);
     assert!(ok && out.contains(&node_mac), "not answered once announced by ARP: {out}");
 
@@ -141,9 +157,11 @@ fn announce_lo_puts_held_vips_on_lo_answers_no_arp_and_follows_edits() {
     write_atomic(&dir.0.join("vip.yaml"), &cfg("lo")).unwrap();
     assert!(wait_for(Duration::from_secs(10), || lo_addresses(&node).contains(&ours).then_some(())).is_some(), "not back on lo");
     node.ip(&["addr", "add", "198.18.5.111/32", "dev", "lo"]).unwrap();
+    node.ip(&["addr", "add", "2001:2::5:111/128", "dev", "lo", "nodad"]).unwrap();
     write_atomic(&dir.0.join("vip.yaml"), "nodes:\n  - {name: n1, address: 198.18.5.1}\npools:\n  - {name: l2, addresses: [198.18.5.100]}\n").unwrap();
-    let gone = wait_for(Duration::from_secs(10), || (!lo_addresses(&node).contains(&lo_vip.to_string())).then_some(()));
-    assert!(gone.is_some(), "{lo_vip} still on lo after its pool was removed:\n{}", lo_addresses(&node));
+    let gone = wait_for(Duration::from_secs(10), || (!lo_addresses(&node).contains(&lo_vip.to_string()) && lo_v6(&node, lo_vip6).is_none()).then_some(()));
+    assert!(gone.is_some(), "{lo_vip} or {lo_vip6} still on lo after its pool was removed:\n{}", lo_addresses(&node));
     assert!(lo_addresses(&node).contains("198.18.5.111/32"), "an address the agent did not add was removed");
+    assert!(lo_v6(&node, "2001:2::5:111").is_some(), "an IPv6 address the agent did not add was removed");
     agent.check_alive().unwrap();
 }

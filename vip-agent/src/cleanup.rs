@@ -14,7 +14,7 @@ pub struct Removed {
     /// The pin directory, with the program and every map.
     pub pins: Option<PathBuf>,
     /// `announce: lo` addresses (label `lo:vip`) taken off `lo`.
-    pub loopback: Vec<std::net::Ipv4Addr>,
+    pub loopback: Vec<std::net::IpAddr>,
     pub status_file: Option<PathBuf>,
 }
 
@@ -30,7 +30,7 @@ impl std::fmt::Display for Removed {
         }
         if !self.loopback.is_empty() {
             let a: Vec<String> = self.loopback.iter().map(ToString::to_string).collect();
-            writeln!(f, "removed {} from lo (label {})", a.join(", "), crate::ha::loopback::LABEL)?;
+            writeln!(f, "removed {} from lo (label {}, proto {:#x})", a.join(", "), crate::ha::loopback::LABEL, crate::ha::loopback::PROTO)?;
         }
         if let Some(s) = &self.status_file {
             writeln!(f, "removed {}", s.display())?;

@@ -105,7 +105,7 @@ pub struct Setup {
     pub me: String,
     pub held: HeldVips,
     /// The IPv4 VIPs of `announce: lo` pools we hold, for the loopback task.
-    pub on_lo: watch::Sender<BTreeSet<Ipv4Addr>>,
+    pub on_lo: watch::Sender<BTreeSet<IpAddr>>,
     pub metrics: metrics::Liveness,
     /// Heartbeat keys (None: a trusted segment, unsigned heartbeats).
     pub keys: Option<ha::auth::SharedKeys>,
@@ -533,15 +533,7 @@ impl Liveness {
         }
         self.last_garp.retain(|v, _| o.held.contains(v));
         self.tell_held();
-        let on_lo: BTreeSet<Ipv4Addr> = o
-            .on_lo
-            .iter()
-            .filter_map(|v| match v {
-                IpAddr::V4(v) => Some(*v),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-        self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &on_lo));
+        self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
         self.s.metrics.record(&self.world, &self.owners, &o, &metrics::Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
         self.owners = o.owners.clone();
         let m = Membership {
