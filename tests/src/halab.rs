@@ -8,7 +8,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader, Write},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Stdio},
     time::{Duration, Instant},
@@ -24,6 +24,8 @@ use crate::{
 };
 
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+/// The client's IPv6 address with [`HaSpec::ipv6`] (2001:2::/64, on the segment).
+pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x100);
 pub const SERVICE_PORT: u16 = 80;
 
 /// The lab's shape and timers.
@@ -64,6 +66,11 @@ pub struct HaSpec {
     pub metrics_on_segment: bool,
     /// The agents' `--arp-check-interval` in ms (None: the default, 45 s).
     pub arp_check_ms: Option<u64>,
+    /// Dual-stack: every VIP `k` has an IPv6 twin [`vip6`]`(k)` in the same pool,
+    /// with a service of its own on the same ports, and the client and every node
+    /// also have an address in 2001:2::/64 on the segment (a backend answers the
+    /// client directly). Node addresses (heartbeats, health checks) stay IPv4.
+    pub ipv6: bool,
 }
 
 impl Default for HaSpec {
@@ -89,6 +96,7 @@ impl Default for HaSpec {
             xdp_mode: xdp_mode(),
             metrics_on_segment: false,
             arp_check_ms: None,
+            ipv6: false,
         }
     }
 }
@@ -98,6 +106,17 @@ const VIPS_PER_NET: usize = 200;
 
 pub fn vip(k: usize) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, 1 + (k / VIPS_PER_NET) as u8, 10 + (k % VIPS_PER_NET) as u8)
+}
+
+/// VIP `k`'s IPv6 twin ([`HaSpec::ipv6`]): 2001:2::1:a onwards, in the
+/// segment's /64 (on-link for the client, as the IPv4 VIPs are made).
+pub fn vip6(k: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 1, 10 + k as u16)
+}
+
+/// Node `i`'s IPv6 address on the segment ([`HaSpec::ipv6`]).
+pub fn node_addr6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x11 + i as u16)
 }
 
 /// The /24s the first `n` VIPs lie in.
@@ -138,6 +157,10 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     }
     let ranges: Vec<String> =
         (0..s.vips.div_ceil(VIPS_PER_NET)).map(|i| format!("{}-{}", vip(i * VIPS_PER_NET), vip(((i + 1) * VIPS_PER_NET).min(s.vips) - 1))).collect();
+    let mut ranges: Vec<String> = ranges;
+    if s.ipv6 && s.vips > 0 {
+        ranges.push(format!("'{}-{}'", vip6(0), vip6(s.vips - 1)));
+    }
     y += &format!("pools:\n  - name: lab\n    addresses: [{}]\n    nodeSelector: {{lab: \"yes\"}}\nservices:\n", ranges.join(", "));
     let ports: Vec<String> = s.ports.iter().map(u16::to_string).collect();
     let table = s.table_size.map(|t| format!(", tableSize: {t}")).unwrap_or_default();
@@ -155,6 +178,9 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     for k in 0..s.vips {
         let table = if s.distinct_tables { format!(", tableSize: {}", primes.next().expect("primes")) } else { table.clone() };
         y += &format!("  - {{name: web-{k}, vip: {}, ports: [{}]{table}{check}}}\n", vip(k), ports.join(", "));
+        if s.ipv6 {
+            y += &format!("  - {{name: web6-{k}, vip: '{}', ports: [{}]{table}{check}}}\n", vip6(k), ports.join(", "));
+        }
     }
     if !s.default_timers {
         y += &format!("announce:\n  holdTime: {}ms\n  garpCount: 3\n  garpInterval: 50ms\n", s.hold_ms);
@@ -168,8 +194,13 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
 /// "name\n" and then every further line echoed back (long-lived connections prove
 /// they still reach the same backend).
 pub fn serve_name(port: u16, name: &str) -> Result<()> {
-    let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding port {port}"))?;
-    serve_name_on(l, name)
+    // One socket for both families (the dual-stack lab's IPv6 VIPs too).
+    let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+    s.set_only_v6(false)?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into()).with_context(|| format!("binding port {port}"))?;
+    s.listen(1024)?;
+    serve_name_on(s.into(), name)
 }
 
 /// [`serve_name`] on a listener already bound (in another namespace, say).
@@ -224,7 +255,8 @@ pub struct LongConn {
 
 impl LongConn {
     /// Connects from the client namespace (the socket stays in it) from `sport`.
-    pub fn open(client: &NetNs, vip: Ipv4Addr, sport: u16, timeout: Duration) -> Result<Self> {
+    pub fn open(client: &NetNs, vip: impl Into<IpAddr>, sport: u16, timeout: Duration) -> Result<Self> {
+        let vip = vip.into();
         let s = client.run(move || connect_from(sport, vip, timeout))??;
         s.set_read_timeout(Some(Duration::from_secs(3)))?;
         let mut r = BufReader::new(s.try_clone()?);
@@ -245,16 +277,21 @@ impl LongConn {
     }
 }
 
-fn connect_from(sport: u16, vip: Ipv4Addr, timeout: Duration) -> Result<TcpStream> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+fn connect_from(sport: u16, vip: IpAddr, timeout: Duration) -> Result<TcpStream> {
+    let (domain, from): (_, IpAddr) = match vip {
+        IpAddr::V4(_) => (socket2::Domain::IPV4, CLIENT.into()),
+        IpAddr::V6(_) => (socket2::Domain::IPV6, CLIENT6.into()),
+    };
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
     s.set_reuse_address(true)?;
-    s.bind(&SocketAddr::from((CLIENT, sport)).into())?;
+    s.bind(&SocketAddr::from((from, sport)).into())?;
     s.connect_timeout(&SocketAddr::from((vip, SERVICE_PORT)).into(), timeout)?;
     Ok(s.into())
 }
 
 /// One short connection: the name of the backend that answered.
-pub fn ask(client: &NetNs, vip: Ipv4Addr, sport: u16, timeout: Duration) -> Result<String> {
+pub fn ask(client: &NetNs, vip: impl Into<IpAddr>, sport: u16, timeout: Duration) -> Result<String> {
+    let vip = vip.into();
     let s = client.run(move || connect_from(sport, vip, timeout))??;
     s.set_read_timeout(Some(timeout.max(Duration::from_millis(500))))?;
     let mut r = BufReader::new(s.try_clone()?);
@@ -401,6 +438,9 @@ impl HaLab {
         write_atomic(&dir.join(HEARTBEAT_KEY), &format!("{}\n", random_key()))?;
         let seg = Segment::in_ns(NetNs::create(ns_name("br"))?)?;
         let client = seg.plug(NetNs::create(ns_name("cl"))?, &format!("{CLIENT}/24"))?;
+        if spec.ipv6 {
+            client.ip(&["-6", "addr", "add", &format!("{CLIENT6}/64"), "dev", "eth0", "nodad"])?;
+        }
         // VIPs are on-link for the client: it ARPs for them on the segment.
         for net in vip_nets(spec.vips) {
             client.ip(&["route", "add", &net, "dev", "eth0"])?;
@@ -419,6 +459,14 @@ impl HaLab {
                 }
                 None => ns,
             };
+            if spec.ipv6 {
+                ns.ip(&["-6", "addr", "add", &format!("{}/64", node_addr6(i)), "dev", "eth0", "nodad"])?;
+                // As a backend: the VIP on lo (Linux answers solicitations only for
+                // the receiving interface's addresses: no arp_ignore to set).
+                for k in 0..spec.vips {
+                    ns.ip(&["-6", "addr", "add", &format!("{}/128", vip6(k)), "dev", "lo"])?;
+                }
+            }
             if spec.vips <= VIPS_PER_NET {
                 for k in 0..spec.vips {
                     accept_vip(&ns, vip(k))?;
@@ -443,6 +491,19 @@ impl HaLab {
             nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), pins, status_file, log });
         }
         let mut lab = Self { nodes, client, seg, hb_seg, spec, dir, config, pins_root, remove_dir };
+        if lab.spec.ipv6 {
+            // Links that have been up a while, as a node's are: each host's
+            // link-local address past duplicate address detection, so that its MLD
+            // reports (the agents' solicited-node groups) come from that address,
+            // which a snooping bridge learns groups from.
+            for ns in lab.nodes.iter().map(|n| &n.ns).chain([&lab.client]) {
+                let settled = wait_for(Duration::from_secs(5), || {
+                    let o = ns.ip(&["-6", "addr", "show", "dev", "eth0", "tentative"]).ok()?;
+                    o.stdout.is_empty().then_some(())
+                });
+                settled.with_context(|| format!("{}: eth0's IPv6 addresses still tentative after 5 s", ns.name))?;
+            }
+        }
         // Servers listening before anything is measured: the agents count a new
         // backend healthy until its checks fail, so full rings do not prove it.
         // (On failure the lab is dropped: servers killed, directories removed.)
@@ -540,6 +601,11 @@ impl HaLab {
         Some(self.status(i)?.owners.into_iter().filter_map(|(v, o)| Some((v4(v)?, o))).collect())
     }
 
+    /// The owner of `vip` (either family) as node `i` sees it.
+    pub fn owner_seen_by(&self, i: usize, vip: IpAddr) -> Option<String> {
+        self.status(i)?.owners.remove(&vip)
+    }
+
     /// The IPv4 VIPs node `i` holds.
     pub fn held_by(&self, i: usize) -> Vec<Ipv4Addr> {
         self.status(i).map(|s| s.held.into_iter().filter_map(v4).collect()).unwrap_or_default()
@@ -568,6 +634,17 @@ impl HaLab {
                     return None;
                 }
             }
+            // The dual-stack lab's IPv6 twins: one owner that all agree on, holding it.
+            if self.spec.ipv6 {
+                for k in 0..vips {
+                    let v = IpAddr::V6(vip6(k));
+                    let owner = self.owner_seen_by(up[0], v)?;
+                    let i = up.iter().copied().find(|&i| self.nodes[i].name == owner)?;
+                    if up.iter().any(|&j| self.owner_seen_by(j, v).as_ref() != Some(&owner)) || !self.status(i)?.held.contains(&v) {
+                        return None;
+                    }
+                }
+            }
             Some(first)
         });
         r.with_context(|| {
@@ -584,8 +661,8 @@ impl HaLab {
             up.iter()
                 .all(|&i| {
                     self.status(i).is_some_and(|s| {
-                        let full =
-                            s.services.len() == self.spec.vips * self.spec.ports.len() && s.services.iter().all(|x| x.backends.len() == self.nodes.len());
+                        let full = s.services.len() == self.spec.vips * self.spec.ports.len() * (1 + usize::from(self.spec.ipv6))
+                            && s.services.iter().all(|x| x.backends.len() == self.nodes.len());
                         full && s.health.iter().all(|x| x.healthy)
                     })
                 })
@@ -599,7 +676,8 @@ impl HaLab {
     }
 
     /// The client's neighbour entry for `ip`: its MAC, if it has one.
-    pub fn client_neigh(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+    pub fn client_neigh(&self, ip: impl Into<IpAddr>) -> Option<[u8; 6]> {
+        let ip = ip.into();
         let o = self.client.ip(&["neigh", "show", &ip.to_string()]).ok()?;
         let text = String::from_utf8_lossy(&o.stdout);
         let mac = text.split_whitespace().skip_while(|w| *w != "lladdr").nth(1)?;
@@ -682,21 +760,29 @@ pub fn time_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Durati
 
 /// One ARP frame seen: when, sender MAC, sender address.
 pub type ArpSeen = (Instant, [u8; 6], Ipv4Addr);
+/// One claim of an address seen: an ARP frame's sender, or a Neighbor
+/// Advertisement's target with the frame's source MAC.
+pub type NeighSeen = (Instant, [u8; 6], IpAddr);
 
-/// ARP frames seen on the client's eth0 (sender MAC and address, when), captured
-/// by a packet socket in the client namespace until `stop`.
+/// ARP frames and Neighbor Advertisements seen on the client's eth0 (who claimed
+/// which address, when), captured by a packet socket in the client namespace
+/// until `stop`.
 pub struct ArpWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<ArpSeen>>>,
+    thread: Option<std::thread::JoinHandle<Vec<NeighSeen>>>,
 }
 
 /// A packet socket receiving every ARP frame in the calling thread's namespace
 /// (sent and received), each `recv` waiting at most 20 ms.
 pub fn arp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+    packet_socket(vip_common::ETH_P_ARP)
+}
+
+/// [`arp_socket`] for frames of `ethertype` (ETH_P_ALL: every frame).
+fn packet_socket(ethertype: u16) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    use vip_common::ETH_P_ARP;
     // SAFETY: plain socket(2); the fd is owned below.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(ETH_P_ARP.to_be())) };
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(ethertype.to_be())) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -724,6 +810,26 @@ pub fn recv_arp(fd: &std::os::fd::OwnedFd) -> Option<(u16, [u8; 6], Ipv4Addr, Ip
     })
 }
 
+/// The address a frame from `fd` claims and the MAC claiming it: an ARP frame's
+/// sender, or an untagged Neighbor Advertisement's target (None: neither, or a
+/// timeout).
+fn recv_claim(fd: &std::os::fd::OwnedFd) -> Option<([u8; 6], IpAddr)> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 128];
+    // SAFETY: valid fd and buffer.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    let n = usize::try_from(n).ok()?;
+    match u16::from_be_bytes([buf[12], buf[13]]) {
+        0x0806 if n >= 42 => Some((buf[22..28].try_into().ok()?, Ipv4Addr::new(buf[28], buf[29], buf[30], buf[31]).into())),
+        // IPv6, next header ICMPv6 (58), type 136; the target follows the flags word.
+        0x86dd if n >= 78 && buf[20] == 58 && buf[54] == 136 => {
+            let target: [u8; 16] = buf[62..78].try_into().ok()?;
+            Some((buf[6..12].try_into().ok()?, Ipv6Addr::from(target).into()))
+        }
+        _ => None,
+    }
+}
+
 impl ArpWatch {
     pub fn start(client: &NetNs) -> Result<Self> {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -731,12 +837,12 @@ impl ArpWatch {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = client.spawn(move || {
             let mut seen = Vec::new();
-            let fd = arp_socket();
+            let fd = packet_socket(libc::ETH_P_ALL as u16);
             let _ = ready_tx.send(fd.as_ref().map(|_| ()).map_err(|e| e.to_string()));
             let Ok(fd) = fd else { return seen };
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some((_, sha, spa, _)) = recv_arp(&fd) {
-                    seen.push((Instant::now(), sha, spa));
+                if let Some((mac, addr)) = recv_claim(&fd) {
+                    seen.push((Instant::now(), mac, addr));
                 }
             }
             seen
@@ -747,8 +853,13 @@ impl ArpWatch {
         Ok(Self { stop, thread: Some(thread) })
     }
 
-    /// Stops capturing; returns what was seen.
-    pub fn finish(mut self) -> Vec<ArpSeen> {
+    /// Stops capturing; returns the ARP frames seen.
+    pub fn finish(self) -> Vec<ArpSeen> {
+        self.finish_all().into_iter().filter_map(|(t, mac, a)| Some((t, mac, v4(a)?))).collect()
+    }
+
+    /// Stops capturing; returns every claim seen (ARP and Neighbor Advertisements).
+    pub fn finish_all(mut self) -> Vec<NeighSeen> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
     }
@@ -805,7 +916,8 @@ pub fn arp_probe(client: &NetNs, vips: &[Ipv4Addr], rounds: u32, gap: Duration) 
 /// per attempt, in start order.
 pub type Probes = std::thread::JoinHandle<Vec<(Instant, Option<Instant>)>>;
 
-pub fn spawn_probes(client: &NetNs, vip: Ipv4Addr, every: Duration, span: Duration, timeout: Duration) -> Result<Probes> {
+pub fn spawn_probes(client: &NetNs, vip: impl Into<IpAddr>, every: Duration, span: Duration, timeout: Duration) -> Result<Probes> {
+    let vip = vip.into();
     client.spawn(move || {
         let end = Instant::now() + span;
         let mut attempts = Vec::new();
@@ -832,7 +944,8 @@ pub struct Outage {
     pub first_ok: Option<Duration>,
     /// New connections attempted after the fault that failed.
     pub failed: usize,
-    /// Fault → first gratuitous ARP (or reply) for the VIP from a MAC other than the old owner's.
+    /// Fault → first gratuitous ARP (or reply; for an IPv6 VIP a Neighbor
+    /// Advertisement) for the VIP from a MAC other than the old owner's.
     pub takeover: Option<Duration>,
     pub conns: usize,
     /// Established connections that broke (a ping failed) during the window.
@@ -843,7 +956,7 @@ pub struct Outage {
 /// (a ping each every 50 ms), new connections tried every 10 ms for `span`, and
 /// ARP frames captured. Start it, cause the fault, call `finish` with its instant.
 pub struct FailoverWatch {
-    vip: Ipv4Addr,
+    vip: IpAddr,
     old_mac: [u8; 6],
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pinger: std::thread::JoinHandle<(Vec<LongConn>, Vec<bool>)>,
@@ -852,7 +965,8 @@ pub struct FailoverWatch {
 }
 
 impl FailoverWatch {
-    pub fn start(lab: &HaLab, vip: Ipv4Addr, old_mac: [u8; 6], mut conns: Vec<LongConn>, span: Duration) -> Result<Self> {
+    pub fn start(lab: &HaLab, vip: impl Into<IpAddr>, old_mac: [u8; 6], mut conns: Vec<LongConn>, span: Duration) -> Result<Self> {
+        let vip = vip.into();
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
@@ -885,7 +999,7 @@ impl FailoverWatch {
         let attempts = self.probes.join().map_err(|_| anyhow::anyhow!("probe thread panicked"))?;
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let (conns, broken) = self.pinger.join().map_err(|_| anyhow::anyhow!("ping thread panicked"))?;
-        let frames = self.arp.finish();
+        let frames = self.arp.finish_all();
         let after: Vec<_> = attempts.iter().filter(|(s, _)| *s >= done).collect();
         let outage = Outage {
             first_ok: after.iter().find_map(|(_, d)| *d).map(|d| d.duration_since(t0)),

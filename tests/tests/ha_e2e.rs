@@ -126,6 +126,44 @@ fn owner_sigkill_moves_vip_garp_updates_client_and_connections_survive() {
     ping_all(&mut conns, "on the return");
 }
 
+/// The dual-stack lab: IPv6 VIPs are spread over every node as IPv4 ones are, and
+/// a dead owner's IPv6 VIP moves with an unsolicited Neighbor Advertisement
+/// (Override) that corrects the client's entry unasked, with established
+/// connections through the other nodes kept, as gratuitous ARP does for IPv4.
+#[test]
+fn ipv6_vips_spread_over_every_node_and_fail_over_with_an_advertisement() {
+    let Some((_g, mut lab, _)) = setup(HaSpec { ipv6: true, ..Default::default() }) else { return };
+    let v = std::net::IpAddr::V6(vip_tests::halab::vip6(0));
+    let mut seen = BTreeMap::new();
+    for i in 0..30 {
+        let name = ask(&lab.client, v, 44000 + i, Duration::from_secs(2)).unwrap_or_else(|e| panic!("connection {i} to {v}: {e:#}\n{}", lab.agent_logs()));
+        *seen.entry(name).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), lab.nodes.len(), "30 connections to {v} reached {seen:?}, not every node");
+    let a = lab.index_of(&lab.owner_seen_by(0, v).unwrap());
+    assert_eq!(lab.client_neigh(v), Some(lab.nodes[a].mac), "the client resolved {v} to its owner {}", lab.nodes[a].name);
+    let avoid = lab.nodes[a].name.clone();
+    let conns: Vec<LongConn> =
+        (0..12).map(|i| LongConn::open(&lab.client, v, 44100 + i, Duration::from_secs(2)).unwrap()).filter(|c| c.backend != avoid).collect();
+    assert!(conns.len() >= 3, "too few connections avoid {avoid}: {}", conns.len());
+    let watch = FailoverWatch::start(&lab, v, lab.nodes[a].mac, conns, Duration::from_secs(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    lab.kill_agent(a);
+    let done = Instant::now();
+    let (o, mut conns, _) = watch.finish(t0, done).unwrap();
+    eprintln!("IPv6 owner killed: advertisement from the new owner after {:?}, first new connection after {:?}", o.takeover, o.first_ok);
+    assert!(o.takeover.is_some(), "no Neighbor Advertisement for {v} from a new owner within 2 s\n{}", lab.agent_logs());
+    assert!(o.first_ok.is_some(), "no new connection to {v} within 2 s of the owner's death\n{}", lab.agent_logs());
+    assert_eq!(o.broken, 0, "{} of {} established connections broke", o.broken, o.conns);
+    ping_all(&mut conns, "after the IPv6 failover");
+    let rest: Vec<usize> = all(&lab).into_iter().filter(|&i| i != a).collect();
+    lab.wait_converged(&rest, Duration::from_secs(3)).unwrap();
+    let b = lab.index_of(&lab.owner_seen_by(rest[0], v).unwrap());
+    assert_ne!(a, b);
+    assert_eq!(lab.client_neigh(v), Some(lab.nodes[b].mac), "the client's entry for {v} moved to the new owner {}", lab.nodes[b].name);
+}
+
 #[test]
 fn owner_sigstop_is_fenced_and_taken_over_then_rejoins() {
     let Some((_g, lab, owners)) = setup(HaSpec::default()) else { return };

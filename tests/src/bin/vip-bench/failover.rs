@@ -1,8 +1,12 @@
-//! Failover in the HA lab (three nodes, real agents): TRIALS faults of each kind
-//! on the owner of a VIP, with new connections attempted every 10 ms from the
-//! client and established connections (to other backends) kept busy; then healed
-//! partitions.
-use std::time::{Duration, Instant};
+//! Failover in the HA lab (three nodes, real agents, dual-stack VIPs): TRIALS
+//! faults of each kind on the owner of an IPv4 VIP and as many, alternated with
+//! them, on the owner of an IPv6 one, with new connections attempted every 10 ms
+//! from the client and established connections (to other backends) kept busy;
+//! then healed partitions.
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
 use vip_agent::dataplane::AttachMode;
@@ -36,14 +40,15 @@ struct Trial {
     broken: usize,
 }
 
-fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize) -> Result<Trial> {
+/// One fault on the owner of VIP `k`, the IPv4 one or (`ipv6`) its IPv6 twin.
+fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize, ipv6: bool) -> Result<Trial> {
     let all: Vec<usize> = (0..lab.nodes.len()).collect();
-    let owners = lab.wait_converged(&all, Duration::from_secs(10))?;
+    lab.wait_converged(&all, Duration::from_secs(10))?;
     // Every node's rings whole again (the previous trial's node re-admitted): the
     // trial measures the owner's failure, not a backend change still in flight.
     lab.wait_rings_full(&all, Duration::from_secs(10))?;
-    let v = halab::vip(k % lab.spec.vips);
-    let a = lab.index_of(&owners[&v]);
+    let v: IpAddr = if ipv6 { halab::vip6(k % lab.spec.vips).into() } else { halab::vip(k % lab.spec.vips).into() };
+    let a = lab.index_of(&lab.owner_seen_by(0, v).with_context(|| format!("no owner of {v}"))?);
     let a_mac = lab.nodes[a].mac;
     let avoid = lab.nodes[a].name.clone();
     let mut conns = Vec::new();
@@ -140,10 +145,10 @@ fn dist_text(v: &[f64]) -> String {
 /// runs twice: the agents attaching XDP in generic mode, then in native mode
 /// (`VIP_BENCH_XDP_MODES=native` runs one of them).
 pub fn section() -> Result<Section> {
-    let spec = HaSpec::default();
+    let spec = HaSpec { ipv6: true, ..HaSpec::default() };
     let HaSpec { heartbeat_ms, dead_after_ms, hold_ms, .. } = spec;
     let mut s = Section::new(line!(
-        "Failover (HA lab: 3 nodes, real agents; heartbeat {heartbeat_ms} ms, deadAfter {dead_after_ms} ms, holdTime {hold_ms} ms; {TRIALS} trials each; XDP generic, then native)"
+        "Failover (HA lab: 3 nodes, real agents, dual-stack VIPs; heartbeat {heartbeat_ms} ms, deadAfter {dead_after_ms} ms, holdTime {hold_ms} ms; {TRIALS} trials each on an IPv4 VIP's owner and as many on an IPv6 VIP's, alternated; XDP generic, then native)"
     ));
     let modes = std::env::var("VIP_BENCH_XDP_MODES").unwrap_or_default();
     for (mode, name) in [(AttachMode::Generic, "generic"), (AttachMode::Native, "native")] {
@@ -165,40 +170,44 @@ fn mode_trials(s: &mut Section, spec: HaSpec) -> Result<()> {
     let HaSpec { heartbeat_ms, .. } = spec;
     s.para(line!("XDP attached in **{mode}** mode by the agents (`run --mode {mode}`):"));
     let mut t = Table::new(
-        "| fault on the VIP's owner | fault → first new connection: median / p95 / max | new connections failed (all trials) | fault → new owner's gratuitous ARP at the client: median / p95 / max | established connections broken (owner not their backend) |",
-        "|---|---|---:|---|---:|",
+        "| fault on the VIP's owner | VIP | fault → first new connection: median / p95 / max | new connections failed (all trials) | fault → new owner's gratuitous ARP (IPv6: unsolicited Neighbor Advertisement) at the client: median / p95 / max | established connections broken (owner not their backend) |",
+        "|---|---|---|---:|---|---:|",
     );
     let faults = std::env::var("VIP_BENCH_FAULTS").unwrap_or_default();
     for fault in [Fault::AgentKill, Fault::AgentStop, Fault::LinkDown] {
         if !faults.is_empty() && !faults.split(',').any(|f| format!("{fault:?}").eq_ignore_ascii_case(f)) {
             continue;
         }
-        let mut trials = Vec::new();
+        let mut by_family = [Vec::new(), Vec::new()];
         for k in 0..TRIALS {
-            trials.push(failover_trial(&mut lab, fault, k).with_context(|| format!("{fault:?} trial {k} ({mode})"))?);
+            for (ipv6, trials) in [false, true].into_iter().zip(by_family.iter_mut()) {
+                trials.push(failover_trial(&mut lab, fault, k, ipv6).with_context(|| format!("{fault:?} trial {k} ({mode}, IPv6 {ipv6})"))?);
+            }
         }
-        let first: Vec<f64> = trials.iter().map(|t| t.first_ok_ms).collect();
-        let take: Vec<f64> = trials.iter().filter_map(|t| t.takeover_ms).collect();
-        let failed: usize = trials.iter().map(|t| t.failed_attempts).sum();
-        let (conns, broken): (usize, usize) = (trials.iter().map(|t| t.conns).sum(), trials.iter().map(|t| t.broken).sum());
-        let name = match fault {
-            Fault::AgentKill => "agent SIGKILL",
-            Fault::AgentStop => "agent SIGSTOP (hung)",
-            Fault::LinkDown => "link down (bridge port)",
-        };
-        let (first_d, take_d, seen) = (dist_text(&first), dist_text(&take), take.len());
-        let a = at(format!("failover_{fault:?}{suffix}"));
-        t.row(
-            line!(
-                "| {name} | {first_d} | {} | {take_d} ({seen} of {TRIALS} seen) | {} of {} |",
-                a.f("failed_attempts").show(failed),
-                a.f("broken").show(broken),
-                a.f("connections").show(conns)
-            )
-            .with(a.f("first_new_connection_ms").data(&first))
-            .with(a.f("takeover_garp_ms").data(&take))
-            .with(a.f("fault_command_ms").data(trials.iter().map(|t| t.fault_ms).collect::<Vec<_>>())),
-        );
+        for (trials, (family, tag)) in by_family.iter().zip([("IPv4", ""), ("IPv6", "_ipv6")]) {
+            let first: Vec<f64> = trials.iter().map(|t| t.first_ok_ms).collect();
+            let take: Vec<f64> = trials.iter().filter_map(|t| t.takeover_ms).collect();
+            let failed: usize = trials.iter().map(|t| t.failed_attempts).sum();
+            let (conns, broken): (usize, usize) = (trials.iter().map(|t| t.conns).sum(), trials.iter().map(|t| t.broken).sum());
+            let name = match fault {
+                Fault::AgentKill => "agent SIGKILL",
+                Fault::AgentStop => "agent SIGSTOP (hung)",
+                Fault::LinkDown => "link down (bridge port)",
+            };
+            let (first_d, take_d, seen) = (dist_text(&first), dist_text(&take), take.len());
+            let a = at(format!("failover_{fault:?}{tag}{suffix}"));
+            t.row(
+                line!(
+                    "| {name} | {family} | {first_d} | {} | {take_d} ({seen} of {TRIALS} seen) | {} of {} |",
+                    a.f("failed_attempts").show(failed),
+                    a.f("broken").show(broken),
+                    a.f("connections").show(conns)
+                )
+                .with(a.f("first_new_connection_ms").data(&first))
+                .with(a.f("takeover_garp_ms").data(&take))
+                .with(a.f("fault_command_ms").data(trials.iter().map(|t| t.fault_ms).collect::<Vec<_>>())),
+            );
+        }
     }
     s.table(t);
     if faults.is_empty() || faults.split(',').any(|f| f.eq_ignore_ascii_case("heal")) {
