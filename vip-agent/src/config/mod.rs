@@ -2,12 +2,7 @@
 //! the model. Unknown keys are errors; every error names the field path and line.
 mod locate;
 
-use std::{
-    collections::BTreeMap,
-    fmt,
-    net::{IpAddr, Ipv4Addr},
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, net::IpAddr, time::Duration};
 
 use serde::Deserialize;
 
@@ -90,7 +85,7 @@ fn default_dead_after() -> Duration {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileNode {
     name: String,
-    address: Ipv4Addr,
+    address: IpAddr,
     #[serde(default)]
     mac: Option<Mac>,
     #[serde(default)]
@@ -206,6 +201,9 @@ fn validate(f: File) -> Result<World, FieldError> {
         }
         if let Some(j) = names.insert(n.name.clone(), i) {
             return invalid(format!("{p}.name"), format!("node {:?} is already defined at nodes[{j}]", n.name));
+        }
+        if let Some(why) = spec::node_address_problem(n.address) {
+            return invalid(format!("{p}.address"), format!("{} {why}", n.address));
         }
         if let Some(j) = addrs.insert(n.address, i) {
             return invalid(format!("{p}.address"), format!("{} is already the address of nodes[{j}]", n.address));
