@@ -355,15 +355,25 @@ pub fn check_timers(announce: &Announce, fo: &Failover, names: &TimerFields) -> 
     Ok(())
 }
 
-/// Pools whose selector matches no node: nobody will answer for their VIPs.
-/// Not an error (labels may come later), but worth a warning.
+/// Pools whose selector matches no node: nobody will answer for their VIPs. Nodes
+/// of both families: heartbeats go from each node's address to the others', so an
+/// IPv4 node and an IPv6 one never hear each other. Not errors (labels may come
+/// later; a cluster may be moving from one family to the other), but worth a warning.
 pub fn warnings(world: &World) -> Vec<String> {
-    world
+    let mut w: Vec<String> = world
         .pools
         .iter()
         .filter(|p| world.eligible(p).is_empty())
         .map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name))
-        .collect()
+        .collect();
+    let v4 = world.nodes.iter().find(|n| n.addr.is_ipv4());
+    if let (Some(a), Some(b)) = (v4, world.nodes.iter().find(|n| n.addr.is_ipv6())) {
+        w.push(format!(
+            "nodes: {:?} has an IPv4 address and {:?} an IPv6 one: heartbeats do not pass between families, so such nodes count each other dead",
+            a.name, b.name
+        ));
+    }
+    w
 }
 
 #[cfg(test)]

@@ -161,8 +161,13 @@ fn ipv6_node_addresses_are_accepted() {
     let w = parse(&text).unwrap();
     let addrs: Vec<String> = w.nodes.iter().map(|n| n.addr.to_string()).collect();
     assert_eq!(addrs, ["2001:2::11", "2001:2::12"]);
+    assert!(super::warnings(&w).is_empty());
     let mixed = parse(&GOOD.replacen("address: 198.18.0.12", "address: 2001:2::12", 1)).unwrap();
     assert_eq!((mixed.nodes[0].addr.is_ipv4(), mixed.nodes[1].addr.is_ipv6()), (true, true));
+    assert_eq!(
+        super::warnings(&mixed),
+        ["nodes: \"n1\" has an IPv4 address and \"n2\" an IPv6 one: heartbeats do not pass between families, so such nodes count each other dead"]
+    );
     // One address spelled two ways is still one node's.
     let twice = text.replacen("\"2001:2:0::11\"", "\"2001:2:0::12\"", 1);
     let err = parse(&twice).unwrap_err();
