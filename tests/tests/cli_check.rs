@@ -90,7 +90,7 @@ fn check_names_what_a_backend_host_lacks_until_it_is_ready() {
     let check = || host.cmd(agent_bin().unwrap().to_str().unwrap()).args(["check", "--config"]).arg(&cfg).args(["--node-name", "n1"]).output().unwrap();
     let o = check();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("pool \"p\": no interface of this node has an IPv4 network containing 198.18.1.0"), "{}", text(&o));
+    assert!(text(&o).contains("pool \"p\": no interface of this node has a network containing 198.18.1.0"), "{}", text(&o));
     host.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"]).unwrap();
     host.ip(&["addr", "add", "198.18.0.11/24", "dev", "v0"]).unwrap();
     let o = check();

@@ -24,7 +24,7 @@ const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const XDP_TX: u32 = 3;
 
 fn backend(i: u8) -> BackendSpec {
-    BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
+    BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i).into(), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
 }
 
 /// The `k`th VIP of 198.18.64.0/18.

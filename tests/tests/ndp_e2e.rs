@@ -1,6 +1,6 @@
 //! IPv6 neighbour answers with the real agent, in namespaces this test makes
-//! (198.18.0.0/15 for heartbeats, 2001:2::/48 and link-local for IPv6 only;
-//! removed on Drop). The hosts hang on macvlans of one parent in bridge mode,
+//! (198.18.0.0/15 for heartbeats in the first test, 2001:2::/48 and link-local for
+//! IPv6; removed on Drop). The hosts hang on macvlans of one parent in bridge mode,
 //! which deliver a multicast frame only to the macvlans that joined its group:
 //! a solicitation reaches the holder only through the solicited-node group its
 //! agent joins (a veth would let everything through).
@@ -12,6 +12,12 @@
 //! - the holder is killed: the other takes the VIP over and its unsolicited
 //!   Neighbor Advertisement (Override) moves the client's entry, without the
 //!   client asking; connections reach the live node alone.
+//! - IPv6-only nodes (no IPv4 address anywhere in the lab, no `--iface`: each
+//!   agent finds its home and the pool's interface by IPv6 network): heartbeats,
+//!   HTTP health checks and forwarding over IPv6, the peer's MAC from the kernel's
+//!   neighbour table; a node whose check fails leaves the ring and comes back
+//!   when it passes; connections spread over both nodes; the holder killed, the
+//!   other takes over.
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
@@ -50,9 +56,9 @@ fn spread(client: &NetNs, n: usize) -> Result<BTreeMap<String, usize>, String> {
     Ok(by)
 }
 /// `host`'s eth0: a bridge-mode macvlan of `wire`'s parent d0, with
-/// `v4` and `v6` (CIDR), duplicate address detection off (no waiting for
+/// `v4` (if any) and `v6` (CIDR), duplicate address detection off (no waiting for
 /// tentative addresses: MLD reports go out from the link-local at once).
-fn plug(wire: &NetNs, host: &NetNs, n: usize, v4: &str, v6: &str) {
+fn plug(wire: &NetNs, host: &NetNs, n: usize, v4: Option<&str>, v6: &str) {
     let tmp = format!("mv{n}");
     wire.ip(&["link", "add", &tmp, "link", "d0", "type", "macvlan", "mode", "bridge"]).unwrap();
     wire.ip(&["link", "set", &tmp, "netns", &host.name]).unwrap();
@@ -61,7 +67,9 @@ fn plug(wire: &NetNs, host: &NetNs, n: usize, v4: &str, v6: &str) {
         host.sysctl(&format!("net.ipv6.conf.{k}.accept_dad"), "0").unwrap();
     }
     host.ip(&["link", "set", "eth0", "up"]).unwrap();
-    host.ip(&["addr", "add", v4, "dev", "eth0"]).unwrap();
+    if let Some(v4) = v4 {
+        host.ip(&["addr", "add", v4, "dev", "eth0"]).unwrap();
+    }
     host.ip(&["-6", "addr", "add", v6, "dev", "eth0", "nodad"]).unwrap();
 }
 
@@ -74,16 +82,17 @@ fn neighbour(client: &NetNs) -> String {
     out(client, &["-6", "neigh", "show", VIP, "dev", "eth0"])
 }
 
-fn agent(node: &NetNs, name: &str, dir: &TempDir, pins: &PinDir) -> AgentProc {
+/// The agent of node `name`; with `--iface eth0`, or (`by_address`) finding its
+/// interfaces by address.
+fn agent(node: &NetNs, name: &str, dir: &TempDir, pins: &PinDir, by_address: bool) -> AgentProc {
     let d = &dir.0;
     let (config, status) = (d.join("vip.yaml"), d.join(format!("{name}.json")));
+    let iface: &[&str] = if by_address { &[] } else { &["--iface", "eth0"] };
     let args = [
         "--config",
         config.to_str().unwrap(),
         "--node-name",
         name,
-        "--iface",
-        "eth0",
         "--mode",
         "generic", // a macvlan has no native XDP
         "--pin-dir",
@@ -93,7 +102,7 @@ fn agent(node: &NetNs, name: &str, dir: &TempDir, pins: &PinDir) -> AgentProc {
         "--status-file",
         status.to_str().unwrap(),
     ];
-    AgentProc::start(node, &args, &d.join(format!("{name}.log"))).unwrap()
+    AgentProc::start(node, &[iface, &args].concat(), &d.join(format!("{name}.log"))).unwrap()
 }
 
 /// Whether `ns`'s eth0 is in the VIP's solicited-node group.
@@ -114,9 +123,9 @@ fn an_ipv6_vip_is_answered_through_its_group_and_a_takeover_moves_the_client() {
     wire.ip(&["link", "set", "d0", "up"]).unwrap();
     let nodes = [NetNs::new("vnn").unwrap(), NetNs::new("vnn").unwrap()];
     let client = NetNs::new("vnc").unwrap();
-    plug(&wire, &nodes[0], 0, "198.18.8.1/24", "2001:2::1/64");
-    plug(&wire, &nodes[1], 1, "198.18.8.2/24", "2001:2::2/64");
-    plug(&wire, &client, 2, "198.18.8.10/24", "2001:2::10/64");
+    plug(&wire, &nodes[0], 0, Some("198.18.8.1/24"), "2001:2::1/64");
+    plug(&wire, &nodes[1], 1, Some("198.18.8.2/24"), "2001:2::2/64");
+    plug(&wire, &client, 2, Some("198.18.8.10/24"), "2001:2::10/64");
     let dir = TempDir::new("vip-ndp").unwrap();
     let cfg = format!(
         "nodes:\n  - {{name: n1, address: 198.18.8.1}}\n  - {{name: n2, address: 198.18.8.2}}\n\
@@ -133,7 +142,7 @@ fn an_ipv6_vip_is_answered_through_its_group_and_a_takeover_moves_the_client() {
         std::thread::spawn(move || serve_name_on(l, name));
     }
     let pins = [PinDir::new().unwrap(), PinDir::new().unwrap()];
-    let mut agents = vec![agent(&nodes[0], "n1", &dir, &pins[0]), agent(&nodes[1], "n2", &dir, &pins[1])];
+    let mut agents = vec![agent(&nodes[0], "n1", &dir, &pins[0], false), agent(&nodes[1], "n2", &dir, &pins[1], false)];
     let logs = |agents: &[AgentProc]| agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
     // Both running and agreed: exactly one holds it.
     let holder = wait_for(Duration::from_secs(15), || {
@@ -179,4 +188,100 @@ fn an_ipv6_vip_is_answered_through_its_group_and_a_takeover_moves_the_client() {
     // Its ring no longer has the dead node: every connection reaches the live one.
     let live = wait_for(Duration::from_secs(10), || spread(&client, 20).ok().filter(|by| by.keys().eq([names[other]])));
     assert!(live.is_some(), "after the takeover: {:?}; agents:\n{}", spread(&client, 20), logs(&agents));
+}
+
+const HEALTH_PORT: u16 = 8081;
+
+/// A node's HTTP health endpoint on `HEALTH_PORT` (serve_name_on answers GETs).
+fn serve_health(n: &NetNs, name: &'static str) {
+    let l = n.run(|| TcpListener::bind(("::", HEALTH_PORT))).unwrap().unwrap();
+    std::thread::spawn(move || serve_name_on(l, name));
+}
+
+/// Node `name`'s status file, as its agent wrote it last.
+fn status(dir: &TempDir, name: &str) -> Option<vip_agent::status::Status> {
+    serde_json::from_str(&std::fs::read_to_string(dir.0.join(format!("{name}.json"))).ok()?).ok()
+}
+
+#[test]
+fn ipv6_only_nodes_heartbeat_check_forward_and_take_over() {
+    if !privileged() {
+        return;
+    }
+    let wire = NetNs::new("vnw").unwrap();
+    wire.ip(&["link", "add", "d0", "type", "veth", "peer", "name", "d1"]).unwrap();
+    wire.ip(&["link", "set", "d1", "up"]).unwrap();
+    wire.ip(&["link", "set", "d0", "up"]).unwrap();
+    let nodes = [NetNs::new("vnn").unwrap(), NetNs::new("vnn").unwrap()];
+    let client = NetNs::new("vnc").unwrap();
+    plug(&wire, &nodes[0], 0, None, "2001:2::1/64");
+    plug(&wire, &nodes[1], 1, None, "2001:2::2/64");
+    plug(&wire, &client, 2, None, "2001:2::10/64");
+    for ns in [&nodes[0], &nodes[1], &client] {
+        assert!(!out(ns, &["-4", "addr", "show", "dev", "eth0"]).contains("inet "), "an IPv4 address in an IPv6-only lab");
+    }
+    let dir = TempDir::new("vip-ndp6").unwrap();
+    // No MACs: each agent reads its peer's from the neighbour table.
+    let cfg = format!(
+        "nodes:\n  - {{name: n1, address: \"2001:2::1\"}}\n  - {{name: n2, address: \"2001:2::2\"}}\n\
+         pools:\n  - name: v6\n    addresses: [{VIP}]\n    gratuitousArp: {{count: 3, interval: 50ms}}\n\
+         services:\n  - name: web6\n    vip: \"{VIP}\"\n    ports: [{PORT}]\n    healthCheck: {{type: http, port: {HEALTH_PORT}, path: /healthz, interval: 100ms, timeout: 100ms, rise: 2, fall: 2}}\n\
+         announce:\n  holdTime: 600ms\nfailover:\n  heartbeatInterval: 100ms\n  deadAfter: 900ms\n"
+    );
+    write_atomic(&dir.0.join("vip.yaml"), &cfg).unwrap();
+    for (n, name) in nodes.iter().zip(["n1", "n2"]) {
+        n.ip(&["-6", "addr", "add", &format!("{VIP}/128"), "dev", "lo"]).unwrap();
+        let l = n.run(|| TcpListener::bind(("::", PORT))).unwrap().unwrap();
+        std::thread::spawn(move || serve_name_on(l, name));
+    }
+    // n2's health endpoint is not up yet: its check fails.
+    serve_health(&nodes[0], "n1");
+    let pins = [PinDir::new().unwrap(), PinDir::new().unwrap()];
+    let started = std::time::Instant::now();
+    let mut agents = vec![agent(&nodes[0], "n1", &dir, &pins[0], true), agent(&nodes[1], "n2", &dir, &pins[1], true)];
+    let logs = |agents: &[AgentProc]| agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
+    // Heartbeats over IPv6: both agree on the VIP's owner (each would take it if it
+    // did not hear the other), and exactly one holds it.
+    let names = ["n1", "n2"];
+    let vip: std::net::IpAddr = VIP.parse().unwrap();
+    let owner_seen_by = |i: usize| status(&dir, names[i]).and_then(|s| s.owners.get(&vip).cloned());
+    let holder = wait_for(Duration::from_secs(15), || {
+        let held: Vec<usize> = (0..2).filter(|&i| in_group(&nodes[i])).collect();
+        let agreed = owner_seen_by(0).is_some() && owner_seen_by(0) == owner_seen_by(1);
+        (agreed && held.len() == 1 && owner_seen_by(0).as_deref() == Some(names[held[0]])).then(|| held[0])
+    });
+    let Some(h) = holder else { panic!("no single holder both agents agree on; agents:\n{}", logs(&agents)) };
+    let other = 1 - h;
+    agents.iter_mut().for_each(|a| a.check_alive().unwrap());
+    // n2 fails its check (over IPv6, HTTP) and n1 passes: connections reach n1 alone.
+    let health = |i: usize, node: &str| status(&dir, names[i])?.health.iter().find(|c| c.node == node).map(|c| c.healthy);
+    let checked = wait_for(Duration::from_secs(10), || (health(h, "n1") == Some(true) && health(h, "n2") == Some(false)).then_some(()));
+    assert!(checked.is_some(), "the holder's checks: {:?}; agents:\n{}", status(&dir, names[h]).map(|s| s.health), logs(&agents));
+    let only_n1 = wait_for(Duration::from_secs(10), || spread(&client, 20).ok().filter(|by| by.keys().eq(["n1"])));
+    assert!(only_n1.is_some(), "n2's failing check: {:?}; agents:\n{}", spread(&client, 20), logs(&agents));
+    // Its check passes: back in the ring; the holder forwards over IPv6 to the other node's MAC.
+    serve_health(&nodes[1], "n2");
+    let both = wait_for(Duration::from_secs(10), || spread(&client, 40).ok().filter(|by| by.len() == 2));
+    assert!(both.is_some(), "connections to [{VIP}]:{PORT} not spread over both nodes: {:?}; agents:\n{}", spread(&client, 40), logs(&agents));
+    // The holder knows its peer by its IPv6 address and the MAC the neighbour table gave.
+    let st = status(&dir, names[h]).unwrap();
+    let peer = st.nodes.iter().find(|n| n.node == names[other]).unwrap_or_else(|| panic!("{:?}", st.nodes));
+    let o_mac = hex_mac(nodes[other].mac("eth0").unwrap()).to_lowercase();
+    assert_eq!((peer.addr.to_string(), peer.mac.as_deref().map(str::to_lowercase)), (format!("2001:2::{}", other + 1), Some(o_mac.clone())));
+    assert!(st.health.iter().all(|c| c.healthy), "{:?}", st.health);
+    // Still one holder, agreed on, well past the dead_after for which agents presume
+    // their peers alive: the agreement is the heartbeats'.
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+    assert!(in_group(&nodes[h]) && !in_group(&nodes[other]), "the holder changed; agents:\n{}", logs(&agents));
+    assert_eq!((owner_seen_by(0), owner_seen_by(1)), (Some(names[h].to_owned()), Some(names[h].to_owned())), "agents:\n{}", logs(&agents));
+
+    // Takeover: the holder dies; the other, hearing no heartbeat, holds the VIP
+    // and serves every connection.
+    agents[h].signal(libc::SIGKILL);
+    let moved = wait_for(Duration::from_secs(10), || neighbour(&client).contains(&o_mac).then_some(()));
+    assert!(moved.is_some(), "the client's entry still {:?} after the takeover; agents:\n{}", neighbour(&client), logs(&agents));
+    assert!(in_group(&nodes[other]), "the new holder is not in the VIP's group");
+    let live = wait_for(Duration::from_secs(10), || spread(&client, 20).ok().filter(|by| by.keys().eq([names[other]])));
+    assert!(live.is_some(), "after the takeover: {:?}; agents:\n{}", spread(&client, 20), logs(&agents));
+    assert_eq!(owner_seen_by(other).as_deref(), Some(names[other]));
 }

@@ -103,7 +103,7 @@ fn tcp_through_the_vip_reaches_the_ring_choice() {
     dp.hold_vip(ifindex, vip, monotonic_ns() + 60_000_000_000).unwrap();
     let spec = |name: &str, ns: &NetNs, last: u8| BackendSpec {
         name: name.into(),
-        addr: Ipv4Addr::new(198, 18, 2, last),
+        addr: Ipv4Addr::new(198, 18, 2, last).into(),
         mac: ns.mac("eth0").unwrap(),
         weight: 1,
         local: false,

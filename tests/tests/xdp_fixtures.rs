@@ -55,7 +55,7 @@ const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 const ALL_NODES_MAC: Mac = [0x33, 0x33, 0, 0, 0, 1];
 
 fn backend(i: u8) -> BackendSpec {
-    BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
+    BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i).into(), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
 }
 
 fn svc(vip: impl Into<IpAddr>, port: u16, proto: u8) -> ServiceAddr {

@@ -4,7 +4,7 @@
 //! so the agent can measure health change → maps updated.
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     time::Instant,
 };
 
@@ -22,7 +22,7 @@ use crate::model::{HealthCheck, Probe};
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Target {
     pub node: String,
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub check: HealthCheck,
 }
 
@@ -74,7 +74,7 @@ impl Default for Thresholds {
 }
 
 /// One probe: Ok, or why it failed.
-pub async fn probe(addr: Ipv4Addr, check: &HealthCheck) -> Result<(), String> {
+pub async fn probe(addr: IpAddr, check: &HealthCheck) -> Result<(), String> {
     let (port, path) = match &check.probe {
         Probe::Tcp { port } => (*port, None),
         Probe::Http { port, path } => (*port, Some(path.as_str())),
@@ -83,7 +83,7 @@ pub async fn probe(addr: Ipv4Addr, check: &HealthCheck) -> Result<(), String> {
     let attempt = async {
         let mut s = TcpStream::connect(sa).await.map_err(|e| format!("connect {sa}: {e}"))?;
         let Some(path) = path else { return Ok(()) };
-        http_get_status(&mut s, addr, path).await
+        http_get_status(&mut s, &host_header(sa), path).await
     };
     match tokio::time::timeout(check.timeout, attempt).await {
         Ok(r) => r,
@@ -91,10 +91,19 @@ pub async fn probe(addr: Ipv4Addr, check: &HealthCheck) -> Result<(), String> {
     }
 }
 
+/// The Host header's value for a probe of `sa`: the IPv4 address alone, as ever;
+/// an IPv6 address in brackets (RFC 3986's IP-literal) with the port.
+fn host_header(sa: SocketAddr) -> String {
+    match sa {
+        SocketAddr::V4(v4) => v4.ip().to_string(),
+        SocketAddr::V6(_) => sa.to_string(),
+    }
+}
+
 /// HTTP/1.1 GET: success is a 2xx or 3xx status line. Hand-written on purpose: a
 /// probe needs only the status line (no TLS, no body, no redirects followed), and
 /// a client library would add a connection pool whose reuse hides a dead server.
-async fn http_get_status(s: &mut TcpStream, host: Ipv4Addr, path: &str) -> Result<(), String> {
+async fn http_get_status(s: &mut TcpStream, host: &str, path: &str) -> Result<(), String> {
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: vip-agent\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.map_err(|e| format!("send: {e}"))?;
     let mut buf = [0u8; 64];
@@ -189,7 +198,10 @@ async fn run_target(target: Target, tx: mpsc::UnboundedSender<HealthChange>) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::{
+        net::{Ipv4Addr, Ipv6Addr},
+        time::Duration,
+    };
 
     use super::*;
 
@@ -222,23 +234,65 @@ mod tests {
         HealthCheck { probe, interval: Duration::from_millis(50), timeout: Duration::from_millis(300), rise: 1, fall: 1 }
     }
 
-    /// A one-shot HTTP server on loopback answering `status_line`.
+    /// A one-shot HTTP server on IPv4 loopback answering `status_line`.
     async fn server(status_line: &'static str) -> u16 {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        server_on(IpAddr::from(Ipv4Addr::LOCALHOST), status_line).await.0
+    }
+
+    /// A one-shot HTTP server on `lo` answering `status_line`, and the request it read.
+    async fn server_on(lo: IpAddr, status_line: &'static str) -> (u16, tokio::sync::oneshot::Receiver<String>) {
+        let l = tokio::net::TcpListener::bind((lo, 0)).await.unwrap();
         let port = l.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             if let Ok((mut s, _)) = l.accept().await {
                 let mut buf = [0u8; 512];
-                let _ = s.read(&mut buf).await;
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
                 let _ = s.write_all(status_line.as_bytes()).await;
             }
         });
-        port
+        (port, rx)
+    }
+
+    /// Where IPv6 is off (a container without it), the IPv6 probes cannot run.
+    fn ipv6_loopback() -> Option<IpAddr> {
+        let lo = IpAddr::from(Ipv6Addr::LOCALHOST);
+        match std::net::TcpListener::bind((lo, 0)) {
+            Ok(_) => Some(lo),
+            Err(e) => {
+                eprintln!("skipping the IPv6 probes: no [::1] here ({e})");
+                None
+            }
+        }
+    }
+
+    /// HTTP and TCP probes of an IPv6 node: the Host header is `[addr]:port`;
+    /// an IPv4 node's stays the address alone.
+    #[tokio::test]
+    async fn probes_reach_ipv6_nodes() {
+        let v4 = IpAddr::from(Ipv4Addr::LOCALHOST);
+        let (port, req) = server_on(v4, "HTTP/1.1 200 OK\r\n\r\n").await;
+        probe(v4, &check(Probe::Http { port, path: "/healthz".into() })).await.unwrap();
+        assert!(req.await.unwrap().contains("\r\nHost: 127.0.0.1\r\n"));
+        let Some(lo) = ipv6_loopback() else { return };
+        let (port, req) = server_on(lo, "HTTP/1.1 204 No Content\r\n\r\n").await;
+        probe(lo, &check(Probe::Http { port, path: "/healthz".into() })).await.unwrap();
+        let req = req.await.unwrap();
+        assert!(req.starts_with("GET /healthz HTTP/1.1\r\n") && req.contains(&format!("\r\nHost: [::1]:{port}\r\n")), "{req:?}");
+        let (port, _) = server_on(lo, "HTTP/1.1 500 Oops\r\n\r\n").await;
+        let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
+        assert!(e.contains("status 500"), "{e}");
+        let (port, _) = server_on(lo, "").await;
+        probe(lo, &check(Probe::Tcp { port })).await.unwrap();
+        let closed = std::net::TcpListener::bind((lo, 0)).unwrap().local_addr().unwrap().port();
+        let e = probe(lo, &check(Probe::Tcp { port: closed })).await.unwrap_err();
+        assert!(e.contains(&format!("connect [::1]:{closed}")), "{e}");
     }
 
     #[tokio::test]
     async fn probes_tell_up_from_down() {
-        let lo = Ipv4Addr::LOCALHOST;
+        let lo = IpAddr::from(Ipv4Addr::LOCALHOST);
         let port = server("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
         probe(lo, &check(Probe::Http { port, path: "/healthz".into() })).await.unwrap();
         let port = server("HTTP/1.0 302 Found\r\n\r\n").await;
@@ -274,7 +328,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let c = HealthCheck { probe: Probe::Tcp { port }, interval: Duration::from_millis(20), timeout: Duration::from_millis(20), rise: 2, fall: 2 };
-        let t = Target { node: "n1".into(), addr: Ipv4Addr::LOCALHOST, check: c };
+        let t = Target { node: "n1".into(), addr: Ipv4Addr::LOCALHOST.into(), check: c };
         m.sync([t.clone()].into());
         drop(l);
         let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();

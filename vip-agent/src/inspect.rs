@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -104,7 +104,7 @@ pub struct AgentSection {
 pub struct HealthRow {
     pub service: String,
     pub node: String,
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub healthy: bool,
     /// Share of the service's ring this backend holds in the maps now, percent.
     pub ring_share_pct: f64,
@@ -146,7 +146,7 @@ pub struct RingMember {
     pub backend_id: u32,
     /// The backend's node, where the status knows it.
     pub node: Option<String>,
-    pub addr: Option<Ipv4Addr>,
+    pub addr: Option<IpAddr>,
     pub slots: u32,
     pub share_pct: f64,
 }
@@ -164,7 +164,9 @@ pub struct BackendRow {
     pub id: u32,
     /// Its node, where the status knows it.
     pub node: Option<String>,
-    pub addr: Ipv4Addr,
+    /// The node's address; where the status does not know it, what the map
+    /// records (an IPv6 node's is a key in 0.0.0.0/8, `dataplane::backend_key`).
+    pub addr: IpAddr,
     pub mac: String,
     pub local: bool,
     pub packets: u64,
@@ -200,17 +202,23 @@ pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -
             }
         })
         .collect();
-    let node_of: BTreeMap<Ipv4Addr, &str> = status.iter().flat_map(|s| s.nodes.iter()).map(|n| (n.addr, n.node.as_str())).collect();
+    // A backend's node: the one with its key, and its MAC where two IPv6 nodes share a key.
+    let nodes: Vec<_> = status.iter().flat_map(|s| s.nodes.iter()).collect();
+    let node_of = |b: &vip_common::Lb4Backend| {
+        let keyed = || nodes.iter().filter(|n| crate::dataplane::backend_key(n.addr).octets() == b.addr);
+        let mac = Mac(b.mac).to_string();
+        keyed().find(|n| n.mac.as_deref() == Some(mac.as_str())).or_else(|| keyed().next()).map(|n| (n.node.as_str(), n.addr))
+    };
     let backends: Vec<BackendRow> = dp
         .backends()?
         .into_iter()
         .map(|(id, b)| {
             let (packets, bytes) = counters.backends.get(&id).copied().unwrap_or_default();
-            let addr = Ipv4Addr::from(b.addr);
+            let node = node_of(&b);
             BackendRow {
                 id,
-                node: node_of.get(&addr).map(|n| n.to_string()),
-                addr,
+                node: node.map(|(n, _)| n.to_string()),
+                addr: node.map_or(Ipv4Addr::from(b.addr).into(), |(_, a)| a),
                 mac: Mac(b.mac).to_string(),
                 local: b.flags & vip_common::BACKEND_LOCAL != 0,
                 packets,
@@ -260,12 +268,12 @@ pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -
 /// Rows per service (first port of each) and backend: the nodes in its ring with
 /// their share (from the maps), and the nodes its health check has down.
 fn agent_section(r: &Report, st: Status) -> AgentSection {
-    let addr_of: BTreeMap<&str, Ipv4Addr> = st.nodes.iter().map(|n| (n.node.as_str(), n.addr)).collect();
+    let addr_of: BTreeMap<&str, IpAddr> = st.nodes.iter().map(|n| (n.node.as_str(), n.addr)).collect();
     let mut backends = Vec::new();
     let mut seen = BTreeSet::new();
     for s in st.services.iter().filter(|s| seen.insert(s.name.clone())) {
         let row = r.services.iter().find(|v| v.vip == s.vip && v.port == s.port && v.proto == s.protocol);
-        let share = |addr: Ipv4Addr| -> f64 { row.and_then(|v| v.ring.iter().find(|m| m.addr == Some(addr))).map_or(0.0, |m| m.share_pct) };
+        let share = |addr: IpAddr| -> f64 { row.and_then(|v| v.ring.iter().find(|m| m.addr == Some(addr))).map_or(0.0, |m| m.share_pct) };
         let health = |node: &str| st.health.iter().find(|h| Some(&h.check) == s.check.as_ref() && h.node == node);
         for node in &s.backends {
             let Some(&addr) = addr_of.get(node.as_str()) else { continue };

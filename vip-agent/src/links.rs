@@ -2,7 +2,12 @@
 //! (and, for a VLAN sub-interface, the parent the XDP program runs on and the VLAN
 //! id). `read_host` reads the host's interfaces; `resolve` is a pure function of the
 //! model and that list, so every rule is tested without a network.
-use std::{collections::BTreeMap, ffi::CStr, io, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    ffi::CStr,
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use anyhow::Context as _;
 
@@ -15,8 +20,9 @@ pub struct HostIface {
     pub ifindex: u32,
     /// All zeros for interfaces without a hardware address (lo, tunnels).
     pub mac: [u8; 6],
-    /// IPv4 addresses with their prefix lengths.
-    pub nets: Vec<(Ipv4Addr, u8)>,
+    /// IPv4 and IPv6 addresses with their prefix lengths (IPv6 link-local ones
+    /// left out: every interface has one, and they name no network).
+    pub nets: Vec<(IpAddr, u8)>,
     /// For an 802.1Q sub-interface: its parent's name and the VLAN id.
     pub vlan: Option<(String, u16)>,
     /// Administratively up with carrier (IFF_UP and IFF_RUNNING).
@@ -29,9 +35,9 @@ pub struct HostIface {
 const VLAN_CONFIG: &str = "/proc/thread-self/net/vlan/config";
 
 /// Reads the host's interfaces in the calling thread's network namespace: getifaddrs
-/// (libc) for names, ifindex, MAC (AF_PACKET entries) and IPv4 addresses with
-/// netmasks; /proc/net/vlan/config for 802.1Q sub-interfaces ("name | vid | parent"
-/// lines; absent file = no VLAN devices). Interfaces without IPv4 addresses are
+/// (libc) for names, ifindex, MAC (AF_PACKET entries) and IPv4 and IPv6 addresses
+/// with netmasks; /proc/net/vlan/config for 802.1Q sub-interfaces ("name | vid |
+/// parent" lines; absent file = no VLAN devices). Interfaces without addresses are
 /// included too. Sorted by ifindex.
 pub fn read_host() -> anyhow::Result<Vec<HostIface>> {
     let entries = if_addrs().context("getifaddrs")?;
@@ -78,10 +84,11 @@ fn parse_vlan_config(text: &str) -> BTreeMap<String, (String, u16)> {
 /// One getifaddrs entry we use.
 enum Entry {
     Link { name: String, ifindex: u32, mac: [u8; 6], up: bool },
-    Inet { name: String, addr: Ipv4Addr, prefix: u8 },
+    Inet { name: String, addr: IpAddr, prefix: u8 },
 }
 
-/// The AF_PACKET and AF_INET entries of getifaddrs, copied out of libc's list.
+/// The AF_PACKET, AF_INET and AF_INET6 (but link-local) entries of getifaddrs,
+/// copied out of libc's list.
 fn if_addrs() -> io::Result<Vec<Entry>> {
     struct List(*mut libc::ifaddrs);
     impl Drop for List {
@@ -126,9 +133,21 @@ fn if_addrs() -> io::Result<Vec<Entry>> {
                     let sin = unsafe { std::ptr::read_unaligned(sa as *const libc::sockaddr_in) };
                     u32::from_be(sin.sin_addr.s_addr)
                 };
-                let addr = Ipv4Addr::from(v4(ifa.ifa_addr));
+                let addr = Ipv4Addr::from(v4(ifa.ifa_addr)).into();
                 let mask = if ifa.ifa_netmask.is_null() { u32::MAX } else { v4(ifa.ifa_netmask) };
                 out.push(Entry::Inet { name, addr, prefix: mask.count_ones() as u8 });
+            }
+            libc::AF_INET6 => {
+                let v6 = |sa: *const libc::sockaddr| {
+                    let sin6 = unsafe { std::ptr::read_unaligned(sa as *const libc::sockaddr_in6) };
+                    u128::from_be_bytes(sin6.sin6_addr.s6_addr)
+                };
+                let addr = Ipv6Addr::from(v6(ifa.ifa_addr));
+                if is_link_local(addr) {
+                    continue;
+                }
+                let mask = if ifa.ifa_netmask.is_null() { u128::MAX } else { v6(ifa.ifa_netmask) };
+                out.push(Entry::Inet { name, addr: addr.into(), prefix: mask.count_ones() as u8 });
             }
             _ => {}
         }
@@ -168,8 +187,9 @@ const LOOPBACK: &str = "lo";
 ///    differ between nodes: a pool lists every name, as MetalLB's L2Advertisement
 ///    `interfaces`); none here is a problem;
 /// 2. `default_iface` (the agent's `--iface`), when given; missing is a problem;
-/// 3. automatic (PureLB's rule): the interface with the longest IPv4 prefix that
-///    contains the pool's first address, ties broken by name so every run agrees;
+/// 3. automatic (PureLB's rule): the interface with the longest prefix that
+///    contains the pool's first IPv4 address, else its first IPv6 address (link-local
+///    networks aside), ties broken by name so every run agrees;
 /// 4. the interface holding the node's own address (`Node.addr`), by name if several;
 /// 5. otherwise a problem.
 ///
@@ -240,13 +260,25 @@ fn find<'a>(host: &'a [HostIface], name: &str) -> Option<&'a HostIface> {
     host.iter().find(|i| i.name == name)
 }
 
-pub(crate) fn contains((net, len): (Ipv4Addr, u8), a: Ipv4Addr) -> bool {
-    let mask = match len {
-        0 => 0,
-        1..=32 => u32::MAX << (32 - len),
+/// fe80::/10.
+pub(crate) fn is_link_local(a: Ipv6Addr) -> bool {
+    a.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// Whether network `(net, len)` contains `a`; never across families.
+pub(crate) fn contains((net, len): (IpAddr, u8), a: IpAddr) -> bool {
+    // Both as the high bits of a u128, so that one mask serves both families.
+    let (bits, net, a) = match (net, a) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => (32, u128::from(u32::from(n)) << 96, u128::from(u32::from(a)) << 96),
+        (IpAddr::V6(n), IpAddr::V6(a)) => (128, u128::from(n), u128::from(a)),
         _ => return false,
     };
-    u32::from(net) & mask == u32::from(a) & mask
+    let mask = match len {
+        0 => 0,
+        l if l <= bits => u128::MAX << (128 - u32::from(l)),
+        _ => return false,
+    };
+    net & mask == a & mask
 }
 
 /// Rules 1 to 5 of [`resolve`].
@@ -262,12 +294,10 @@ fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [
         return named_default(host, name);
     }
     let candidates = || host.iter().filter(|i| i.name != LOOPBACK);
-    // IPv4 only: the host's networks are read as IPv4 (an IPv6-only pool names
-    // its interface, or uses the default).
-    if let Some(first) = pool.addresses.iter().find_map(|a| match a {
-        std::net::IpAddr::V4(v) => Some(*v),
-        std::net::IpAddr::V6(_) => None,
-    }) {
+    // The first IPv4 address, then the first IPv6 one (a dual-stack pool's IPv4
+    // networks decide, as before IPv6 networks were read).
+    let firsts = [pool.addresses.iter().find(|a| a.is_ipv4()), pool.addresses.iter().find(|a| a.is_ipv6())];
+    for &first in firsts.into_iter().flatten() {
         let longest = |i: &'a HostIface| i.nets.iter().filter(|&&n| contains(n, first)).map(|&(_, len)| len).max().map(|len| (len, i));
         // The longest prefix; among equals the first name (max_by keeps the last maximum).
         if let Some((_, i)) = candidates().filter_map(longest).max_by(|(la, a), (lb, b)| la.cmp(lb).then_with(|| b.name.cmp(&a.name))) {
@@ -277,7 +307,7 @@ fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [
     holding(host, node.addr).ok_or_else(|| {
         let first = pool.addresses.first().map_or_else(|| "its addresses".to_owned(), |a| a.to_string());
         format!(
-            "no interface of this node has an IPv4 network containing {first} or the node's address {}; list the pool's interfaces or set the agent's --iface",
+            "no interface of this node has a network containing {first} or the node's address {}; list the pool's interfaces or set the agent's --iface",
             node.addr
         )
     })
@@ -290,13 +320,13 @@ fn named_default<'a>(host: &'a [HostIface], name: &str) -> Result<&'a HostIface,
 
 /// The interface holding address `addr`, never `lo`; the first by name if several
 /// (rule 4 of [`resolve`], and a node's home).
-fn holding(host: &[HostIface], addr: Ipv4Addr) -> Option<&HostIface> {
+fn holding(host: &[HostIface], addr: IpAddr) -> Option<&HostIface> {
     host.iter().filter(|i| i.name != LOOPBACK && i.nets.iter().any(|&(a, _)| a == addr)).min_by(|a, b| a.name.cmp(&b.name))
 }
 
 /// Where a node with address `addr` is reached (its home): `default_iface` when
 /// given, else the interface holding `addr`.
-pub fn home(addr: Ipv4Addr, default_iface: Option<&str>, host: &[HostIface]) -> Result<Link, String> {
+pub fn home(addr: IpAddr, default_iface: Option<&str>, host: &[HostIface]) -> Result<Link, String> {
     let found = match default_iface {
         Some(name) => named_default(host, name)?,
         None => holding(host, addr).ok_or_else(|| format!("no interface of this node holds its address {addr}; set the agent's --iface"))?,
@@ -338,19 +368,20 @@ mod tests {
 
     /// A host with every case: the node's address on eth0, a VLAN on it, a VLAN on
     /// that VLAN, a VLAN whose parent is gone, nested prefixes, two interfaces on one
-    /// network, a VIP on lo, and an interface that is down.
+    /// network, a VIP on lo, and an interface that is down; in both families.
     fn host() -> Vec<HostIface> {
         let mut down = iface("eth3", 9, &[("198.18.8.1", 24)], None);
         down.up = false;
         vec![
-            iface("lo", 1, &[("127.0.0.1", 8), ("198.18.7.1", 32)], None),
-            iface("eth0", 2, &[("198.18.0.11", 24)], None),
-            iface("eth1", 3, &[("198.18.1.2", 24)], None),
-            iface("eth2", 4, &[("198.18.2.2", 24)], None),
-            iface("br0", 5, &[("198.18.2.130", 25)], None),
-            iface("ens5", 6, &[("198.18.4.5", 24)], None),
-            iface("ens4", 7, &[("198.18.4.4", 24)], None),
-            iface("eth0.100", 8, &[("198.18.3.1", 24)], Some(("eth0", 100))),
+            iface("lo", 1, &[("127.0.0.1", 8), ("198.18.7.1", 32), ("::1", 128), ("2001:2:0:77::1", 128)], None),
+            iface("eth0", 2, &[("198.18.0.11", 24), ("2001:2::11", 64)], None),
+            iface("eth1", 3, &[("198.18.1.2", 24), ("2001:2:0:1::2", 64)], None),
+            // 2001:2::/60 holds eth0's, eth1's, br0's and the VLAN's /64s.
+            iface("eth2", 4, &[("198.18.2.2", 24), ("2001:2:0:2::2", 60)], None),
+            iface("br0", 5, &[("198.18.2.130", 25), ("2001:2:0:2::82", 64)], None),
+            iface("ens5", 6, &[("198.18.4.5", 24), ("2001:2:0:4::5", 64)], None),
+            iface("ens4", 7, &[("198.18.4.4", 24), ("2001:2:0:4::4", 64)], None),
+            iface("eth0.100", 8, &[("198.18.3.1", 24), ("2001:2:0:3::1", 64)], Some(("eth0", 100))),
             down,
             iface("eth0.100.7", 10, &[("198.18.5.1", 24)], Some(("eth0.100", 7))),
             iface("orphan.9", 11, &[("198.18.6.1", 24)], Some(("gone", 9))),
@@ -359,10 +390,14 @@ mod tests {
     }
 
     fn pool(name: &str, first: &str, interfaces: &[&str], role: &str) -> Pool {
-        let first: Ipv4Addr = first.parse().unwrap();
+        let first: IpAddr = first.parse().unwrap();
+        let next = match first {
+            IpAddr::V4(a) => Ipv4Addr::from(u32::from(a) + 1).into(),
+            IpAddr::V6(a) => Ipv6Addr::from(u128::from(a) + 1).into(),
+        };
         Pool {
             name: name.into(),
-            addresses: vec![first.into(), Ipv4Addr::from(u32::from(first) + 1).into()],
+            addresses: vec![first, next],
             node_selector: Selector::from([("role".to_owned(), role.to_owned())]),
             tolerations: Vec::new(),
             announce: AnnounceMode::Arp,
@@ -377,8 +412,11 @@ mod tests {
     #[test]
     fn a_nodes_home() {
         let host = host();
-        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(home(ip("198.18.0.11"), None, &host).map(|l| l.name), Ok("eth0".into()));
+        assert_eq!(home(ip("2001:2::11"), None, &host).map(|l| l.name), Ok("eth0".into()), "an IPv6 node");
+        assert_eq!(home(ip("2001:2:0:3::1"), None, &host).map(|l| (l.xdp_iface, l.vlan)), Ok(("eth0".into(), Some(100))));
+        assert!(home(ip("2001:2:0:77::1"), None, &host).unwrap_err().contains("no interface of this node holds its address 2001:2:0:77::1"));
         assert_eq!(home(ip("198.18.0.11"), Some("eth1"), &host).map(|l| l.name), Ok("eth1".into()));
         assert_eq!(home(ip("198.18.3.1"), None, &host).map(|l| (l.xdp_iface, l.vlan)), Ok(("eth0".into(), Some(100))), "a VLAN sub-interface");
         assert!(home(ip("198.18.7.1"), None, &host).unwrap_err().contains("no interface of this node holds its address 198.18.7.1"));
@@ -423,8 +461,10 @@ mod tests {
             labels: [("role".to_owned(), "lb".to_owned())].into(),
             taints: Vec::new(),
         };
-        // n2's address is on no interface of the host: rule 4 finds nothing for it.
-        World { nodes: vec![node("n1", "198.18.0.11"), node("n2", "198.18.9.9")], pools, ..World::default() }
+        // n2's and n4's addresses are on no interface of the host: rule 4 finds
+        // nothing for them. n3 is an IPv6 node on eth0.
+        let nodes = vec![node("n1", "198.18.0.11"), node("n2", "198.18.9.9"), node("n3", "2001:2::11"), node("n4", "2001:2:0:98::9")];
+        World { nodes, pools, ..World::default() }
     }
 
     /// What one pool resolves to: (name, xdp_iface, vlan), or a problem containing the text.
@@ -457,7 +497,17 @@ mod tests {
             ("rule 3: down, chosen all the same", "198.18.8.20", &[], None, "n1", On("eth3", "eth3", None)),
             ("rule 3 never takes lo: rule 4", "198.18.7.1", &[], None, "n1", On("eth0", "eth0", None)),
             ("rule 4: the node's address", "198.19.0.1", &[], None, "n1", On("eth0", "eth0", None)),
-            ("rule 5: nothing", "198.19.0.1", &[], None, "n2", Problem("no interface of this node has an IPv4 network containing 198.19.0.1 or the node's address 198.18.9.9")),
+            ("rule 5: nothing", "198.19.0.1", &[], None, "n2", Problem("no interface of this node has a network containing 198.19.0.1 or the node's address 198.18.9.9")),
+            ("rule 3 (IPv6): the network of the pool", "2001:2:0:1::50", &[], None, "n1", On("eth1", "eth1", None)),
+            ("rule 3 (IPv6): the longest prefix (/64 in the /60)", "2001:2:0:2::50", &[], None, "n1", On("br0", "br0", None)),
+            ("rule 3 (IPv6): only the /60 contains it", "2001:2:0:5::50", &[], None, "n1", On("eth2", "eth2", None)),
+            ("rule 3 (IPv6): a tie goes to the first name", "2001:2:0:4::100", &[], None, "n1", On("ens4", "ens4", None)),
+            ("rule 3 (IPv6): a VLAN's network", "2001:2:0:3::50", &[], None, "n1", On("eth0.100", "eth0", Some(100))),
+            ("rule 3 (IPv6) never takes lo: rule 4", "2001:2:0:77::1", &[], None, "n1", On("eth0", "eth0", None)),
+            ("rule 3 (IPv6) for an IPv6 node", "2001:2:0:1::50", &[], None, "n3", On("eth1", "eth1", None)),
+            ("rule 4: an IPv6 node's address", "2001:2:0:99::1", &[], None, "n3", On("eth0", "eth0", None)),
+            ("rule 4: an IPv4 pool, an IPv6 node", "198.19.0.1", &[], None, "n3", On("eth0", "eth0", None)),
+            ("rule 5 (IPv6): nothing", "2001:2:0:99::1", &[], None, "n4", Problem("no interface of this node has a network containing 2001:2:0:99::1 or the node's address 2001:2:0:98::9")),
             ("QinQ by name", "198.18.2.10", &["eth0.100.7"], None, "n1", Problem("\"eth0.100.7\" is a VLAN on the VLAN interface \"eth0.100\" (stacked tags): QinQ is not supported")),
             ("QinQ by address", "198.18.5.9", &[], None, "n1", Problem("QinQ is not supported")),
             ("a VLAN's parent missing", "198.18.6.9", &[], None, "n1", Problem("the parent \"gone\" of VLAN interface \"orphan.9\" is not on this node")),
@@ -514,12 +564,17 @@ mod tests {
 
     #[test]
     fn prefixes_contain_addresses() {
-        let a = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let a = |s: &str| s.parse::<IpAddr>().unwrap();
         assert!(contains((a("198.18.2.130"), 25), a("198.18.2.255")));
         assert!(!contains((a("198.18.2.130"), 25), a("198.18.2.127")));
         assert!(contains((a("198.18.0.1"), 32), a("198.18.0.1")) && !contains((a("198.18.0.1"), 32), a("198.18.0.2")));
         assert!(contains((a("10.0.0.1"), 0), a("198.18.0.1")));
         assert!(!contains((a("10.0.0.1"), 33), a("10.0.0.1")), "no such prefix");
+        assert!(contains((a("2001:2::11"), 64), a("2001:2::ffff:1")) && !contains((a("2001:2::11"), 64), a("2001:2:0:1::11")));
+        assert!(contains((a("2001:2::11"), 128), a("2001:2::11")) && !contains((a("2001:2::11"), 128), a("2001:2::12")));
+        assert!(contains((a("2001:2::"), 0), a("::1")) && !contains((a("2001:2::"), 129), a("2001:2::")));
+        assert!(!contains((a("0.0.0.0"), 0), a("::1")) && !contains((a("::"), 0), a("198.18.0.1")), "never across families");
+        assert!(is_link_local("fe80::1".parse().unwrap()) && is_link_local("febf::1".parse().unwrap()) && !is_link_local("fec0::1".parse().unwrap()));
     }
 
     #[test]
@@ -540,6 +595,8 @@ mod tests {
         let host = read_host().unwrap();
         let lo = find(&host, "lo").unwrap_or_else(|| panic!("no lo in {host:?}"));
         assert!(lo.nets.contains(&("127.0.0.1".parse().unwrap(), 8)), "{lo:?}");
+        let link_local = |a: &IpAddr| matches!(a, IpAddr::V6(v) if is_link_local(*v));
+        assert!(host.iter().flat_map(|i| &i.nets).all(|(a, _)| !link_local(a)), "no link-local network: {host:?}");
         // SAFETY: a NUL-terminated name.
         let index = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
         assert_eq!((lo.ifindex, lo.mac, &lo.vlan), (index, [0; 6], &None), "{lo:?}");

@@ -1,10 +1,6 @@
 //! The one model of the world the agent acts on. The YAML file source
 //! (`config`) fills it today; the Kubernetes source fills the same types.
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr},
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -20,7 +16,8 @@ pub fn selects(selector: &Selector, labels: &BTreeMap<String, String>) -> bool {
 pub struct Node {
     /// Stable identity: Maglev permutations and VIP ownership derive from it.
     pub name: String,
-    pub addr: Ipv4Addr,
+    /// IPv4 or IPv6: heartbeats, health checks and the backend's MAC use it.
+    pub addr: IpAddr,
     /// Known MAC; `None` = resolved from the neighbour table at run time.
     pub mac: Option<[u8; 6]>,
     pub labels: BTreeMap<String, String>,

@@ -299,6 +299,21 @@ pub fn vlan_id(p: &str, vlan: Option<u16>) -> Result<(), FieldError> {
     }
 }
 
+/// Why `a` cannot be a node's address (heartbeats are sent to and from it, health
+/// checks and forwarding reach the node there), if it cannot: a link-local IPv6
+/// address needs an interface to mean anything, and no socket reaches a node at an
+/// unspecified, multicast or broadcast one.
+pub fn node_address_problem(a: IpAddr) -> Option<&'static str> {
+    match a {
+        IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80 => {
+            Some("is link-local (fe80::/10), which means nothing without an interface: give the node's global or unique local address")
+        }
+        IpAddr::V4(v) if v.is_broadcast() => Some("is not a node's address"),
+        _ if a.is_unspecified() || a.is_multicast() => Some("is not a node's address"),
+        _ => None,
+    }
+}
+
 pub fn interface_names(p: &str, names: &[String]) -> Result<(), FieldError> {
     for (k, name) in names.iter().enumerate() {
         let at = || format!("{p}[{k}]");

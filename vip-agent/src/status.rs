@@ -1,10 +1,6 @@
 //! The agent's published view (status file, `/status`): what `inspect`, the
 //! labs and humans read. Below both the agent, which writes it, and `inspect`.
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr},
-    path::PathBuf,
-};
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -83,7 +79,7 @@ pub struct UnprogrammedStatus {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub node: String,
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     /// None: not resolved yet (the node is in no ring until it is).
     pub mac: Option<String>,
 }

@@ -23,11 +23,11 @@ impl Agent {
     pub(super) fn reconcile_now(&mut self, since: Option<Instant>) {
         // One read of the neighbour table for every node whose MAC the model lacks.
         let unknown: Vec<&crate::model::Node> = self.world.nodes.iter().filter(|n| n.mac.is_none() && n.name != self.opts.node_name).collect();
-        let table = if unknown.is_empty() { String::new() } else { neighbour::table() };
+        let table = if unknown.is_empty() { neighbour::Table::new() } else { neighbour::table() };
         for n in unknown {
-            match neighbour::parse_proc_arp(&table, n.addr) {
+            match table.get(&n.addr) {
                 Some(m) => {
-                    self.macs.insert(n.name.clone(), m);
+                    self.macs.insert(n.name.clone(), *m);
                 }
                 None if !self.macs.contains_key(&n.name) => neighbour::solicit(n.addr),
                 None => {}

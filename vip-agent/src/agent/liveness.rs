@@ -332,7 +332,7 @@ impl Liveness {
                 }
                 Some(sets) = next_live(&mut self.heartbeat) => {
                     info!(live = ?sets.live, leaving = ?sets.leaving, "live nodes changed");
-                    let back: Vec<Ipv4Addr> = sets.live.difference(&self.live).filter_map(|n| self.world.node(n)).map(|n| n.addr).collect();
+                    let back: Vec<IpAddr> = sets.live.difference(&self.live).filter_map(|n| self.world.node(n)).map(|n| n.addr).collect();
                     self.resolve(back);
                     self.live = sets.live;
                     self.leaving = sets.leaving;
@@ -659,12 +659,22 @@ impl Liveness {
     /// Asks ARP for the addresses of nodes that just came back. After our link was
     /// down the kernel's neighbour entries for them sit INCOMPLETE until its next
     /// retry (up to a second): their heartbeats reach us, ours would not reach them.
-    /// The reply to this request completes the entries at once.
-    fn resolve(&self, addrs: Vec<Ipv4Addr>) {
+    /// The reply to this request completes the entries at once. IPv6 nodes get a
+    /// datagram instead, which has the kernel solicit them now.
+    fn resolve(&self, addrs: Vec<IpAddr>) {
         let Some(me) = self.world.node(&self.s.me).map(|n| n.addr) else { return };
         let Some(home) = &self.uplinks.home else { return };
-        let frames: Vec<_> =
-            addrs.into_iter().map(|a| (a.into(), home.xdp_ifindex, ha::garp::tagged(&ha::garp::arp_request_frame(home.mac, me, a), home.vlan))).collect();
+        let mut frames = Vec::new();
+        for a in addrs {
+            match (me, a) {
+                (IpAddr::V4(me), IpAddr::V4(a)) => {
+                    frames.push((a.into(), home.xdp_ifindex, ha::garp::tagged(&ha::garp::arp_request_frame(home.mac, me, a), home.vlan)))
+                }
+                (_, IpAddr::V6(_)) => crate::neighbour::solicit(a),
+                // An IPv4 peer of an IPv6 node: no address of ours to ask from.
+                (IpAddr::V6(_), IpAddr::V4(_)) => {}
+            }
+        }
         if !frames.is_empty() {
             let _ = self.arp_tx.send(Order::Send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" }));
         }
@@ -731,7 +741,8 @@ impl Liveness {
                 .ok()
                 .and_then(|host| {
                     let nets = host.into_iter().find(|i| i.ifindex == l.ifindex)?.nets;
-                    nets.iter().find(|&&n| crate::links::contains(n, vip)).or(nets.first()).map(|(a, _)| *a)
+                    let v4 = || nets.iter().filter_map(|&(a, len)| if let IpAddr::V4(a) = a { Some((a, len)) } else { None });
+                    v4().find(|&(a, len)| crate::links::contains((a.into(), len), vip.into())).or(v4().next()).map(|(a, _)| a)
                 })
                 .unwrap_or(Ipv4Addr::UNSPECIFIED);
             if let Err(e) = self.s.held.watch_arp(l.ifindex, vip) {

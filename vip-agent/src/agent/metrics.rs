@@ -242,6 +242,7 @@ pub enum Mode {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Names {
     pub services: BTreeMap<ServiceAddr, String>,
+    /// By [`crate::dataplane::backend_key`], as the backends' counters are.
     pub nodes: BTreeMap<Ipv4Addr, String>,
 }
 

@@ -80,7 +80,7 @@ impl Agent {
         self.metrics.backend_healthy.set_all(healthy_now);
         self.metrics.set_names(metrics::Names {
             services: self.applied.iter().map(|(a, d)| (*a, d.name.clone())).collect(),
-            nodes: self.world.nodes.iter().map(|n| (n.addr, n.name.clone())).collect(),
+            nodes: self.world.nodes.iter().map(|n| (crate::dataplane::backend_key(n.addr), n.name.clone())).collect(),
         });
         self.status.updated_unix_ms = crate::status::unix_ms_now();
         let json = serde_json::to_string(&self.status).unwrap_or_default();

@@ -2,12 +2,7 @@
 //! the model. Unknown keys are errors; every error names the field path and line.
 mod locate;
 
-use std::{
-    collections::BTreeMap,
-    fmt,
-    net::{IpAddr, Ipv4Addr},
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, net::IpAddr, time::Duration};
 
 use serde::Deserialize;
 
@@ -90,7 +85,7 @@ fn default_dead_after() -> Duration {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FileNode {
     name: String,
-    address: Ipv4Addr,
+    address: IpAddr,
     #[serde(default)]
     mac: Option<Mac>,
     #[serde(default)]
@@ -206,6 +201,9 @@ fn validate(f: File) -> Result<World, FieldError> {
         }
         if let Some(j) = names.insert(n.name.clone(), i) {
             return invalid(format!("{p}.name"), format!("node {:?} is already defined at nodes[{j}]", n.name));
+        }
+        if let Some(why) = spec::node_address_problem(n.address) {
+            return invalid(format!("{p}.address"), format!("{} {why}", n.address));
         }
         if let Some(j) = addrs.insert(n.address, i) {
             return invalid(format!("{p}.address"), format!("{} is already the address of nodes[{j}]", n.address));
@@ -357,15 +355,25 @@ pub fn check_timers(announce: &Announce, fo: &Failover, names: &TimerFields) -> 
     Ok(())
 }
 
-/// Pools whose selector matches no node: nobody will answer for their VIPs.
-/// Not an error (labels may come later), but worth a warning.
+/// Pools whose selector matches no node: nobody will answer for their VIPs. Nodes
+/// of both families: heartbeats go from each node's address to the others', so an
+/// IPv4 node and an IPv6 one never hear each other. Not errors (labels may come
+/// later; a cluster may be moving from one family to the other), but worth a warning.
 pub fn warnings(world: &World) -> Vec<String> {
-    world
+    let mut w: Vec<String> = world
         .pools
         .iter()
         .filter(|p| world.eligible(p).is_empty())
         .map(|p| format!("pool {:?}: nodeSelector matches no node; its VIPs are not answered", p.name))
-        .collect()
+        .collect();
+    let v4 = world.nodes.iter().find(|n| n.addr.is_ipv4());
+    if let (Some(a), Some(b)) = (v4, world.nodes.iter().find(|n| n.addr.is_ipv6())) {
+        w.push(format!(
+            "nodes: {:?} has an IPv4 address and {:?} an IPv6 one: heartbeats do not pass between families, so such nodes count each other dead",
+            a.name, b.name
+        ));
+    }
+    w
 }
 
 #[cfg(test)]

@@ -92,7 +92,8 @@ fn unknown_keys_are_errors() {
 
 #[test]
 fn malformed_values_name_their_field() {
-    rejects("address: 198.18.0.12", "address: 198.18.0.300", "nodes[0].address", "198.18.0.300", "invalid IPv4 address syntax");
+    rejects("address: 198.18.0.12", "address: 198.18.0.300", "nodes[0].address", "198.18.0.300", "invalid IP address syntax");
+    rejects("address: 198.18.0.12", "address: 2001:2::zz", "nodes[0].address", "2001:2::zz", "invalid IP address syntax");
     rejects("mac: \"02:00:00:00:00:11\"", "mac: \"02:00:00:00:11\"", "nodes[1].mac", "02:00:00:00:11", "is not a MAC address");
     rejects("198.18.1.16/30", "198.18.1.17/30", "pools[0].addresses[1]", "198.18.1.17/30", "has host bits set; did you mean 198.18.1.16/30?");
     rejects("198.18.1.20-198.18.1.22", "198.18.1.22-198.18.1.20", "pools[0].addresses[2]", "198.18.1.22-198.18.1.20", "ends before it starts");
@@ -122,6 +123,10 @@ fn node_errors() {
         "198.18.0.12 is already the address of nodes[0]",
     );
     rejects("name: n2", "name: \"\"", "nodes[0].name", "name: \"\"", "must not be empty");
+    rejects("address: 198.18.0.12", "address: \"fe80::12\"", "nodes[0].address", "fe80::12", "fe80::12 is link-local (fe80::/10)");
+    rejects("address: 198.18.0.12", "address: \"::\"", "nodes[0].address", "address: \"::\"", ":: is not a node's address");
+    rejects("address: 198.18.0.12", "address: 0.0.0.0", "nodes[0].address", "0.0.0.0", "0.0.0.0 is not a node's address");
+    rejects("address: 198.18.0.12", "address: \"ff02::1\"", "nodes[0].address", "ff02::1", "ff02::1 is not a node's address");
     let err = parse("nodes: []\n").unwrap_err();
     assert_eq!((err.path.as_str(), err.message.as_str()), ("nodes", "at least one node is needed"));
 }
@@ -147,6 +152,27 @@ fn pool_errors() {
     let err = parse(&overlap).unwrap_err();
     assert_eq!((err.path.as_str(), err.line), ("pools[1].addresses", Some(super::tests::line_with(&overlap, "[198.18.1.21-"))));
     assert!(err.message.contains("198.18.1.21 is also in pools[0] (\"web\"); pools must not overlap"), "{err}");
+}
+
+/// IPv6 nodes, quoted or not, alone or beside IPv4 ones.
+#[test]
+fn ipv6_node_addresses_are_accepted() {
+    let text = GOOD.replacen("address: 198.18.0.12", "address: 2001:2::12", 1).replacen("address: 198.18.0.11", "address: \"2001:2:0::11\"", 1);
+    let w = parse(&text).unwrap();
+    let addrs: Vec<String> = w.nodes.iter().map(|n| n.addr.to_string()).collect();
+    assert_eq!(addrs, ["2001:2::11", "2001:2::12"]);
+    assert!(super::warnings(&w).is_empty());
+    let mixed = parse(&GOOD.replacen("address: 198.18.0.12", "address: 2001:2::12", 1)).unwrap();
+    assert_eq!((mixed.nodes[0].addr.is_ipv4(), mixed.nodes[1].addr.is_ipv6()), (true, true));
+    assert_eq!(
+        super::warnings(&mixed),
+        ["nodes: \"n1\" has an IPv4 address and \"n2\" an IPv6 one: heartbeats do not pass between families, so such nodes count each other dead"]
+    );
+    // One address spelled two ways is still one node's.
+    let twice = text.replacen("\"2001:2:0::11\"", "\"2001:2:0::12\"", 1);
+    let err = parse(&twice).unwrap_err();
+    assert_eq!((err.path.as_str(), err.line), ("nodes[1].address", Some(line_with(&twice, "2001:2:0::12"))));
+    assert!(err.message.contains("2001:2::12 is already the address of nodes[0]"), "{err}");
 }
 
 #[test]

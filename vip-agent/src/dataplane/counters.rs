@@ -19,7 +19,7 @@ pub struct Counters {
     /// The service-port of each service id (fragment aliases aside).
     #[serde(skip)]
     pub service_addrs: BTreeMap<u32, ServiceAddr>,
-    /// The node address of each backend id.
+    /// The node address of each backend id ([`super::backend_key`] for IPv6 nodes).
     #[serde(skip)]
     pub backend_addrs: BTreeMap<u32, Ipv4Addr>,
 }

@@ -36,8 +36,8 @@ use aya::{
 pub use counters::Counters;
 pub use error::DataplaneError;
 pub use held::{Announce, HeldEntry, HeldVips};
+pub use services::{backend_key, Applied, BackendSpec, RingUpdate, ServiceSpec, Sweep, Usage};
 use services::{service_addr, service_addr6};
-pub use services::{Applied, BackendSpec, RingUpdate, ServiceSpec, Sweep, Usage};
 use vip_common::{map_names as names, *};
 pub use xmit::XdpXmit;
 

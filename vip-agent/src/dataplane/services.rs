@@ -21,11 +21,28 @@ use crate::{
 pub struct BackendSpec {
     /// Stable identity (node name): the Maglev permutation is derived from it.
     pub name: String,
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub mac: [u8; 6],
     pub weight: u32,
     /// This node itself: matching packets are passed to the local stack.
     pub local: bool,
+}
+
+/// What `lb4_backends` records of a node's address (four bytes, for the backend's
+/// identity across restarts and for people): an IPv4 address itself; for an IPv6
+/// one a hash of it in 0.0.0.0/8, which no IPv4 node has, so that a dual-stack
+/// cluster's keys do not meet. Two IPv6 nodes may share a key: their backends are
+/// told apart by their MACs as well ([`Dataplane::backend_id`]).
+pub fn backend_key(addr: IpAddr) -> Ipv4Addr {
+    use std::hash::Hasher as _;
+    match addr {
+        IpAddr::V4(v) => v,
+        IpAddr::V6(v) => {
+            let mut h = siphasher::sip::SipHasher13::new();
+            h.write(&v.octets());
+            Ipv4Addr::from(h.finish() as u32 & 0x00ff_ffff)
+        }
+    }
 }
 
 /// The service-port of an `lb4_services` key (None: a protocol we never write).
@@ -360,12 +377,14 @@ impl Dataplane {
         Ok((off, slots.len(), None))
     }
 
-    /// Backend id for `spec`, re-using the id of a backend with the same address,
-    /// else the lowest free slot of `lb4_backends`.
-    fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32, DataplaneError> {
-        let want = Lb4Backend { mac: spec.mac, _pad: [0; 2], addr: spec.addr.octets(), flags: BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 } };
+    /// Backend id for `spec`, re-using the id of a backend with the same address
+    /// (for an IPv6 node: the same [`backend_key`] and MAC), else the lowest free
+    /// slot of `lb4_backends`.
+    pub(super) fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32, DataplaneError> {
+        let flags = BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 };
+        let want = Lb4Backend { mac: spec.mac, _pad: [0; 2], addr: backend_key(spec.addr).octets(), flags };
         let existing = &self.backend_slots;
-        let id = match existing.iter().find(|(_, b)| b.addr == want.addr) {
+        let id = match existing.iter().find(|(_, b)| b.addr == want.addr && (spec.addr.is_ipv4() || b.mac == want.mac)) {
             Some((&id, _)) => id,
             None => (0..MAX_BACKENDS).find(|id| !existing.contains_key(id)).ok_or(DataplaneError::BackendIdsExhausted(MAX_BACKENDS))?,
         };
@@ -434,5 +453,22 @@ impl Dataplane {
             reset_counter(&mut self.backend_stats, *id)?;
         }
         Ok(gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// IPv4 addresses as they are; IPv6 ones hashed into 0.0.0.0/8, the same on
+    /// every run and agent version (ids are recovered from pinned maps by them).
+    #[test]
+    fn backend_keys() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(backend_key(ip("198.18.0.11")), Ipv4Addr::new(198, 18, 0, 11));
+        let (a, b) = (backend_key(ip("2001:2::11")), backend_key(ip("2001:2::12")));
+        assert!(a.octets()[0] == 0 && b.octets()[0] == 0 && a != b, "{a} {b}");
+        assert_eq!(a, backend_key(ip("2001:2:0:0::11")));
+        assert_eq!(a, Ipv4Addr::from(0x00dd_e328), "stable: {:#010x}", u32::from(a));
     }
 }

@@ -440,7 +440,7 @@ fn gate_open(gate: &Option<(Arc<AtomicU64>, Duration)>) -> bool {
 /// peer's address, signed with one of our keys (when we have keys), carrying
 /// the name the model gives that address.
 fn accept(datagram: &[u8], from: SocketAddr, known: &HashMap<SocketAddr, String>, keys: Option<&super::auth::Keys>) -> Result<Heartbeat, Rejected> {
-    let name = known.get(&from).ok_or(Rejected::UnknownSender)?;
+    let name = known.get(&plain(from)).ok_or(Rejected::UnknownSender)?;
     let payload = match keys {
         Some(k) => k.open(datagram).map_err(|r| match r {
             super::auth::Reject::Malformed => Rejected::Malformed,
@@ -456,6 +456,12 @@ fn accept(datagram: &[u8], from: SocketAddr, known: &HashMap<SocketAddr, String>
     Ok(hb)
 }
 
+/// An address and port alone: an IPv6 sender's flow label and scope id (set by the
+/// kernel or not) do not make it another peer.
+fn plain(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip(), a.port())
+}
+
 async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<PeerSets>) {
     let Options { ref peers, ref me, interval, ref gate, ref metrics, .. } = o;
     let (peers, me, gate, metrics) = (peers.clone(), me.clone(), gate.clone(), metrics.clone());
@@ -466,7 +472,7 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
     };
     let incarnation = new_incarnation();
     // A sender is the peer the model puts at its address, and no one else.
-    let known: HashMap<SocketAddr, String> = peers.iter().map(|(n, a)| (*a, n.clone())).collect();
+    let known: HashMap<SocketAddr, String> = peers.iter().map(|(n, a)| (plain(*a), n.clone())).collect();
     let keys = o.keys.clone();
     // Rejections are counted always and logged at most once per reason every 10 s.
     let mut last_logged: BTreeMap<Rejected, Instant> = BTreeMap::new();
@@ -844,8 +850,13 @@ mod tests {
 
     /// Free 127.0.0.1 ports: bound, then released for the tasks to bind.
     fn free_addrs(n: usize) -> Vec<SocketAddr> {
-        let socks: Vec<_> = (0..n).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
-        socks.iter().map(|s| s.local_addr().unwrap()).collect()
+        free_addrs_on("127.0.0.1".parse().unwrap(), n).unwrap()
+    }
+
+    /// Free ports on `lo`; an error where it cannot be bound (no IPv6 here).
+    fn free_addrs_on(lo: std::net::IpAddr, n: usize) -> io::Result<Vec<SocketAddr>> {
+        let socks = (0..n).map(|_| std::net::UdpSocket::bind((lo, 0))).collect::<io::Result<Vec<_>>>()?;
+        socks.iter().map(|s| s.local_addr()).collect()
     }
 
     const INTERVAL: Duration = Duration::from_millis(50);
@@ -961,6 +972,37 @@ mod tests {
         assert_eq!(a.borrow().live, BTreeSet::from(["n0".to_owned(), "n1".to_owned()]));
         // The main loop stops turning: n1's task keeps running but goes silent.
         wait_for(&mut a, &["n0"], Duration::from_secs(2)).await;
+    }
+
+    /// The IPv4 tests' exchange between IPv6 nodes, on [::1]: signed heartbeats
+    /// taken from the peers' addresses, a stopped one dropped after dead_after, a
+    /// sender at another port of the same address refused.
+    #[tokio::test]
+    async fn ipv6_agents_see_each_other_and_drop_a_stopped_one() {
+        let addrs = match free_addrs_on("::1".parse().unwrap(), 3) {
+            Ok(a) => a,
+            Err(e) => return eprintln!("skipping: no [::1] here ({e})"),
+        };
+        let keys: super::super::auth::SharedKeys = Arc::new(std::sync::RwLock::new(Arc::new(super::super::auth::Keys::new(&[vec![7; 32]]).unwrap())));
+        let mut a = run(Options { keys: Some(keys.clone()), ..opts(&addrs[..2], 0) }).await.unwrap();
+        let metrics = Metrics::default();
+        let b = run(Options { keys: Some(keys.clone()), metrics: Some(metrics.clone()), ..opts(&addrs[..2], 1) }).await.unwrap();
+        wait_for(&mut a, &["n0", "n1"], Duration::from_secs(2)).await;
+        let mut b = b;
+        wait_for(&mut b, &["n0", "n1"], Duration::from_secs(2)).await;
+        // n0's heartbeat from [::1] at a port no peer has: an unknown sender.
+        let stranger = std::net::UdpSocket::bind(addrs[2]).unwrap();
+        let hb = Heartbeat { v: Heartbeat::VERSION, node: "n0".into(), incarnation: u64::MAX, seq: 1, sent_ms: 0, leaving_ms: 0, arp: Vec::new() };
+        stranger.send_to(&keys.read().unwrap().seal(&hb.encode()), addrs[1]).unwrap();
+        let unknown = || metrics.rejected.get_or_create(&RejectLabels { reason: Rejected::UnknownSender.name().into() }).get();
+        let t0 = Instant::now();
+        while unknown() == 0 && t0.elapsed() < Duration::from_secs(2) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(unknown(), 1);
+        drop(a);
+        let took = wait_for(&mut b, &["n1"], Duration::from_secs(2)).await;
+        assert!(took >= DEAD_AFTER - INTERVAL, "dropped after {took:?}");
     }
 
     #[tokio::test]

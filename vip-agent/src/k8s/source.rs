@@ -3,7 +3,7 @@
 //! feeds it the reflectors' current objects.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     time::Duration,
 };
 
@@ -73,9 +73,13 @@ fn node_from(n: &KNode) -> Result<model::Node, String> {
     if let Some(t) = taints.clone().find(|t| NOT_READY_TAINTS.contains(&t.key.as_str())) {
         return Err(format!("tainted {}", t.key));
     }
-    let Some(addr) = status.addresses.iter().flatten().find(|a| a.type_ == "InternalIP").and_then(|a| a.address.parse::<Ipv4Addr>().ok()) else {
-        return Err("no IPv4 InternalIP".into());
+    // The first InternalIP, of either family: kubelet lists the primary family first.
+    let Some(addr) = status.addresses.iter().flatten().find(|a| a.type_ == "InternalIP").and_then(|a| a.address.parse::<IpAddr>().ok()) else {
+        return Err("no InternalIP".into());
     };
+    if let Some(why) = crate::spec::node_address_problem(addr) {
+        return Err(format!("InternalIP {addr} {why}"));
+    }
     let taints = taints
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .map(|t| model::Taint { key: t.key.clone(), value: t.value.clone().unwrap_or_default(), effect: t.effect.clone() })
@@ -617,6 +621,26 @@ mod tests {
         let cordoned = w.node("cordoned").unwrap();
         assert!(cordoned.taints.iter().any(|t| t.key == UNSCHEDULABLE_TAINT), "the taint stays in the model, tolerated by the pool");
         assert!(pool.admits(cordoned));
+    }
+
+    /// The first InternalIP, of either family: an IPv6-only node, a dual-stack node
+    /// of either primary family (kubelet lists it first); no InternalIP leaves it out.
+    #[test]
+    fn a_nodes_address_is_its_first_internal_ip() {
+        use serde_json::json;
+        let with = |addresses: serde_json::Value| json!({ "status": { "addresses": addresses } });
+        let internal = |ip: &str| json!({ "type": "InternalIP", "address": ip });
+        let nodes = [
+            api_node("v4", "198.18.0.11", json!({})),
+            api_node("v6", "2001:2::11", json!({})),
+            api_node("v4-first", "x", with(json!([internal("198.18.0.13"), internal("2001:2::13")]))),
+            api_node("v6-first", "x", with(json!([{ "type": "Hostname", "address": "v6-first" }, internal("2001:2::14"), internal("198.18.0.14")]))),
+            api_node("none", "x", with(json!([{ "type": "ExternalIP", "address": "198.18.0.15" }]))),
+        ];
+        let w = world_from(&nodes, &[], &[], &[], &World::default());
+        let addrs: Vec<(&str, String)> = w.nodes.iter().map(|n| (n.name.as_str(), n.addr.to_string())).collect();
+        assert_eq!(addrs, [("v4", "198.18.0.11".into()), ("v4-first", "198.18.0.13".into()), ("v6", "2001:2::11".into()), ("v6-first", "2001:2::14".into())]);
+        assert_eq!(w.left_out.get("none").map(String::as_str), Some("no InternalIP"));
     }
 
     #[test]

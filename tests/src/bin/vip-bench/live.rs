@@ -130,7 +130,7 @@ impl Wire {
         let pins = PinDir::new()?;
         let (mut dp, ifindex) = attach_node_in(&lb, &pins.path, mode)?;
         dp.hold_vip(ifindex, VIP, monotonic_ns() + 3_600_000_000_000)?;
-        let b = BackendSpec { name: "b1".into(), addr: BACKEND, mac: backend.mac("eth0")?, weight: 1, local: false };
+        let b = BackendSpec { name: "b1".into(), addr: BACKEND.into(), mac: backend.mac("eth0")?, weight: 1, local: false };
         for port in [ECHO, SINK] {
             dp.set_service(ServiceAddr { vip: VIP.into(), port, protocol: Protocol::Tcp }, std::slice::from_ref(&b), 251, 0)?;
         }

@@ -128,7 +128,7 @@ fn bench_dataplane() -> Result<(Dataplane, PinDir)> {
     dp.hold_vip(1, VIP, monotonic_ns() + 3_600_000_000_000)?;
     dp.hold_vip(1, VIP6, monotonic_ns() + 3_600_000_000_000)?;
     let backends: Vec<BackendSpec> = (1..=10u8)
-        .map(|i| BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i), mac: [2, 0, 0, 0, 0x10, i], weight: 1, local: false })
+        .map(|i| BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i).into(), mac: [2, 0, 0, 0, 0x10, i], weight: 1, local: false })
         .collect();
     dp.set_service(ServiceAddr { vip: VIP.into(), port: 80, protocol: Protocol::Tcp }, &backends, 16381, 0)?;
     dp.set_service(ServiceAddr { vip: VIP.into(), port: 53, protocol: Protocol::Udp }, &backends, 16381, 0)?;
