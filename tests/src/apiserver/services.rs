@@ -32,11 +32,19 @@
 //!   when the request left them as they were (clusterIP for ExternalName, nodePorts,
 //!   healthCheckNodePort, externalTrafficPolicy, allocateLoadBalancerNodePorts,
 //!   loadBalancerClass) and, away from LoadBalancer, clears `status.loadBalancer`;
-//! - families, as on a cluster with one (IPv4) service CIDR: `ipFamilyPolicy` one
-//!   of SingleStack (the default), PreferDualStack (kept, with `ipFamilies`
-//!   `[IPv4]`) or RequireDualStack (refused: no dual-stack here), `ipFamilies`
-//!   IPv4 (IPv6 refused: not configured), SingleStack with two families refused;
-//! - the status subresource: `status.loadBalancer.ingress` only for LoadBalancers.
+//! - families ([`Stack`]), as on a cluster with one (IPv4) service CIDR:
+//!   `ipFamilyPolicy` one of SingleStack (the default), PreferDualStack (kept, with
+//!   `ipFamilies` `[IPv4]`) or RequireDualStack (refused: no dual-stack here),
+//!   `ipFamilies` IPv4 (IPv6 refused: not configured), SingleStack with two
+//!   families refused; on a dual-stack cluster (IPv4 primary) a dual-stack policy
+//!   adds the other family after the one named, each family gets a clusterIP from
+//!   its CIDR in `ipFamilies`' order, SingleStack becoming PreferDualStack or
+//!   RequireDualStack gets the second one and going back drops it, the primary
+//!   family cannot change (its clusterIP would not match, as for any clusterIP of
+//!   the other family), duplicate families and `clusterIPs` without `clusterIP`
+//!   are refused;
+//! - the status subresource: `status.loadBalancer.ingress` only for LoadBalancers,
+//!   each `ip` a valid address of either family (not held to `ipFamilies`).
 //!
 //! Allocated values are derived from the stored Services, so deleting a Service
 //! frees them at once (the real allocators' repair loop takes minutes).
