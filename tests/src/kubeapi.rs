@@ -37,6 +37,7 @@ use http::{Method, Request};
 use kube::{config::KubeConfigOptions, Client};
 use serde_json::{json, Value};
 
+pub use crate::apiserver::Stack;
 use crate::{
     agent::TempDir,
     apiserver::{ApiServer, ResourceSpec},
@@ -81,8 +82,10 @@ pub struct Options {
     pub netns: Option<PathBuf>,
     /// The API server's port; `None`: a free one.
     pub port: Option<u16>,
-    /// `--service-cluster-ip-range`; its first address is the `kubernetes` Service's,
-    /// which the serving certificate names too.
+    /// `--service-cluster-ip-range`: one CIDR, or an IPv4 and an IPv6 one separated
+    /// by a comma for a dual-stack cluster ([`Options::dual_stack`]). The first
+    /// address of the IPv4 one is the `kubernetes` Service's, which the serving
+    /// certificate names too.
     pub service_cidr: String,
     /// The `lease` endpoint reconciler (the `kubernetes` Service gets `host` as its
     /// endpoint, as in a real cluster) instead of `none`.
@@ -108,9 +111,22 @@ impl Default for Options {
     }
 }
 
-/// The first address of an IPv4 CIDR (`198.18.128.0/20` gives 198.18.128.1): the
-/// `kubernetes` Service's ClusterIP in a service range.
-pub fn first_host(cidr: &str) -> Result<Ipv4Addr> {
+/// The dual-stack `--service-cluster-ip-range`: IPv4 first, so IPv4 is the
+/// cluster's primary family (what Services without `ipFamilies` get).
+pub const DUAL_STACK_SERVICE_CIDR: &str = "10.96.0.0/16,fd00:10:96::/112";
+
+impl Options {
+    /// The default server, dual-stack: [`DUAL_STACK_SERVICE_CIDR`].
+    pub fn dual_stack() -> Self {
+        Self { service_cidr: DUAL_STACK_SERVICE_CIDR.into(), ..Self::default() }
+    }
+}
+
+/// The first address of the IPv4 CIDR of a service range (`198.18.128.0/20` gives
+/// 198.18.128.1; of `10.96.0.0/16,fd00:10:96::/112`, 10.96.0.1): the `kubernetes`
+/// Service's ClusterIP on an IPv4 or dual-stack (IPv4 first) cluster.
+pub fn first_host(range: &str) -> Result<Ipv4Addr> {
+    let cidr = range.split(',').map(str::trim).find(|c| !c.contains(':')).ok_or_else(|| anyhow!("{range}: no IPv4 CIDR"))?;
     let (net, len) = cidr.split_once('/').ok_or_else(|| anyhow!("{cidr}: not a CIDR"))?;
     let net: Ipv4Addr = net.parse().with_context(|| format!("{cidr}: bad address"))?;
     let len: u32 = len.parse().ok().filter(|l| *l < 31).ok_or_else(|| anyhow!("{cidr}: bad prefix length"))?;
@@ -411,18 +427,31 @@ impl RealApiServer {
     /// One server for the whole test binary, left running until the binary exits
     /// (then killed, its directory removed). Each test builds its own clients.
     pub fn shared() -> Option<&'static Self> {
-        static SHARED: OnceLock<Option<RealApiServer>> = OnceLock::new();
+        Self::shared_with(Stack::V4)
+    }
+
+    /// [`Self::shared`] of an IPv4-only or a dual-stack cluster ([`Options::dual_stack`]):
+    /// one of each at most per test binary, started when first asked for.
+    pub fn shared_with(stack: Stack) -> Option<&'static Self> {
+        static SHARED: [OnceLock<Option<RealApiServer>>; 2] = [OnceLock::new(), OnceLock::new()];
         extern "C" fn cleanup() {
-            if let Some(Some(s)) = SHARED.get() {
+            for s in SHARED.iter().filter_map(|s| s.get()?.as_ref()) {
                 s.stop();
                 let _ = std::fs::remove_dir_all(&s.dir);
             }
         }
-        SHARED
+        static CLEANUP: std::sync::Once = std::sync::Once::new();
+        let (i, opts) = match stack {
+            Stack::V4 => (0, Options::default()),
+            Stack::Dual => (1, Options::dual_stack()),
+        };
+        SHARED[i]
             .get_or_init(|| {
-                let s = Self::start()?;
+                let s = Self::start_with(opts)?;
                 // SAFETY: registers a plain function.
-                unsafe { libc::atexit(cleanup) };
+                CLEANUP.call_once(|| unsafe {
+                    libc::atexit(cleanup);
+                });
                 Some(s)
             })
             .as_ref()
@@ -807,18 +836,29 @@ pub enum Backend {
 impl Backend {
     /// The stand-in serving what the agent uses.
     pub async fn stand_in() -> Self {
-        Backend::StandIn(ApiServer::builder().resources(ResourceSpec::VIP).bookmark_interval(Duration::from_millis(500)).start().await.unwrap())
+        Self::stand_in_with(Stack::V4).await
+    }
+
+    /// The stand-in as an IPv4-only or a dual-stack cluster.
+    pub async fn stand_in_with(stack: Stack) -> Self {
+        let b = ApiServer::builder().resources(ResourceSpec::VIP).bookmark_interval(Duration::from_millis(500)).stack(stack);
+        Backend::StandIn(b.start().await.unwrap())
     }
 
     /// The binary's shared real server (`None`: skipped, see [`assets`]), emptied of
     /// what earlier tests left (VipPools, Services and Events, the controller's
     /// Lease), with the VipPool CRD and the namespaces `shop` and `vip-system`.
-    // The guard serialises tests (each on a runtime of its own) on the one shared
-    // server for their whole run, awaits included: that is its purpose.
-    #[allow(clippy::await_holding_lock)]
     pub async fn real() -> Option<Self> {
+        Self::real_with(Stack::V4).await
+    }
+
+    /// [`Self::real`] of an IPv4-only or a dual-stack cluster ([`RealApiServer::shared_with`]).
+    // The guard serialises tests (each on a runtime of its own) on the shared
+    // servers for their whole run, awaits included: that is its purpose.
+    #[allow(clippy::await_holding_lock)]
+    pub async fn real_with(stack: Stack) -> Option<Self> {
         let guard = exclusive();
-        let server = tokio::task::block_in_place(RealApiServer::shared)?;
+        let server = tokio::task::block_in_place(|| RealApiServer::shared_with(stack))?;
         let client = server.admin_client().await;
         server.install_crd(&client).await.expect("the VipPool CRD");
         for ns in ["shop", "vip-system"] {

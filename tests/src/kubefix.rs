@@ -17,19 +17,23 @@ use crate::{
 
 /// `both_api_servers!(name)`: `name::stand_in` and `name::real` run
 /// `async fn name(Backend)` against the in-process stand-in and a real
-/// kube-apiserver (skipped without `KUBEBUILDER_ASSETS`, unless CI=true).
+/// kube-apiserver (skipped without `KUBEBUILDER_ASSETS`, unless CI=true), both
+/// IPv4-only clusters. `both_api_servers!(name, Stack::Dual)`: both dual-stack.
 #[macro_export]
 macro_rules! both_api_servers {
     ($name:ident) => {
+        $crate::both_api_servers!($name, Stack::V4);
+    };
+    ($name:ident, Stack::$stack:ident) => {
         mod $name {
-            use vip_tests::kubeapi::Backend;
+            use $crate::kubeapi::{Backend, Stack};
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn stand_in() {
-                super::$name(Backend::stand_in().await).await
+                super::$name(Backend::stand_in_with(Stack::$stack).await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn real() {
-                if let Some(b) = Backend::real().await {
+                if let Some(b) = Backend::real_with(Stack::$stack).await {
                     super::$name(b).await
                 }
             }

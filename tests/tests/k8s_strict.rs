@@ -12,6 +12,8 @@
 //!   from ExternalName, kept when an update leaves it out;
 //! - `ipFamilyPolicy`/`ipFamilies` on an IPv4-only cluster: defaulted, PreferDualStack
 //!   kept with one family, RequireDualStack and IPv6 refused naming the field;
+//!   on a dual-stack cluster: defaulted per policy with a clusterIP per family,
+//!   SingleStack upgraded to PreferDualStack and back, the primary family fixed;
 //! - Nodes: admission's `node.kubernetes.io/not-ready:NoSchedule` taint on every
 //!   new Node until the node controller (here the test) lifts it;
 //! - VipPools: deploy/crd.yaml's structural schema (types, required, enums,
@@ -34,6 +36,7 @@ vip_tests::both_api_servers!(health_check_node_ports_follow_type_and_policy);
 vip_tests::both_api_servers!(cluster_ips_are_allocated_and_immutable);
 vip_tests::both_api_servers!(new_nodes_are_tainted_not_ready_until_lifted);
 vip_tests::both_api_servers!(ip_families_on_a_single_stack_cluster);
+vip_tests::both_api_servers!(ip_families_on_a_dual_stack_cluster, Stack::Dual);
 vip_tests::both_api_servers!(vip_pools_are_checked_against_the_crd_schema);
 vip_tests::both_api_servers!(vip_status_status_is_server_side_applied);
 
@@ -401,6 +404,75 @@ async fn ip_families_on_a_single_stack_cluster(api: Backend) {
     for (name, extra, reason, field, text) in refused {
         send(&c, Method::POST, SVCS, lb(name, extra)).await.invalid(&[(reason, field)]).says(text);
     }
+}
+
+/// `spec.ipFamilyPolicy` and `spec.ipFamilies` on a dual-stack cluster (IPv4
+/// primary): what a Service is given, by policy and families asked for (a clusterIP
+/// of each family, in `ipFamilies`' order; no policy is SingleStack, also with two
+/// families, which is refused); SingleStack may become PreferDualStack (upgraded: the
+/// second family and clusterIP added) and back (downgraded: the secondary goes), the
+/// primary family never changes (its clusterIP would not match). vip's allocator serves the families as the server
+/// leaves them (k8s_dualstack.rs).
+async fn ip_families_on_a_dual_stack_cluster(api: Backend) {
+    let c = api.client().await;
+    let lb = |name: &str, extra: Value| {
+        let mut spec = json!({ "type": "LoadBalancer", "ports": [{ "port": 80 }] });
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        service(name, spec)
+    };
+    // (ipFamilies, ipFamilyPolicy, the family of each clusterIP), checked against each other.
+    let made = |o: &Out| {
+        let spec = &o.ok()["spec"];
+        let ips: Vec<&str> = spec["clusterIPs"].as_array().unwrap().iter().map(|i| i.as_str().unwrap()).collect();
+        assert_eq!(spec["clusterIP"], ips[0], "{spec}");
+        for ip in &ips {
+            assert!(ip.starts_with("10.96.") || ip.starts_with("fd00:10:96::"), "in the service CIDRs: {spec}");
+        }
+        let fams: Vec<&str> = ips.iter().map(|i| if i.contains(':') { "IPv6" } else { "IPv4" }).collect();
+        assert_eq!(spec["ipFamilies"], json!(fams), "a clusterIP of each family, in order: {spec}");
+        (spec["ipFamilies"].clone(), spec["ipFamilyPolicy"].clone())
+    };
+    let given: [(&str, Value, Value, &str); 7] = [
+        ("fam-default", json!({}), json!(["IPv4"]), "SingleStack"),
+        ("fam-prefer", json!({ "ipFamilyPolicy": "PreferDualStack" }), json!(["IPv4", "IPv6"]), "PreferDualStack"),
+        ("fam-prefer-v6", json!({ "ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6"] }), json!(["IPv6", "IPv4"]), "PreferDualStack"),
+        ("fam-require", json!({ "ipFamilyPolicy": "RequireDualStack" }), json!(["IPv4", "IPv6"]), "RequireDualStack"),
+        ("fam-require-64", json!({ "ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6", "IPv4"] }), json!(["IPv6", "IPv4"]), "RequireDualStack"),
+        ("fam-v6", json!({ "ipFamilies": ["IPv6"] }), json!(["IPv6"]), "SingleStack"),
+        ("fam-v6-ip", json!({ "clusterIP": "fd00:10:96::99" }), json!(["IPv6"]), "SingleStack"),
+    ];
+    for (name, extra, fams, policy) in given {
+        let o = send(&c, Method::POST, SVCS, lb(name, extra)).await;
+        assert_eq!(made(&o), (fams, json!(policy)), "{name}");
+    }
+    let two = "must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified";
+    send(&c, Method::POST, SVCS, lb("fam-two", json!({ "ipFamilies": ["IPv4", "IPv6"] })))
+        .await
+        .invalid(&[("FieldValueInvalid", "spec.ipFamilyPolicy")])
+        .says(two);
+    send(&c, Method::POST, SVCS, lb("fam-single-two", json!({ "ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4", "IPv6"] })))
+        .await
+        .invalid(&[("FieldValueInvalid", "spec.ipFamilyPolicy")])
+        .says(two);
+
+    // Upgraded and downgraded by the policy alone; the primary family stays.
+    let path = format!("{SVCS}/fam-default");
+    let policy = |p: &str| json!({ "spec": { "ipFamilyPolicy": p } });
+    assert_eq!(made(&send(&c, Method::PATCH, &path, policy("PreferDualStack")).await), (json!(["IPv4", "IPv6"]), json!("PreferDualStack")));
+    assert_eq!(made(&send(&c, Method::PATCH, &path, policy("RequireDualStack")).await), (json!(["IPv4", "IPv6"]), json!("RequireDualStack")));
+    assert_eq!(made(&send(&c, Method::PATCH, &path, policy("SingleStack")).await), (json!(["IPv4"]), json!("SingleStack")));
+    // The primary family cannot change: its clusterIP would not match.
+    send(&c, Method::PATCH, &path, json!({ "spec": { "ipFamilies": ["IPv6"] } }))
+        .await
+        .invalid(&[("FieldValueInvalid", "spec.clusterIPs[0]")])
+        .says("expected an IPv6 value as indicated by `ipFamilies[0]`");
+    send(&c, Method::POST, SVCS, lb("fam-twice", json!({ "ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv4"] })))
+        .await
+        .invalid(&[("FieldValueDuplicate", "spec.ipFamilies[1]")]);
+    send(&c, Method::PATCH, &format!("{SVCS}/fam-require"), json!({ "spec": { "ipFamilies": ["IPv4"] } }))
+        .await
+        .invalid(&[("FieldValueInvalid", "spec.ipFamilyPolicy")])
+        .says("must be 'SingleStack' to release the secondary IP family");
 }
 
 /// Every Node created through the API gets `node.kubernetes.io/not-ready:NoSchedule`

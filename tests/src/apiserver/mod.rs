@@ -55,7 +55,7 @@ mod store;
 mod watch;
 
 pub use nodes::NOT_READY;
-pub use services::NODE_PORTS;
+pub use services::{Stack, NODE_PORTS};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -240,6 +240,7 @@ pub struct ApiServerBuilder {
     bookmark_interval: Duration,
     history_limit: usize,
     taint_new_nodes: bool,
+    stack: Stack,
 }
 
 impl ApiServerBuilder {
@@ -269,6 +270,12 @@ impl ApiServerBuilder {
         self.taint_new_nodes = on;
         self
     }
+    /// The cluster's service CIDRs: IPv4 only (the default, as the tests' real
+    /// server) or IPv4 and IPv6 (services.rs).
+    pub fn stack(mut self, stack: Stack) -> Self {
+        self.stack = stack;
+        self
+    }
     /// How many events (of all resources) watches can be resumed over (default 1000).
     pub fn history_limit(mut self, events: usize) -> Self {
         self.history_limit = events.max(1);
@@ -279,7 +286,7 @@ impl ApiServerBuilder {
         let listener = tokio::net::TcpListener::bind(self.bind).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::new(self.resources, self.history_limit, self.taint_new_nodes)),
+            store: Mutex::new(Store::new(self.resources, self.history_limit, self.taint_new_nodes, self.stack)),
             bookmark_interval: self.bookmark_interval,
             requests: Default::default(),
             user_agents: Default::default(),
@@ -337,6 +344,7 @@ impl ApiServer {
             bookmark_interval: Duration::from_secs(5),
             history_limit: 1000,
             taint_new_nodes: true,
+            stack: Stack::V4,
         }
     }
 

@@ -32,15 +32,27 @@
 //!   when the request left them as they were (clusterIP for ExternalName, nodePorts,
 //!   healthCheckNodePort, externalTrafficPolicy, allocateLoadBalancerNodePorts,
 //!   loadBalancerClass) and, away from LoadBalancer, clears `status.loadBalancer`;
-//! - families, as on a cluster with one (IPv4) service CIDR: `ipFamilyPolicy` one
-//!   of SingleStack (the default), PreferDualStack (kept, with `ipFamilies`
-//!   `[IPv4]`) or RequireDualStack (refused: no dual-stack here), `ipFamilies`
-//!   IPv4 (IPv6 refused: not configured), SingleStack with two families refused;
-//! - the status subresource: `status.loadBalancer.ingress` only for LoadBalancers.
+//! - families ([`Stack`]), as on a cluster with one (IPv4) service CIDR:
+//!   `ipFamilyPolicy` one of SingleStack (the default), PreferDualStack (kept, with
+//!   `ipFamilies` `[IPv4]`) or RequireDualStack (refused: no dual-stack here),
+//!   `ipFamilies` IPv4 (IPv6 refused: not configured), SingleStack with two
+//!   families refused; on a dual-stack cluster (IPv4 primary) a dual-stack policy
+//!   adds the other family after the one named, each family gets a clusterIP from
+//!   its CIDR in `ipFamilies`' order, SingleStack becoming PreferDualStack or
+//!   RequireDualStack gets the second one and going back drops it, the primary
+//!   family cannot change (its clusterIP would not match, as for any clusterIP of
+//!   the other family), duplicate families and `clusterIPs` without `clusterIP`
+//!   are refused;
+//! - the status subresource: `status.loadBalancer.ingress` only for LoadBalancers,
+//!   each `ip` a valid address of either family (not held to `ipFamilies`).
 //!
 //! Allocated values are derived from the stored Services, so deleting a Service
 //! frees them at once (the real allocators' repair loop takes minutes).
-use std::{collections::BTreeSet, net::Ipv4Addr, ops::RangeInclusive};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    ops::RangeInclusive,
+};
 
 use serde_json::{json, Map, Value};
 
@@ -54,8 +66,23 @@ const NODE_PORTS_DYNAMIC: i64 = 30000 + 86;
 /// The tests' real server's `--service-cluster-ip-range` (tests/src/kubeapi.rs).
 const CLUSTER_IP_NET: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 0);
 const CLUSTER_IP_PREFIX: u32 = 16;
+/// Its IPv6 range on a dual-stack cluster (`kubeapi::DUAL_STACK_SERVICE_CIDR`).
+const CLUSTER_IP6_NET: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0);
+const CLUSTER_IP6_PREFIX: u32 = 112;
 /// Dynamic clusterIPs start above the static band (KEP-3070: min(max(16, size/16), 256) addresses).
 const CLUSTER_IP_STATIC_BAND: u32 = 256;
+
+/// The cluster's service CIDRs: 10.96.0.0/16 (IPv4 only, the default), or also
+/// fd00:10:96::/112 (dual-stack, IPv4 primary): the tests' real servers'
+/// `--service-cluster-ip-range` (tests/src/kubeapi.rs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stack {
+    #[default]
+    V4,
+    Dual,
+}
+
+const VALID_IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
 
 /// What other Services hold, cluster-wide.
 #[derive(Default)]
@@ -188,15 +215,183 @@ fn normalize_cluster_ips(old: Option<&Value>, svc: &mut Value) {
             return;
         }
     }
+    // Not the other way: clusterIPs without clusterIP is refused (init_families).
     if ips.is_empty() && !ip.is_empty() {
         spec.insert("clusterIPs".into(), json!([ip]));
-    } else if ip.is_empty() && !ips.is_empty() {
-        spec.insert("clusterIP".into(), ips[0].clone().into());
     }
 }
 
-fn in_cluster_range(ip: Ipv4Addr) -> bool {
-    u32::from(ip) >> (32 - CLUSTER_IP_PREFIX) == u32::from(CLUSTER_IP_NET) >> (32 - CLUSTER_IP_PREFIX)
+/// The service CIDR of a family (`IPv4`, `IPv6`): network and prefix length.
+fn service_cidr(family: &str) -> (IpAddr, u32) {
+    match family {
+        "IPv6" => (CLUSTER_IP6_NET.into(), CLUSTER_IP6_PREFIX),
+        _ => (CLUSTER_IP_NET.into(), CLUSTER_IP_PREFIX),
+    }
+}
+
+fn family_of(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    }
+}
+
+/// An address as a number and its width in bits.
+fn bits(ip: IpAddr) -> (u128, u32) {
+    match ip {
+        IpAddr::V4(a) => (u32::from(a).into(), 32),
+        IpAddr::V6(a) => (a.into(), 128),
+    }
+}
+
+fn in_cluster_range(ip: IpAddr) -> bool {
+    let (net, len) = service_cidr(family_of(ip));
+    let ((a, width), (n, _)) = (bits(ip), bits(net));
+    a >> (width - len) == n >> (width - len)
+}
+
+/// The lowest free address of `family`'s service CIDR, above the static band first
+/// (KEP-3070: min(max(16, size/16), 256) addresses; 256 for both ranges here).
+fn free_cluster_ip(family: &str, used: &Used) -> Result<String, ApiError> {
+    let (net, len) = service_cidr(family);
+    let (base, width) = bits(net);
+    let size = 1u128 << (width - len);
+    let at = |i: u128| match net {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from(u32::try_from(base + i).expect("an IPv4 address"))),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(base + i)),
+    };
+    let band = u128::from(CLUSTER_IP_STATIC_BAND);
+    (band..size - 1).chain(1..band).map(|i| at(i).to_string()).find(|a| !used.ips.contains(a)).ok_or_else(|| range_full("clusterIP"))
+}
+
+fn families(svc: &Value) -> Vec<String> {
+    svc["spec"]["ipFamilies"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect()
+}
+
+const POLICIES: [&str; 3] = ["PreferDualStack", "RequireDualStack", "SingleStack"];
+
+/// initIPFamilyFields: `ipFamilyPolicy` (SingleStack, or the old one on update) and
+/// `ipFamilies` (from `clusterIPs`, else the primary IPv4, plus the other family
+/// for a dual-stack policy on a dual-stack cluster) filled in and checked against
+/// the cluster's families. A PreferDualStack Service whose addresses and families
+/// the request leaves alone is left alone (no upgrade when the cluster changes).
+fn init_families(stack: Stack, old: Option<&Value>, svc: &mut Value) -> Vec<Cause> {
+    let policy_is = |s: &Value, p: &str| s["spec"]["ipFamilyPolicy"] == p;
+    if let Some(o) = old {
+        let unchanged = cluster_ips(o) == cluster_ips(svc) && families(o) == families(svc);
+        if policy_is(o, "PreferDualStack") && (policy_is(svc, "PreferDualStack") || svc["spec"]["ipFamilyPolicy"].is_null()) && unchanged {
+            return Vec::new();
+        }
+    }
+    let policy = match (svc["spec"]["ipFamilyPolicy"].as_str(), old.and_then(|o| o["spec"]["ipFamilyPolicy"].as_str())) {
+        (Some(p), _) | (None, Some(p)) => p.to_owned(),
+        (None, None) => "SingleStack".to_owned(),
+    };
+    spec_mut(svc).insert("ipFamilyPolicy".into(), policy.clone().into());
+    let mut c = Vec::new();
+    // The stand-alone checks first (ValidateServiceClusterIPsRelatedFields).
+    if !POLICIES.contains(&policy.as_str()) {
+        c.push(not_supported("spec.ipFamilyPolicy".into(), &svc["spec"]["ipFamilyPolicy"], &POLICIES));
+    }
+    let listed = svc["spec"]["ipFamilies"].as_array().cloned().unwrap_or_default();
+    for (i, f) in listed.iter().enumerate() {
+        if !matches!(f.as_str(), Some("IPv4" | "IPv6")) {
+            c.push(not_supported(format!("spec.ipFamilies[{i}]"), f, &["IPv4", "IPv6"]));
+        } else if listed[..i].contains(f) {
+            c.push(Cause { reason: "FieldValueDuplicate", message: format!("Duplicate value: {f}"), field: format!("spec.ipFamilies[{i}]") });
+        }
+    }
+    let ips = cluster_ips(svc);
+    if !ips.is_empty() && svc["spec"]["clusterIP"].as_str().is_none_or(str::is_empty) {
+        c.push(invalid("spec.clusterIPs", format!("{}: must be empty when `clusterIP` is not specified", quoted_list(&ips))));
+    }
+    let parsed: Vec<IpAddr> = ips.iter().map_while(|ip| ip.parse().ok()).collect();
+    if parsed.len() == 2 && parsed[0].is_ipv4() == parsed[1].is_ipv4() {
+        c.push(invalid("spec.clusterIPs", format!("{}: may specify no more than one IP for each IP family", quoted_list(&ips))));
+    }
+    // Each address of the family at its index.
+    for (i, (a, f)) in parsed.iter().zip(&listed).enumerate() {
+        if f.as_str().is_some_and(|f| f != family_of(*a)) {
+            c.push(invalid(
+                &format!("spec.clusterIPs[{i}]"),
+                format!("\"{a}\": expected an {f} value as indicated by `ipFamilies[{i}]`", f = f.as_str().unwrap_or_default()),
+            ));
+        }
+    }
+    if !c.is_empty() {
+        return c;
+    }
+    let quoted = format!("{policy:?}");
+    if let Some(o) = old {
+        let spec = spec_mut(svc);
+        let reduced = |f: &str| {
+            let (was, now) = (o["spec"][f].as_array().map_or(0, Vec::len), spec.get(f).and_then(Value::as_array).map_or(0, Vec::len));
+            now > 0 && now < was
+        };
+        if policy == "SingleStack" {
+            // Unchanged lists with a SingleStack policy: the secondary goes.
+            for f in ["clusterIPs", "ipFamilies"] {
+                if spec.get(f) == Some(&o["spec"][f]) {
+                    if let Some(list) = spec.get_mut(f).and_then(Value::as_array_mut) {
+                        list.truncate(1);
+                    }
+                }
+            }
+        } else {
+            for (f, what) in [("clusterIPs", "cluster IP"), ("ipFamilies", "IP family")] {
+                if reduced(f) {
+                    c.push(invalid("spec.ipFamilyPolicy", format!("{quoted}: must be 'SingleStack' to release the secondary {what}")));
+                }
+            }
+        }
+    }
+    if policy == "SingleStack" {
+        for (f, what) in [("clusterIPs", "cluster IPs"), ("ipFamilies", "IP families")] {
+            if svc["spec"][f].as_array().is_some_and(|l| l.len() == 2) {
+                c.push(invalid("spec.ipFamilyPolicy", format!("{quoted}: must be 'RequireDualStack' or 'PreferDualStack' when multiple {what} are specified")));
+            }
+        }
+    }
+    let configured: &[&str] = match stack {
+        Stack::V4 => &["IPv4"],
+        Stack::Dual => &["IPv4", "IPv6"],
+    };
+    // As the update left them.
+    let ips = cluster_ips(svc);
+    let mut fams = families(svc);
+    for (i, ip) in ips.iter().enumerate().take_while(|(_, ip)| *ip != "None") {
+        let Ok(a) = ip.parse::<IpAddr>() else { break };
+        if i >= fams.len() {
+            if configured.contains(&family_of(a)) {
+                fams.push(family_of(a).to_owned());
+            } else {
+                c.push(invalid(&format!("spec.clusterIPs[{i}]"), format!("{}: {} is not configured on this cluster", quoted_list(&ips), family_of(a))));
+            }
+        }
+    }
+    if !c.is_empty() {
+        return c;
+    }
+    if policy == "RequireDualStack" && stack == Stack::V4 {
+        c.push(invalid("spec.ipFamilyPolicy", format!("{quoted}: this cluster is not configured for dual-stack services")));
+    }
+    for (i, f) in fams.iter().enumerate() {
+        if !configured.contains(&f.as_str()) {
+            c.push(invalid(&format!("spec.ipFamilies[{i}]"), format!("{f:?}: not configured on this cluster")));
+        }
+    }
+    if !c.is_empty() {
+        return c;
+    }
+    if fams.is_empty() {
+        fams.push("IPv4".into());
+    }
+    if policy != "SingleStack" && fams.len() == 1 && stack == Stack::Dual {
+        fams.push(if fams[0] == "IPv4" { "IPv6" } else { "IPv4" }.into());
+    }
+    spec_mut(svc).insert("ipFamilies".into(), json!(fams));
+    Vec::new()
 }
 
 fn range_full(what: &str) -> ApiError {
@@ -211,42 +406,38 @@ fn internal(message: String) -> ApiError {
 
 /// Allocates (or checks the requested) clusterIP, nodePorts and healthCheckNodePort
 /// that `svc` needs and `old` (the stored Service, on update) did not already hold.
-fn allocate(name: &str, old: Option<&Value>, svc: &mut Value, used: &Used) -> Result<(), ApiError> {
+fn allocate(stack: Stack, name: &str, old: Option<&Value>, svc: &mut Value, used: &Used) -> Result<(), ApiError> {
     let one = |c: Cause| ApiError::invalid_service(name, vec![c]);
-    // clusterIP, when newly needed.
-    if needs_cluster_ip(svc) && old.is_none_or(|o| !needs_cluster_ip(o)) {
-        let ips = cluster_ips(svc);
-        match ips.first().map(String::as_str) {
-            Some("None") => {}
-            Some(ip) => {
-                // An unparseable one is validation's business.
-                if let Ok(a) = ip.parse::<Ipv4Addr>() {
-                    let fail = |why: &str| one(invalid("spec.clusterIPs", format!("{}: failed to allocate IP {ip}: {why}", quoted_list(&ips))));
-                    if !in_cluster_range(a) {
-                        return Err(fail("the provided network does not match the current range"));
+    // The families, then a clusterIP of each (a dual-stack upgrade adds the second).
+    if needs_cluster_ip(svc) {
+        let held = old.filter(|o| needs_cluster_ip(o));
+        let causes = init_families(stack, held, svc);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid_service(name, causes));
+        }
+        let mut ips = cluster_ips(svc);
+        if ips.first().map(String::as_str) != Some("None") {
+            let had = held.map(cluster_ips).unwrap_or_default();
+            for (i, family) in families(svc).iter().enumerate() {
+                match ips.get(i) {
+                    // Held already, or unparseable (validation's business).
+                    Some(ip) if had.get(i) == Some(ip) => {}
+                    Some(ip) => {
+                        let Ok(a) = ip.parse::<IpAddr>() else { continue };
+                        let fail = |why: &str| one(invalid("spec.clusterIPs", format!("{}: failed to allocate IP {ip}: {why}", quoted_list(&ips))));
+                        if !in_cluster_range(a) {
+                            return Err(fail("the provided network does not match the current range"));
+                        }
+                        if used.ips.contains(ip) {
+                            return Err(fail("provided IP is already allocated"));
+                        }
                     }
-                    if used.ips.contains(ip) {
-                        return Err(fail("provided IP is already allocated"));
-                    }
+                    None => ips.push(free_cluster_ip(family, used)?),
                 }
             }
-            None => {
-                let base = u32::from(CLUSTER_IP_NET);
-                let size = 1u32 << (32 - CLUSTER_IP_PREFIX);
-                let free = (CLUSTER_IP_STATIC_BAND..size - 1)
-                    .chain(1..CLUSTER_IP_STATIC_BAND)
-                    .map(|i| Ipv4Addr::from(base + i).to_string())
-                    .find(|a| !used.ips.contains(a))
-                    .ok_or_else(|| range_full("clusterIP"))?;
-                let spec = spec_mut(svc);
-                spec.insert("clusterIP".into(), free.clone().into());
-                spec.insert("clusterIPs".into(), json!([free]));
-            }
-        }
-        if svc["spec"]["clusterIP"].as_str().is_some_and(|ip| ip.parse::<Ipv4Addr>().is_ok()) {
             let spec = spec_mut(svc);
-            spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
-            spec.entry("ipFamilyPolicy").or_insert("SingleStack".into());
+            spec.insert("clusterIP".into(), ips[0].clone().into());
+            spec.insert("clusterIPs".into(), json!(ips));
         }
     }
     // nodePorts: requested ones (also on a LoadBalancer that allocates none) are
@@ -324,30 +515,6 @@ fn validate(old: Option<&Value>, svc: &Value) -> Vec<Cause> {
     if !TYPES.contains(&t) {
         c.push(not_supported("spec.type".into(), &spec["type"], &TYPES));
     }
-    // The families, on the tests' IPv4-only cluster (one service CIDR).
-    const POLICIES: [&str; 3] = ["PreferDualStack", "RequireDualStack", "SingleStack"];
-    let before = c.len();
-    match spec["ipFamilyPolicy"].as_str() {
-        None => {}
-        Some(p) if !POLICIES.contains(&p) => c.push(not_supported("spec.ipFamilyPolicy".into(), &spec["ipFamilyPolicy"], &POLICIES)),
-        Some("RequireDualStack") => {
-            c.push(invalid("spec.ipFamilyPolicy", "\"RequireDualStack\": this cluster is not configured for dual-stack services".into()))
-        }
-        Some("SingleStack") if spec["ipFamilies"].as_array().is_some_and(|f| f.len() > 1) => c.push(invalid(
-            "spec.ipFamilyPolicy",
-            "\"SingleStack\": must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified".into(),
-        )),
-        Some(_) => {}
-    }
-    for (i, f) in spec["ipFamilies"].as_array().into_iter().flatten().enumerate() {
-        match f.as_str() {
-            Some("IPv4") => {}
-            // The real server checks the configured families after the policy.
-            Some("IPv6") if c.len() > before => {}
-            Some("IPv6") => c.push(invalid(&format!("spec.ipFamilies[{i}]"), "\"IPv6\": not configured on this cluster".into())),
-            _ => c.push(not_supported(format!("spec.ipFamilies[{i}]"), f, &["IPv4", "IPv6"])),
-        }
-    }
     let list = ports(svc);
     if t != "ExternalName" && list.is_empty() {
         c.push(required("spec.ports".into()));
@@ -398,7 +565,7 @@ fn validate(old: Option<&Value>, svc: &Value) -> Vec<Cause> {
                 c.push(invalid("spec.clusterIPs[0]", format!("\"None\": may not be set to 'None' for {t} services")));
             }
             Some(f) if f != "None" && f.parse::<std::net::IpAddr>().is_err() => {
-                c.push(invalid("spec.clusterIPs[0]", format!("{f:?}: must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")));
+                c.push(invalid("spec.clusterIPs[0]", format!("{f:?}: {VALID_IP}")));
             }
             _ => {}
         }
@@ -434,12 +601,12 @@ fn validate(old: Option<&Value>, svc: &Value) -> Vec<Cause> {
 }
 
 /// What a create stores of a Service (status already dropped), or why not.
-pub(super) fn prepare_create(name: &str, svc: &mut Value, used: &Used) -> Result<(), ApiError> {
+pub(super) fn prepare_create(stack: Stack, name: &str, svc: &mut Value, used: &Used) -> Result<(), ApiError> {
     defaults(svc);
     normalize_cluster_ips(None, svc);
-    let unparseable = cluster_ips(svc).first().is_some_and(|ip| ip != "None" && ip.parse::<Ipv4Addr>().is_err());
+    let unparseable = cluster_ips(svc).first().is_some_and(|ip| ip != "None" && ip.parse::<IpAddr>().is_err());
     if !unparseable {
-        allocate(name, None, svc, used)?;
+        allocate(stack, name, None, svc, used)?;
     }
     let causes = validate(None, svc);
     if causes.is_empty() {
@@ -450,12 +617,25 @@ pub(super) fn prepare_create(name: &str, svc: &mut Value, used: &Used) -> Result
 }
 
 /// Adjusts and checks `new` (the Service as it will be stored) against `old`.
-pub(super) fn prepare_update(old: &Value, new: &mut Value, part: Part, used: &Used) -> Result<(), ApiError> {
+pub(super) fn prepare_update(stack: Stack, old: &Value, new: &mut Value, part: Part, used: &Used) -> Result<(), ApiError> {
     let name = new["metadata"]["name"].as_str().unwrap_or_default().to_owned();
     if part == Part::Status {
-        if !is_lb(new) && new["status"]["loadBalancer"]["ingress"].as_array().is_some_and(|i| !i.is_empty()) {
+        let ingress = new["status"]["loadBalancer"]["ingress"].as_array().cloned().unwrap_or_default();
+        if !is_lb(new) && !ingress.is_empty() {
             let c = forbidden("status.loadBalancer.ingress", "may only be used when `spec.type` is 'LoadBalancer'");
             return Err(ApiError::invalid_service(&name, vec![c]));
+        }
+        // Any address of either family (the server does not hold it to `ipFamilies`).
+        let causes: Vec<Cause> = ingress
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| {
+                let ip = g["ip"].as_str()?;
+                ip.parse::<IpAddr>().is_err().then(|| invalid(&format!("status.loadBalancer.ingress[{i}].ip"), format!("{ip:?}: {VALID_IP}")))
+            })
+            .collect();
+        if !causes.is_empty() {
+            return Err(ApiError::invalid_service(&name, causes));
         }
         return Ok(());
     }
@@ -467,7 +647,7 @@ pub(super) fn prepare_update(old: &Value, new: &mut Value, part: Part, used: &Us
     if !causes.is_empty() {
         return Err(ApiError::invalid_service(&name, causes));
     }
-    allocate(&name, Some(old), new, used)
+    allocate(stack, &name, Some(old), new, used)
 }
 
 /// patchAllocatedValues: what the request left out keeps the value the Service holds.

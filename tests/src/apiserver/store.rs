@@ -65,6 +65,7 @@ pub(crate) struct Store {
     /// The structural schema of each resource a CRD in deploy/ defines.
     schemas: Vec<Option<crd::Schema>>,
     taint_new_nodes: bool,
+    stack: services::Stack,
     /// Who owns each top-level field of an object's `.status` (server-side apply).
     status_owners: BTreeMap<Key, BTreeMap<String, BTreeSet<String>>>,
 }
@@ -95,7 +96,7 @@ fn spec_of(obj: &Value) -> Value {
 }
 
 impl Store {
-    pub fn new(resources: Vec<ResourceSpec>, history_limit: usize, taint_new_nodes: bool) -> Self {
+    pub fn new(resources: Vec<ResourceSpec>, history_limit: usize, taint_new_nodes: bool, stack: services::Stack) -> Self {
         // A watcher that falls this far behind gets 410 (as with the real watch cache).
         let (tx, _) = broadcast::channel(history_limit.max(16));
         let schemas = resources.iter().map(|r| if r.group.is_empty() { None } else { crd::Schema::find(r.group, r.version, r.plural) }).collect();
@@ -110,6 +111,7 @@ impl Store {
             uids: 0,
             schemas,
             taint_new_nodes,
+            stack,
             status_owners: BTreeMap::new(),
         }
     }
@@ -128,8 +130,8 @@ impl Store {
             // A status write allocates nothing: no need to look at every Service.
             let used = if part == Part::Status { services::Used::default() } else { self.services_used(res, key) };
             match old {
-                None => services::prepare_create(name, obj, &used)?,
-                Some(old) => services::prepare_update(old, obj, part, &used)?,
+                None => services::prepare_create(self.stack, name, obj, &used)?,
+                Some(old) => services::prepare_update(self.stack, old, obj, part, &used)?,
             }
         }
         if *spec == ResourceSpec::NODES && old.is_none() && part == Part::Main && self.taint_new_nodes {
