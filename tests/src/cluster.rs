@@ -65,8 +65,9 @@
 //!   → containerd `restrict_oom_score_adj = true`.
 //! - pod network namespaces are pinned under containerd's state dir
 //!   (`netns_mounts_under_state_dir`), not in the machine's `/run/netns`.
-//! - containerd's `opt` plugin and the kubelet's flexvolume dir would create
-//!   directories in `/opt` and `/usr/libexec` → both point into the node's dir.
+//! - containerd's `opt` plugin and the kubelet's and controller manager's
+//!   flexvolume dirs would create directories in `/opt` and `/usr/libexec` → they
+//!   point into the node's and the control plane's dirs.
 //! - no IPVS in this kernel → kube-proxy runs in `nftables` or `iptables` mode
 //!   ([`ProxyMode`]; [`Cluster::set_proxy_mode`] switches a running cluster), with
 //!   its `conntrack` settings at 0 so that it writes no machine-wide conntrack sysctl.
@@ -1267,6 +1268,8 @@ impl Cluster {
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             format!("--cluster-cidr={CLUSTER_CIDR}"),
             "--allocate-node-cidrs=true".into(),
+            // Its flexvolume prober creates this directory (default under /usr/libexec).
+            format!("--flex-volume-plugin-dir={}", f("volume-plugins")),
             "--node-cidr-mask-size=24".into(),
             format!("--node-monitor-period={}s", NODE_MONITOR_PERIOD.as_secs()),
             format!("--node-monitor-grace-period={}s", NODE_MONITOR_GRACE_PERIOD.as_secs()),
