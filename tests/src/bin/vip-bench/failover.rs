@@ -77,6 +77,11 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize, ipv6: bool) -> Result
         Fault::AgentStop => lab.signal_agent(a, libc::SIGCONT),
         Fault::LinkDown => lab.seg.cable(&lab.nodes[a].ns, true)?,
     }
+    // Per trial, on stderr: which trials lost connections or attempts.
+    eprintln!(
+        "failover: {fault:?} on {v} (owner {avoid}): first new connection {:?}, {} attempts failed, {} of {} established broke",
+        o.first_ok, o.failed, o.broken, o.conns
+    );
     Ok(Trial {
         first_ok_ms: ms(o.first_ok.context("no successful connection after the fault")?),
         failed_attempts: o.failed,
