@@ -15,6 +15,15 @@ use crate::{
     kubeapi::{raw, Backend},
 };
 
+/// The elected controller (this process leading as "node-1", a 1 s resync, no
+/// agents' view) on `client`: the sender keeps it leading while held.
+pub fn run_controller(client: kube::Client) -> (tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    use vip_agent::k8s::controller;
+    let (lead, leading) = tokio::sync::watch::channel(true);
+    let task = tokio::spawn(controller::run(client, "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
+    (lead, task)
+}
+
 /// `both_api_servers!(name)`: `name::stand_in` and `name::real` run
 /// `async fn name(Backend)` against the in-process stand-in and a real
 /// kube-apiserver (skipped without `KUBEBUILDER_ASSETS`, unless CI=true), both

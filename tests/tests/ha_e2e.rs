@@ -40,7 +40,8 @@ fn arp_answerers(lab: &HaLab, ip: Ipv4Addr) -> BTreeSet<String> {
 }
 
 /// Long-lived connections to `v` from the client whose backend is not `avoid`.
-fn long_conns(lab: &HaLab, v: Ipv4Addr, first_port: u16, avoid: &str) -> Vec<LongConn> {
+fn long_conns(lab: &HaLab, v: impl Into<std::net::IpAddr>, first_port: u16, avoid: &str) -> Vec<LongConn> {
+    let v = v.into();
     let conns: Vec<LongConn> =
         (0..12).map(|i| LongConn::open(&lab.client, v, first_port + i, Duration::from_secs(2)).unwrap()).filter(|c| c.backend != avoid).collect();
     assert!(conns.len() >= 3, "too few connections avoid {avoid}: {}", conns.len());
@@ -142,10 +143,7 @@ fn ipv6_vips_spread_over_every_node_and_fail_over_with_an_advertisement() {
     assert_eq!(seen.len(), lab.nodes.len(), "30 connections to {v} reached {seen:?}, not every node");
     let a = lab.index_of(&lab.owner_seen_by(0, v).unwrap());
     assert_eq!(lab.client_neigh(v), Some(lab.nodes[a].mac), "the client resolved {v} to its owner {}", lab.nodes[a].name);
-    let avoid = lab.nodes[a].name.clone();
-    let conns: Vec<LongConn> =
-        (0..12).map(|i| LongConn::open(&lab.client, v, 44100 + i, Duration::from_secs(2)).unwrap()).filter(|c| c.backend != avoid).collect();
-    assert!(conns.len() >= 3, "too few connections avoid {avoid}: {}", conns.len());
+    let conns = long_conns(&lab, v, 44100, &lab.nodes[a].name.clone());
     let watch = FailoverWatch::start(&lab, v, lab.nodes[a].mac, conns, Duration::from_secs(2)).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();

@@ -13,11 +13,10 @@ use std::{collections::BTreeMap, time::Duration};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
-use tokio::sync::watch;
-use vip_agent::k8s::{controller, crd::VipPool};
+use vip_agent::k8s::crd::VipPool;
 use vip_tests::{
     kubeapi::Backend,
-    kubefix::{events, eventually, pool_condition, vip_pool},
+    kubefix::{events, eventually, pool_condition, run_controller, vip_pool},
 };
 
 vip_tests::both_api_servers!(a_service_that_stops_being_ours_releases_its_address);
@@ -48,12 +47,6 @@ fn pool_status(api: &Backend, name: &str) -> Value {
     api.get("vippools.vip.dev", None, name).map(|p| p["status"].clone()).unwrap_or(Value::Null)
 }
 
-fn start(client: kube::Client) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
-    let (lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(client, "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
-    (lead, task)
-}
-
 /// The real server clears `status.loadBalancer` itself on a type change away from
 /// LoadBalancer and refuses a new `loadBalancerClass` (the stand-in does the same):
 /// the controller still records the release, and the address serves another Service.
@@ -65,7 +58,7 @@ async fn a_service_that_stops_being_ours_releases_its_address(api: Backend) {
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     svcs.create(&pp, &lb("web", json!({"loadBalancerClass": "vip.dev/vip"}), json!({}))).await.unwrap();
     svcs.create(&pp, &lb("api", json!({}), json!({}))).await.unwrap();
-    let (_lead, task) = start(client.clone());
+    let (_lead, task) = run_controller(client.clone());
     eventually("web and api allocated", || ips(&api).len() == 2).await;
     let web_ip = ips(&api)["web"].clone();
     let api_ip = ips(&api)["api"].clone();
@@ -120,7 +113,7 @@ async fn cidr_pools_skip_network_and_broadcast_unless_asked(api: Backend) {
     for n in ["s1", "s2", "s3"] {
         svcs.create(&pp, &lb(n, json!({}), json!({}))).await.unwrap();
     }
-    let (_lead, task) = start(client.clone());
+    let (_lead, task) = run_controller(client.clone());
     eventually("two allocated, one waits", || {
         ips(&api).len() == 2 && events(&api, "AllocationFailed").iter().any(|e| e.contains("no VipPool with autoAssign"))
     })
@@ -146,7 +139,7 @@ async fn edited_selectors_keep_a_running_services_address(api: Backend) {
     pools.create(&pp, &vip_pool("p", json!({"addresses": ["198.18.1.10-198.18.1.11"]}))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     svcs.create(&pp, &lb("web", json!({}), json!({"tier": "bronze"}))).await.unwrap();
-    let (_lead, task) = start(client.clone());
+    let (_lead, task) = run_controller(client.clone());
     eventually("web allocated", || ips(&api).get("web").map(String::as_str) == Some("198.18.1.10")).await;
     eventually("nothing stale", || pool_condition(&api, "p", "StaleAllocations").is_some_and(|c| c.0 == "False")).await;
 

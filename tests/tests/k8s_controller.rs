@@ -24,7 +24,7 @@ use vip_agent::k8s::{
 };
 use vip_tests::{
     kubeapi::Backend,
-    kubefix::{events, eventually, ingress_ips, pool_condition, vip_pool},
+    kubefix::{events, eventually, ingress_ips, pool_condition, run_controller, vip_pool},
 };
 
 vip_tests::both_api_servers!(allocates_reports_pools_and_follows_live_edits);
@@ -62,8 +62,7 @@ async fn allocates_reports_pools_and_follows_live_edits(api: Backend) {
     clusterip.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
     svcs.create(&pp, &clusterip).await.unwrap();
 
-    let (_lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(client.clone(), "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
+    let (_lead, task) = run_controller(client.clone());
 
     let want: BTreeMap<String, String> = [("shop/api", "198.18.1.10"), ("shop/third", "198.18.1.12"), ("shop/asks", "198.18.1.21")]
         .iter()

@@ -10,16 +10,15 @@
 //! Every scenario runs against the in-process stand-in in its dual-stack mode
 //! (`NAME::stand_in`) and a real kube-apiserver started dual-stack (`NAME::real`,
 //! skipped without `KUBEBUILDER_ASSETS` unless CI=true), as in k8s_addresses.rs.
-use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+use std::{net::IpAddr, time::Duration};
 
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
-use tokio::sync::watch;
-use vip_agent::k8s::{controller, crd::VipPool};
+use vip_agent::k8s::crd::VipPool;
 use vip_tests::{
     kubeapi::Backend,
-    kubefix::{events, eventually, vip_pool},
+    kubefix::{events, eventually, run_controller, vip_pool},
 };
 
 vip_tests::both_api_servers!(each_family_policy_gets_its_addresses_in_family_order, Stack::Dual);
@@ -52,12 +51,6 @@ fn server_families(api: &Backend, name: &str) -> (Value, Value, usize) {
     (spec["ipFamilies"].clone(), spec["ipFamilyPolicy"].clone(), spec["clusterIPs"].as_array().map_or(0, Vec::len))
 }
 
-fn start(client: kube::Client) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
-    let (lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(client, "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
-    (lead, task)
-}
-
 /// RequireDualStack in either order, PreferDualStack (the server adds the second
 /// family), SingleStack IPv6 and the default (SingleStack IPv4) from one pool of
 /// both families: as many addresses as `ipFamilies` names, in its order, all
@@ -81,7 +74,7 @@ async fn each_family_policy_gets_its_addresses_in_family_order(api: Backend) {
         let (got_fams, got_policy, cluster_ips) = server_families(&api, name);
         assert_eq!((&got_fams, got_policy.as_str().unwrap(), cluster_ips), (fams, *policy, fams.as_array().unwrap().len()), "{name}");
     }
-    let (_lead, task) = start(client.clone());
+    let (_lead, task) = run_controller(client.clone());
     eventually("every Service addressed", || cases.iter().all(|(name, ..)| !ingress(&api, name).is_empty())).await;
     // One more pass: nothing else is added.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -117,7 +110,7 @@ async fn require_dual_stack_from_one_family_gets_nothing_until_both(api: Backend
     };
     svcs.create(&pp, &to_v4("both", "RequireDualStack")).await.unwrap();
     svcs.create(&pp, &to_v4("either", "PreferDualStack")).await.unwrap();
-    let (_lead, task) = start(client.clone());
+    let (_lead, task) = run_controller(client.clone());
     let want = "both: RequireDualStack needs an address of each family (IPv4, IPv6), none allocated until both can be: VipPool \"v4\" (vip.dev/pool) has no free IPv6 address";
     eventually("an AllocationFailed Event for both", || events(&api, "AllocationFailed") == [want]).await;
     eventually("either gets its IPv4 address", || !ingress(&api, "either").is_empty()).await;
@@ -146,7 +139,7 @@ async fn a_service_upgraded_to_dual_stack_gets_its_second_address(api: Backend) 
     Api::<VipPool>::all(client.clone()).create(&pp, &vip_pool("dual", json!({ "addresses": DUAL }))).await.unwrap();
     let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
     svcs.create(&pp, &lb("web", json!({}))).await.unwrap();
-    let (_lead, task) = start(client.clone());
+    let (_lead, task) = run_controller(client.clone());
     eventually("web addressed", || !ingress(&api, "web").is_empty()).await;
     let v4 = ingress(&api, "web");
     assert_eq!(families_of(&v4), ["IPv4"]);

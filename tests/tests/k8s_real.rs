@@ -12,7 +12,6 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use http::Method;
 use serde_json::{json, Value};
-use tokio::sync::watch;
 use vip_agent::k8s::{
     controller,
     leader::{self, LeaderConfig},
@@ -20,7 +19,7 @@ use vip_agent::k8s::{
 use vip_tests::{
     agent::TempDir,
     kubeapi::{apply, client_from_kubeconfig, deploy_dir, kustomize, manifests, raw, Backend},
-    kubefix::eventually_within,
+    kubefix::{eventually_within, run_controller},
 };
 
 fn yaml_files(dir: &std::path::Path) -> Vec<PathBuf> {
@@ -159,8 +158,7 @@ async fn controller_rides_out_an_api_server_restart() {
     b.insert("vippools.vip.dev", pool("outage", &["198.18.9.20-198.18.9.29"])).unwrap();
     b.insert("services", lb("shop", "before")).unwrap();
     let client = b.client().await;
-    let (_lead, leading) = watch::channel(true);
-    let task = tokio::spawn(controller::run(client, "node-1".into(), leading, Duration::from_secs(1), controller::AgentView::fixed(BTreeMap::new()).1));
+    let (_lead, task) = run_controller(client);
     eventually_within(Duration::from_secs(15), "allocated before the outage", || ip_of(&b, "shop", "before").is_some()).await;
 
     server.kill();

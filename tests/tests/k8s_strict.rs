@@ -170,6 +170,13 @@ fn service(name: &str, spec: Value) -> Value {
     json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "shop" }, "spec": spec })
 }
 
+/// A LoadBalancer Service on port 80 with `extra` fields in its spec.
+fn lb(name: &str, extra: Value) -> Value {
+    let mut spec = json!({ "type": "LoadBalancer", "ports": [{ "port": 80 }] });
+    spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    service(name, spec)
+}
+
 fn node_port(svc: &Value, i: usize) -> i64 {
     svc["spec"]["ports"][i]["nodePort"].as_i64().unwrap_or_else(|| panic!("no nodePort on port {i}: {svc}"))
 }
@@ -359,11 +366,6 @@ async fn cluster_ips_are_allocated_and_immutable(api: Backend) {
 /// families as the server leaves them).
 async fn ip_families_on_a_single_stack_cluster(api: Backend) {
     let c = api.client().await;
-    let lb = |name: &str, extra: Value| {
-        let mut spec = json!({ "type": "LoadBalancer", "ports": [{ "port": 80 }] });
-        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        service(name, spec)
-    };
     let made = |o: &Out| (o.ok()["spec"]["ipFamilies"].clone(), o.ok()["spec"]["ipFamilyPolicy"].clone());
     let o = send(&c, Method::POST, SVCS, lb("fam-default", json!({}))).await;
     assert_eq!(made(&o), (json!(["IPv4"]), json!("SingleStack")));
@@ -415,11 +417,6 @@ async fn ip_families_on_a_single_stack_cluster(api: Backend) {
 /// leaves them (k8s_dualstack.rs).
 async fn ip_families_on_a_dual_stack_cluster(api: Backend) {
     let c = api.client().await;
-    let lb = |name: &str, extra: Value| {
-        let mut spec = json!({ "type": "LoadBalancer", "ports": [{ "port": 80 }] });
-        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        service(name, spec)
-    };
     // (ipFamilies, ipFamilyPolicy, the family of each clusterIP), checked against each other.
     let made = |o: &Out| {
         let spec = &o.ok()["spec"];
@@ -639,18 +636,13 @@ async fn causes_are_worded_as_the_real_servers() {
     let (r, s) = (real.client().await, stand_in.client().await);
     let svc = |spec: Value| service("worded", spec);
     let pool = |spec: Value| json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "worded" }, "spec": spec });
-    let lb = |extra: Value| {
-        let mut spec = json!({ "type": "LoadBalancer", "ports": [{ "port": 80 }] });
-        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        svc(spec)
-    };
     let cases = [
-        (SVCS, lb(json!({ "externalTrafficPolicy": "Local", "healthCheckNodePort": 80 }))),
-        (SVCS, lb(json!({ "healthCheckNodePort": 32001 }))),
-        (SVCS, lb(json!({ "ports": [{ "port": 80, "nodePort": 80 }], "healthCheckNodePort": 80, "externalTrafficPolicy": "Local" }))),
-        (SVCS, lb(json!({ "clusterIP": "None" }))),
-        (SVCS, lb(json!({ "ports": [] }))),
-        (SVCS, lb(json!({ "type": "NodePort", "ports": [{ "port": 80, "nodePort": 40000 }] }))),
+        (SVCS, lb("worded", json!({ "externalTrafficPolicy": "Local", "healthCheckNodePort": 80 }))),
+        (SVCS, lb("worded", json!({ "healthCheckNodePort": 32001 }))),
+        (SVCS, lb("worded", json!({ "ports": [{ "port": 80, "nodePort": 80 }], "healthCheckNodePort": 80, "externalTrafficPolicy": "Local" }))),
+        (SVCS, lb("worded", json!({ "clusterIP": "None" }))),
+        (SVCS, lb("worded", json!({ "ports": [] }))),
+        (SVCS, lb("worded", json!({ "type": "NodePort", "ports": [{ "port": 80, "nodePort": 40000 }] }))),
         (SVCS, svc(json!({ "ports": [{ "port": 80, "nodePort": 32101 }], "healthCheckNodePort": 32002, "externalTrafficPolicy": "Local" }))),
         (SVCS, svc(json!({ "clusterIP": "10.1.0.5", "ports": [{ "port": 80 }] }))),
         (SVCS, svc(json!({ "clusterIP": "foo", "ports": [{ "port": 80 }] }))),

@@ -73,6 +73,38 @@ fn plug(wire: &NetNs, host: &NetNs, n: usize, v4: Option<&str>, v6: &str) {
     host.ip(&["-6", "addr", "add", v6, "dev", "eth0", "nodad"]).unwrap();
 }
 
+/// The lab: `wire` (holding the macvlans' parent, one end of a veth pair with both
+/// ends in it), two nodes (2001:2::1 and ::2) and a client (::10) on it, each
+/// also on 198.18.8.0/24 (.1, .2, .10) with `v4`. Keep `wire` alive with the rest.
+fn macvlan_lab(v4: bool) -> (NetNs, [NetNs; 2], NetNs) {
+    let wire = NetNs::new("vnw").unwrap();
+    wire.ip(&["link", "add", "d0", "type", "veth", "peer", "name", "d1"]).unwrap();
+    wire.ip(&["link", "set", "d1", "up"]).unwrap();
+    wire.ip(&["link", "set", "d0", "up"]).unwrap();
+    let nodes = [NetNs::new("vnn").unwrap(), NetNs::new("vnn").unwrap()];
+    let client = NetNs::new("vnc").unwrap();
+    for (n, (host, h)) in [(&nodes[0], 1), (&nodes[1], 2), (&client, 10)].into_iter().enumerate() {
+        let a4 = v4.then(|| format!("198.18.8.{h}/24"));
+        plug(&wire, host, n, a4.as_deref(), &format!("2001:2::{h}/64"));
+    }
+    (wire, nodes, client)
+}
+
+/// Both nodes serve the VIP's port, the VIP on lo (never answered there: Linux
+/// answers solicitations only for the receiving interface's addresses).
+fn serve_vip(nodes: &[NetNs; 2]) {
+    for (n, name) in nodes.iter().zip(["n1", "n2"]) {
+        n.ip(&["-6", "addr", "add", &format!("{VIP}/128"), "dev", "lo"]).unwrap();
+        let l = n.run(|| TcpListener::bind(("::", PORT))).unwrap().unwrap();
+        std::thread::spawn(move || serve_name_on(l, name));
+    }
+}
+
+/// The agents' logs, for a failure's message.
+fn logs(agents: &[AgentProc]) -> String {
+    agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n")
+}
+
 fn out(ns: &NetNs, args: &[&str]) -> String {
     String::from_utf8_lossy(&ns.ip(args).unwrap().stdout).to_lowercase()
 }
@@ -116,16 +148,7 @@ fn an_ipv6_vip_is_answered_through_its_group_and_a_takeover_moves_the_client() {
     if !privileged() {
         return;
     }
-    let wire = NetNs::new("vnw").unwrap();
-    // The macvlans' parent: one end of a veth pair, both ends in `wire`.
-    wire.ip(&["link", "add", "d0", "type", "veth", "peer", "name", "d1"]).unwrap();
-    wire.ip(&["link", "set", "d1", "up"]).unwrap();
-    wire.ip(&["link", "set", "d0", "up"]).unwrap();
-    let nodes = [NetNs::new("vnn").unwrap(), NetNs::new("vnn").unwrap()];
-    let client = NetNs::new("vnc").unwrap();
-    plug(&wire, &nodes[0], 0, Some("198.18.8.1/24"), "2001:2::1/64");
-    plug(&wire, &nodes[1], 1, Some("198.18.8.2/24"), "2001:2::2/64");
-    plug(&wire, &client, 2, Some("198.18.8.10/24"), "2001:2::10/64");
+    let (_wire, nodes, client) = macvlan_lab(true);
     let dir = TempDir::new("vip-ndp").unwrap();
     let cfg = format!(
         "nodes:\n  - {{name: n1, address: 198.18.8.1}}\n  - {{name: n2, address: 198.18.8.2}}\n\
@@ -134,16 +157,9 @@ fn an_ipv6_vip_is_answered_through_its_group_and_a_takeover_moves_the_client() {
          announce:\n  holdTime: 600ms\nfailover:\n  heartbeatInterval: 100ms\n  deadAfter: 900ms\n"
     );
     write_atomic(&dir.0.join("vip.yaml"), &cfg).unwrap();
-    // Both nodes serve the VIP's port, the VIP on lo (never answered there: Linux
-    // answers solicitations only for the receiving interface's addresses).
-    for (n, name) in nodes.iter().zip(["n1", "n2"]) {
-        n.ip(&["-6", "addr", "add", &format!("{VIP}/128"), "dev", "lo"]).unwrap();
-        let l = n.run(|| TcpListener::bind(("::", PORT))).unwrap().unwrap();
-        std::thread::spawn(move || serve_name_on(l, name));
-    }
+    serve_vip(&nodes);
     let pins = [PinDir::new().unwrap(), PinDir::new().unwrap()];
     let mut agents = vec![agent(&nodes[0], "n1", &dir, &pins[0], false), agent(&nodes[1], "n2", &dir, &pins[1], false)];
-    let logs = |agents: &[AgentProc]| agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
     // Both running and agreed: exactly one holds it.
     let holder = wait_for(Duration::from_secs(15), || {
         let held: Vec<usize> = (0..2).filter(|&i| in_group(&nodes[i])).collect();
@@ -208,15 +224,7 @@ fn ipv6_only_nodes_heartbeat_check_forward_and_take_over() {
     if !privileged() {
         return;
     }
-    let wire = NetNs::new("vnw").unwrap();
-    wire.ip(&["link", "add", "d0", "type", "veth", "peer", "name", "d1"]).unwrap();
-    wire.ip(&["link", "set", "d1", "up"]).unwrap();
-    wire.ip(&["link", "set", "d0", "up"]).unwrap();
-    let nodes = [NetNs::new("vnn").unwrap(), NetNs::new("vnn").unwrap()];
-    let client = NetNs::new("vnc").unwrap();
-    plug(&wire, &nodes[0], 0, None, "2001:2::1/64");
-    plug(&wire, &nodes[1], 1, None, "2001:2::2/64");
-    plug(&wire, &client, 2, None, "2001:2::10/64");
+    let (_wire, nodes, client) = macvlan_lab(false);
     for ns in [&nodes[0], &nodes[1], &client] {
         assert!(!out(ns, &["-4", "addr", "show", "dev", "eth0"]).contains("inet "), "an IPv4 address in an IPv6-only lab");
     }
@@ -229,17 +237,12 @@ fn ipv6_only_nodes_heartbeat_check_forward_and_take_over() {
          announce:\n  holdTime: 600ms\nfailover:\n  heartbeatInterval: 100ms\n  deadAfter: 900ms\n"
     );
     write_atomic(&dir.0.join("vip.yaml"), &cfg).unwrap();
-    for (n, name) in nodes.iter().zip(["n1", "n2"]) {
-        n.ip(&["-6", "addr", "add", &format!("{VIP}/128"), "dev", "lo"]).unwrap();
-        let l = n.run(|| TcpListener::bind(("::", PORT))).unwrap().unwrap();
-        std::thread::spawn(move || serve_name_on(l, name));
-    }
+    serve_vip(&nodes);
     // n2's health endpoint is not up yet: its check fails.
     serve_health(&nodes[0], "n1");
     let pins = [PinDir::new().unwrap(), PinDir::new().unwrap()];
     let started = std::time::Instant::now();
     let mut agents = vec![agent(&nodes[0], "n1", &dir, &pins[0], true), agent(&nodes[1], "n2", &dir, &pins[1], true)];
-    let logs = |agents: &[AgentProc]| agents.iter().map(|a| a.log_text()).collect::<Vec<_>>().join("\n----\n");
     // Heartbeats over IPv6: both agree on the VIP's owner (each would take it if it
     // did not hear the other), and exactly one holds it.
     let names = ["n1", "n2"];
