@@ -542,6 +542,11 @@ fn ndp_cases() -> Vec<(Case, &'static str)> {
     };
     let nonce = [14u8, 1, 1, 2, 3, 4, 5, 6];
     let with_nonce: Vec<u8> = slla.iter().chain(&nonce).copied().collect();
+    // Past the first two options, the rest are walked another way: three, the
+    // eight walked at most, and nine.
+    let unknown = [200u8, 1, 9, 9, 9, 9, 9, 9];
+    let options = |n: usize| -> Vec<u8> { with_nonce.iter().copied().chain(unknown.iter().copied().cycle().take(8 * (n - 2))).collect() };
+    let bad_third = flipped(ns_opts(&options(3)), 14 + 40 + 24 + 16 + 5);
     let unicast_probe = ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 255, 58, &nd_message(ND_NS, 0, 0, VIP6, &slla));
     let prio = ns(CLIENT_MAC, Some(0), CLIENT6, VIP6);
     let mut prio_answer = advert(VIP6, CLIENT6, OUR_MAC, Some(0));
@@ -614,6 +619,8 @@ fn ndp_cases() -> Vec<(Case, &'static str)> {
         tx("ns without options: the frame grows to the advertisement", ns_opts(&[]), advert(VIP6, CLIENT6, OUR_MAC, None)),
         tx("ns with a nonce option: the frame shrinks to the advertisement", ns_opts(&with_nonce), advert(VIP6, CLIENT6, OUR_MAC, None)),
         tx("ns with Ethernet padding past its payload: answered, padding gone", padded, advert(VIP6, CLIENT6, OUR_MAC, None)),
+        tx("ns with three options: answered", ns_opts(&options(3)), advert(VIP6, CLIENT6, OUR_MAC, None)),
+        tx("ns with eight options (walked at most): answered", ns_opts(&options(8)), advert(VIP6, CLIENT6, OUR_MAC, None)),
         tx(
             "duplicate address detection (from ::): advertisement to all-nodes, Override only",
             ns(CLIENT_MAC, None, Ipv6Addr::UNSPECIFIED, VIP6),
@@ -634,6 +641,9 @@ fn ndp_cases() -> Vec<(Case, &'static str)> {
         pass("ns with a bad checksum (reserved field)", bad_reserved, "ndp_invalid"),
         pass("ns with a bad checksum (source link-layer option)", bad_option, "ndp_invalid"),
         pass("ns with an option of 16 bytes", long_ns, "ndp_invalid"),
+        pass("ns with nine options (more than walked)", ns_opts(&options(9)), "ndp_invalid"),
+        pass("ns with a bad checksum (third option)", bad_third, "ndp_invalid"),
+        pass("ns whose third option runs past its end", ns_opts(&[&with_nonce[..], &[14, 2, 1, 2, 3, 4, 5, 6]].concat()), "ndp_invalid"),
         pass("ns with hop limit 254 (through a router)", with_hop_limit(&ns(CLIENT_MAC, None, CLIENT6, VIP6), 254), "ndp_invalid"),
         pass("ns with code 1", code1, "ndp_invalid"),
         pass("ns of 20 bytes (shorter than 24)", short, "ndp_invalid"),
@@ -843,6 +853,9 @@ fn ndp_conflicts_are_counted() {
     const INTRUDER: Mac = [0x02, 0, 0, 0, 0, 0xbb];
     let o = frames::NA_OVERRIDE;
     let na = |src_mac, vip, tlla, vlan, flags| frames::neighbor_advertisement(ALL_NODES_MAC, src_mac, vlan, (CLIENT6_LL, ALL_NODES), flags, vip, tlla);
+    // Two unknown options, then the target link-layer address (walked past the first two).
+    let opts: Vec<u8> = [[200u8, 1, 9, 9, 9, 9, 9, 9]; 2].concat().into_iter().chain(frames::ll_option(2, INTRUDER)).collect();
+    let third_tlla = frames::ipv6(ALL_NODES_MAC, OUR_MAC, None, (CLIENT6_LL, ALL_NODES), 255, 58, &frames::nd_message(frames::ND_NA, 0, o, VIP6, &opts));
     let table: Vec<(&str, Vec<u8>, bool)> = vec![
         ("foreign unsolicited advertisement for a held VIP", na(INTRUDER, VIP6, Some(INTRUDER), None, o), true),
         ("foreign advertisement without target option, from another MAC", na(INTRUDER, VIP6, None, None, o), true),
@@ -855,6 +868,7 @@ fn ndp_conflicts_are_counted() {
         ("foreign advertisement with hop limit 64 (invalid)", with_hop_limit(&na(INTRUDER, VIP6, Some(INTRUDER), None, o), 64), false),
         ("foreign solicited advertisement to a group (invalid)", na(INTRUDER, VIP6, Some(INTRUDER), None, o | frames::NA_SOLICITED), false),
         ("foreign advertisement with a bad checksum (invalid)", flipped(na(INTRUDER, VIP6, Some(INTRUDER), None, o), 14 + 40 + 2), false),
+        ("advertisement from our MAC whose third option names another", third_tlla, true),
     ];
     let mut w = world();
     for (name, frame, conflict) in table {
@@ -866,7 +880,7 @@ fn ndp_conflicts_are_counted() {
         assert_eq!(after.0, before.0 + u64::from(conflict), "{name}: ndp_conflict counter");
     }
     let held = w.dp.held_ref();
-    assert_eq!(held.conflicts(IFINDEX).unwrap().get(&VIP6.into()), Some(&2), "per VIP, untagged");
+    assert_eq!(held.conflicts(IFINDEX).unwrap().get(&VIP6.into()), Some(&3), "per VIP, untagged");
     assert_eq!(held.conflicts(VLAN_IFINDEX).unwrap().get(&VIP6_VLAN.into()), Some(&1), "per VIP, VLAN 42");
 }
 

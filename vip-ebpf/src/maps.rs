@@ -192,13 +192,13 @@ pub struct Scratch {
     pub service: Lb4Service,
     pub backend: Lb4Backend,
     pub backend_id: u32,
-    /// A neighbour discovery message's checksum sum while its options are
-    /// walked (ndp.rs; on the stack, every helper call would spill it).
-    pub csum: u64,
     /// The flow's `lb_flows` hash (lb_flow_hash) and tag (lb_flow_tag), for its
     /// lookup or insert.
     pub fhash: u64,
     pub ftag: u64,
+    /// A neighbour discovery message's checksum sum while its options are
+    /// walked (ndp.rs): kept here, not across the walk's call.
+    pub csum: u64,
     /// The home interface, when the frame leaves by it.
     pub home: LbHome,
 }

@@ -2,7 +2,7 @@
 //! on the receiving interface, the IPv6 twin of arp.rs. Other IPv6 passes.
 use core::{
     ffi::c_void,
-    ptr::{read_unaligned, write_unaligned},
+    ptr::{read_unaligned, write_unaligned, write_volatile},
 };
 
 use aya_ebpf::{
@@ -15,8 +15,9 @@ use vip_common::{ArpHeldVip, NdpHeldKey, Reason};
 
 use crate::{
     arp::held_fresh,
+    lb::lb_copy_mac,
     maps::{lookup_at, ndp_conflicts, ndp_held, Scratch},
-    parse::{frame_len, ptr_at, verdict_pack},
+    parse::{frame_len, ptr_at, verdict_pack_or_malformed, Verdict},
 };
 
 pub const IPPROTO_ICMPV6: u8 = 58;
@@ -38,50 +39,102 @@ const NA_FLAG_OVERRIDE: u8 = 0x20;
 const ND_MAX_OPTIONS: usize = 8;
 const IP6: usize = Ipv6Hdr::LEN;
 
-/// What the options of a message say, once they are well formed.
-struct NdOptions {
-    slla: bool,
-    /// The target link-layer address option's MAC, if any.
-    tlla: Option<[u8; 6]>,
+/// What the options of a message say, as one word (0: malformed): these bits,
+/// and the target link-layer address option's MAC in the top six bytes.
+const OPT_OK: u64 = 1;
+const OPT_SLLA: u64 = 2;
+const OPT_TLLA: u64 = 4;
+
+/// Notes the option `w` (8 bytes as loaded, as neighbour discovery's options
+/// are) in the options word `o` (see OPT_OK): 0 if its length field is not 1.
+/// Kept as one word: its bytes apart would each take a register.
+#[inline(always)]
+fn nd_option(o: u64, w: u64) -> u64 {
+    let [kind, len, ..] = w.to_le_bytes();
+    if len != 1 {
+        return 0;
+    }
+    match kind {
+        ND_OPT_SOURCE_LL_ADDR => o | OPT_SLLA,
+        ND_OPT_TARGET_LL_ADDR => o & 0xffff | w & !0xffff | OPT_TLLA,
+        _ => o,
+    }
 }
 
 /// Walks the `len` bytes of options after an `L2`-byte layer-2 header, the IPv6
-/// header and ND_LEN: each is 8 bytes long (its length field 1) and none runs
-/// past the end. Each goes into the checksum sum in the scratch (see
-/// [`csum_add`]). The options neighbour discovery uses are 8 bytes (link-layer
-/// addresses, nonce); a longer one (SEcure Neighbor Discovery's) makes the
-/// message malformed here: walking its further bytes too made the verifier's
-/// search outgrow its limit. Read with a helper: their offsets vary, and a
-/// variable offset added to a packet pointer needs CAP_PERFMON (see
-/// parse::ETH_LEN).
-#[inline(always)]
-fn nd_options<const L2: usize>(ctx: &XdpContext, len: usize, s: *mut Scratch) -> Option<NdOptions> {
-    let mut o = NdOptions { slla: false, tlla: None };
+/// header and ND_LEN: each is 8 bytes long (its length field 1), none runs past
+/// the end, at most ND_MAX_OPTIONS. What they say (see OPT_OK); each is added to
+/// the checksum sum in the scratch's `csum` (see [`csum_add`]). Options
+/// neighbour discovery uses are 8 bytes (link-layer addresses, nonce); a longer
+/// one (SEcure Neighbor Discovery's) makes the message malformed here. A
+/// function of its own (BPF to BPF): its caller keeps nothing but `ctx` and `s`
+/// across it, so that it spills no registers (see maps::LB_KEY0). One or two
+/// options (all a solicitation or advertisement carries in practice) are read
+/// at constant offsets, without a helper; more by [`nd_options_more`].
+#[inline(never)]
+fn nd_options<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, len: usize) -> u64 {
+    const AT: usize = IP6 + ND_LEN;
+    if len > 16 {
+        return nd_options_more::<L2>(ctx, s, len);
+    }
+    let ctx = XdpContext::new(ctx);
+    let mut sum = unsafe { (*s).csum };
+    let mut o = OPT_OK;
+    if len != 0 {
+        let Ok(w) = ptr_at::<u64>(&ctx, L2 + AT) else { return 0 };
+        let w = unsafe { read_unaligned(w) };
+        o = nd_option(o, w);
+        if len < 8 || o == 0 {
+            return 0;
+        }
+        sum = csum_add(sum, w);
+    }
+    if len > 8 {
+        let Ok(w) = ptr_at::<u64>(&ctx, L2 + AT + 8) else { return 0 };
+        let w = unsafe { read_unaligned(w) };
+        o = nd_option(o, w);
+        if len < 16 || o == 0 {
+            return 0;
+        }
+        sum = csum_add(sum, w);
+    }
+    unsafe { (*s).csum = sum };
+    o
+}
+
+/// [`nd_options`] for more than two options, read with a helper: their offsets
+/// vary, and a variable offset added to a packet pointer needs CAP_PERFMON (see
+/// parse::ETH_LEN). A function of its own, so that the values it keeps across
+/// those calls are not spilled on the common path too.
+#[inline(never)]
+fn nd_options_more<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, len: usize) -> u64 {
+    let mut o = OPT_OK;
     let mut off = 0usize;
-    let mut opt = [0u8; 8];
+    // A word, not bytes: the verifier wants stack accesses aligned.
+    let mut w = 0u64;
     for _ in 0..ND_MAX_OPTIONS {
         if off == len {
-            return Some(o);
+            return o;
         }
         if off + 8 > len {
-            return None;
+            return 0;
         }
         let at = (L2 + IP6 + ND_LEN + off) as u32;
-        if unsafe { bpf_xdp_load_bytes(ctx.ctx, at, opt.as_mut_ptr() as *mut c_void, 8) } != 0 {
-            return None; // the frame ends before the payload length says
+        if unsafe { bpf_xdp_load_bytes(ctx, at, (&raw mut w).cast::<c_void>(), 8) } != 0 {
+            return 0; // the frame ends before the payload length says
         }
-        if opt[1] != 1 {
-            return None;
+        o = nd_option(o, w);
+        if o == 0 {
+            return 0;
         }
-        unsafe { (*s).csum = csum_add((*s).csum, u64::from_ne_bytes(opt)) };
-        match opt[0] {
-            ND_OPT_SOURCE_LL_ADDR => o.slla = true,
-            ND_OPT_TARGET_LL_ADDR => o.tlla = Some([opt[2], opt[3], opt[4], opt[5], opt[6], opt[7]]),
-            _ => {}
-        }
+        unsafe { (*s).csum = csum_add((*s).csum, w) };
         off += 8;
     }
-    (off == len).then_some(o)
+    if off == len {
+        o
+    } else {
+        0
+    }
 }
 
 /// Adds the 8 bytes of `w` (as loaded from the packet) to a one's-complement sum
@@ -109,31 +162,19 @@ fn csum_fold(sum: u64) -> u16 {
     s as u16
 }
 
-/// The `ndp_held` entry for (`ifindex`, the 16 bytes at `vip`), its key built in
-/// this CPU's scratch (see maps::LB_KEY0).
+/// As arp::arp_held_fresh: this node's entry for the VIP of the key in this
+/// CPU's scratch (`held6`, see maps::LB_KEY0) if it holds it now (fresh) and
+/// announces it, else why not.
 #[inline(always)]
-fn ndp_held_get(s: *mut Scratch, ifindex: u32, vip: *const u8) -> Option<*const ArpHeldVip> {
-    unsafe {
-        (*s).held6.ifindex = ifindex;
-        let k = (&raw mut (*s).held6.vip) as *mut u8;
-        write_unaligned(k as *mut u64, read_unaligned(vip as *const u64));
-        write_unaligned(k.add(8) as *mut u64, read_unaligned(vip.add(8) as *const u64));
-        lookup_at::<_, ArpHeldVip>(&ndp_held, (&raw const (*s).held6).cast()).map(|h| h as *const ArpHeldVip)
-    }
-}
-
-/// As arp::arp_held_fresh: this node's entry for the VIP at `vip` on `ifindex`
-/// if it holds it now (fresh) and announces it, else why not.
-#[inline(always)]
-fn ndp_held_fresh(s: *mut Scratch, ifindex: u32, vip: *const u8) -> Result<*const ArpHeldVip, Reason> {
+fn ndp_held_fresh(s: *mut Scratch) -> Result<*const ArpHeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    held_fresh(now, ndp_held_get(s, ifindex, vip), [Reason::NdpNotHeld, Reason::NdpNotAnnounced, Reason::NdpStale])
+    let h = lookup_at::<_, ArpHeldVip>(&ndp_held, unsafe { (&raw const (*s).held6).cast() });
+    held_fresh(now, h.map(|h| h as *const ArpHeldVip), [Reason::NdpNotHeld, Reason::NdpNotAnnounced, Reason::NdpStale])
 }
 
 /// Counts a conflict in `ndp_conflicts` (as arp::arp_conflict_record) on the key
-/// the last `ndp_held_get` left in this CPU's scratch: the unaligned 16-byte
-/// address cannot be copied into a key on the stack, where the verifier wants
-/// every access aligned.
+/// in this CPU's scratch: the unaligned 16-byte address cannot be copied into a
+/// key on the stack, where the verifier wants every access aligned.
 #[inline(always)]
 fn ndp_conflict_record(s: *mut Scratch) {
     let key: &NdpHeldKey = unsafe { &(*s).held6 };
@@ -151,131 +192,171 @@ fn addr_words(p: *const u8) -> (u64, u64) {
     unsafe { (read_unaligned(p as *const u64), read_unaligned(p.add(8) as *const u64)) }
 }
 
-/// Whether the 16 bytes at `dst` are the solicited-node multicast address of the
-/// target at `target` (ff02::1:ff00:0/104 and the target's last 24 bits).
-#[inline(always)]
-fn is_solicited_node(dst: *const u8, target: *const u8) -> bool {
-    const PREFIX: [u8; 13] = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff];
-    let (d0, _) = addr_words(dst);
-    unsafe {
-        d0 == u64::from_ne_bytes([PREFIX[0], PREFIX[1], PREFIX[2], PREFIX[3], PREFIX[4], PREFIX[5], PREFIX[6], PREFIX[7]])
-            && read_unaligned(dst.add(8) as *const u32) == u32::from_ne_bytes([PREFIX[8], PREFIX[9], PREFIX[10], PREFIX[11]])
-            && *dst.add(12) == PREFIX[12]
-            && *dst.add(13) == *target.add(13)
-            && *dst.add(14) == *target.add(14)
-            && *dst.add(15) == *target.add(15)
-    }
-}
-
 /// [`ndp_handle`] as a function of its own (BPF to BPF), as arp::arp_call, its
-/// verdict packed ([`verdict_pack`]).
+/// verdict packed ([`verdict_pack_or_malformed`]).
 #[inline(never)]
 pub fn ndp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
     let ctx = XdpContext::new(ctx);
-    verdict_pack(match ndp_handle::<L2>(&ctx, s, ifindex) {
-        Ok((action, reason, bytes)) => {
-            unsafe { (*s).bytes = bytes as u32 };
-            (action, reason)
-        }
-        Err(()) => {
-            unsafe { (*s).bytes = frame_len(&ctx) as u32 };
-            (xdp_action::XDP_DROP, Reason::DropMalformed)
-        }
-    })
+    verdict_pack_or_malformed(&ctx, s, ndp_handle::<L2>(&ctx, s, ifindex))
 }
 
 /// IPv6 behind an `L2`-byte layer-2 header, received on the network of
 /// `ifindex`: a Neighbor Solicitation for a VIP held there is answered with the
 /// advertisement RFC 4861 7.2.4 asks for (XDP_TX); a Neighbor Advertisement in
 /// which another MAC claims such a VIP is counted as `ndp_conflict`; everything
-/// else passes untouched. The verdict, its reason and the bytes to count (the
-/// layer-2 header, the IPv6 header and its payload length).
+/// else passes untouched. As in lb4_handle, only `ctx` and `s` live across the
+/// held entry's lookup: [`nd_parse`] leaves what is needed after it in the
+/// scratch, or it is read from the packet again (each value kept in a register
+/// past the four callee-saved ones is a spill, and a speculation barrier without
+/// CAP_PERFMON; see maps::LB_KEY0).
 #[inline(always)]
-fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<(u32, Reason, usize), ()> {
-    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
-    let (vcf0, payload_len, next_hdr, hop_limit) =
-        unsafe { ((*ip).vcf[0], usize::from(u16::from_be_bytes((*ip).payload_len)), (*ip).next_hdr, (*ip).hop_limit) };
-    if vcf0 >> 4 != 6 {
-        return Err(());
-    }
-    let bytes = L2 + IP6 + payload_len;
-    let pass = |reason| Ok((xdp_action::XDP_PASS, reason, bytes));
-    // Neighbour discovery carries no extension headers in practice; one that
-    // does is left to the kernel (which does not answer for a VIP either).
-    if next_hdr != IPPROTO_ICMPV6 {
-        return pass(Reason::PassedOther);
-    }
-    let Ok(icmp_type) = ptr_at::<u8>(ctx, L2 + IP6) else { return pass(Reason::PassedOther) };
-    let icmp_type = unsafe { *icmp_type };
-    if icmp_type != ND_NEIGHBOR_SOLICIT && icmp_type != ND_NEIGHBOR_ADVERT {
-        let nd = (ND_ROUTER_SOLICIT..=ND_REDIRECT).contains(&icmp_type);
-        return pass(if nd { Reason::NdpOther } else { Reason::PassedOther });
-    }
-    // RFC 4861 7.1.1 and 7.1.2, for both: hop limit 255 (from no router), code
-    // 0, at least ND_LEN bytes, a target that is not multicast, options well formed.
-    let Ok(nd) = ptr_at::<[u8; ND_LEN]>(ctx, L2 + IP6) else { return pass(Reason::NdpInvalid) };
-    let nd = nd as *const u8;
-    let target = unsafe { nd.add(8) };
-    if hop_limit != 255 || unsafe { *nd.add(1) } != 0 || payload_len < ND_LEN || unsafe { *target } == 0xff {
-        return pass(Reason::NdpInvalid);
-    }
-    // 7.1.1 and 7.1.2: a valid ICMPv6 checksum, over the pseudo-header (both
-    // addresses, the length and next header) and the message.
-    let (src, dst) = unsafe { ((ip as *const u8).add(8), (ip as *const u8).add(24)) };
-    let mut sum = csum_start(payload_len as u32);
-    for i in 0..(32 + ND_LEN) / 8 {
-        sum = csum_add(sum, unsafe { read_unaligned(src.add(8 * i) as *const u64) });
-    }
-    unsafe { (*s).csum = sum };
-    let Some(opts) = nd_options::<L2>(ctx, payload_len - ND_LEN, s) else { return pass(Reason::NdpInvalid) };
-    if csum_fold(unsafe { (*s).csum }) != 0xffff {
-        return pass(Reason::NdpInvalid);
-    }
-    if icmp_type == ND_NEIGHBOR_ADVERT {
-        // 7.1.2: an advertisement to a multicast group is never solicited.
-        if unsafe { *dst } == 0xff && unsafe { *nd.add(4) } & NA_FLAG_SOLICITED != 0 {
-            return pass(Reason::NdpInvalid);
-        }
-        // Someone says the target is at its link-layer address (the option, else
-        // the frame's source). Another MAC than ours for a VIP we hold fresh here:
-        // two nodes claim it.
-        let claimed = match opts.tlla {
-            Some(m) => m,
-            None => unsafe { read_unaligned((ip as *const u8).sub(L2 - 6) as *const [u8; 6]) },
-        };
-        return match ndp_held_fresh(s, ifindex, target) {
-            Ok(h) if claimed != unsafe { (*h).mac } => {
+fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
+    let pass = |reason| Ok((xdp_action::XDP_PASS, reason));
+    let advert = match nd_parse::<L2>(ctx, s, ifindex)? {
+        Ok(advert) => advert,
+        Err(reason) => return pass(reason),
+    };
+    if advert {
+        // Someone says the target is at its link-layer address (in the scratch's
+        // `mac`). Another MAC than ours for a VIP we hold fresh here: two nodes
+        // claim it.
+        return match ndp_held_fresh(s) {
+            Ok(h) if unsafe { (*s).mac != (*h).mac } => {
                 ndp_conflict_record(s);
                 pass(Reason::NdpConflict)
             }
             _ => pass(Reason::NdpOther),
         };
     }
-    let (s0, s1) = addr_words(src);
-    let dad = s0 == 0 && s1 == 0;
-    // 7.1.1: no source link-layer option from the unspecified address, whose
-    // solicitation goes to the solicited-node group. Ours also: the destination
-    // is that group or the target itself (a unicast probe of an entry).
-    let (d, t) = (addr_words(dst), addr_words(target));
-    let to_target = !dad && d == t;
-    if (dad && opts.slla) || !(to_target || is_solicited_node(dst, target)) {
-        return pass(Reason::NdpInvalid);
-    }
-    let h = match ndp_held_fresh(s, ifindex, target) {
+    let h = match ndp_held_fresh(s) {
         Ok(h) => h,
         Err(reason) => return pass(reason),
     };
-    // The advertisement is NA_LEN bytes of ICMPv6: the frame grows or shrinks to
-    // it (options of the solicitation go). The helper moves the packet pointers.
-    let delta = (L2 + IP6 + NA_LEN) as i32 - frame_len(ctx) as i32;
-    if delta != 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
-        return pass(Reason::NdpOther);
+    lb_copy_mac(unsafe { &raw mut (*s).mac }, unsafe { &raw const (*h).mac });
+    ndp_advertise::<L2>(ctx, s)
+}
+
+/// Checks a Neighbor Solicitation or Advertisement as RFC 4861 7.1.1 and 7.1.2
+/// ask: for both, hop limit 255 (from no router), code 0, at least ND_LEN
+/// bytes, a target that is not multicast, options well formed, a valid ICMPv6
+/// checksum; for each, its own rules. Whether it is an advertisement, else the
+/// reason to pass it. The bytes to count (the layer-2 header, the IPv6 header
+/// and its payload length), the `ndp_held` key (`ifindex`, the target) and, for
+/// an advertisement, the MAC it claims go to the scratch `s`.
+#[inline(always)]
+fn nd_parse<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Result<bool, Reason>, ()> {
+    // ff02::1:ff00:0/104: the solicited-node prefix, as its two words load.
+    const SN0: u64 = u64::from_ne_bytes([0xff, 0x02, 0, 0, 0, 0, 0, 0]);
+    const SN1: u64 = u64::from_ne_bytes([0, 0, 0, 1, 0xff, 0, 0, 0]);
+    const LOW24: u64 = u64::from_ne_bytes([0, 0, 0, 0, 0, 0xff, 0xff, 0xff]);
+    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
+    let (vcf0, payload_len, next_hdr, hop_limit) =
+        unsafe { ((*ip).vcf[0], usize::from(u16::from_be_bytes((*ip).payload_len)), (*ip).next_hdr, (*ip).hop_limit) };
+    if vcf0 >> 4 != 6 {
+        return Err(());
     }
-    let p: *mut [u8; IP6 + NA_LEN] = ptr_at(ctx, L2)?;
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + payload_len) as u32) };
+    // Neighbour discovery carries no extension headers in practice; one that
+    // does is left to the kernel (which does not answer for a VIP either).
+    if next_hdr != IPPROTO_ICMPV6 {
+        return Ok(Err(Reason::PassedOther));
+    }
+    let Ok(icmp_type) = ptr_at::<u8>(ctx, L2 + IP6) else { return Ok(Err(Reason::PassedOther)) };
+    let icmp_type = unsafe { *icmp_type };
+    if icmp_type != ND_NEIGHBOR_SOLICIT && icmp_type != ND_NEIGHBOR_ADVERT {
+        let nd = (ND_ROUTER_SOLICIT..=ND_REDIRECT).contains(&icmp_type);
+        return Ok(Err(if nd { Reason::NdpOther } else { Reason::PassedOther }));
+    }
+    let Ok(p) = ptr_at::<[u8; IP6 + ND_LEN]>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
+    let p = p as *const u8;
+    let nd = unsafe { p.add(IP6) };
+    if hop_limit != 255 || unsafe { *nd.add(1) } != 0 || payload_len < ND_LEN || unsafe { *nd.add(8) } == 0xff {
+        return Ok(Err(Reason::NdpInvalid));
+    }
+    // The pseudo-header (both addresses, the length and next header) and the
+    // message, summed for the checksum.
+    unsafe { (*s).held6.ifindex = ifindex };
+    let mut sum = csum_start(payload_len as u32);
+    for i in 0..(32 + ND_LEN) / 8 {
+        sum = csum_add(sum, unsafe { read_unaligned(p.add(8 + 8 * i) as *const u64) });
+    }
+    unsafe { (*s).csum = sum };
+    let o = nd_options::<L2>(ctx.ctx, s, payload_len - ND_LEN);
+    if o == 0 || csum_fold(unsafe { (*s).csum }) != 0xffff {
+        return Ok(Err(Reason::NdpInvalid));
+    }
+    // What is needed next is read from the packet again rather than kept across
+    // the walk's call, and after the stores below too: a store to the scratch
+    // may alias the packet, so the compiler reloads, and few words are live at
+    // a time. The target to the `ndp_held` key.
+    let Ok(p) = ptr_at::<[u8; IP6 + ND_LEN]>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
+    let p = p as *const u8;
+    let nd = unsafe { p.add(IP6) };
+    let (t0, t1) = addr_words(unsafe { nd.add(8) });
+    unsafe {
+        let k = (&raw mut (*s).held6.vip) as *mut u8;
+        write_unaligned(k as *mut u64, t0);
+        write_unaligned(k.add(8) as *mut u64, t1);
+    }
+    if unsafe { *nd } == ND_NEIGHBOR_ADVERT {
+        // 7.1.2: an advertisement to a multicast group is never solicited.
+        if unsafe { *p.add(24) == 0xff && *nd.add(4) & NA_FLAG_SOLICITED != 0 } {
+            return Ok(Err(Reason::NdpInvalid));
+        }
+        // What it claims: the target link-layer address option's MAC, else the
+        // frame's source.
+        let (lo, hi) = if o & OPT_TLLA != 0 {
+            ((o >> 16) as u32, (o >> 48) as u16)
+        } else {
+            let eth = unsafe { p.sub(L2) };
+            unsafe { (read_unaligned(eth.add(6) as *const u32), read_unaligned(eth.add(10) as *const u16)) }
+        };
+        unsafe {
+            let m = (&raw mut (*s).mac) as *mut u8;
+            write_unaligned(m as *mut u32, lo);
+            write_unaligned(m.add(4) as *mut u16, hi);
+        }
+        return Ok(Ok(true));
+    }
+    // 7.1.1: no source link-layer option from the unspecified address, whose
+    // solicitation goes to the solicited-node group. Ours also: the destination
+    // is that group or the target itself (a unicast probe of an entry).
+    let (s0, s1) = addr_words(unsafe { p.add(8) });
+    let dad = s0 | s1 == 0;
+    if dad && o & OPT_SLLA != 0 {
+        return Ok(Err(Reason::NdpInvalid));
+    }
+    let (d0, d1) = addr_words(unsafe { p.add(24) });
+    let to_target = !dad && d0 == t0 && d1 == t1;
+    if !to_target && !(d0 == SN0 && d1 & !LOW24 == SN1 && (d1 ^ t1) & LOW24 == 0) {
+        return Ok(Err(Reason::NdpInvalid));
+    }
+    Ok(Ok(false))
+}
+
+/// Turns the solicitation in `ctx` into the advertisement for its target from
+/// the MAC in the scratch `s` (ours for it), in place. The frame grows or
+/// shrinks to NA_LEN bytes of ICMPv6 (options of the solicitation go), with a
+/// helper only when it is not that long already (the solicitations of Linux and
+/// others are: one 8-byte option, source link-layer address or nonce).
+#[inline(always)]
+fn ndp_advertise<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    const LEN: usize = IP6 + NA_LEN;
+    if ptr_at::<[u8; LEN + 1]>(ctx, L2).is_ok() || ptr_at::<[u8; LEN]>(ctx, L2).is_err() {
+        // The helper moves the packet pointers: all are taken again below.
+        let delta = (L2 + LEN) as i32 - frame_len(ctx) as i32;
+        if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
+            return Ok((xdp_action::XDP_PASS, Reason::NdpOther));
+        }
+    }
+    let p: *mut [u8; LEN] = ptr_at(ctx, L2)?;
     unsafe {
         let p = p as *mut u8;
         let eth = p.sub(L2);
-        let mac = (&raw const (*h).mac) as *const u8;
+        let mac = (&raw const (*s).mac) as *const u8;
+        let (s0, s1) = addr_words(p.add(8));
+        let t = addr_words(p.add(IP6 + 8));
+        let dad = s0 == 0 && s1 == 0;
         // Ethernet and IPv6 destinations: the solicitation's source, or all-nodes
         // (33:33:00:00:00:01, ff02::1) for duplicate address detection (7.2.4).
         if dad {
@@ -308,9 +389,9 @@ fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         write_unaligned(icmp.add(ND_LEN) as *mut u16, u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1]));
         write_unaligned(icmp.add(ND_LEN + 2) as *mut u32, mac_lo);
         write_unaligned(icmp.add(ND_LEN + 6) as *mut u16, mac_hi);
-        // The checksum, summed from the words just written rather than read back
-        // by a helper: the pseudo-header (the target as source, the
-        // destination, the length and next header), then the message.
+        // The checksum, summed from the words just written rather than read back:
+        // the pseudo-header (the target as source, the destination, the length
+        // and next header), then the message.
         let (d0, d1) = addr_words(p.add(24));
         let mut sum = csum_start(NA_LEN as u32);
         sum = csum_add(csum_add(csum_add(csum_add(sum, t.0), t.1), d0), d1);
@@ -319,5 +400,5 @@ fn ndp_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         sum += u64::from(u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1])) + u64::from(mac_lo) + u64::from(mac_hi);
         write_unaligned(icmp.add(2) as *mut u16, !csum_fold(sum));
     }
-    Ok((xdp_action::XDP_TX, Reason::NdpAnswered, bytes))
+    Ok((xdp_action::XDP_TX, Reason::NdpAnswered))
 }
