@@ -3,8 +3,12 @@
 //! over one node set take one ring of the default table size), a batch programs
 //! each service on its own (a ring that does not fit fails that service only),
 //! a re-opened data path finds the sharing in the maps, and a health change on
-//! thousands of services writes one ring's changed slots.
-use std::{collections::BTreeMap, net::Ipv4Addr};
+//! thousands of services writes one ring's changed slots. The same for IPv6
+//! service-ports (`lb6_services`), alone and beside IPv4 ones on the same ring.
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use vip_agent::{
     dataplane::{monotonic_ns, BackendSpec, Dataplane, DataplaneError, ServiceAddr, ServiceSpec},
@@ -21,6 +25,7 @@ const IFINDEX: u32 = 1;
 const OUR_MAC: Mac = [0x02, 0, 0, 0, 0, 0x01];
 const CLIENT_MAC: Mac = [0x02, 0, 0, 0, 0, 0xaa];
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
 const XDP_TX: u32 = 3;
 
 fn backend(i: u8) -> BackendSpec {
@@ -32,42 +37,57 @@ fn vip(k: usize) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, 64 + (k / 250) as u8, 1 + (k % 250) as u8)
 }
 
-/// A TCP frame from the client to `addr` forwarded by the data path: to which backend MAC.
+/// The `k`th IPv6 VIP of 2001:2:0:40::/64 (in 2001:2::/48).
+fn vip6(k: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 2, 0, 0x40, 0, 0, (k >> 16) as u16, 1 + k as u16)
+}
+
+/// A TCP SYN from the client (of the service's family) to `addr` forwarded by the
+/// data path: to which backend MAC.
 fn forwarded_to(dp: &mut Dataplane, addr: ServiceAddr, sport: u16) -> Option<Mac> {
-    let std::net::IpAddr::V4(vip) = addr.vip else { panic!("IPv4 services only here") };
-    let f = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (vip, addr.port));
+    let f = match addr.vip {
+        IpAddr::V4(vip) => frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (vip, addr.port)),
+        IpAddr::V6(vip) => frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (vip, addr.port), frames::TCP_SYN),
+    };
     let (v, out, _) = dp.test_run(&f, 1, None).unwrap();
     (v == XDP_TX).then(|| out[0..6].try_into().unwrap())
 }
 
-#[test]
-fn five_thousand_service_ports_share_one_ring_at_default_settings() {
-    if !privileged() {
-        return;
-    }
+/// Ports 80 and 443 of every VIP in `vips`, TCP.
+fn service_ports(vips: impl IntoIterator<Item = IpAddr>) -> Vec<ServiceAddr> {
+    vips.into_iter().flat_map(|v| [80, 443].map(|port| ServiceAddr { vip: v, port, protocol: Protocol::Tcp })).collect()
+}
+
+/// Programs `addrs` (one node set, default table size) on a data path at default
+/// settings: one ring for all, written once, found again on re-open; a health
+/// change rewrites that ring in place; `probe` (the first and last of each family)
+/// forward to the node set's MACs before and after it.
+fn service_ports_share_one_ring(addrs: &[ServiceAddr], probe: &[ServiceAddr]) {
+    let n = addrs.len();
     let pins = PinDir::new().unwrap();
     let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
     let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
-    let addrs: Vec<ServiceAddr> = (0..2500).flat_map(|k| [80, 443].map(|port| ServiceAddr { vip: vip(k).into(), port, protocol: Protocol::Tcp })).collect();
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &three)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
     assert!(done.failed.is_empty(), "{} failed, first: {:?}", done.failed.len(), done.failed.iter().next());
     let u = dp.usage();
-    assert_eq!((u.services, u.rings, u.ring_slots), (5000, 1, u64::from(DEFAULT_TABLE_SIZE)), "{u:?}");
+    assert_eq!((u.services, u.rings, u.ring_slots), (n, 1, u64::from(DEFAULT_TABLE_SIZE)), "{u:?}");
     assert_eq!(done.written.values().sum::<usize>(), DEFAULT_TABLE_SIZE as usize, "one ring written once");
 
     // The last service forwards like the first.
     let hour = monotonic_ns() + 3_600_000_000_000;
-    let last = *addrs.last().unwrap();
-    dp.hold_vip(IFINDEX, last.vip, hour).unwrap();
-    let to = forwarded_to(&mut dp, last, 40000).expect("forwarded");
-    assert!(three.backends.iter().any(|b| b.mac == to));
+    for (i, a) in probe.iter().enumerate() {
+        dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
+        let to = forwarded_to(&mut dp, *a, 40000 + 2 * i as u16).unwrap_or_else(|| panic!("{a:?} not forwarded"));
+        assert!(three.backends.iter().any(|b| b.mac == to), "{a:?}");
+    }
 
     // A re-opened data path (agent restart) finds the one shared ring.
     let again = Dataplane::open(&pins.path).unwrap();
     let u2 = again.usage();
-    assert_eq!((u2.services, u2.rings, u2.ring_slots), (5000, 1, u64::from(DEFAULT_TABLE_SIZE)), "after re-open: {u2:?}");
+    assert_eq!((u2.services, u2.rings, u2.ring_slots), (n, 1, u64::from(DEFAULT_TABLE_SIZE)), "after re-open: {u2:?}");
+    assert_eq!(again.service_addrs(), addrs.iter().copied().collect(), "after re-open: the same service-ports");
     drop(again);
 
     // A health change on every service (node-3 down) rewrites the shared ring in
@@ -79,8 +99,44 @@ fn five_thousand_service_ports_share_one_ring_at_default_settings() {
     let slots: usize = done.written.values().sum();
     assert!(slots > DEFAULT_TABLE_SIZE as usize / 4 && slots < DEFAULT_TABLE_SIZE as usize / 2, "{slots} slots written");
     assert_eq!(dp.usage().rings, 1);
-    let to = forwarded_to(&mut dp, last, 40001).expect("forwarded");
-    assert!(to != backend(3).mac && two.backends.iter().any(|b| b.mac == to));
+    for (i, a) in probe.iter().enumerate() {
+        let to = forwarded_to(&mut dp, *a, 40001 + 2 * i as u16).unwrap_or_else(|| panic!("{a:?} not forwarded"));
+        assert!(to != backend(3).mac && two.backends.iter().any(|b| b.mac == to), "{a:?}");
+    }
+}
+
+#[test]
+fn five_thousand_service_ports_share_one_ring_at_default_settings() {
+    if !privileged() {
+        return;
+    }
+    let addrs = service_ports((0..2500).map(|k| vip(k).into()));
+    assert_eq!(addrs.len(), 5000);
+    service_ports_share_one_ring(&addrs, &[*addrs.last().unwrap()]);
+}
+
+#[test]
+fn five_thousand_ipv6_service_ports_share_one_ring_at_default_settings() {
+    if !privileged() {
+        return;
+    }
+    let addrs = service_ports((0..2500).map(|k| vip6(k).into()));
+    assert_eq!(addrs.len(), 5000);
+    service_ports_share_one_ring(&addrs, &[addrs[0], *addrs.last().unwrap()]);
+}
+
+/// Both families at once, 5,000 service-ports each (10,000 of the 16,384 service
+/// ids, which the families share): still one ring.
+#[test]
+fn five_thousand_service_ports_of_each_family_share_one_ring_at_default_settings() {
+    if !privileged() {
+        return;
+    }
+    let v4 = service_ports((0..2500).map(|k| vip(k).into()));
+    let v6 = service_ports((0..2500).map(|k| vip6(k).into()));
+    let addrs: Vec<ServiceAddr> = v4.iter().chain(&v6).copied().collect();
+    assert_eq!(addrs.len(), 10_000);
+    service_ports_share_one_ring(&addrs, &[v4[0], *v4.last().unwrap(), v6[0], *v6.last().unwrap()]);
 }
 
 #[test]
@@ -88,6 +144,31 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     if !privileged() {
         return;
     }
+    ring_that_does_not_fit((0..5).map(|k| vip(k).into()).collect());
+}
+
+#[test]
+fn an_ipv6_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() {
+    if !privileged() {
+        return;
+    }
+    ring_that_does_not_fit((0..5).map(|k| vip6(k).into()).collect());
+}
+
+/// The families mixed: IPv4 and IPv6 services compete for the same ring room.
+#[test]
+fn a_ring_that_does_not_fit_fails_its_service_only_whatever_its_family() {
+    if !privileged() {
+        return;
+    }
+    ring_that_does_not_fit((0..5).map(|k| if k % 2 == 0 { vip6(k).into() } else { vip(k).into() }).collect());
+}
+
+/// Five services on `vips` (port 80), each with its own backend set, in room for
+/// three rings: two fail alone, with the error that says what to raise; a health
+/// change still applies; a removal makes room for one of them on retry.
+fn ring_that_does_not_fit(vips: Vec<IpAddr>) {
+    assert_eq!(vips.len(), 5);
     let pins = PinDir::new().unwrap();
     // Room for three rings of 251 slots, not four.
     let mut dp = Dataplane::load(&pins.path, 1000).unwrap();
@@ -95,7 +176,7 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     let hour = monotonic_ns() + 3_600_000_000_000;
     // Five services, each with its own backend set (externalTrafficPolicy: Local).
     let specs: Vec<ServiceSpec> = (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251, absent: Vec::new() }).collect();
-    let addrs: Vec<ServiceAddr> = (0..5).map(|k| ServiceAddr { vip: vip(k).into(), port: 80, protocol: Protocol::Tcp }).collect();
+    let addrs: Vec<ServiceAddr> = vips.iter().map(|&vip| ServiceAddr { vip, port: 80, protocol: Protocol::Tcp }).collect();
     for a in &addrs {
         dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
     }
@@ -130,4 +211,47 @@ fn a_ring_that_does_not_fit_fails_its_service_only_and_fits_once_room_appears() 
     let retry: BTreeMap<ServiceAddr, &ServiceSpec> = failed.iter().map(|a| (*a, &specs[addrs.iter().position(|x| x == a).unwrap()])).collect();
     let d4 = dp.apply(&retry, &[], 0).unwrap();
     assert_eq!((d4.written.len(), d4.failed.len()), (1, 1), "{d4:?}");
+}
+
+/// IPv6 flows pinned from user space, as the scale tests fill the flow table
+/// (`flows::synthetic6`), are the data path's: their packets go to the pinned
+/// backend, not the ring's choice, and a health change that takes that backend
+/// out of the ring evicts them.
+#[test]
+fn ipv6_flows_pinned_from_user_space_are_followed_and_evicted_with_their_backend() {
+    if !privileged() {
+        return;
+    }
+    let pins = PinDir::new().unwrap();
+    let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
+    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let addr = ServiceAddr { vip: vip6(0).into(), port: 80, protocol: Protocol::Tcp };
+    dp.hold_vip(IFINDEX, addr.vip, monotonic_ns() + 3_600_000_000_000).unwrap();
+    let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
+    assert!(dp.apply(&BTreeMap::from([(addr, &three)]), &[], 0).unwrap().failed.is_empty());
+    let id_of = |dp: &Dataplane, mac: Mac| *dp.backends().unwrap().iter().find(|(_, b)| b.mac == mac).unwrap().0;
+    let pinned = id_of(&dp, backend(1).mac);
+    // 40 flows, all pinned to node-1: the ring alone would send about a third there.
+    let flows = vip_tests::flows::synthetic6(40, &[vip6(0)], 80, &[pinned]);
+    dp.insert_flows6(&flows).unwrap();
+    assert_eq!(dp.flow_count(), flows.len());
+    let ack = |key: &vip_common::Lb6FlowKey| {
+        let (src, sport) = (Ipv6Addr::from(key.src), u16::from_be_bytes(key.sport));
+        frames::tcp6(OUR_MAC, CLIENT_MAC, None, (src, sport), (vip6(0), 80), frames::TCP_ACK)
+    };
+    for (key, _) in &flows {
+        assert!(dp.flow6(key).is_some_and(|e| u32::from(e.backend) == pinned), "{key:?} not pinned");
+        let (v, out, _) = dp.test_run(&ack(key), 1, None).unwrap();
+        assert_eq!((v, &out[0..6]), (XDP_TX, &backend(1).mac[..]), "{key:?}: not to its pinned backend");
+    }
+    // node-1 down: its flows go, and their packets follow the new ring.
+    let two = ServiceSpec { backends: vec![backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
+    let done = dp.apply(&BTreeMap::from([(addr, &two)]), &[], 0).unwrap();
+    assert!(done.failed.is_empty());
+    dp.sweep(&done.sweep).unwrap();
+    for (key, _) in &flows {
+        assert!(dp.flow6(key).is_none(), "{key:?} still pinned to a backend out of the ring");
+        let (v, out, _) = dp.test_run(&ack(key), 1, None).unwrap();
+        assert!(v == XDP_TX && two.backends.iter().any(|b| b.mac == out[0..6]), "{key:?}: verdict {v}, to {:x?}", &out[0..6]);
+    }
 }

@@ -46,6 +46,16 @@ impl fmt::Display for Family {
     }
 }
 
+/// `address:port` for people, as std's `SocketAddr` writes it: an IPv6 address
+/// in brackets (`198.18.1.10:80`, `[2001:db8::1]:80`). `port` may be any text
+/// where a number does not say it (`inspect`'s `*fragments`).
+pub fn host_port(ip: IpAddr, port: impl fmt::Display) -> String {
+    match ip {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    }
+}
+
 /// An address as a number within its family, ordered IPv4 before IPv6.
 type Key = (Family, u128);
 
@@ -219,6 +229,16 @@ impl AddrSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_port_brackets_ipv6_as_socket_addr_does() {
+        for (ip, want) in [("198.18.1.10", "198.18.1.10:80"), ("2001:2::1", "[2001:2::1]:80"), ("::ffff:198.18.1.10", "[::ffff:198.18.1.10]:80")] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(host_port(ip, 80), want);
+            assert_eq!(host_port(ip, 80), std::net::SocketAddr::new(ip, 80).to_string());
+        }
+        assert_eq!(host_port("2001:2::1".parse().unwrap(), "*fragments"), "[2001:2::1]:*fragments");
+    }
 
     type Ranges<'a> = &'a [(&'a str, &'a str)];
 

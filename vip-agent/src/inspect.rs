@@ -13,6 +13,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
+    addrs::host_port,
     clock::monotonic_ns,
     dataplane::{Announce, Dataplane},
     spec::Mac,
@@ -378,61 +379,172 @@ fn ring_text(v: &ServiceRow, verbose: bool) -> String {
     members.join(", ")
 }
 
+/// A column of a [`Table`]: its header, the width it takes at least, whether its
+/// cells are right-aligned, and what separates it from the column before.
+struct Col {
+    head: &'static str,
+    min: usize,
+    right: bool,
+    sep: &'static str,
+}
+
+impl Col {
+    fn left(head: &'static str, min: usize) -> Self {
+        Self { head, min, right: false, sep: " " }
+    }
+
+    fn right(head: &'static str, min: usize) -> Self {
+        Self { head, min, right: true, sep: " " }
+    }
+}
+
+/// A table of `inspect`'s text output, indented two spaces: every column as wide as
+/// its header and widest cell (and at least its `min`), so that an IPv6 address
+/// (up to 39 characters) keeps the columns after it in line.
+struct Table {
+    cols: Vec<Col>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(cols: Vec<Col>) -> Self {
+        Self { cols, rows: Vec::new() }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.cols.len());
+        self.rows.push(cells);
+    }
+
+    /// Writes the header line (unless every header is empty) and the rows; lines
+    /// carry no trailing spaces.
+    fn write(&self, s: &mut String) {
+        let widths: Vec<usize> = self
+            .cols
+            .iter()
+            .enumerate()
+            .map(|(i, c)| self.rows.iter().map(|r| r[i].chars().count()).chain([c.min, c.head.chars().count()]).max().unwrap_or(0))
+            .collect();
+        if self.cols.iter().any(|c| !c.head.is_empty()) {
+            self.line(s, &widths, self.cols.iter().map(|c| c.head));
+        }
+        for r in &self.rows {
+            self.line(s, &widths, r.iter().map(String::as_str));
+        }
+    }
+
+    fn line<'a>(&self, s: &mut String, widths: &[usize], cells: impl Iterator<Item = &'a str>) {
+        let start = s.len();
+        s.push_str("  ");
+        for (i, ((c, &w), cell)) in self.cols.iter().zip(widths).zip(cells).enumerate() {
+            if i > 0 {
+                s.push_str(c.sep);
+            }
+            let _ = if c.right { write!(s, "{cell:>w$}") } else { write!(s, "{cell:<w$}") };
+        }
+        let end = start + s[start..].trim_end().len();
+        s.truncate(end);
+        s.push('\n');
+    }
+}
+
 pub fn render(r: &Report, verbose: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{}\n", status_line(r));
-    let _ = writeln!(s, "HELD VIPS\n  {:<16} {:<16} {:<9} EXPIRES", "NETWORK", "VIP", "ANNOUNCE");
+    // The data path's ids, in verbose output only: a first column.
+    let with_id = |cols: Vec<Col>| -> Vec<Col> {
+        if verbose {
+            [Col::left("ID", 5)].into_iter().chain(cols).collect()
+        } else {
+            cols
+        }
+    };
+    let id_cell = |id: u32, cells: Vec<String>| -> Vec<String> {
+        if verbose {
+            [id.to_string()].into_iter().chain(cells).collect()
+        } else {
+            cells
+        }
+    };
+
+    let _ = writeln!(s, "HELD VIPS");
+    let mut t = Table::new(vec![Col::left("NETWORK", 16), Col::left("VIP", 16), Col::left("ANNOUNCE", 9), Col::left("EXPIRES", 0)]);
     for h in &r.held {
         let state = if h.expires_in_ms >= 0 { format!("in {} ms", h.expires_in_ms) } else { "STALE (not answered)".into() };
-        let _ = writeln!(s, "  {:<16} {:<16} {:<9} {}", h.network, h.vip, h.announce, state);
+        t.row(vec![h.network.clone(), h.vip.to_string(), h.announce.to_owned(), state]);
     }
-    let id_col = |id: String| if verbose { format!("{id:<5} ") } else { String::new() };
-    let _ = writeln!(
-        s,
-        "\nSERVICES\n  {}{:<24} {:<26} {:<10} {:<12} BACKENDS (share of the ring)",
-        id_col("ID".into()),
-        "SERVICE",
-        "VIP:PORT/PROTO",
-        "PACKETS",
-        "BYTES"
-    );
+    t.write(&mut s);
+
+    let _ = writeln!(s, "\nSERVICES");
+    let mut t = Table::new(with_id(vec![
+        Col::left("SERVICE", 24),
+        Col::left("VIP:PORT/PROTO", 26),
+        Col::left("PACKETS", 10),
+        Col::left("BYTES", 12),
+        Col::left("BACKENDS (share of the ring)", 0),
+    ]));
     for v in r.services.iter().filter(|v| verbose || !v.fragment_alias()) {
         let port = if v.fragment_alias() { "*fragments".to_owned() } else { v.port.to_string() };
-        let _ = writeln!(
-            s,
-            "  {}{:<24} {:<26} {:<10} {:<12} {}",
-            id_col(v.id.to_string()),
-            v.name.as_deref().unwrap_or("?"),
-            format!("{}:{port}/{}", v.vip, v.proto),
-            v.packets,
-            v.bytes,
-            ring_text(v, verbose)
-        );
+        t.row(id_cell(
+            v.id,
+            vec![
+                v.name.as_deref().unwrap_or("?").to_owned(),
+                format!("{}/{}", host_port(v.vip, port), v.proto),
+                v.packets.to_string(),
+                v.bytes.to_string(),
+                ring_text(v, verbose),
+            ],
+        ));
     }
-    let _ = writeln!(s, "\nBACKENDS\n  {}{:<16} {:<16} {:<18} {:<6} {:<10} BYTES", id_col("ID".into()), "NODE", "ADDRESS", "MAC", "LOCAL", "PACKETS");
+    t.write(&mut s);
+
+    let _ = writeln!(s, "\nBACKENDS");
+    let mut t = Table::new(with_id(vec![
+        Col::left("NODE", 16),
+        Col::left("ADDRESS", 16),
+        Col::left("MAC", 18),
+        Col::left("LOCAL", 6),
+        Col::left("PACKETS", 10),
+        Col::left("BYTES", 0),
+    ]));
     for b in &r.backends {
-        let _ = writeln!(
-            s,
-            "  {}{:<16} {:<16} {:<18} {:<6} {:<10} {}",
-            id_col(b.id.to_string()),
-            b.node.as_deref().unwrap_or("?"),
-            b.addr,
-            b.mac,
-            b.local,
-            b.packets,
-            b.bytes
-        );
+        t.row(id_cell(
+            b.id,
+            vec![
+                b.node.as_deref().unwrap_or("?").to_owned(),
+                b.addr.to_string(),
+                b.mac.clone(),
+                b.local.to_string(),
+                b.packets.to_string(),
+                b.bytes.to_string(),
+            ],
+        ));
     }
+    t.write(&mut s);
+
     if let Some(a) = &r.agent {
-        let _ = writeln!(s, "\nOWNERS (as node {} sees them)\n  {:<16} OWNER", a.node, "VIP");
+        let _ = writeln!(s, "\nOWNERS (as node {} sees them)", a.node);
+        let mut t = Table::new(vec![Col::left("VIP", 16), Col::left("OWNER", 0)]);
         for (vip, owner) in &a.owners {
-            let _ = writeln!(s, "  {:<16} {}", vip, owner);
+            t.row(vec![vip.to_string(), owner.clone()]);
         }
-        let _ = writeln!(s, "\nHEALTH\n  {:<24} {:<14} {:<16} {:<8} {:>7}  DETAIL", "SERVICE", "BACKEND", "ADDRESS", "HEALTH", "RING");
+        t.write(&mut s);
+
+        let _ = writeln!(s, "\nHEALTH");
+        let mut t = Table::new(vec![
+            Col::left("SERVICE", 24),
+            Col::left("BACKEND", 14),
+            Col::left("ADDRESS", 16),
+            Col::left("HEALTH", 8),
+            Col::right("RING", 7),
+            Col { sep: "  ", ..Col::left("DETAIL", 0) },
+        ]);
         for b in &a.backends {
             let h = if b.healthy { "up" } else { "DOWN" };
-            let _ = writeln!(s, "  {:<24} {:<14} {:<16} {:<8} {:>6.2}%  {}", b.service, b.node, b.addr, h, b.ring_share_pct, b.detail);
+            t.row(vec![b.service.clone(), b.node.clone(), b.addr.to_string(), h.to_owned(), format!("{:.2}%", b.ring_share_pct), b.detail.clone()]);
         }
+        t.write(&mut s);
+
         let u = &a.usage;
         let _ = writeln!(
             s,
@@ -440,10 +552,12 @@ pub fn render(r: &Report, verbose: bool) -> String {
             u.services, u.services_max, u.rings, u.ring_slots, u.ring_capacity, u.backends, u.backends_max
         );
         if !a.unprogrammed.is_empty() {
-            let _ = writeln!(s, "\nNOT PROGRAMMED (retried)\n  {:<24} {:<26} ERROR", "SERVICE", "VIP:PORT/PROTO");
+            let _ = writeln!(s, "\nNOT PROGRAMMED (retried)");
+            let mut t = Table::new(vec![Col::left("SERVICE", 24), Col::left("VIP:PORT/PROTO", 26), Col::left("ERROR", 0)]);
             for u in &a.unprogrammed {
-                let _ = writeln!(s, "  {:<24} {:<26} {}", u.name, format!("{}:{}/{}", u.vip, u.port, u.protocol), u.error);
+                t.row(vec![u.name.clone(), format!("{}/{}", host_port(u.vip, u.port), u.protocol), u.error.clone()]);
             }
+            t.write(&mut s);
         }
         if !a.host_problems.is_empty() {
             let _ = writeln!(s, "\nHOST NOT READY");
@@ -453,9 +567,12 @@ pub fn render(r: &Report, verbose: bool) -> String {
         }
     }
     let _ = writeln!(s, "\nCOUNTERS (flows in table: {})", r.flows);
+    // No header: `reason  N pkts  M bytes`, the numbers right-aligned.
+    let mut t = Table::new(vec![Col::left("", 28), Col::right("", 15), Col::right("", 18)]);
     for c in r.reasons.iter().filter(|c| verbose || c.packets > 0) {
-        let _ = writeln!(s, "  {:<28} {:>10} pkts {:>12} bytes", c.reason, c.packets, c.bytes);
+        t.row(vec![c.reason.to_owned(), format!("{} pkts", c.packets), format!("{} bytes", c.bytes)]);
     }
+    t.write(&mut s);
     s
 }
 
@@ -557,5 +674,175 @@ mod tests {
         let (info, st) = read(Some(&serde_json::to_string(&status(0)).unwrap().replace("\"updated_unix_ms\":0,", "")), 9_000);
         assert!(st.is_some() && !info.stale());
         assert!(render(&report(info, st, vec![]), false).contains("status age unknown"));
+    }
+
+    /// A 36-character IPv6 VIP (longer than any column's old width) and a node's.
+    const VIP6: &str = "2001:2:ffff:ffff:ffff:ffff:ffff:ff10";
+    const NODE6: &str = "2001:2::ffff:11";
+
+    /// Where each of `cells` begins in `line` (found in order, each after the last).
+    fn starts(line: &str, cells: &[&str]) -> Vec<usize> {
+        let mut from = 0;
+        cells
+            .iter()
+            .map(|c| {
+                let at = from + line[from..].find(c).unwrap_or_else(|| panic!("{c:?} not in {line:?}"));
+                from = at + c.len();
+                at
+            })
+            .collect()
+    }
+
+    /// The lines of the table titled `title` in `text`: its header, then its rows.
+    fn table<'a>(text: &'a str, title: &str) -> Vec<&'a str> {
+        text.lines().skip_while(|l| !l.starts_with(title)).skip(1).take_while(|l| !l.is_empty()).collect()
+    }
+
+    /// Asserts that each row's cells (in order) begin where the header's columns
+    /// do; `right`: columns right-aligned, whose ends line up instead.
+    fn assert_aligned(text: &str, title: &str, head: &[&str], rows: &[Vec<String>], right: &[usize]) {
+        let t = table(text, title);
+        assert_eq!(t.len(), rows.len() + 1, "{title}:\n{text}");
+        let ends = |line: &str, cells: &[&str]| -> Vec<usize> {
+            starts(line, cells).into_iter().zip(cells).enumerate().map(|(i, (at, c))| if right.contains(&i) { at + c.len() } else { at }).collect()
+        };
+        let want = ends(t[0], head);
+        for (line, cells) in t[1..].iter().zip(rows) {
+            let cells: Vec<&str> = cells.iter().map(String::as_str).collect();
+            assert_eq!(ends(line, &cells), want, "{title}: {line:?} out of line with {:?}\n{text}", t[0]);
+        }
+    }
+
+    fn strings(cells: &[&str]) -> Vec<String> {
+        cells.iter().map(|c| (*c).to_owned()).collect()
+    }
+
+    /// A report with IPv4 and IPv6 rows in every table.
+    fn dual_stack_report() -> Report {
+        let (info, _) = read(None, 1);
+        let held =
+            |network: &str, vip: &str, announce| HeldRow { ifindex: 2, network: network.into(), vip: vip.parse().unwrap(), expires_in_ms: 900, announce };
+        let backend = |id, node: &str, addr: &str| BackendRow {
+            id,
+            node: Some(node.into()),
+            addr: addr.parse().unwrap(),
+            mac: "02:00:00:00:00:01".into(),
+            local: false,
+            packets: 12,
+            bytes: 3456,
+        };
+        let mut web = service(80, vec![member(3, "n1", "198.18.0.11", 251)]);
+        web.name = Some("shop/web".into());
+        let mut web6 = ServiceRow { vip: VIP6.parse().unwrap(), ..service(443, vec![member(4, "n2", NODE6, 251)]) };
+        web6.name = Some("shop/web6".into());
+        let frag6 = ServiceRow { vip: VIP6.parse().unwrap(), ..service(0, vec![member(4, "n2", NODE6, 251)]) };
+        let health = |service: &str, node: &str, addr: &str, healthy, pct| HealthRow {
+            service: service.into(),
+            node: node.into(),
+            addr: addr.parse().unwrap(),
+            healthy,
+            ring_share_pct: pct,
+            detail: "connect refused".into(),
+        };
+        Report {
+            held: vec![held("eth0", "198.18.1.10", "arp"), held("eth0 VLAN 30", VIP6, "ndp")],
+            services: vec![web, web6, frag6],
+            backends: vec![backend(3, "n1", "198.18.0.11"), backend(4, "n2", NODE6)],
+            reasons: vec![CounterRow { reason: "forwarded", packets: 7, bytes: 700 }],
+            flows: 0,
+            status: info,
+            agent: Some(AgentSection {
+                node: "n1".into(),
+                config_generation: 1,
+                config_error: None,
+                owners: BTreeMap::from([("198.18.1.10".parse().unwrap(), "n1".into()), (VIP6.parse().unwrap(), "n2".into())]),
+                backends: vec![health("shop/web", "n1", "198.18.0.11", true, 100.0), health("shop/web6", "n2", NODE6, false, 0.0)],
+                unprogrammed: vec![crate::status::UnprogrammedStatus {
+                    name: "shop/big6".into(),
+                    vip: VIP6.parse().unwrap(),
+                    port: 8443,
+                    protocol: "tcp".into(),
+                    error: "lb4_ring is full".into(),
+                }],
+                host_problems: vec![],
+                usage: Default::default(),
+            }),
+        }
+    }
+
+    #[test]
+    fn ipv6_addresses_keep_every_table_in_line() {
+        let r = dual_stack_report();
+        for verbose in [false, true] {
+            let text = render(&r, verbose);
+            let id = |id: &str, cells: &[&str]| -> Vec<String> {
+                if verbose {
+                    strings(&[&[id], cells].concat())
+                } else {
+                    strings(cells)
+                }
+            };
+            let head = |cells: &[&'static str]| -> Vec<&'static str> {
+                if verbose {
+                    [&["ID"], cells].concat()
+                } else {
+                    cells.to_vec()
+                }
+            };
+            assert_aligned(
+                &text,
+                "HELD VIPS",
+                &["NETWORK", "VIP", "ANNOUNCE", "EXPIRES"],
+                &[strings(&["eth0", "198.18.1.10", "arp", "in 900 ms"]), strings(&["eth0 VLAN 30", VIP6, "ndp", "in 900 ms"])],
+                &[],
+            );
+            let v6 = format!("[{VIP6}]:443/tcp");
+            let mut services = vec![id("7", &["shop/web", "198.18.1.10:80/tcp", "5", "300", "n1"]), id("7", &["shop/web6", &v6, "5", "300", "n2"])];
+            if verbose {
+                services.push(id("7", &["?", &format!("[{VIP6}]:*fragments/tcp"), "5", "300", "n2"]));
+            }
+            assert_aligned(&text, "SERVICES", &head(&["SERVICE", "VIP:PORT/PROTO", "PACKETS", "BYTES", "BACKENDS"]), &services, &[]);
+            assert_aligned(
+                &text,
+                "BACKENDS",
+                &head(&["NODE", "ADDRESS", "MAC", "LOCAL", "PACKETS", "BYTES"]),
+                &[
+                    id("3", &["n1", "198.18.0.11", "02:00:00:00:00:01", "false", "12", "3456"]),
+                    id("4", &["n2", NODE6, "02:00:00:00:00:01", "false", "12", "3456"]),
+                ],
+                &[],
+            );
+            assert_aligned(&text, "OWNERS", &["VIP", "OWNER"], &[strings(&["198.18.1.10", "n1"]), strings(&[VIP6, "n2"])], &[]);
+            assert_aligned(
+                &text,
+                "HEALTH",
+                &["SERVICE", "BACKEND", "ADDRESS", "HEALTH", "RING", "DETAIL"],
+                &[
+                    strings(&["shop/web", "n1", "198.18.0.11", "up", "100.00%", "connect refused"]),
+                    strings(&["shop/web6", "n2", NODE6, "DOWN", "0.00%", "connect refused"]),
+                ],
+                &[4],
+            );
+            assert_aligned(
+                &text,
+                "NOT PROGRAMMED",
+                &["SERVICE", "VIP:PORT/PROTO", "ERROR"],
+                &[strings(&["shop/big6", &format!("[{VIP6}]:8443/tcp"), "lb4_ring is full"])],
+                &[],
+            );
+            // No address:port without brackets, and no trailing spaces.
+            assert!(!text.contains(&format!("{VIP6}:")), "an IPv6 VIP:PORT without brackets:\n{text}");
+            assert!(text.lines().all(|l| l == l.trim_end()), "trailing spaces:\n{text}");
+        }
+    }
+
+    #[test]
+    fn ipv4_tables_keep_their_widths() {
+        // Short IPv4 rows: the columns as wide as before (16 for an address).
+        let mut r = dual_stack_report();
+        r.held.truncate(1);
+        let text = render(&r, false);
+        assert!(text.contains("\n  NETWORK          VIP              ANNOUNCE  EXPIRES\n  eth0             198.18.1.10      arp       in 900 ms\n"), "{text}");
+        assert!(text.contains("\n  forwarded                             7 pkts          700 bytes\n"), "{text}");
     }
 }

@@ -18,7 +18,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, IterableMap as _, MapData};
 use vip_common::{
     first_packet_check, fold_words6, lb_flow_check, lb_flow_hash, lb_flow_set, lb_flow_tag, lb_flow_word1, Lb4FirstPacket, Lb4FlowKey, Lb6FirstPacket,
-    Lb6FlowKey, LbFlowEntry, LbFlowSet, LbFlowsCtl, FIRST_PACKET_SLOTS, FLOW_FAMILY_V4, FLOW_SETS, FLOW_STAMP_SHIFT, FLOW_WAYS,
+    Lb6FlowKey, LbFlowEntry, LbFlowSet, LbFlowsCtl, FIRST_PACKET_SLOTS, FLOW_FAMILY_V4, FLOW_FAMILY_V6, FLOW_SETS, FLOW_STAMP_SHIFT, FLOW_WAYS,
 };
 
 use super::{batch, Dataplane};
@@ -88,6 +88,12 @@ impl FlowTable {
     /// (set, tag) of an IPv4 flow of service `service`, as the data path computes them.
     fn place(&self, key: &Lb4FlowKey, service: u32) -> (usize, u64) {
         let h = lb_flow_hash(&self.seed, FLOW_FAMILY_V4, &key.words());
+        (lb_flow_set(h) as usize, lb_flow_tag(h, service))
+    }
+
+    /// (set, tag) of an IPv6 flow of service `service`, as the data path computes them.
+    fn place6(&self, key: &Lb6FlowKey, service: u32) -> (usize, u64) {
+        let h = lb_flow_hash(&self.seed, FLOW_FAMILY_V6, &key.words());
         (lb_flow_set(h) as usize, lb_flow_tag(h, service))
     }
 
@@ -250,6 +256,24 @@ impl Dataplane {
             self.flows.insert(set, tag, *backend as u16, stamp);
         }
         Ok(())
+    }
+
+    /// [`Self::insert_flows`] for IPv6 flows (the same table, hashed as the data
+    /// path hashes an IPv6 5-tuple).
+    pub fn insert_flows6(&mut self, flows: &[(Lb6FlowKey, u32)]) -> Result<()> {
+        let stamp = stamp_now();
+        for (key, backend) in flows {
+            let service = self.flow_service6(key).with_context(|| format!("no service for the flow {key:?}"))?;
+            let (set, tag) = self.flows.place6(key, service);
+            self.flows.insert(set, tag, *backend as u16, stamp);
+        }
+        Ok(())
+    }
+
+    /// The entry pinning an IPv6 flow, if any.
+    pub fn flow6(&self, key: &Lb6FlowKey) -> Option<LbFlowEntry> {
+        let (set, tag) = self.flows.place6(key, self.flow_service6(key)?);
+        self.flows.find(set, tag).map(|i| self.flows.entry(i))
     }
 
     /// The entry pinning an IPv4 flow, if any.
