@@ -41,9 +41,10 @@ const TCP_ACK: u8 = 0x10;
 
 /// IPv6: ICMPv6 right behind the IPv6 header, as RFC 4861 and RFC 4443 messages
 /// come: an error about a flow ([`lb6_icmp_call`]) or neighbour discovery
-/// ([`ndp_call`]); else [`lb6_handle`]. A function of its own (BPF to BPF), as
-/// ndp_call: the IPv4 paths are allocated without it. Its verdict packed
-/// (parse::verdict_pack).
+/// ([`ndp_call`]); else [`lb6_flow`]. A function of its own (BPF to BPF), as
+/// ndp_call: inlined into the program, the IPv6 paths' live values made the
+/// compiler keep even `ctx` and the scratch on the stack, on IPv4's paths too.
+/// Its verdict packed (parse::verdict_pack).
 #[inline(never)]
 pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
     let ctx = XdpContext::new(ctxp);
@@ -53,7 +54,7 @@ pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch, ifindex: u3
         }
         return ndp_call::<L2>(ctxp, s, ifindex);
     }
-    verdict_pack_or_malformed(&ctx, s, lb6_handle::<L2>(&ctx, s, ifindex))
+    verdict_pack_or_malformed(&ctx, s, lb6_flow::<L2>(&ctx, s, ifindex))
 }
 
 /// An ICMPv6 error ([`lb6_icmp`]), a function of its own as [`lb6_slow`].
@@ -110,11 +111,13 @@ enum Upper {
     Unwalked,
 }
 
-/// IPv6 (not neighbour discovery, see main.rs) behind an `L2`-byte layer-2
-/// header, received on the network of `ifindex`. As lb4::lb4_handle: not a
-/// service's address out first, then the flow cache, then [`lb6_slow`].
+/// IPv6 other than ICMPv6 right behind its header ([`lb6_call`]). As
+/// lb4::lb4_handle: not a service's address out first, then the flow cache,
+/// then [`lb6_slow`]. A packet with extension headers goes to a function of its
+/// own ([`lb6_ext_call`]): walking them takes helper calls, across which the
+/// common path's values would be spilled.
 #[inline(always)]
-fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
+fn lb6_flow<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
     let ip = lb6_begin::<L2>(ctx, s, ifindex)?;
     let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
     let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) };
@@ -123,19 +126,20 @@ fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
     }
     let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
-    let next = unsafe { (*ip).next_hdr };
-    let upper = match next {
-        PROTO_TCP | PROTO_UDP => Upper::Ports { proto: next, off: IP6, fragment: false },
-        _ => lb6_walk::<L2>(ctx, next)?,
-    };
-    let (proto, off, fragment) = match upper {
-        Upper::Ports { proto, off, fragment } => (proto, off, fragment),
-        Upper::Icmp => return Ok((xdp_action::XDP_PASS, Reason::PassedIcmp)),
-        Upper::Other => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
-        Upper::Unwalked => return Ok((xdp_action::XDP_PASS, Reason::PassedIpv6Ext)),
-    };
-    // The Lb6FlowKey's words: source and destination as they follow each other
-    // in the header, then (sport, dport, proto) as in IPv4's second word.
+    let proto = unsafe { (*ip).next_hdr };
+    if proto != PROTO_TCP && proto != PROTO_UDP {
+        return Ok(verdict_unpack(lb6_ext_call::<L2>(ctx.ctx, s)));
+    }
+    lb6_key_words(ip, s, false);
+    let p: *const u32 = ptr_at(ctx, L2 + IP6)?;
+    let syn = proto == PROTO_TCP && matches!(ptr_at::<u8>(ctx, L2 + IP6 + TCP_FLAGS), Ok(f) if unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
+    lb6_lookup::<L2>(ctx, s, unsafe { read_unaligned(p) }, proto, syn)
+}
+
+/// The Lb6FlowKey's address words to the scratch `s`: source and destination
+/// as they follow each other in the header at `ip`; and whether it is a fragment.
+#[inline(always)]
+fn lb6_key_words(ip: *const Ipv6Hdr, s: *mut Scratch, fragment: bool) {
     let a = unsafe { (ip as *const u8).add(8) };
     unsafe {
         for i in 0..4 {
@@ -143,16 +147,13 @@ fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         }
         write_volatile(&raw mut (*s).fragment, fragment as u32);
     }
-    // Fragments hash without ports and use the VIP's port-0 service, as in IPv4.
-    let (ports, syn) = if fragment {
-        (0, false)
-    } else if off == IP6 {
-        let p: *const u32 = ptr_at(ctx, L2 + IP6)?;
-        let syn = proto == PROTO_TCP && matches!(ptr_at::<u8>(ctx, L2 + IP6 + TCP_FLAGS), Ok(f) if unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
-        (unsafe { read_unaligned(p) }, syn)
-    } else {
-        lb6_ports_at::<L2>(ctx, off, proto)?
-    };
+}
+
+/// The flow's last key word, (sport, dport, proto) as in IPv4's second word, to
+/// the scratch `s` with whether it is a SYN; then the flow cache, else
+/// [`lb6_slow`].
+#[inline(always)]
+fn lb6_lookup<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ports: u32, proto: u8, syn: bool) -> Result<Verdict, ()> {
     unsafe {
         write_volatile(&raw mut (*s).words6[4], u64::from(ports) | u64::from(proto) << 32);
         write_volatile(&raw mut (*s).syn, syn as u32);
@@ -164,6 +165,30 @@ fn lb6_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) 
         }
     }
     Ok(verdict_unpack(lb6_slow::<L2>(ctx.ctx, s)))
+}
+
+/// A packet to a VIP whose IPv6 header is followed by an extension header, or by
+/// an upper layer other than TCP and UDP ([`lb6_ext`]), as a function of its own.
+#[inline(never)]
+fn lb6_ext_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    verdict_pack_or_malformed(&ctx, s, lb6_ext::<L2>(&ctx, s))
+}
+
+/// [`lb6_ext_call`]'s path: the extension headers walked to the flow's ports.
+/// Fragments hash without ports and use the VIP's port-0 service, as in IPv4.
+#[inline(always)]
+fn lb6_ext<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    let next = unsafe { (*ptr_at::<Ipv6Hdr>(ctx, L2)?).next_hdr };
+    let (proto, off, fragment) = match lb6_walk::<L2>(ctx, next)? {
+        Upper::Ports { proto, off, fragment } => (proto, off, fragment),
+        Upper::Icmp => return Ok((xdp_action::XDP_PASS, Reason::PassedIcmp)),
+        Upper::Other => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
+        Upper::Unwalked => return Ok((xdp_action::XDP_PASS, Reason::PassedIpv6Ext)),
+    };
+    lb6_key_words(ptr_at(ctx, L2)?, s, fragment);
+    let (ports, syn) = if fragment { (0, false) } else { lb6_ports_at::<L2>(ctx, off, proto)? };
+    lb6_lookup::<L2>(ctx, s, ports, proto, syn)
 }
 
 /// The IPv6 header of a frame on the network of `ifindex`, both noted in the
