@@ -46,8 +46,9 @@ const TCP_ACK: u8 = 0x10;
 /// compiler keep even `ctx` and the scratch on the stack, on IPv4's paths too.
 /// Its verdict packed (parse::verdict_pack).
 #[inline(never)]
-pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
+pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch) -> u64 {
     let ctx = XdpContext::new(ctxp);
+    let ifindex = unsafe { read_volatile(&(*s).ifindex) };
     if matches!(ptr_at::<u8>(&ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6) {
         if matches!(ptr_at::<u8>(&ctx, L2 + IP6), Ok(t) if matches!(unsafe { *t }, ICMP6_DST_UNREACH | ICMP6_PACKET_TOO_BIG)) {
             return lb6_icmp_call::<L2>(ctxp, s, ifindex);
@@ -55,6 +56,26 @@ pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch, ifindex: u3
         return ndp_call::<L2>(ctxp, s, ifindex);
     }
     verdict_pack_or_malformed(&ctx, s, lb6_flow::<L2>(&ctx, s, ifindex))
+}
+
+/// Whether the IPv6 packet (behind an `L2`-byte layer-2 header) is for no
+/// service's address (the VIP filter's bit clear) and is not ICMPv6 right behind
+/// its header: most of a node's IPv6 traffic, passed without [`lb6_call`]. The
+/// bytes to count and the network's `ifindex` go to the scratch `s`, as
+/// lb6_begin's: only `ctx` and `s` live across the filter's lookup.
+#[inline(always)]
+pub fn lb6_not_vip<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<bool, ()> {
+    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
+    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
+    let (vcf0, payload_len, next) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len), (*ip).next_hdr) };
+    if vcf0 >> 4 != 6 || next == IPPROTO_ICMPV6 {
+        return Ok(false);
+    }
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
+    let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) };
+    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
+    Ok(unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0)
 }
 
 /// An ICMPv6 error ([`lb6_icmp`]), a function of its own as [`lb6_slow`].
@@ -111,21 +132,15 @@ enum Upper {
     Unwalked,
 }
 
-/// IPv6 other than ICMPv6 right behind its header ([`lb6_call`]). As
-/// lb4::lb4_handle: not a service's address out first, then the flow cache,
-/// then [`lb6_slow`]. A packet with extension headers goes to a function of its
-/// own ([`lb6_ext_call`]): walking them takes helper calls, across which the
-/// common path's values would be spilled.
+/// IPv6 other than ICMPv6 right behind its header ([`lb6_call`]), for a
+/// service's address as the VIP filter says (main.rs asked it, [`lb6_not_vip`]).
+/// As lb4::lb4_handle: the flow cache, then [`lb6_slow`]. A packet with
+/// extension headers goes to a function of its own ([`lb6_ext_call`]): walking
+/// them takes helper calls, across which the common path's values would be
+/// spilled.
 #[inline(always)]
 fn lb6_flow<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
     let ip = lb6_begin::<L2>(ctx, s, ifindex)?;
-    let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
-    let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) };
-    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
-    if unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0 {
-        return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
-    }
-    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
     let proto = unsafe { (*ip).next_hdr };
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Ok(verdict_unpack(lb6_ext_call::<L2>(ctx.ctx, s)));

@@ -86,7 +86,12 @@ fn try_l3<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, l3: L3, ifindex: u
         return Ok(parse::verdict_unpack(arp::arp_call::<L2>(ctx.ctx, s, ifindex)));
     }
     if let L3::Ipv6 = l3 {
-        return Ok(parse::verdict_unpack(lb6::lb6_call::<L2>(ctx.ctx, s, ifindex)));
+        // Not a service's address, and no ICMPv6 (which neighbour discovery to a
+        // solicited-node group is): passed here, without lb6_call's call.
+        if lb6::lb6_not_vip::<L2>(ctx, s, ifindex)? {
+            return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
+        }
+        return Ok(parse::verdict_unpack(lb6::lb6_call::<L2>(ctx.ctx, s)));
     }
     lb4::lb4_handle::<L2>(ctx, s, ifindex)
 }
