@@ -51,9 +51,17 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize, ipv6: bool) -> Result
     let a = lab.index_of(&lab.owner_seen_by(0, v).with_context(|| format!("no owner of {v}"))?);
     let a_mac = lab.nodes[a].mac;
     let avoid = lab.nodes[a].name.clone();
+    // A client entry still naming another node (the previous trial's interim
+    // owner) would take the connections there: wait for the owner's first.
+    if lab.client_neigh(v).is_some_and(|m| m != a_mac) {
+        let settled = wait_for(Duration::from_secs(3), || (lab.client_neigh(v) == Some(a_mac)).then_some(()));
+        eprintln!("failover: {v}: the client's entry named another node than the owner {avoid} (settled: {})", settled.is_some());
+    }
     let mut conns = Vec::new();
+    let mut served = Vec::new();
     for _ in 0..8 {
         let c = LongConn::open(&lab.client, v, 0, Duration::from_secs(2))?;
+        served.push(c.backend.clone());
         if c.backend != avoid {
             conns.push(c);
         }
@@ -79,7 +87,7 @@ fn failover_trial(lab: &mut HaLab, fault: Fault, k: usize, ipv6: bool) -> Result
     }
     // Per trial, on stderr: which trials lost connections or attempts.
     eprintln!(
-        "failover: {fault:?} on {v} (owner {avoid}): first new connection {:?}, {} attempts failed, {} of {} established broke",
+        "failover: {fault:?} on {v} (owner {avoid}): first new connection {:?}, {} attempts failed, {} of {} established broke (the 8 opened served by {served:?})",
         o.first_ok, o.failed, o.broken, o.conns
     );
     Ok(Trial {
