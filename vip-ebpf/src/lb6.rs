@@ -55,7 +55,7 @@ pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch) -> u64 {
         }
         return ndp_call::<L2>(ctxp, s, ifindex);
     }
-    verdict_pack_or_malformed(&ctx, s, lb6_flow::<L2>(&ctx, s, ifindex))
+    verdict_pack_or_malformed(&ctx, s, lb6_flow::<L2>(&ctx, s))
 }
 
 /// Whether the IPv6 packet (behind an `L2`-byte layer-2 header) is for no
@@ -139,8 +139,13 @@ enum Upper {
 /// them takes helper calls, across which the common path's values would be
 /// spilled.
 #[inline(always)]
-fn lb6_flow<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
-    let ip = lb6_begin::<L2>(ctx, s, ifindex)?;
+fn lb6_flow<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    // The bytes to count and the network are in the scratch already (lb6_not_vip
+    // wrote them when the version was 6).
+    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
+    if unsafe { (*ip).vcf[0] } >> 4 != 6 {
+        return Err(());
+    }
     let proto = unsafe { (*ip).next_hdr };
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Ok(verdict_unpack(lb6_ext_call::<L2>(ctx.ctx, s)));
