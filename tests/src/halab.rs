@@ -599,7 +599,7 @@ impl HaLab {
 
     /// IPv4 VIP → owner as node `i` sees it.
     pub fn owners_seen_by(&self, i: usize) -> Option<BTreeMap<Ipv4Addr, String>> {
-        Some(self.status(i)?.owners.into_iter().filter_map(|(v, o)| Some((v4(v)?, o))).collect())
+        Some(owners4(&self.status(i)?))
     }
 
     /// The owner of `vip` (either family) as node `i` sees it.
@@ -609,7 +609,7 @@ impl HaLab {
 
     /// The IPv4 VIPs node `i` holds.
     pub fn held_by(&self, i: usize) -> Vec<Ipv4Addr> {
-        self.status(i).map(|s| s.held.into_iter().filter_map(v4).collect()).unwrap_or_default()
+        self.status(i).map(|s| held4(&s)).unwrap_or_default()
     }
 
     /// Waits until the nodes in `up` agree on owners, each VIP is owned by one of
@@ -626,8 +626,7 @@ impl HaLab {
             // Each status read once a round: a dual-stack lab's checks below look
             // at every IPv6 VIP in every node's status.
             let statuses: Vec<Status> = up.iter().map(|&i| self.status(i)).collect::<Option<Vec<_>>>()?;
-            let views: Vec<BTreeMap<Ipv4Addr, String>> =
-                statuses.iter().map(|s| s.owners.iter().filter_map(|(v, o)| Some((v4(*v)?, o.clone()))).collect()).collect();
+            let views: Vec<BTreeMap<Ipv4Addr, String>> = statuses.iter().map(owners4).collect();
             let first = views[0].clone();
             if first.len() != vips || views.iter().any(|v| *v != first) || first.values().any(|o| !names.contains(&o.as_str())) {
                 return None;
@@ -635,7 +634,7 @@ impl HaLab {
             for (&i, st) in up.iter().zip(&statuses) {
                 let mut want: Vec<Ipv4Addr> = first.iter().filter(|(_, o)| **o == self.nodes[i].name).map(|(v, _)| *v).collect();
                 want.sort();
-                if st.held.iter().copied().filter_map(v4).collect::<Vec<_>>() != want {
+                if held4(st) != want {
                     return None;
                 }
             }
@@ -1015,6 +1014,16 @@ impl FailoverWatch {
         };
         Ok((outage, conns, broken))
     }
+}
+
+/// The owners of the IPv4 VIPs in a node's status.
+fn owners4(s: &Status) -> BTreeMap<Ipv4Addr, String> {
+    s.owners.iter().filter_map(|(v, o)| Some((v4(*v)?, o.clone()))).collect()
+}
+
+/// The IPv4 VIPs a node's status says it holds.
+fn held4(s: &Status) -> Vec<Ipv4Addr> {
+    s.held.iter().copied().filter_map(v4).collect()
 }
 
 fn v4(a: std::net::IpAddr) -> Option<Ipv4Addr> {

@@ -14,7 +14,7 @@ use network_types::eth::EthHdr;
 use vip_common::*;
 
 use crate::{
-    maps::{lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb_flows, lb_flows_ctl, lb_home, lb_key0, lookup_at, Scratch},
+    maps::{lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_home, lb_key0, lookup_at, Scratch},
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
 };
@@ -46,6 +46,15 @@ pub trait Flows {
 pub fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     Ok(unsafe { (*eth).dst_addr[0] } & 1 != 0)
+}
+
+/// Whether `bit` of `lb4_vip_filter` (`vip_filter_bit` of a destination, either
+/// family) is clear: no service uses that address. The filter is looked up here,
+/// so that only the caller's `ctx`, scratch and `bit` live across the lookup.
+#[inline(always)]
+pub fn lb_not_vip(bit: u32) -> Result<bool, ()> {
+    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
+    Ok(unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0)
 }
 
 /// The flow in `s`, of a service found (in the scratch) and of a VIP this node

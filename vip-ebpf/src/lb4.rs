@@ -11,8 +11,8 @@ use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_present_backend, lb_touch_if, Flows},
-    maps::{arp_held, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb4_vip_filter, lb_key0, lookup_at, Scratch},
+    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_if, Flows},
+    maps::{arp_held, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb_key0, lookup_at, Scratch},
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
@@ -49,9 +49,7 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u
     // else, with ctx, s and the bit alone live across the lookup (values kept
     // across a lookup beyond the four callee-saved registers are spilled to the
     // stack, each spill a speculation barrier without CAP_PERFMON).
-    let bit = vip_filter_bit(ip.dst_addr);
-    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
-    if unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0 {
+    if lb_not_vip(vip_filter_bit(ip.dst_addr))? {
         return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
     }
     // The header again, rather than its pointer and length kept across the lookup.

@@ -16,8 +16,8 @@ use network_types::ip::Ipv6Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_present_backend, lb_touch_if, Flows},
-    maps::{lb4_flow_cache_ctl, lb4_vip_filter, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
+    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_if, Flows},
+    maps::{lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
     ndp::ndp_call,
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
@@ -73,9 +73,7 @@ pub fn lb6_not_vip<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: 
     }
     unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
     let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
-    let bit = unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) };
-    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
-    Ok(unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0)
+    lb_not_vip(unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) })
 }
 
 /// An ICMPv6 error ([`lb6_icmp`]), a function of its own as [`lb6_slow`].

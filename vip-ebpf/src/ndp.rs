@@ -80,26 +80,31 @@ fn nd_options<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, len: usize) ->
     let ctx = XdpContext::new(ctx);
     let mut sum = unsafe { (*s).csum };
     let mut o = OPT_OK;
-    if len != 0 {
-        let Ok(w) = ptr_at::<u64>(&ctx, L2 + AT) else { return 0 };
-        let w = unsafe { read_unaligned(w) };
-        o = nd_option(o, w);
-        if len < 8 || o == 0 {
+    // Options end where `len` says: at 0, 8 or 16 bytes here.
+    for (at, end) in [(L2 + AT, 8), (L2 + AT + 8, 16)] {
+        if len + 8 <= end {
+            break;
+        }
+        if len < end {
             return 0;
         }
-        sum = csum_add(sum, w);
-    }
-    if len > 8 {
-        let Ok(w) = ptr_at::<u64>(&ctx, L2 + AT + 8) else { return 0 };
-        let w = unsafe { read_unaligned(w) };
-        o = nd_option(o, w);
-        if len < 16 || o == 0 {
+        o = nd_option_at(&ctx, at, o, &mut sum);
+        if o == 0 {
             return 0;
         }
-        sum = csum_add(sum, w);
     }
     unsafe { (*s).csum = sum };
     o
+}
+
+/// The option at the constant offset `at` noted in the options word `o` ([`nd_option`])
+/// and added to `sum`; 0 if the frame ends before it or it is malformed.
+#[inline(always)]
+fn nd_option_at(ctx: &XdpContext, at: usize, o: u64, sum: &mut u64) -> u64 {
+    let Ok(w) = ptr_at::<u64>(ctx, at) else { return 0 };
+    let w = unsafe { read_unaligned(w) };
+    *sum = csum_add(*sum, w);
+    nd_option(o, w)
 }
 
 /// [`nd_options`] for more than two options, read with a helper: their offsets
