@@ -161,6 +161,8 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     // Priority-tagged (VLAN id 0): Linux delivers it to the untagged network.
     let prio_req = req(VIP, Some(0));
     let fwd_udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 5353), (VIP, 53), b"query");
+    let stale_syn = tcp(VIP_STALE, 40000, 80, None);
+    let stale_ack = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40001), (VIP_STALE, 80));
     // Frames to a group MAC reach every node: only the VIP's fresh holder handles them.
     const MULTICAST: Mac = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
     let bcast_udp = frames::udp(frames::BROADCAST, CLIENT_MAC, (CLIENT, 5354), (VIP, 53), b"query");
@@ -298,7 +300,34 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
         Case { name: "backend is this node: passed to the stack", input: tcp(VIP_LOCAL, 40000, 80, None), verdict: XDP_PASS, output: None },
         Case { name: "service without backends: dropped", input: tcp(VIP_EMPTY, 40000, 80, None), verdict: XDP_DROP, output: None },
         Case { name: "service of a VIP not held here: passed", input: tcp(VIP_NOT_HELD, 40000, 80, None), verdict: XDP_PASS, output: None },
-        Case { name: "service of a stale VIP: passed", input: tcp(VIP_STALE, 40000, 80, None), verdict: XDP_PASS, output: None },
+        // A stale entry (the VIP moved on, or fenced): clients still sending here
+        // until they follow the new owner are balanced by the ring, as the new
+        // owner would; a frame a node forwarded here is not forwarded again.
+        Case {
+            name: "a client's SYN to a stale VIP: forwarded by the ring",
+            output: Some(forwarded(&stale_syn, ring_choice(dp, svc(VIP_STALE, 80, PROTO_TCP), CLIENT, 40000, 80))),
+            input: stale_syn,
+            verdict: XDP_TX,
+        },
+        Case {
+            name: "a client's packet of a flow not pinned here to a stale VIP: forwarded by the ring",
+            output: Some(forwarded(&stale_ack, ring_choice(dp, svc(VIP_STALE, 80, PROTO_TCP), CLIENT, 40001, 80))),
+            input: stale_ack,
+            verdict: XDP_TX,
+        },
+        Case {
+            // From a backend node's MAC: a frame another holder forwarded here.
+            name: "a node's SYN to a stale VIP: passed, not forwarded again",
+            input: frames::tcp(OUR_MAC, backend(2).mac, None, (CLIENT, 40002), (VIP_STALE, 80)),
+            verdict: XDP_PASS,
+            output: None,
+        },
+        Case {
+            name: "a node's packet of a flow not pinned here to a stale VIP: passed",
+            input: frames::tcp_ack(OUR_MAC, backend(2).mac, None, (CLIENT, 40003), (VIP_STALE, 80)),
+            verdict: XDP_PASS,
+            output: None,
+        },
         Case { name: "tcp to VIP on a port without service: passed", input: tcp(VIP, 40000, 81, None), verdict: XDP_PASS, output: None },
         Case { name: "tcp to a non-VIP address: passed", input: tcp(OTHER, 40000, 80, None), verdict: XDP_PASS, output: None },
         Case { name: "icmp echo to VIP: local stack", input: frames::icmp_echo(OUR_MAC, CLIENT_MAC, CLIENT, VIP), verdict: XDP_PASS, output: None },
@@ -417,9 +446,15 @@ fn icmp_cases(dp: &Dataplane) -> Vec<(Case, &'static str)> {
             too_big(VIP6_NOT_HELD, None, &reply6(VIP6_NOT_HELD, 80, CLIENT6, 43005)),
             "passed_not_owner",
         ),
-        pass(
-            "fragmentation needed about an unpinned flow of a stale VIP: passed",
+        fwd(
+            "fragmentation needed about an unpinned flow of a stale VIP: to the ring's backend",
             frag_needed(VIP_STALE, None, &reply4(VIP_STALE, 80, CLIENT, 43006)),
+            choice(VIP_STALE.into(), 80, PROTO_TCP, CLIENT.into(), 43006),
+            OUR_MAC,
+        ),
+        pass(
+            "fragmentation needed from a node about an unpinned flow of a stale VIP: passed",
+            frames::icmp_error(OUR_MAC, backend(2).mac, None, (ROUTER, VIP_STALE), (3, 4), 1280, &reply4(VIP_STALE, 80, CLIENT, 43016)),
             "passed_not_owner",
         ),
         (
@@ -504,7 +539,12 @@ fn lb6_cases(dp: &Dataplane) -> Vec<(Case, &'static str)> {
         (Case { name: "an extension header cut short: dropped", input: cut_ext, verdict: XDP_DROP, output: None }, "drop_malformed"),
         pass("tcp to an IPv6 VIP on a port without service: passed", tcp(VIP6, 41007, 81, None), "passed_not_vip"),
         pass("tcp to an IPv6 VIP held elsewhere: passed", tcp(VIP6_NOT_HELD, 41008, 80, None), "passed_not_owner"),
-        pass("tcp to a stale IPv6 VIP: passed", tcp(VIP6_STALE, 41009, 80, None), "passed_not_owner"),
+        fwd("tcp to a stale IPv6 VIP: forwarded by the ring", tcp(VIP6_STALE, 41009, 80, None), choice(VIP6_STALE, 41009, 80, PROTO_TCP)),
+        pass(
+            "a node's tcp to a stale IPv6 VIP: passed, not forwarded again",
+            tcp6(OUR_MAC, backend(2).mac, None, (CLIENT6, 41013), (VIP6_STALE, 80), TCP_SYN),
+            "passed_not_owner",
+        ),
         pass("tcp to an IPv6 non-VIP address: passed", tcp(CLIENT6, 41010, 80, None), "passed_not_vip"),
         pass("tcp in VLAN 42 to an IPv6 VIP of the untagged network: passed", tcp(VIP6, 41011, 80, Some(VLAN)), "passed_not_owner"),
         (
@@ -685,7 +725,7 @@ fn fixtures_byte_for_byte() {
     assert!(counters.reasons["passed_icmp"].0 >= 1);
     // Group frames to VIPs held elsewhere or stale: two IPv4, one IPv6, one ICMP error.
     assert_eq!(counters.reasons["drop_group_not_owner"].0, 4);
-    assert_eq!(counters.reasons["forwarded_icmp_error"].0, 6);
+    assert_eq!(counters.reasons["forwarded_icmp_error"].0, 7);
     // Per-service and per-backend counters saw the forwarded packets.
     assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
     assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
@@ -1083,7 +1123,7 @@ fn frames_to_vips_of_other_networks_go_to_backends_out_of_home_untagged() {
 }
 
 #[test]
-fn released_vip_keeps_pinned_flows_only() {
+fn a_released_vip_keeps_its_pins_and_sends_new_client_flows_by_the_ring() {
     if !privileged() {
         return;
     }
@@ -1100,10 +1140,15 @@ fn released_vip_keeps_pinned_flows_only() {
     w.dp.release_vip(IFINDEX, VIP).unwrap();
     let (verdict, out, _) = w.dp.test_run(&old, 1, None).unwrap();
     assert_eq!((verdict, out), (XDP_TX, forwarded(&old, to)), "pinned flow still forwarded after release");
+    // A client not yet following the new owner: its new flows go where the
+    // ring sends them, as at the new owner; a node's frame is not forwarded again.
     let (verdict, out, _) = w.dp.test_run(&new, 1, None).unwrap();
-    assert_eq!((verdict, out), (XDP_PASS, new.clone()), "no new flow on a released VIP");
+    assert_eq!((verdict, out), (XDP_TX, forwarded(&new, ring_choice(&w.dp, s, CLIENT, 41001, 80))), "a new flow on a released VIP");
     let (verdict, out, _) = w.dp.test_run(&new_ack, 1, None).unwrap();
-    assert_eq!((verdict, out), (XDP_PASS, new_ack.clone()), "no flow picked up mid-connection on a released VIP");
+    assert_eq!((verdict, out), (XDP_TX, forwarded(&new_ack, ring_choice(&w.dp, s, CLIENT, 41002, 80))), "a flow picked up mid-connection on a released VIP");
+    let from_node = frames::tcp(OUR_MAC, backend(3).mac, None, (CLIENT, 41003), (VIP, 80));
+    let (verdict, out, _) = w.dp.test_run(&from_node, 1, None).unwrap();
+    assert_eq!((verdict, out), (XDP_PASS, from_node.clone()), "a node's new flow on a released VIP");
     let (verdict, out, _) = w.dp.test_run(&arp, 1, None).unwrap();
     assert_eq!((verdict, out), (XDP_PASS, arp.clone()), "a released VIP is not answered");
     let held = w.dp.held_vips().unwrap();
@@ -1124,6 +1169,8 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
             // The network the frame came from decides which VIPs it may reach and
             // which of our MACs answers: untagged (or priority-tagged), or VLAN 42.
             let (ours, arp_vips, ip_vips): (Mac, &[Ipv4Addr], &[Ipv4Addr]) = match tagged.then(|| u16::from_be_bytes([input[14], input[15]]) & 0xfff) {
+                // A stale VIP's unicast frames from a client too (not a node's).
+                None | Some(0) if stale_balanced(input, backend_macs) => (OUR_MAC, &[VIP, VIP_LOCAL, VIP_EMPTY], &[VIP, VIP_LO, VIP_STALE]),
                 None | Some(0) => (OUR_MAC, &[VIP, VIP_LOCAL, VIP_EMPTY], &[VIP, VIP_LO]),
                 Some(VLAN) => (VLAN_MAC, &[VIP_VLAN], &[VIP_VLAN]),
                 Some(v) => return Err(format!("TX of a frame of VLAN {v}, where no pool lives")),
@@ -1148,7 +1195,11 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
             } else if ethertype == [0x86, 0xdd] && (upper6(&input[off..]).is_some() || icmp6_error_about_flow(&input[off..])) {
                 let ip = &input[off..];
                 let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
-                let vips: &[Ipv6Addr] = if ours == VLAN_MAC { &[VIP6_VLAN] } else { &[VIP6] };
+                let vips: &[Ipv6Addr] = match (ours == VLAN_MAC, stale_balanced(input, backend_macs)) {
+                    (true, _) => &[VIP6_VLAN],
+                    (false, true) => &[VIP6, VIP6_STALE],
+                    (false, false) => &[VIP6],
+                };
                 if !vips.contains(&dst) {
                     return Err(format!("TX of IPv6 TCP/UDP to {dst}, not a VIP balanced on its network"));
                 }
@@ -1168,6 +1219,12 @@ fn check_safe(input: &[u8], verdict: u32, out: &[u8], backend_macs: &[Mac]) -> R
         }
         v => Err(format!("unexpected verdict {v}")),
     }
+}
+
+/// Whether a stale entry may balance the frame: unicast, from a client (not a
+/// node's MAC).
+fn stale_balanced(input: &[u8], backend_macs: &[Mac]) -> bool {
+    input[0] & 1 == 0 && !backend_macs.iter().any(|m| input[6..12] == m[..])
 }
 
 /// Whether `ip` (an IPv4 packet) is a destination unreachable about a TCP or UDP
@@ -1491,14 +1548,20 @@ fn flow_cache_answers_like_the_flow_table_and_is_invalidated_by_changes() {
     let (_, out) = run_cached(&mut w, f, (CLIENT, *sport, VIP, 80));
     assert_eq!(out[0..6], ring_choice(&w.dp, s, CLIENT, *sport, 80), "evicted flow still answered from the cache");
 
-    // Released VIP: its pinned flows are still answered from the cache, no new flow
-    // is taken; forgotten: nothing is forwarded.
+    // Released VIP: its pinned flows are still forwarded, from the flow table (a
+    // stale entry memoises nothing: every frame meets its checks); forgotten:
+    // nothing is forwarded.
     let (f, flow) = tcp_flow(46001);
     let (_, pinned) = run_cached(&mut w, &f, flow);
     w.dp.release_vip(IFINDEX, VIP).unwrap();
-    assert_eq!(run_cached(&mut w, &f, flow), (XDP_TX, pinned), "released VIP: pinned flow");
+    for _ in 0..2 {
+        let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+        assert_eq!((v, out), (XDP_TX, pinned.clone()), "released VIP: pinned flow");
+    }
+    assert!(cached_to(&w, flow.0, flow.1, flow.2, flow.3).is_none(), "a stale entry memoised a flow");
     let (new, _) = tcp_flow(46002);
-    assert_eq!(w.dp.test_run(&new, 1, None).unwrap().0, XDP_PASS, "released VIP took a new flow");
+    let (v, out, _) = w.dp.test_run(&new, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_TX, forwarded(&new, ring_choice(&w.dp, s, CLIENT, 46002, 80))), "released VIP: a client's new flow by the ring");
     w.dp.forget_vip(IFINDEX, VIP).unwrap();
     let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
     assert_eq!((v, out), (XDP_PASS, f.clone()), "a forgotten VIP's cached flow was forwarded");
@@ -1667,6 +1730,66 @@ fn a_syn_repins_a_reused_five_tuple_to_the_current_ring() {
             assert_eq!(w.dp.test_run(&f, 1, None).unwrap().1[0..6], now, "reused {sport}: later packets went to the stale pin");
         }
     }
+}
+
+/// A connection opened while the client still sends to the VIP's former holder
+/// (its entry stale) survives the client's move to the new owner: the former
+/// holder sends the SYN where the ring does and pins the flow there at its next
+/// packet; the new owner, which never saw the flow, sends its packets to the same
+/// backend by the same ring.
+#[test]
+fn a_connection_opened_through_a_stale_holder_keeps_its_backend_at_the_new_owner() {
+    if !privileged() {
+        return;
+    }
+    let (mut former, mut new) = (world(), world());
+    new.dp.hold_vip(IFINDEX, VIP_STALE, monotonic_ns() + 3_600_000_000_000).unwrap();
+    let mut moved = 0;
+    for sport in 44000..44064u16 {
+        let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP_STALE, 80));
+        let ack = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP_STALE, 80));
+        let (v, out, _) = former.dp.test_run(&syn, 1, None).unwrap();
+        assert_eq!(v, XDP_TX, "SYN {sport} at the former holder");
+        let to: Mac = out[0..6].try_into().unwrap();
+        for at in ["the former holder", "the former holder, pinned", "the new owner"] {
+            let dp = if at == "the new owner" { &mut new.dp } else { &mut former.dp };
+            let (v, out, _) = dp.test_run(&ack, 1, None).unwrap();
+            assert_eq!((v, out), (XDP_TX, forwarded(&ack, to)), "ACK {sport} at {at}");
+        }
+        moved += usize::from(to != backend(1).mac);
+    }
+    assert!(moved > 0, "every flow went to one backend: the test proves less");
+    let c = former.dp.counters().unwrap();
+    assert_eq!(c.reasons["passed_not_owner"].0, 0, "the former holder gave a client's flow to its stack");
+}
+
+/// `lb_nodes` holds the MACs of the backends in use (this node's own aside), and
+/// loses a node's when no service has it any more.
+#[test]
+fn lb_nodes_follows_the_backends_in_use() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let nodes = |w: &World| -> std::collections::BTreeSet<u64> {
+        use aya::maps::{HashMap, Map, MapData};
+        let data = MapData::from_pin(w._pins.path.join(map_names::NODES)).unwrap();
+        let m: HashMap<_, u64, u32> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+        m.keys().map(|k| k.unwrap()).collect()
+    };
+    let key = |i| vip_common::node_mac_key(backend(i).mac);
+    assert_eq!(nodes(&w), [key(1), key(2), key(3)].into());
+    let two = [backend(1), backend(2)];
+    let third = *w.dp.backends().unwrap().iter().find(|(_, b)| b.mac == backend(3).mac).unwrap().0;
+    let users: Vec<ServiceAddr> = w.dp.services().unwrap().into_iter().filter(|(_, _, ring)| ring.contains(&third)).map(|(a, _, _)| a).collect();
+    assert!(users.len() > 1);
+    for s in users {
+        w.dp.set_service(s, &two, TABLE, 0).unwrap();
+    }
+    assert_eq!(nodes(&w), [key(1), key(2)].into(), "backend 3 left every service");
+    // A restarted agent finds them as they are.
+    drop(Dataplane::open(&w._pins.path).unwrap());
+    assert_eq!(nodes(&w), [key(1), key(2)].into());
 }
 
 /// A pinned `lb_stats` left by an older version with fewer reasons is replaced on

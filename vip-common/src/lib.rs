@@ -29,7 +29,8 @@ pub mod map_names {
     pub const SERVICES6: &str = "lb6_services";
     pub const FIRST_PACKETS6: &str = "lb6_first_packets";
     pub const FLOW_CACHE6: &str = "lb6_flow_cache";
-    pub const ALL: [&str; 23] = [
+    pub const NODES: &str = "lb_nodes";
+    pub const ALL: [&str; 24] = [
         IFACES,
         HELD,
         CONFLICTS,
@@ -53,6 +54,7 @@ pub mod map_names {
         SERVICES6,
         FIRST_PACKETS6,
         FLOW_CACHE6,
+        NODES,
     ];
 }
 
@@ -69,6 +71,8 @@ pub const MAX_VLANS: u32 = 256;
 pub const MAX_HELD: u32 = 4096;
 pub const MAX_SERVICES: u32 = 16384;
 pub const MAX_BACKENDS: u32 = 4096;
+/// Node MACs `lb_nodes` holds: one per backend at most.
+pub const MAX_NODES: u32 = MAX_BACKENDS;
 /// Entries of the flow table `lb_flows`: [`FLOW_SETS`] sets of [`FLOW_WAYS`].
 pub const MAX_FLOWS: u32 = FLOW_SETS * FLOW_WAYS;
 /// Sets of `lb_flows`, one 64-byte cache line each (a power of two).
@@ -90,6 +94,13 @@ pub const FLOW_CACHE_BITS: u32 = 12;
 /// Words of `lb4_vip_filter`, a bitmap with one bit per [`vip_filter_bit`]: set
 /// for every address some service uses (8 KiB, 65,536 bits).
 pub const VIP_FILTER_WORDS: u32 = 2048;
+
+/// The `lb_nodes` key of a MAC: its six bytes then two zero bytes, as a
+/// little-endian word (the data path reads it as a word and a half-word).
+#[inline(always)]
+pub fn node_mac_key(mac: [u8; 6]) -> u64 {
+    u64::from_le_bytes([mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0])
+}
 
 /// The `lb4_vip_filter` bit of an address (network byte order, as in packets):
 /// word `bit / 32`, bit `bit % 32`. A multiplicative hash's top 16 bits.
@@ -752,7 +763,7 @@ impl Reason {
                 "An IPv4 or IPv6 packet not addressed to a VIP service (another destination, port or IP protocol): ordinary traffic of the node, passed."
             }
             Reason::PassedNotOwner => {
-                "A packet to a VIP service this node does not hold fresh: a frame another node forwarded here as a backend (normal on backends), or a new flow reaching a former holder before the client learnt the new owner's MAC. Passed to the stack."
+                "A packet to a VIP service this node does not hold fresh: a frame another node forwarded here as a backend (normal on backends), also to a former holder of the VIP, which never forwards a node's frame again. Passed to the stack."
             }
             Reason::PassedIcmp => {
                 "ICMP to a VIP other than an error about one of its balanced flows (pings, and errors the data path does not read: see `forwarded_icmp_error`), or ICMPv6 behind extension headers: passed to the stack, which answers pings to the VIPs it holds."

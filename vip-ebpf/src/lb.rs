@@ -14,7 +14,7 @@ use network_types::eth::EthHdr;
 use vip_common::*;
 
 use crate::{
-    maps::{lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_home, lb_key0, lookup_at, Scratch},
+    maps::{lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_home, lb_key0, lb_nodes, lookup_at, Scratch},
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
 };
@@ -66,17 +66,13 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
     if !held {
         return lb_not_held(ctx);
     }
-    let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
-    if !fresh() && lb_group(ctx)? {
-        return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
+    if let Some(v) = lb_stale(ctx, s)? {
+        return Ok(v);
     }
     // Whether the flow is in the flow table now (only those are memoised in the cache).
     let established = if unsafe { (*s).syn } != 0 {
         // A new connection, also on a reused 5-tuple whose pin is stale: the ring
         // decides, and its next packet pins that choice over any old one.
-        if !fresh() {
-            return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
-        }
         F::cache_forget(s);
         if !lb_first_packet::<F>(s) {
             return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
@@ -88,12 +84,6 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
         true
     } else if lb_flow_backend(s, true) {
         true
-    } else if !fresh() {
-        // A stale entry (fenced, or released when the VIP moved) takes no new
-        // flow, but keeps the flows it already pinned: a client still sending to
-        // our MAC until the new owner's gratuitous ARP reaches it keeps its
-        // connection instead of getting a RST from our stack.
-        return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
     } else if lb_first_packet::<F>(s) {
         // A flow seen for the first time without a SYN (UDP, or TCP picked up
         // mid-connection after a failover): recorded like a SYN.
@@ -102,6 +92,39 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
         return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
     };
     lb_deliver::<F, L2>(ctx, s, established)
+}
+
+/// What a stale entry (fenced, or released when the VIP moved) does with a
+/// frame that is not its to balance: a group frame is dropped (only a fresh
+/// holder may handle one, or every node's stack would answer it too), a frame
+/// from another node passed to the stack. None: the frame is balanced (fresh
+/// entries always).
+///
+/// A client's frame is balanced as by a fresh holder (its pin, else the ring's
+/// backend with its first packet recorded): a client keeps sending to our MAC
+/// until the new owner's announcement reaches it, and the new owner's ring sends
+/// a flow it never saw to the same backend, so a connection opened meanwhile
+/// survives the move (given to our stack, it would break as soon as the client
+/// follows the new owner). A frame from another node's MAC was forwarded here by
+/// a holder whose ring or pin chose this node: forwarded again, two stale
+/// holders with different rings or pins could pass it to each other for ever
+/// (layer 2 has no hop limit). Nodes are told by their MACs in `lb_nodes`: only
+/// `ctx` and `s` live across its lookup; fresh entries never look.
+#[inline(always)]
+fn lb_stale(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
+    if unsafe { read_volatile(&(*s).fresh) } != 0 {
+        return Ok(None);
+    }
+    let eth = ptr_at::<[u8; 12]>(ctx, 0)? as *const u8;
+    if unsafe { *eth } & 1 != 0 {
+        return Ok(Some((xdp_action::XDP_DROP, Reason::DropGroupNotOwner)));
+    }
+    let from_node = unsafe {
+        let src = eth.add(6);
+        (*s).node = u64::from(read_unaligned(src as *const u32)) | u64::from(read_unaligned(src.add(4) as *const u16)) << 32;
+        lookup_at::<_, u32>(&lb_nodes, (&raw const (*s).node).cast()).is_some()
+    };
+    Ok(from_node.then_some((xdp_action::XDP_PASS, Reason::PassedNotOwner)))
 }
 
 /// A frame for a VIP service this node does not hold (another node owns it): sent
@@ -124,18 +147,12 @@ pub fn lb_icmp_error<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratc
         return lb_not_held(ctx);
     }
     lb_flow_touch::<F>(s);
-    let fresh = || unsafe { read_volatile(&(*s).fresh) } != 0;
-    if !fresh() && lb_group(ctx)? {
-        return Ok((xdp_action::XDP_DROP, Reason::DropGroupNotOwner));
+    // As for the flow's packets.
+    if let Some(v) = lb_stale(ctx, s)? {
+        return Ok(v);
     }
-    // As for the flow's packets: a stale entry serves its pinned flows alone.
-    if !lb_flow_backend(s, false) {
-        if !fresh() {
-            return Ok((xdp_action::XDP_PASS, Reason::PassedNotOwner));
-        }
-        if !lb_ring_backend(s, F::ring_hash(s)) {
-            return Ok((xdp_action::XDP_PASS, pass));
-        }
+    if !lb_flow_backend(s, false) && !lb_ring_backend(s, F::ring_hash(s)) {
+        return Ok((xdp_action::XDP_PASS, pass));
     }
     Ok(match lb_deliver::<F, L2>(ctx, s, false)? {
         (action, Reason::Forwarded | Reason::ForwardedHome) => (action, Reason::ForwardedIcmpError),
@@ -159,8 +176,9 @@ fn lb_deliver<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, esta
         via
     });
     // The flow is pinned: memoise the answer for its next packets (forwards on
-    // the frame's own network and local deliveries only).
-    if established && !home {
+    // the frame's own network and local deliveries only). Not for a stale entry,
+    // whose every frame must meet lb_stale (the cache answers before it).
+    if established && !home && unsafe { read_volatile(&(*s).fresh) } != 0 {
         if let Some(a) = F::cache_claim(s) {
             lb_answer_store(a, s);
         }

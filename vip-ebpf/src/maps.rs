@@ -54,6 +54,11 @@ pub static ndp_conflicts: LruHashMap<NdpHeldKey, u64> = LruHashMap::pinned(MAX_H
 #[map]
 pub static lb4_services: HashMap<Lb4ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
 
+/// node_mac_key(MAC) of every backend node → 1: a stale holder never forwards
+/// a frame again that one of them sent (see lb::lb_stale_from_node).
+#[map]
+pub static lb_nodes: HashMap<u64, u32> = HashMap::pinned(MAX_NODES, 0);
+
 /// backend id → backend node MAC, address and flags (BACKEND_PRESENT: slot in use,
 /// BACKEND_LOCAL: pass to the stack). An array: the verifier inlines its lookups.
 #[map]
@@ -201,6 +206,8 @@ pub struct Scratch {
     pub csum: u64,
     /// The home interface, when the frame leaves by it.
     pub home: LbHome,
+    /// The `lb_nodes` key being looked up: the frame's source MAC.
+    pub node: u64,
 }
 
 /// 0 → this CPU's Scratch.

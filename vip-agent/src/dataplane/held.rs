@@ -193,10 +193,11 @@ impl HeldVips {
         Ok(())
     }
 
-    /// Stops holding `vip`: no more ARP answers and no new flows, but the entry
-    /// stays (stale, deadline 0) so the flows this node already pinned keep being
-    /// forwarded while clients still send to our MAC (until the new owner's
-    /// gratuitous ARP reaches them). `forget` removes it altogether.
+    /// Stops holding `vip`: no more ARP answers, but the entry stays (stale,
+    /// deadline 0) so that clients still sending to our MAC (until the new
+    /// owner's gratuitous ARP reaches them) keep being balanced: their pinned
+    /// flows as pinned, new ones by the ring, as the new owner does. Frames from
+    /// other nodes are passed, never forwarded again. `forget` removes it altogether.
     pub fn release(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
         let found = match key(ifindex, vip) {
             Key::V4(k) => self.held.get(&k, 0).and_then(|h| self.held.insert(k, ArpHeldVip { deadline_ns: 0, ..h }, 0)),
@@ -204,9 +205,8 @@ impl HeldVips {
         };
         match found {
             Ok(()) => {
-                // Cached answers are for pinned flows, which a stale entry still
-                // forwards; bumped anyway so that every answer after a release is
-                // taken from lb_flows.
+                // Every answer after a release is taken from lb_flows, past the
+                // stale entry's checks (it memoises none).
                 self.epoch.bump()
             }
             Err(aya::maps::MapError::KeyNotFound) => Ok(()),

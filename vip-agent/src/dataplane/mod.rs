@@ -86,6 +86,9 @@ pub struct Dataplane {
     ids: BTreeSet<u32>,
     /// The slots of lb4_backends in use (a mirror of the array, rebuilt on open).
     backend_slots: BTreeMap<u32, Lb4Backend>,
+    /// The backends' MACs (`lb_nodes`), as `node_mac_key`s, and their mirror.
+    nodes: HashMap<MapData, u64, u32>,
+    node_keys: BTreeSet<u64>,
 }
 
 /// How much earlier than asked a held VIP goes stale in `arp_held`: two ticks of
@@ -133,6 +136,7 @@ macro_rules! maps_from {
             $get(s, names::VIP_FILTER)?,
             $get(s, names::SERVICES6)?,
             $get(s, names::FIRST_PACKETS6)?,
+            $get(s, names::NODES)?,
         )
     }};
 }
@@ -150,6 +154,7 @@ type MapSet = (
     Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
     HashMap<MapData, Lb6ServiceKey, Lb4Service>,
     Array<MapData, Lb6FirstPacket>,
+    HashMap<MapData, u64, u32>,
 );
 
 impl Dataplane {
@@ -189,7 +194,8 @@ impl Dataplane {
     /// `create`: this process loaded the object, and writes the flow table's hash
     /// key if the table is new (before the program is attached or replaces one).
     fn from_maps(dir: &Path, ebpf: Option<Ebpf>, m: MapSet, epoch: flow_cache::Ctl, create: bool) -> Result<Self> {
-        let (services, backends, ring, flows, mut flows_ctl, first_packets, stats, service_stats, backend_stats, vip_filter, services6, first_packets6) = m;
+        let (services, backends, ring, flows, mut flows_ctl, first_packets, stats, service_stats, backend_stats, vip_filter, services6, first_packets6, nodes) =
+            m;
         let flows = flows::FlowTable::new(flows, &mut flows_ctl, create)?;
         let mut dp = Self {
             dir: dir.to_owned(),
@@ -212,6 +218,8 @@ impl Dataplane {
             programmed: BTreeMap::new(),
             ids: BTreeSet::new(),
             backend_slots: BTreeMap::new(),
+            nodes,
+            node_keys: BTreeSet::new(),
         };
         dp.recover()?;
         Ok(dp)
@@ -244,7 +252,10 @@ impl Dataplane {
         }
         // An older version's maps have no filter yet: it is written from the services.
         self.vip_filter_words = self.vip_filter.get(&0, 0).context("reading lb4_vip_filter")?;
-        self.sync_vip_filter(std::iter::empty())
+        self.sync_vip_filter(std::iter::empty())?;
+        // Nor node MACs: written from the backends.
+        self.node_keys = self.nodes.keys().collect::<Result<_, _>>().context("reading lb_nodes")?;
+        self.sync_nodes()
     }
 
     /// The held-VIP side of the maps.

@@ -284,6 +284,7 @@ impl Dataplane {
         }
         self.sync_vip_filter(std::iter::empty())?;
         let gone = self.collect_backends()?;
+        self.sync_nodes()?;
         self.epoch.bump()?;
         out.write_time = start.elapsed();
         out.sweep = Sweep { lost, gone };
@@ -439,6 +440,21 @@ impl Dataplane {
             IpAddr::V4(v) => self.services.remove(&Lb4ServiceKey { vip: v.octets(), port, proto, _pad: 0 }),
             IpAddr::V6(v) => self.services6.remove(&Lb6ServiceKey { vip: v.octets(), port, proto, _pad: 0 }),
         })
+    }
+
+    /// Writes `lb_nodes` to hold the MACs of the backends in use (other nodes',
+    /// which a stale holder never forwards frames from again): new ones first.
+    pub(super) fn sync_nodes(&mut self) -> Result<()> {
+        let want: BTreeSet<u64> =
+            self.backend_slots.values().filter(|b| b.flags & BACKEND_LOCAL == 0 && b.mac != [0; 6]).map(|b| node_mac_key(b.mac)).collect();
+        for k in want.difference(&self.node_keys) {
+            self.nodes.insert(k, 1, 0).context("writing lb_nodes")?;
+        }
+        for k in self.node_keys.difference(&want) {
+            ignore_missing(self.nodes.remove(k)).context("removing from lb_nodes")?;
+        }
+        self.node_keys = want;
+        Ok(())
     }
 
     /// Deletes backends no ring references and returns their ids; the caller
