@@ -180,6 +180,36 @@ fn owner_sigstop_is_fenced_and_taken_over_then_rejoins() {
     one_answer_each(&lab, &owners, "after the rejoin");
 }
 
+/// A client that still sends to a VIP's former owner (its entry stale since the
+/// VIP moved back to its usual owner) keeps the connections it opens there when it
+/// follows the owner: the former owner balances them by the ring, as the owner
+/// does, rather than giving them to its own stack. The client's neighbour entry is
+/// pinned to each node's MAC in turn, so the window is as long as the test needs.
+#[test]
+fn connections_opened_through_the_former_owner_survive_the_clients_move() {
+    let Some((_g, lab, owners)) = setup(HaSpec::default()) else { return };
+    let v = vip(1);
+    let a = owner_index(&lab, &owners, v);
+    // The VIP moves to another node and back: that node keeps a stale entry.
+    lab.signal_agent(a, libc::SIGSTOP);
+    let rest: Vec<usize> = all(&lab).into_iter().filter(|&i| i != a).collect();
+    let moved = lab.wait_converged(&rest, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let b = owner_index(&lab, &moved, v);
+    lab.signal_agent(a, libc::SIGCONT);
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners);
+    lab.wait_rings_full(&all(&lab), Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let pin = |i: usize| {
+        let o = lab.client.ip(&["neigh", "replace", &v.to_string(), "lladdr", &hex(lab.nodes[i].mac), "dev", "eth0", "nud", "permanent"]).unwrap();
+        assert!(o.status.success(), "ip neigh replace: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    pin(b);
+    let mut conns: Vec<LongConn> = (0..12).map(|i| LongConn::open(&lab.client, v, 43000 + i, Duration::from_secs(2)).unwrap()).collect();
+    let served: BTreeSet<&str> = conns.iter().map(|c| c.backend.as_str()).collect();
+    assert!(served.len() > 1, "every connection through the former owner went to {served:?}: given to its stack, not balanced");
+    pin(a);
+    ping_all(&mut conns, "once the client followed the owner");
+}
+
 #[test]
 fn link_down_fails_over_and_partition_heal_leaves_one_answer() {
     let Some((_g, lab, owners)) = setup(HaSpec::default()) else { return };

@@ -115,12 +115,11 @@ fn lb_stale(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
     if unsafe { read_volatile(&(*s).fresh) } != 0 {
         return Ok(None);
     }
-    let eth = ptr_at::<[u8; 12]>(ctx, 0)? as *const u8;
-    if unsafe { *eth } & 1 != 0 {
+    if lb_group(ctx)? {
         return Ok(Some((xdp_action::XDP_DROP, Reason::DropGroupNotOwner)));
     }
     let from_node = unsafe {
-        let src = eth.add(6);
+        let src = (ptr_at::<[u8; 12]>(ctx, 0)? as *const u8).add(6);
         (*s).node = u64::from(read_unaligned(src as *const u32)) | u64::from(read_unaligned(src.add(4) as *const u16)) << 32;
         lookup_at::<_, u32>(&lb_nodes, (&raw const (*s).node).cast()).is_some()
     };

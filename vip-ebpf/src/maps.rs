@@ -55,7 +55,7 @@ pub static ndp_conflicts: LruHashMap<NdpHeldKey, u64> = LruHashMap::pinned(MAX_H
 pub static lb4_services: HashMap<Lb4ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
 
 /// node_mac_key(MAC) of every backend node → 1: a stale holder never forwards
-/// a frame again that one of them sent (see lb::lb_stale_from_node).
+/// a frame again that one of them sent (see lb::lb_stale).
 #[map]
 pub static lb_nodes: HashMap<u64, u32> = HashMap::pinned(MAX_NODES, 0);
 

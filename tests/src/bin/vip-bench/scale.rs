@@ -1,7 +1,7 @@
 //! The scale section: the HA lab (three real agents, default timers) with
 //! thousands of service-ports at the default table size.
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
 };
 
@@ -40,10 +40,11 @@ fn bpf_map_bytes(dir: &std::path::Path) -> Result<u64> {
     Ok(total)
 }
 
-/// Starts the lab with `vips` VIPs × 2 ports, measures the start, and returns
-/// the lab with the table row (`label`, recorded at `scale_start.KEY`).
-fn scale_start(vips: usize, label: &str, key: &str) -> Result<(HaLab, Line)> {
-    let spec = HaSpec { vips, ports: vec![80, 8080], table_size: None, default_timers: true, check_interval_ms: 200, ..Default::default() };
+/// Starts the lab with `vips` VIPs × 2 ports (each with an IPv6 twin if
+/// `ipv6`), measures the start, and returns the lab with the table row
+/// (`label`, recorded at `scale_start.KEY`).
+fn scale_start(vips: usize, ipv6: bool, label: &str, key: &str) -> Result<(HaLab, Line)> {
+    let spec = HaSpec { vips, ipv6, ports: vec![80, 8080], table_size: None, default_timers: true, check_interval_ms: 200, ..Default::default() };
     let t = Instant::now();
     let lab = HaLab::start(spec, Naming::Unique, &std::env::current_exe()?)?;
     let all = [0, 1, 2];
@@ -83,12 +84,14 @@ struct ScaleHealth {
 }
 
 /// TRIALS health changes (node-3's server stopped, then started) with every
-/// flow table refilled to 1M entries before each; `scrape`: /metrics on every
-/// agent every second throughout.
+/// flow table refilled to 1M entries before each (half of them IPv6 flows in a
+/// dual-stack lab); `scrape`: /metrics on every agent every second throughout.
 fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<ScaleHealth> {
     let all = [0, 1, 2];
     let vips: Vec<Ipv4Addr> = (0..lab.spec.vips).map(halab::vip).collect();
-    let services = lab.spec.vips * lab.spec.ports.len();
+    let vips6: Vec<Ipv6Addr> = (0..lab.spec.vips).map(halab::vip6).collect();
+    let families = if lab.spec.ipv6 { 2 } else { 1 };
+    let services = families * lab.spec.vips * lab.spec.ports.len();
     let before: Vec<String> = (0..lab.nodes.len()).map(|i| lab.metrics(i)).collect();
     let logs = |lab: &HaLab| -> Vec<usize> {
         lab.nodes.iter().map(|n| std::fs::read_to_string(&n.log).unwrap_or_default().matches("peer liveness changed").count()).collect()
@@ -100,7 +103,13 @@ fn scale_health(lab: &mut HaLab, scrape_every_s: bool) -> Result<ScaleHealth> {
     for trial in 0..TRIALS {
         for n in &lab.nodes {
             let ids: Vec<u32> = Dataplane::open(&n.pins.path)?.backends()?.into_keys().collect();
-            vip_tests::flows::fill(&n.pins.path, &vip_tests::flows::synthetic(vip_common::MAX_FLOWS as usize, &vips, 80, &ids))?;
+            let n_flows = vip_common::MAX_FLOWS as usize / families;
+            let flows = vip_tests::flows::synthetic(n_flows, &vips, 80, &ids);
+            if lab.spec.ipv6 {
+                vip_tests::flows::fill_both(&n.pins.path, &flows, &vip_tests::flows::synthetic6(n_flows, &vips6, 80, &ids))?;
+            } else {
+                vip_tests::flows::fill(&n.pins.path, &flows)?;
+            }
         }
         let down = trial % 2 == 0;
         if down {
@@ -195,38 +204,55 @@ pub fn section() -> Result<Section> {
         "|---:|---:|---:|---:|---:|",
     );
     // 5,000 service-ports first, then the 2,000 the health figures use.
-    let (lab, row) = scale_start(2500, "5,000 (2,500 VIPs × 2)", "5000")?;
+    let (lab, row) = scale_start(2500, false, "5,000 (2,500 VIPs × 2)", "5000")?;
     drop(lab);
     t.row(row);
-    let (mut lab, row) = scale_start(1000, "2,000 (1,000 VIPs × 2)", "2000")?;
+    // Dual-stack: 1,000 IPv4 VIPs and their 1,000 IPv6 twins, 2 ports each.
+    let (mut lab, row) = scale_start(1000, true, "4,000, dual-stack (1,000 VIPs and their IPv6 twins × 2)", "4000_dual")?;
+    t.row(row);
+    let dual = scale_health(&mut lab, false)?;
+    drop(lab);
+    let (mut lab, row) = scale_start(1000, false, "2,000 (1,000 VIPs × 2)", "2000")?;
     t.row(row);
     s.table(t);
     let quiet = scale_health(&mut lab, false)?;
     let scraped = scale_health(&mut lab, true)?;
-    s.para(line!("{TRIALS} health changes on 1,000 VIPs × 2 ports (node-3's server stopped / started: every ring changes on every agent), each with every flow table refilled to 1M entries; samples from all three agents:"));
+    s.para(line!("{TRIALS} health changes on 1,000 VIPs × 2 ports (node-3's server stopped / started: every ring changes on every agent), each with every flow table refilled to 1M entries; samples from all three agents. The dual-stack lab adds each VIP's IPv6 twin (4,000 service-ports) and fills the flow tables half with IPv6 flows:"));
     let a = at("scale_health");
-    let (q, c) = (quiet.column(&a.f("no_scrapes")), scraped.column(&a.f("scraped")));
-    let mut t = Table::new("| figure | no scrapes | /metrics scraped every second on every agent |", "|---|---:|---:|");
+    let (q, c, d) = (quiet.column(&a.f("no_scrapes")), scraped.column(&a.f("scraped")), dual.column(&a.f("dual_stack")));
+    let mut t = Table::new("| figure | no scrapes | /metrics scraped every second on every agent | dual-stack, no scrapes |", "|---|---:|---:|---:|");
     let [qm, qp, qx] = q.health;
     let [cm, cp, cx] = c.health;
+    let [dm, dp, dx] = d.health;
     let mut health = line!(
-        "| health change decided → every affected ring written, median / p95 / max (target: median ≤ 100 ms) | {} / {} / {} ms | {} / {} / {} ms |",
+        "| health change decided → every affected ring written, median / p95 / max (target: median ≤ 100 ms) | {} / {} / {} ms | {} / {} / {} ms | {} / {} / {} ms |",
         qm,
         qp,
         qx,
         cm,
         cp,
-        cx
+        cx,
+        dm,
+        dp,
+        dx
     );
-    for e in q.data.into_iter().chain(c.data) {
+    for e in q.data.into_iter().chain(c.data).chain(d.data) {
         health = health.with(e);
     }
     t.row(health);
-    t.row(line!("| flow-table sweep after the rings (mean; off the liveness path) | {} ms | {} ms |", q.sweep, c.sweep));
-    t.row(line!("| flows evicted (pinned to the backend that left), all agents | {} | {} |", q.evicted, c.evicted));
-    t.row(line!("| largest heartbeat gap any peer saw (target: below deadAfter = 300 ms) | {} ms | {} ms |", q.gap, c.gap));
-    t.row(line!("| liveness stalls (heartbeats held back) | {} | {} |", q.stalls, c.stalls));
-    t.row(line!("| false liveness changes / owner moves (target: 0) | {} / {} | {} / {} |", q.liveness, q.moved, c.liveness, c.moved));
+    t.row(line!("| flow-table sweep after the rings (mean; off the liveness path) | {} ms | {} ms | {} ms |", q.sweep, c.sweep, d.sweep));
+    t.row(line!("| flows evicted (pinned to the backend that left), all agents | {} | {} | {} |", q.evicted, c.evicted, d.evicted));
+    t.row(line!("| largest heartbeat gap any peer saw (target: below deadAfter = 300 ms) | {} ms | {} ms | {} ms |", q.gap, c.gap, d.gap));
+    t.row(line!("| liveness stalls (heartbeats held back) | {} | {} | {} |", q.stalls, c.stalls, d.stalls));
+    t.row(line!(
+        "| false liveness changes / owner moves (target: 0) | {} / {} | {} / {} | {} / {} |",
+        q.liveness,
+        q.moved,
+        c.liveness,
+        c.moved,
+        d.liveness,
+        d.moved
+    ));
     s.table(t);
     Ok(s)
 }
