@@ -18,7 +18,6 @@ use vip_common::*;
 use crate::{
     lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_if, Flows},
     maps::{lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
-    ndp::ndp_call,
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
@@ -39,23 +38,31 @@ const TCP_FLAGS: usize = 13;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
-/// IPv6: ICMPv6 right behind the IPv6 header, as RFC 4861 and RFC 4443 messages
-/// come: an error about a flow ([`lb6_icmp_call`]) or neighbour discovery
-/// ([`ndp_call`]); else [`lb6_flow`]. A function of its own (BPF to BPF), as
-/// ndp_call: inlined into the program, the IPv6 paths' live values made the
-/// compiler keep even `ctx` and the scratch on the stack, on IPv4's paths too.
-/// Its verdict packed (parse::verdict_pack).
+/// IPv6 for a service's address, or an ICMPv6 error about a flow right behind
+/// the IPv6 header, as RFC 4443 messages come ([`lb6_icmp_call`]); else
+/// [`lb6_flow`]. A function of its own (BPF to BPF), as ndp::ndp_call:
+/// inlined into the program, the IPv6 paths' live values made the compiler keep
+/// even `ctx` and the scratch on the stack, on IPv4's paths too. Its verdict
+/// packed (parse::verdict_pack).
 #[inline(never)]
 pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch) -> u64 {
     let ctx = XdpContext::new(ctxp);
     let ifindex = unsafe { read_volatile(&(*s).ifindex) };
+    // Other ICMPv6 went to ndp_call from the entry (lb6_nd).
     if matches!(ptr_at::<u8>(&ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6) {
-        if matches!(ptr_at::<u8>(&ctx, L2 + IP6), Ok(t) if matches!(unsafe { *t }, ICMP6_DST_UNREACH | ICMP6_PACKET_TOO_BIG)) {
-            return lb6_icmp_call::<L2>(ctxp, s, ifindex);
-        }
-        return ndp_call::<L2>(ctxp, s, ifindex);
+        return lb6_icmp_call::<L2>(ctxp, s, ifindex);
     }
     verdict_pack_or_malformed(&ctx, s, lb6_flow::<L2>(&ctx, s))
+}
+
+/// Whether the IPv6 packet (behind an `L2`-byte layer-2 header) is ICMPv6 right
+/// behind its header and not an error about a flow: neighbour discovery (or a
+/// ping), for ndp::ndp_call straight from the program's entry, as ARP is,
+/// rather than through [`lb6_call`]'s call.
+#[inline(always)]
+pub fn lb6_nd<const L2: usize>(ctx: &XdpContext) -> bool {
+    matches!(ptr_at::<u8>(ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6)
+        && matches!(ptr_at::<u8>(ctx, L2 + IP6), Ok(t) if !matches!(unsafe { *t }, ICMP6_DST_UNREACH | ICMP6_PACKET_TOO_BIG))
 }
 
 /// Whether the IPv6 packet (behind an `L2`-byte layer-2 header) is for no

@@ -91,6 +91,11 @@ fn try_l3<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, l3: L3, ifindex: u
         if lb6::lb6_not_vip::<L2>(ctx, s, ifindex)? {
             return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
         }
+        // The network read back from the scratch (lb6_not_vip wrote it): kept in a
+        // register, it would be spilled across the filter's lookup.
+        if lb6::lb6_nd::<L2>(ctx) {
+            return Ok(parse::verdict_unpack(ndp::ndp_call::<L2>(ctx.ctx, s, unsafe { core::ptr::read_volatile(&(*s).ifindex) })));
+        }
         return Ok(parse::verdict_unpack(lb6::lb6_call::<L2>(ctx.ctx, s)));
     }
     lb4::lb4_handle::<L2>(ctx, s, ifindex)
