@@ -161,8 +161,12 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
     // Priority-tagged (VLAN id 0): Linux delivers it to the untagged network.
     let prio_req = req(VIP, Some(0));
     let fwd_udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 5353), (VIP, 53), b"query");
-    let stale_syn = tcp(VIP_STALE, 40000, 80, None);
-    let stale_ack = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40001), (VIP_STALE, 80));
+    let stale_fwd = |name, input: Vec<u8>, sport| Case {
+        name,
+        output: Some(forwarded(&input, ring_choice(dp, svc(VIP_STALE, 80, PROTO_TCP), CLIENT, sport, 80))),
+        input,
+        verdict: XDP_TX,
+    };
     // Frames to a group MAC reach every node: only the VIP's fresh holder handles them.
     const MULTICAST: Mac = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
     let bcast_udp = frames::udp(frames::BROADCAST, CLIENT_MAC, (CLIENT, 5354), (VIP, 53), b"query");
@@ -303,18 +307,12 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
         // A stale entry (the VIP moved on, or fenced): clients still sending here
         // until they follow the new owner are balanced by the ring, as the new
         // owner would; a frame a node forwarded here is not forwarded again.
-        Case {
-            name: "a client's SYN to a stale VIP: forwarded by the ring",
-            output: Some(forwarded(&stale_syn, ring_choice(dp, svc(VIP_STALE, 80, PROTO_TCP), CLIENT, 40000, 80))),
-            input: stale_syn,
-            verdict: XDP_TX,
-        },
-        Case {
-            name: "a client's packet of a flow not pinned here to a stale VIP: forwarded by the ring",
-            output: Some(forwarded(&stale_ack, ring_choice(dp, svc(VIP_STALE, 80, PROTO_TCP), CLIENT, 40001, 80))),
-            input: stale_ack,
-            verdict: XDP_TX,
-        },
+        stale_fwd("a client's SYN to a stale VIP: forwarded by the ring", tcp(VIP_STALE, 40000, 80, None), 40000),
+        stale_fwd(
+            "a client's packet of a flow not pinned here to a stale VIP: forwarded by the ring",
+            frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40001), (VIP_STALE, 80)),
+            40001,
+        ),
         Case {
             // From a backend node's MAC: a frame another holder forwarded here.
             name: "a node's SYN to a stale VIP: passed, not forwarded again",
