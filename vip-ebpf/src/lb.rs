@@ -14,7 +14,9 @@ use network_types::eth::EthHdr;
 use vip_common::*;
 
 use crate::{
-    maps::{lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_home, lb_key0, lb_nodes, lookup_at, Scratch},
+    maps::{
+        lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_home, lb_key0, lb_nodes, lookup_at, Scratch,
+    },
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
 };
