@@ -53,9 +53,8 @@ pub enum Lb6Route {
 }
 
 /// Where the IPv6 packet behind an `L2`-byte layer-2 header goes, read once
-/// from its header. The network's `ifindex` and, for all but ICMPv6, the bytes
-/// to count go to the scratch `s`: only `ctx` and `s` live across the filter's
-/// lookup.
+/// from its header. The network's `ifindex` and, for a flow, the bytes to count
+/// go to the scratch `s`: only `ctx` and `s` live across the filter's lookup.
 #[inline(always)]
 pub fn lb6_route<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Lb6Route, ()> {
     unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };

@@ -290,7 +290,7 @@ fn nd_parse<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) ->
         return Ok(Err(Reason::NdpInvalid));
     }
     // What is needed next is read from the packet again rather than kept across
-    // the walk, and after the stores below too: a store to the scratch
+    // the walk's call, and after the stores below too: a store to the scratch
     // may alias the packet, so the compiler reloads, and few words are live at
     // a time. The target to the `ndp_held` key.
     let Ok(p) = ptr_at::<[u8; IP6 + ND_LEN]>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
