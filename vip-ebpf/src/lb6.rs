@@ -38,68 +38,64 @@ const TCP_FLAGS: usize = 13;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
-/// IPv6 for a service's address, or an ICMPv6 error about a flow right behind
-/// the IPv6 header, as RFC 4443 messages come ([`lb6_icmp_call`]); else
-/// [`lb6_flow`]. A function of its own (BPF to BPF), as ndp::ndp_call:
-/// inlined into the program, the IPv6 paths' live values made the compiler keep
-/// even `ctx` and the scratch on the stack, on IPv4's paths too. Its verdict
-/// packed (parse::verdict_pack).
-#[inline(never)]
-pub fn lb6_call<const L2: usize>(ctxp: *mut xdp_md, s: *mut Scratch) -> u64 {
-    let ctx = XdpContext::new(ctxp);
-    let ifindex = unsafe { read_volatile(&(*s).ifindex) };
-    // Other ICMPv6 went to ndp_call from the entry (lb6_nd).
-    if matches!(ptr_at::<u8>(&ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6) {
-        return lb6_icmp_call::<L2>(ctxp, s, ifindex);
-    }
-    verdict_pack_or_malformed(&ctx, s, lb6_flow::<L2>(&ctx, s))
+/// Where the entry sends an IPv6 packet ([`lb6_route`]).
+pub enum Lb6Route {
+    /// For no service's address, and no ICMPv6 right behind its header: most
+    /// of a node's IPv6 traffic, passed without a call.
+    NotVip,
+    /// ICMPv6 right behind the header, not an error about a flow: neighbour
+    /// discovery (or a ping), for ndp::ndp_call, as ARP goes to arp_call.
+    Nd,
+    /// An ICMPv6 destination unreachable or packet too big: [`lb6_icmp_call`].
+    IcmpError,
+    /// For a service's address, as the VIP filter says: [`lb6_flow`].
+    Flow,
 }
 
-/// Whether the IPv6 packet (behind an `L2`-byte layer-2 header) is ICMPv6 right
-/// behind its header and not an error about a flow: neighbour discovery (or a
-/// ping), for ndp::ndp_call straight from the program's entry, as ARP is,
-/// rather than through [`lb6_call`]'s call.
+/// Where the IPv6 packet behind an `L2`-byte layer-2 header goes, read once
+/// from its header. The network's `ifindex` and, for all but ICMPv6, the bytes
+/// to count go to the scratch `s`: only `ctx` and `s` live across the filter's
+/// lookup.
 #[inline(always)]
-pub fn lb6_nd<const L2: usize>(ctx: &XdpContext) -> bool {
-    matches!(ptr_at::<u8>(ctx, L2 + 6), Ok(next) if unsafe { *next } == IPPROTO_ICMPV6)
-        && matches!(ptr_at::<u8>(ctx, L2 + IP6), Ok(t) if !matches!(unsafe { *t }, ICMP6_DST_UNREACH | ICMP6_PACKET_TOO_BIG))
-}
-
-/// Whether the IPv6 packet (behind an `L2`-byte layer-2 header) is for no
-/// service's address (the VIP filter's bit clear) and is not ICMPv6 right behind
-/// its header: most of a node's IPv6 traffic, passed without [`lb6_call`]. The
-/// bytes to count and the network's `ifindex` go to the scratch `s`, as
-/// lb6_begin's: only `ctx` and `s` live across the filter's lookup.
-#[inline(always)]
-pub fn lb6_not_vip<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<bool, ()> {
+pub fn lb6_route<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Lb6Route, ()> {
     unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
     let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
-    let (vcf0, payload_len, next) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len), (*ip).next_hdr) };
-    if vcf0 >> 4 != 6 || next == IPPROTO_ICMPV6 {
-        return Ok(false);
+    let (vcf0, next) = unsafe { ((*ip).vcf[0], (*ip).next_hdr) };
+    if vcf0 >> 4 != 6 {
+        return Err(());
     }
-    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
+    if next == IPPROTO_ICMPV6 {
+        return Ok(match ptr_at::<u8>(ctx, L2 + IP6) {
+            Ok(t) if matches!(unsafe { *t }, ICMP6_DST_UNREACH | ICMP6_PACKET_TOO_BIG) => Lb6Route::IcmpError,
+            _ => Lb6Route::Nd,
+        });
+    }
+    lb6_count::<L2>(ip, s);
     let dst = unsafe { (ip as *const u8).add(24) as *const u64 };
-    lb_not_vip(unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) })
+    Ok(if lb_not_vip(unsafe { vip_filter_bit_word(fold6_words(read_unaligned(dst), read_unaligned(dst.add(1)))) })? {
+        Lb6Route::NotVip
+    } else {
+        Lb6Route::Flow
+    })
 }
 
 /// An ICMPv6 error ([`lb6_icmp`]), a function of its own as [`lb6_slow`].
 #[inline(never)]
-fn lb6_icmp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, ifindex: u32) -> u64 {
+pub fn lb6_icmp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
     let ctx = XdpContext::new(ctx);
-    verdict_pack_or_malformed(&ctx, s, lb6_icmp::<L2>(&ctx, s, ifindex))
+    verdict_pack_or_malformed(&ctx, s, lb6_icmp::<L2>(&ctx, s))
 }
 
-/// An ICMPv6 destination unreachable or packet too big (its type checked) to the
-/// network of `ifindex`: about a flow of a service, it goes where the flow's
+/// An ICMPv6 destination unreachable or packet too big (its type checked; the
+/// network in the scratch, [`lb6_route`]): about a flow of a service, it goes where the flow's
 /// packets go (lb::lb_icmp_error), as lb4::lb4_icmp; else it is passed as other
 /// ICMPv6 is (`passed_other`). Read at fixed offsets only: an inner packet with
 /// extension headers (a fragment among them) passes.
 #[inline(always)]
-fn lb6_icmp<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<Verdict, ()> {
+fn lb6_icmp<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
     const PASS: Verdict = (xdp_action::XDP_PASS, Reason::PassedOther);
     const INNER: usize = IP6 + ICMP6_HDR_LEN;
-    lb6_begin::<L2>(ctx, s, ifindex)?;
+    lb6_count::<L2>(ptr_at(ctx, L2)?, s);
     let Ok(p) = ptr_at::<[u8; INNER + IP6 + 4]>(ctx, L2) else { return Ok(PASS) };
     let p = p as *const u8;
     unsafe {
@@ -137,20 +133,18 @@ enum Upper {
     Unwalked,
 }
 
-/// IPv6 other than ICMPv6 right behind its header ([`lb6_call`]), for a
-/// service's address as the VIP filter says (main.rs asked it, [`lb6_not_vip`]).
-/// As lb4::lb4_handle: the flow cache, then [`lb6_slow`]. A packet with
-/// extension headers goes to a function of its own ([`lb6_ext_call`]): walking
-/// them takes helper calls, across which the common path's values would be
-/// spilled.
+/// IPv6 other than ICMPv6 right behind its header, for a service's address as
+/// the VIP filter says ([`lb6_route`]). As lb4::lb4_handle, inlined into the
+/// program: the flow cache, then [`lb6_slow`]. A call of its own here cost the
+/// hit path a return, which the kernel's return thunk (a mitigation of
+/// return-stack attacks on AMD CPUs) makes dear. A packet with extension
+/// headers goes to a function of its own ([`lb6_ext_call`]): walking them takes
+/// helper calls, across which the common path's values would be spilled.
 #[inline(always)]
-fn lb6_flow<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    // The bytes to count and the network are in the scratch already (lb6_not_vip
-    // wrote them when the version was 6).
+pub fn lb6_flow<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    // The bytes to count and the network are in the scratch already, the
+    // version checked (lb6_route).
     let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
-    if unsafe { (*ip).vcf[0] } >> 4 != 6 {
-        return Err(());
-    }
     let proto = unsafe { (*ip).next_hdr };
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Ok(verdict_unpack(lb6_ext_call::<L2>(ctx.ctx, s)));
@@ -216,21 +210,14 @@ fn lb6_ext<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict
     lb6_lookup::<L2>(ctx, s, ports, proto, syn)
 }
 
-/// The IPv6 header of a frame on the network of `ifindex`, both noted in the
-/// scratch with the bytes to count. A jumbogram says 0 (its length is in a
-/// hop-by-hop option) and is counted by its headers alone: asking a helper for
-/// the frame's length would keep values across a call on every IPv6 packet's
-/// path (see maps::Scratch).
+/// The bytes to count for the IPv6 packet at `ip` (behind an `L2`-byte layer-2
+/// header), to the scratch: its headers and payload length. A jumbogram says 0
+/// (its length is in a hop-by-hop option) and is counted by its headers alone:
+/// asking a helper for the frame's length would keep values across a call on
+/// every IPv6 packet's path (see maps::Scratch).
 #[inline(always)]
-fn lb6_begin<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) -> Result<*const Ipv6Hdr, ()> {
-    unsafe { write_volatile(&raw mut (*s).ifindex, ifindex) };
-    let ip: *const Ipv6Hdr = ptr_at(ctx, L2)?;
-    let (vcf0, payload_len) = unsafe { ((*ip).vcf[0], u16::from_be_bytes((*ip).payload_len)) };
-    if vcf0 >> 4 != 6 {
-        return Err(());
-    }
-    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(payload_len)) as u32) };
-    Ok(ip)
+fn lb6_count<const L2: usize>(ip: *const Ipv6Hdr, s: *mut Scratch) {
+    unsafe { write_volatile(&raw mut (*s).bytes, (L2 + IP6 + usize::from(u16::from_be_bytes((*ip).payload_len))) as u32) };
 }
 
 /// Walks the extension headers from the IPv6 header's next header `next`, read

@@ -14,6 +14,7 @@ mod parse;
 mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use lb6::Lb6Route;
 use maps::Scratch;
 use network_types::arp::ArpHdr;
 use parse::{Verdict, Vlan, L3};
@@ -86,17 +87,14 @@ fn try_l3<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, l3: L3, ifindex: u
         return Ok(parse::verdict_unpack(arp::arp_call::<L2>(ctx.ctx, s, ifindex)));
     }
     if let L3::Ipv6 = l3 {
-        // Not a service's address, and no ICMPv6 (which neighbour discovery to a
-        // solicited-node group is): passed here, without lb6_call's call.
-        if lb6::lb6_not_vip::<L2>(ctx, s, ifindex)? {
-            return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip));
-        }
-        // The network read back from the scratch (lb6_not_vip wrote it): kept in a
+        // The network read back from the scratch (lb6_route wrote it): kept in a
         // register, it would be spilled across the filter's lookup.
-        if lb6::lb6_nd::<L2>(ctx) {
-            return Ok(parse::verdict_unpack(ndp::ndp_call::<L2>(ctx.ctx, s, unsafe { core::ptr::read_volatile(&(*s).ifindex) })));
-        }
-        return Ok(parse::verdict_unpack(lb6::lb6_call::<L2>(ctx.ctx, s)));
+        return Ok(match lb6::lb6_route::<L2>(ctx, s, ifindex)? {
+            Lb6Route::NotVip => (xdp_action::XDP_PASS, Reason::PassedNotVip),
+            Lb6Route::Nd => parse::verdict_unpack(ndp::ndp_call::<L2>(ctx.ctx, s, unsafe { core::ptr::read_volatile(&(*s).ifindex) })),
+            Lb6Route::IcmpError => parse::verdict_unpack(lb6::lb6_icmp_call::<L2>(ctx.ctx, s)),
+            Lb6Route::Flow => lb6::lb6_flow::<L2>(ctx, s)?,
+        });
     }
     lb4::lb4_handle::<L2>(ctx, s, ifindex)
 }

@@ -202,7 +202,7 @@ pub struct Scratch {
     pub fhash: u64,
     pub ftag: u64,
     /// A neighbour discovery message's checksum sum while its options are
-    /// walked (ndp.rs): kept here, not across the walk's call.
+    /// walked (ndp.rs): kept here, not in a register across the walk.
     pub csum: u64,
     /// The home interface, when the frame leaves by it.
     pub home: LbHome,

@@ -2,7 +2,7 @@
 //! on the receiving interface, the IPv6 twin of arp.rs. Other IPv6 passes.
 use core::{
     ffi::c_void,
-    ptr::{read_unaligned, write_unaligned, write_volatile},
+    ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile},
 };
 
 use aya_ebpf::{
@@ -66,19 +66,19 @@ fn nd_option(o: u64, w: u64) -> u64 {
 /// the end, at most ND_MAX_OPTIONS. What they say (see OPT_OK); each is added to
 /// the checksum sum in the scratch's `csum` (see [`csum_add`]). Options
 /// neighbour discovery uses are 8 bytes (link-layer addresses, nonce); a longer
-/// one (SEcure Neighbor Discovery's) makes the message malformed here. A
-/// function of its own (BPF to BPF): its caller keeps nothing but `ctx` and `s`
-/// across it, so that it spills no registers (see maps::LB_KEY0). One or two
-/// options (all a solicitation or advertisement carries in practice) are read
-/// at constant offsets, without a helper; more by [`nd_options_more`].
-#[inline(never)]
+/// one (SEcure Neighbor Discovery's) makes the message malformed here. One or
+/// two options (all a solicitation or advertisement carries in practice) are
+/// read at constant offsets, without a helper, and inlined: the sum goes
+/// through the scratch, so that no register is spilled (see maps::LB_KEY0), and
+/// no call's return is paid (the kernel's return thunk makes each dear). More
+/// go to [`nd_options_more`], a function of its own.
+#[inline(always)]
 fn nd_options<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, len: usize) -> u64 {
     const AT: usize = IP6 + ND_LEN;
     if len > 16 {
         return nd_options_more::<L2>(ctx, s, len);
     }
     let ctx = XdpContext::new(ctx);
-    let mut sum = unsafe { (*s).csum };
     let mut o = OPT_OK;
     // Options end where `len` says: at 0, 8 or 16 bytes here.
     for (at, end) in [(L2 + AT, 8), (L2 + AT + 8, 16)] {
@@ -88,22 +88,21 @@ fn nd_options<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch, len: usize) ->
         if len < end {
             return 0;
         }
-        o = nd_option_at(&ctx, at, o, &mut sum);
+        o = nd_option_at(&ctx, s, at, o);
         if o == 0 {
             return 0;
         }
     }
-    unsafe { (*s).csum = sum };
     o
 }
 
 /// The option at the constant offset `at` noted in the options word `o` ([`nd_option`])
-/// and added to `sum`; 0 if the frame ends before it or it is malformed.
+/// and added to the scratch's sum; 0 if the frame ends before it or it is malformed.
 #[inline(always)]
-fn nd_option_at(ctx: &XdpContext, at: usize, o: u64, sum: &mut u64) -> u64 {
+fn nd_option_at(ctx: &XdpContext, s: *mut Scratch, at: usize, o: u64) -> u64 {
     let Ok(w) = ptr_at::<u64>(ctx, at) else { return 0 };
     let w = unsafe { read_unaligned(w) };
-    *sum = csum_add(*sum, w);
+    unsafe { write_volatile(&raw mut (*s).csum, csum_add(read_volatile(&(*s).csum), w)) };
     nd_option(o, w)
 }
 
@@ -291,7 +290,7 @@ fn nd_parse<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) ->
         return Ok(Err(Reason::NdpInvalid));
     }
     // What is needed next is read from the packet again rather than kept across
-    // the walk's call, and after the stores below too: a store to the scratch
+    // the walk, and after the stores below too: a store to the scratch
     // may alias the packet, so the compiler reloads, and few words are live at
     // a time. The target to the `ndp_held` key.
     let Ok(p) = ptr_at::<[u8; IP6 + ND_LEN]>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
