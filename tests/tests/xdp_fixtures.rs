@@ -8,7 +8,10 @@ use vip_agent::{
     dataplane::{monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr},
     model::Protocol,
 };
-use vip_common::{flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, map_names, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP};
+use vip_common::{
+    flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, map_names, vip_filter_bit, vip_filter_bit6, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP,
+    PROTO_UDP, VIP_FILTER_WORDS,
+};
 use vip_tests::{
     frames::{self, Ip4, Mac},
     netns::{privileged, NetNs, PinDir},
@@ -64,7 +67,7 @@ fn svc(vip: impl Into<IpAddr>, port: u16, proto: u8) -> ServiceAddr {
 
 struct World {
     dp: Dataplane,
-    _pins: PinDir,
+    pins: PinDir,
 }
 
 fn world() -> World {
@@ -104,7 +107,7 @@ fn world() -> World {
     dp.set_service(svc(VIP_LOCAL, 80, PROTO_TCP), std::slice::from_ref(&me), TABLE, 0).unwrap();
     dp.set_service(svc(VIP6, LOCAL6_PORT, PROTO_TCP), &[me], TABLE, 0).unwrap();
     dp.set_service(svc(VIP_EMPTY, 80, PROTO_TCP), &[], TABLE, 0).unwrap();
-    World { dp, _pins: pins }
+    World { dp, pins }
 }
 
 /// The backend MAC the ring gives a new flow, computed from the maps in userspace.
@@ -705,12 +708,7 @@ fn fixtures_byte_for_byte() {
         return;
     }
     let mut w = world();
-    for c in cases(&w.dp) {
-        let (verdict, out, _) = w.dp.test_run(&c.input, 1, None).unwrap();
-        assert_eq!(verdict, c.verdict, "{}: verdict", c.name);
-        let want = c.output.unwrap_or_else(|| c.input.clone());
-        assert_eq!(out, want, "{}: output frame", c.name);
-    }
+    run_cases(&mut w, "");
     let counters = w.dp.counters().unwrap();
     assert!(counters.reasons["arp_answered"].0 >= 3);
     // ARP in VLAN 4000, QinQ, double 802.1Q, 802.1ad; tcp in VLAN 4000, QinQ tcp.
@@ -727,6 +725,89 @@ fn fixtures_byte_for_byte() {
     // Per-service and per-backend counters saw the forwarded packets.
     assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
     assert!(counters.backends.values().map(|c| c.0).sum::<u64>() >= 6);
+}
+
+/// Each of [`cases`] through the program: its verdict and output frame.
+fn run_cases(w: &mut World, context: &str) {
+    for c in cases(&w.dp) {
+        let (verdict, out, _) = w.dp.test_run(&c.input, 1, None).unwrap();
+        assert_eq!(verdict, c.verdict, "{}{context}: verdict", c.name);
+        let want = c.output.unwrap_or_else(|| c.input.clone());
+        assert_eq!(out, want, "{}{context}: output frame", c.name);
+    }
+}
+
+/// Whether `lb_held_filter` has `vip`'s bit.
+fn held_bit(w: &mut World, vip: IpAddr) -> bool {
+    let words = w.dp.held().held_filter().unwrap();
+    let bit = match vip {
+        IpAddr::V4(v) => vip_filter_bit(v.octets()),
+        IpAddr::V6(v) => vip_filter_bit6(v.octets()),
+    };
+    words[(bit / 32) as usize] & (1 << (bit % 32)) != 0
+}
+
+/// Every word of `lb_held_filter` set to `word`: 0 as in pins an older agent
+/// wrote, !0 as if every VIP were held here.
+fn fill_held_filter(w: &World, word: u32) {
+    let map = aya::maps::Map::Array(aya::maps::MapData::from_pin(w.pins.path.join(map_names::HELD_FILTER)).unwrap());
+    let mut filter: aya::maps::Array<_, [u32; VIP_FILTER_WORDS as usize]> = map.try_into().unwrap();
+    filter.set(0, [word; VIP_FILTER_WORDS as usize], 0).unwrap();
+}
+
+/// The agent keeps a VIP's `lb_held_filter` bit while it has an entry (fresh or
+/// stale), and clears it when the entry goes.
+#[test]
+fn the_held_filter_follows_the_held_vips() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let held: [IpAddr; 10] = [
+        VIP.into(),
+        VIP_STALE.into(),
+        VIP_LOCAL.into(),
+        VIP_LO.into(),
+        VIP_VLAN.into(),
+        VIP6.into(),
+        VIP6_STALE.into(),
+        VIP6_LO.into(),
+        VIP6_VLAN.into(),
+        VIP_EMPTY.into(),
+    ];
+    for v in held {
+        assert!(held_bit(&mut w, v), "{v} held: its bit set");
+    }
+    for v in [IpAddr::from(VIP_NOT_HELD), VIP6_NOT_HELD.into(), OTHER.into()] {
+        assert!(!held_bit(&mut w, v), "{v} not held: its bit clear");
+    }
+    w.dp.release_vip(IFINDEX, VIP).unwrap();
+    assert!(held_bit(&mut w, VIP.into()), "released: a stale entry, its bit kept");
+    w.dp.forget_vip(IFINDEX, VIP).unwrap();
+    w.dp.forget_vip(IFINDEX, VIP6).unwrap();
+    assert!(!held_bit(&mut w, VIP.into()) && !held_bit(&mut w, VIP6.into()), "forgotten: bits cleared");
+    assert!(held_bit(&mut w, VIP_STALE.into()) && held_bit(&mut w, VIP6_VLAN.into()), "the others' bits kept");
+}
+
+/// `lb_held_filter` is a hint: every fixture gives the same verdict and frame,
+/// and flows keep their backends across ring changes, with every bit clear
+/// (pins an older agent wrote) or every bit set.
+#[test]
+fn fixtures_byte_for_byte_whatever_the_held_filter() {
+    if !privileged() {
+        return;
+    }
+    for word in [0, !0] {
+        let mut w = world();
+        fill_held_filter(&w, word);
+        run_cases(&mut w, &format!(" (held filter words {word:#x})"));
+        let syn = |sport| frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+        let ack = |sport| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+        flows_kept_across_ring_changes(Some(word), svc(VIP, 80, PROTO_TCP), CLIENT.into(), syn, ack);
+        let syn = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_SYN);
+        let ack = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_ACK);
+        flows_kept_across_ring_changes(Some(word), svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), syn, ack);
+    }
 }
 
 /// Every NDP case is counted under its reason, with the bytes its headers give.
@@ -989,7 +1070,7 @@ fn flow_table_keeps_flows_across_ring_changes() {
     }
     let syn = |sport| frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
     let ack = |sport| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
-    flows_kept_across_ring_changes(svc(VIP, 80, PROTO_TCP), CLIENT.into(), syn, ack);
+    flows_kept_across_ring_changes(None, svc(VIP, 80, PROTO_TCP), CLIENT.into(), syn, ack);
 }
 
 /// The same for IPv6 flows (`lb_flows`, shared, `lb6_first_packets`, `lb6_flow_cache`).
@@ -1000,14 +1081,18 @@ fn ipv6_flow_table_keeps_flows_across_ring_changes() {
     }
     let syn = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_SYN);
     let ack = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_ACK);
-    flows_kept_across_ring_changes(svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), syn, ack);
+    flows_kept_across_ring_changes(None, svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), syn, ack);
 }
 
 /// Established flows (SYN, then the ACK that pins them; then answered from the
 /// flow cache) keep their backend when a backend joins the ring; removing
 /// backends evicts their flows alone, which re-hash.
-fn flows_kept_across_ring_changes(s: ServiceAddr, client: IpAddr, syn: impl Fn(u16) -> Vec<u8>, ack: impl Fn(u16) -> Vec<u8>) {
+/// `held_filter`: every word of `lb_held_filter` set to it first.
+fn flows_kept_across_ring_changes(held_filter: Option<u32>, s: ServiceAddr, client: IpAddr, syn: impl Fn(u16) -> Vec<u8>, ack: impl Fn(u16) -> Vec<u8>) {
     let mut w = world();
+    if let Some(word) = held_filter {
+        fill_held_filter(&w, word);
+    }
     let three = [backend(1), backend(2), backend(3)];
     // Find a flow that a fourth backend would take over.
     let four = [backend(1), backend(2), backend(3), backend(4)];
@@ -1424,7 +1509,7 @@ fn stay_on_cpu0() {
 /// below know they exercised a cache hit rather than the flow table.
 fn cached_to(w: &World, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Option<Mac> {
     use aya::maps::{Map, MapData, PerCpuArray};
-    let data = MapData::from_pin(w._pins.path.join(map_names::FLOW_CACHE)).unwrap();
+    let data = MapData::from_pin(w.pins.path.join(map_names::FLOW_CACHE)).unwrap();
     let cache: PerCpuArray<_, Lb4FlowCacheEntry> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
     let key = Lb4FlowKey { src: src.octets(), dst: dst.octets(), sport: sport.to_be_bytes(), dport: dport.to_be_bytes(), proto: PROTO_TCP, _pad: [0; 3] };
     let words: [u64; 2] = unsafe { std::mem::transmute(key) };
@@ -1771,7 +1856,7 @@ fn lb_nodes_follows_the_backends_in_use() {
     let mut w = world();
     let nodes = |w: &World| -> std::collections::BTreeSet<u64> {
         use aya::maps::{HashMap, Map, MapData};
-        let data = MapData::from_pin(w._pins.path.join(map_names::NODES)).unwrap();
+        let data = MapData::from_pin(w.pins.path.join(map_names::NODES)).unwrap();
         let m: HashMap<_, u64, u32> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
         m.keys().map(|k| k.unwrap()).collect()
     };
@@ -1786,7 +1871,7 @@ fn lb_nodes_follows_the_backends_in_use() {
     }
     assert_eq!(nodes(&w), [key(1), key(2)].into(), "backend 3 left every service");
     // A restarted agent finds them as they are.
-    drop(Dataplane::open(&w._pins.path).unwrap());
+    drop(Dataplane::open(&w.pins.path).unwrap());
     assert_eq!(nodes(&w), [key(1), key(2)].into());
 }
 
@@ -2015,7 +2100,7 @@ fn arp_watch_records_the_macs_that_answer_for_a_watched_vip() {
     // The entry is a byte-for-byte layout shared with the program: check it raw.
     w.dp.held().watch_arp(IFINDEX, OTHER).unwrap();
     w.dp.test_run(&reply_from(mac(7), OTHER), 1, None).unwrap();
-    let pinned = aya::maps::MapData::from_pin(w._pins.path.join(map_names::ARP_WATCH)).unwrap();
+    let pinned = aya::maps::MapData::from_pin(w.pins.path.join(map_names::ARP_WATCH)).unwrap();
     let raw: aya::maps::HashMap<_, [u8; 8], [u8; 40]> = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(pinned)).unwrap();
     let mut key = [0u8; 8];
     key[..4].copy_from_slice(&IFINDEX.to_ne_bytes());

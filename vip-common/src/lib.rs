@@ -30,7 +30,8 @@ pub mod map_names {
     pub const FIRST_PACKETS6: &str = "lb6_first_packets";
     pub const FLOW_CACHE6: &str = "lb6_flow_cache";
     pub const NODES: &str = "lb_nodes";
-    pub const ALL: [&str; 24] = [
+    pub const HELD_FILTER: &str = "lb_held_filter";
+    pub const ALL: [&str; 25] = [
         IFACES,
         HELD,
         CONFLICTS,
@@ -55,6 +56,7 @@ pub mod map_names {
         FIRST_PACKETS6,
         FLOW_CACHE6,
         NODES,
+        HELD_FILTER,
     ];
 }
 

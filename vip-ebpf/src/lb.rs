@@ -8,6 +8,7 @@ use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::{bpf_redirect, bpf_xdp_adjust_head},
+    maps::Array,
     programs::XdpContext,
 };
 use network_types::eth::EthHdr;
@@ -15,7 +16,8 @@ use vip_common::*;
 
 use crate::{
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_home, lb_key0, lb_nodes, lookup_at, Scratch,
+        lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_held_filter, lb_home, lb_key0, lb_nodes,
+        lookup_at, Scratch,
     },
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
@@ -33,7 +35,9 @@ pub trait Flows {
     fn second_packet(s: *mut Scratch) -> bool;
     /// The flow's keyed hash in `lb_flows` ([`lb_flow_hash`] of its family and words).
     fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64;
-    /// Loads the flow's first-packet slot (see [`lb_touch_if`]).
+    /// The `vip_filter_bit` of the flow's VIP.
+    fn filter_bit(s: *const Scratch) -> u32;
+    /// Loads the flow's first-packet slot (see [`lb_touch_early`]).
     fn first_touch(s: *mut Scratch);
     /// Drops this CPU's cached answer for the flow, if any.
     fn cache_forget(s: *mut Scratch);
@@ -55,7 +59,13 @@ pub fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
 /// so that only the caller's `ctx`, scratch and `bit` live across the lookup.
 #[inline(always)]
 pub fn lb_not_vip(bit: u32) -> Result<bool, ()> {
-    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(&lb4_vip_filter, lb_key0()).ok_or(())?;
+    lb_bit_clear(&lb4_vip_filter, bit)
+}
+
+/// Whether `bit` of a one-slot bitmap map (`lb4_vip_filter`, `lb_held_filter`) is clear.
+#[inline(always)]
+fn lb_bit_clear(map: &Array<[u32; VIP_FILTER_WORDS as usize]>, bit: u32) -> Result<bool, ()> {
+    let words = lookup_at::<_, [u32; VIP_FILTER_WORDS as usize]>(map, lb_key0()).ok_or(())?;
     Ok(unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0)
 }
 
@@ -238,13 +248,28 @@ pub fn lb_flow_backend(s: *mut Scratch, refresh: bool) -> bool {
 
 /// A packet past its first (no SYN) to a VIP held here will look its flow up in
 /// lb_flows, most likely a line not in the caches, after its first-packet slot:
-/// both are loaded before the service lookup, so that the two misses overlap
-/// each other and the steps before them.
-/// (Frames for VIPs held elsewhere, which backends receive, and SYNs never read
-/// the table; the held-VIP lookup comes first to tell them.)
+/// both are loaded before the held-VIP and service lookups, so that the two
+/// misses overlap each other and those lookups. Frames for VIPs held elsewhere
+/// (what backends receive) and SYNs never read the table: `lb_held_filter`'s
+/// bit, an inlined array lookup, tells the first without the held-VIP hash
+/// lookup (a bit set for another VIP only costs a line loaded for nothing).
+/// Whether it loaded them goes to the scratch for [`lb_touch_if`].
+#[inline(always)]
+pub fn lb_touch_early<F: Flows>(s: *mut Scratch) {
+    let hinted = unsafe { read_volatile(&(*s).syn) } == 0 && matches!(lb_bit_clear(&lb_held_filter, F::filter_bit(s)), Ok(false));
+    unsafe { write_volatile(&raw mut (*s).touched, hinted as u32) };
+    if hinted {
+        lb_flow_touch::<F>(s);
+        F::first_touch(s);
+    }
+}
+
+/// Past the held-VIP lookup (`held`): what [`lb_touch_early`] did not do for a
+/// packet past its first, as the filter is only a hint (a VIP held under pins
+/// an older agent wrote has no bit). The flow's hash is needed past here.
 #[inline(always)]
 pub fn lb_touch_if<F: Flows>(s: *mut Scratch, held: bool) {
-    if held && unsafe { read_volatile(&(*s).syn) } == 0 {
+    if held && unsafe { read_volatile(&(*s).syn) } == 0 && unsafe { read_volatile(&(*s).touched) } == 0 {
         lb_flow_touch::<F>(s);
         F::first_touch(s);
     }

@@ -11,7 +11,10 @@ use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_if, Flows},
+    lb::{
+        lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early, lb_touch_if,
+        Flows,
+    },
     maps::{arp_held, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb_key0, lookup_at, Scratch},
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
@@ -121,6 +124,7 @@ fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
 /// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
 #[inline(always)]
 fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    lb_touch_early::<V4>(s);
     let held = lb4_held(s);
     lb_touch_if::<V4>(s, held);
     match lb4_service(s) {
@@ -297,6 +301,11 @@ impl Flows for V4 {
     #[inline(always)]
     fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64 {
         lb_flow_hash(seed, FLOW_FAMILY_V4, unsafe { &(*s).words })
+    }
+
+    #[inline(always)]
+    fn filter_bit(s: *const Scratch) -> u32 {
+        unsafe { vip_filter_bit_word(((*s).words[0] >> 32) as u32) }
     }
 
     #[inline(always)]

@@ -16,7 +16,10 @@ use network_types::ip::Ipv6Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_if, Flows},
+    lb::{
+        lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early, lb_touch_if,
+        Flows,
+    },
     maps::{lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
@@ -312,6 +315,7 @@ fn lb6_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
 /// [`lb6_slow`]'s path: the service and held-VIP lookups, then lb::lb_balance.
 #[inline(always)]
 fn lb6_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    lb_touch_early::<V6>(s);
     let held = lb6_held(s);
     lb_touch_if::<V6>(s, held);
     match lb6_service(s) {
@@ -395,6 +399,11 @@ impl Flows for V6 {
     #[inline(always)]
     fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64 {
         lb_flow_hash(seed, FLOW_FAMILY_V6, unsafe { &(*s).words6 })
+    }
+
+    #[inline(always)]
+    fn filter_bit(s: *const Scratch) -> u32 {
+        unsafe { vip_filter_bit_word(fold6_words((*s).words6[2], (*s).words6[3])) }
     }
 
     #[inline(always)]

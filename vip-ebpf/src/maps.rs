@@ -97,6 +97,14 @@ pub static lb4_first_packets: Array<Lb4FirstPacket> = Array::pinned(FIRST_PACKET
 #[map]
 pub static lb4_vip_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinned(1, 0);
 
+/// 0 → a bitmap as `lb4_vip_filter`'s: bit vip_filter_bit(VIP) set for every VIP
+/// with an `arp_held` or `ndp_held` entry (the agent keeps it, a superset). A
+/// hint, read before the held-VIP lookup: a flow's packet loads its flow-table
+/// line first, so that the line's miss overlaps the lookups, and a frame for a
+/// VIP held elsewhere (what a backend receives) loads none. Nothing else trusts it.
+#[map]
+pub static lb_held_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinned(1, 0);
+
 /// (IPv6 VIP, port, protocol) → the service's id and its ring's place in
 /// `lb4_ring`, which serves both families (as do `lb4_backends` and the counters).
 #[map]
@@ -201,6 +209,9 @@ pub struct Scratch {
     /// lookup or insert.
     pub fhash: u64,
     pub ftag: u64,
+    /// Whether lb::lb_touch_early computed `fhash` and loaded the flow's lines.
+    pub touched: u32,
+    pub _pad2: u32,
     /// A neighbour discovery message's checksum sum while its options are
     /// walked (ndp.rs): kept here, not in a register across the walk.
     pub csum: u64,

@@ -11,9 +11,10 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, HashMap, IterableMap as _, MapData, PerCpuArray};
 use vip_common::{
     map_names as names, ArpHeldKey, ArpHeldVip, ArpWatch, Counter, LbHome, LbIface, LbVlanKey, NdpHeldKey, Reason, ARP_WATCH_MACS, HELD_NO_ARP, IFACE_NATIVE,
+    VIP_FILTER_WORDS,
 };
 
-use super::{batch, coarse_slack_ns, counters::sum, flow_cache, ignore_missing, open_pinned};
+use super::{batch, coarse_slack_ns, counters::sum, filter_bits, flow_cache, ignore_missing, open_pinned};
 
 /// How a held VIP is announced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -61,6 +62,13 @@ pub struct HeldVips {
     home: Array<MapData, LbHome>,
     held: HashMap<MapData, ArpHeldKey, ArpHeldVip>,
     held6: HashMap<MapData, NdpHeldKey, ArpHeldVip>,
+    /// `lb_held_filter`: the bits of the VIPs with an entry in either (a superset),
+    /// and what this handle last wrote there. The data path takes it as a hint
+    /// only (a flow's packet loads its flow-table line before the held-VIP
+    /// lookup), so a bit lost to another handle's write costs speed, never a
+    /// verdict; the agent writes held VIPs through the liveness thread's handle.
+    held_filter: Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
+    held_bits: [u32; VIP_FILTER_WORDS as usize],
     /// (ifindex, VIP) → conflicting claims the data path saw.
     conflicts: HashMap<MapData, ArpHeldKey, u64>,
     conflicts6: HashMap<MapData, NdpHeldKey, u64>,
@@ -74,7 +82,11 @@ pub struct HeldVips {
 impl HeldVips {
     /// The maps pinned under `dir`, with the epoch lock shared with the ring side.
     pub(super) fn open(dir: &Path, epoch: flow_cache::Ctl) -> Result<Self> {
+        let held_filter: Array<MapData, [u32; VIP_FILTER_WORDS as usize]> = open_pinned(dir, names::HELD_FILTER)?;
+        let held_bits = held_filter.get(&0, 0).context("reading lb_held_filter")?;
         Ok(Self {
+            held_filter,
+            held_bits,
             ifaces: open_pinned(dir, names::IFACES)?,
             vlans: open_pinned(dir, names::VLANS)?,
             home: open_pinned(dir, names::HOME)?,
@@ -184,6 +196,7 @@ impl HeldVips {
                 Key::V6(k) => v6.push((k, value(a))),
             }
         }
+        self.mark_held(vips.iter().map(|(vip, _)| *vip))?;
         if !v4.is_empty() {
             batch::update(self.held.map(), &v4).context("writing arp_held")?;
         }
@@ -220,7 +233,37 @@ impl HeldVips {
             Key::V4(k) => self.held.remove(&k),
             Key::V6(k) => self.held6.remove(&k),
         })?;
+        self.sync_held_filter()?;
         self.epoch.bump() // its cached flows must stop being forwarded
+    }
+
+    /// Sets the `lb_held_filter` bits of `vips` before their entries are written
+    /// (one write of the bitmap, only when a bit is new to this handle).
+    fn mark_held(&mut self, vips: impl Iterator<Item = IpAddr>) -> Result<()> {
+        let new = filter_bits(vips);
+        if new.iter().zip(&self.held_bits).all(|(n, h)| n & !h == 0) {
+            return Ok(());
+        }
+        let mut want = self.held_filter.get(&0, 0).context("reading lb_held_filter")?;
+        want.iter_mut().zip(&new).for_each(|(w, n)| *w |= n);
+        self.held_filter.set(0, want, 0).context("writing lb_held_filter")?;
+        self.held_bits = want;
+        Ok(())
+    }
+
+    /// Rewrites `lb_held_filter` from the entries left (after a removal).
+    fn sync_held_filter(&mut self) -> Result<()> {
+        let want = filter_bits(self.entries()?.into_iter().map(|e| e.vip));
+        if want != self.held_bits {
+            self.held_filter.set(0, want, 0).context("writing lb_held_filter")?;
+            self.held_bits = want;
+        }
+        Ok(())
+    }
+
+    /// The `lb_held_filter` bitmap as stored.
+    pub fn held_filter(&self) -> Result<[u32; VIP_FILTER_WORDS as usize]> {
+        Ok(self.held_filter.get(&0, 0)?)
     }
 
     /// Every held-VIP entry of both families, sorted (one batched read each).

@@ -10,7 +10,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::maps::IterableMap as _;
 use vip_common::*;
 
-use super::{batch, ignore_missing, reset_counter, Dataplane, DataplaneError, Programmed};
+use super::{batch, filter_bits, ignore_missing, reset_counter, Dataplane, DataplaneError, Programmed};
 use crate::{
     maglev::{self, Member},
     model::{Protocol, ServiceAddr},
@@ -296,14 +296,7 @@ impl Dataplane {
     /// a reader sees is the old or the new one, and a sync only sets or only
     /// clears the bits that change).
     pub(super) fn sync_vip_filter(&mut self, extra: impl Iterator<Item = IpAddr>) -> Result<()> {
-        let mut want = [0u32; VIP_FILTER_WORDS as usize];
-        for vip in self.programmed.keys().map(|a| a.vip).chain(extra) {
-            let bit = match vip {
-                IpAddr::V4(v) => vip_filter_bit(v.octets()),
-                IpAddr::V6(v) => vip_filter_bit6(v.octets()),
-            };
-            want[(bit / 32) as usize] |= 1 << (bit % 32);
-        }
+        let want = filter_bits(self.programmed.keys().map(|a| a.vip).chain(extra));
         if want != self.vip_filter_words {
             self.vip_filter.set(0, want, 0).context("writing lb4_vip_filter")?;
             self.vip_filter_words = want;
