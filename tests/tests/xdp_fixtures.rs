@@ -789,6 +789,29 @@ fn the_held_filter_follows_the_held_vips() {
     assert!(held_bit(&mut w, VIP_STALE.into()) && held_bit(&mut w, VIP6_VLAN.into()), "the others' bits kept");
 }
 
+/// Pins an older agent wrote, without `lb_held_filter`: a newer agent (or its
+/// CLI) opens them, holds and forgets VIPs, and the program still balances them.
+#[test]
+fn pins_without_the_held_filter_still_open_and_hold() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    std::fs::remove_file(w.pins.path.join(map_names::HELD_FILTER)).unwrap();
+    let mut dp = Dataplane::open(&w.pins.path).unwrap();
+    assert!(dp.held().held_filter().is_err(), "no held filter to read");
+    dp.hold_vip(IFINDEX, OTHER, monotonic_ns() + 3_600_000_000_000).unwrap();
+    dp.forget_vip(IFINDEX, OTHER).unwrap();
+    drop(dp);
+    let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 43000), (VIP, 80));
+    let ack = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 43000), (VIP, 80));
+    let to = ring_choice(&w.dp, svc(VIP, 80, PROTO_TCP), CLIENT, 43000, 80);
+    for (f, what) in [(&syn, "first packet"), (&ack, "second packet"), (&ack, "third packet")] {
+        let (verdict, out, _) = w.dp.test_run(f, 1, None).unwrap();
+        assert_eq!((verdict, out), (XDP_TX, forwarded(f, to)), "{what}");
+    }
+}
+
 /// `lb_held_filter` is a hint: every fixture gives the same verdict and frame,
 /// and flows keep their backends across ring changes, with every bit clear
 /// (pins an older agent wrote) or every bit set.

@@ -67,7 +67,8 @@ pub struct HeldVips {
     /// only (a flow's packet loads its flow-table line before the held-VIP
     /// lookup), so a bit lost to another handle's write costs speed, never a
     /// verdict; the agent writes held VIPs through the liveness thread's handle.
-    held_filter: Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
+    /// None when pinned by an older agent that had no such map.
+    held_filter: Option<Array<MapData, [u32; VIP_FILTER_WORDS as usize]>>,
     held_bits: [u32; VIP_FILTER_WORDS as usize],
     /// (ifindex, VIP) → conflicting claims the data path saw.
     conflicts: HashMap<MapData, ArpHeldKey, u64>,
@@ -82,8 +83,11 @@ pub struct HeldVips {
 impl HeldVips {
     /// The maps pinned under `dir`, with the epoch lock shared with the ring side.
     pub(super) fn open(dir: &Path, epoch: flow_cache::Ctl) -> Result<Self> {
-        let held_filter: Array<MapData, [u32; VIP_FILTER_WORDS as usize]> = open_pinned(dir, names::HELD_FILTER)?;
-        let held_bits = held_filter.get(&0, 0).context("reading lb_held_filter")?;
+        let held_filter: Option<Array<MapData, [u32; VIP_FILTER_WORDS as usize]>> = open_pinned(dir, names::HELD_FILTER).ok();
+        let held_bits = match &held_filter {
+            Some(f) => f.get(&0, 0).context("reading lb_held_filter")?,
+            None => [0; VIP_FILTER_WORDS as usize],
+        };
         Ok(Self {
             held_filter,
             held_bits,
@@ -240,22 +244,26 @@ impl HeldVips {
     /// Sets the `lb_held_filter` bits of `vips` before their entries are written
     /// (one write of the bitmap, only when a bit is new to this handle).
     fn mark_held(&mut self, vips: impl Iterator<Item = IpAddr>) -> Result<()> {
+        let Some(filter) = self.held_filter.as_mut() else { return Ok(()) };
         let new = filter_bits(vips);
         if new.iter().zip(&self.held_bits).all(|(n, h)| n & !h == 0) {
             return Ok(());
         }
-        let mut want = self.held_filter.get(&0, 0).context("reading lb_held_filter")?;
+        let mut want = filter.get(&0, 0).context("reading lb_held_filter")?;
         want.iter_mut().zip(&new).for_each(|(w, n)| *w |= n);
-        self.held_filter.set(0, want, 0).context("writing lb_held_filter")?;
+        filter.set(0, want, 0).context("writing lb_held_filter")?;
         self.held_bits = want;
         Ok(())
     }
 
     /// Rewrites `lb_held_filter` from the entries left (after a removal).
     fn sync_held_filter(&mut self) -> Result<()> {
+        if self.held_filter.is_none() {
+            return Ok(());
+        }
         let want = filter_bits(self.entries()?.into_iter().map(|e| e.vip));
-        if want != self.held_bits {
-            self.held_filter.set(0, want, 0).context("writing lb_held_filter")?;
+        if let Some(filter) = self.held_filter.as_mut().filter(|_| want != self.held_bits) {
+            filter.set(0, want, 0).context("writing lb_held_filter")?;
             self.held_bits = want;
         }
         Ok(())
@@ -263,7 +271,8 @@ impl HeldVips {
 
     /// The `lb_held_filter` bitmap as stored.
     pub fn held_filter(&self) -> Result<[u32; VIP_FILTER_WORDS as usize]> {
-        Ok(self.held_filter.get(&0, 0)?)
+        let filter = self.held_filter.as_ref().context("lb_held_filter is not pinned (an older agent's maps)")?;
+        Ok(filter.get(&0, 0)?)
     }
 
     /// Every held-VIP entry of both families, sorted (one batched read each).
