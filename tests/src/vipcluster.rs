@@ -225,6 +225,9 @@ pub struct LoadReport {
     /// was tried, after the load's start.
     pub broken_at: Vec<Duration>,
     pub failed_at: Vec<Duration>,
+    /// Each failed new connection: when (after the start, and the time of day in
+    /// UTC, to set beside the agents' logs) and the error.
+    pub failed_how: Vec<String>,
 }
 
 impl LoadReport {
@@ -236,13 +239,17 @@ impl LoadReport {
 /// What the long-lived connections of a [`Load`] report.
 type LongLived = (BTreeMap<String, u32>, BTreeMap<String, u32>, Vec<String>, Vec<Duration>);
 
+/// The new-connection thread's tally: attempts, the failures (when, and how),
+/// the longest gap between successes and when it ended.
+type NewConnections = (u32, Vec<(Duration, String)>, Duration, Duration);
+
 /// A client load on `vip`:80 from the client namespace: a new connection every
 /// 20 ms, and long-lived connections each echoing a line every 100 ms. Bounded:
 /// it stops at [`Load::finish`] or after 10 minutes.
 pub struct Load {
     stop: Arc<AtomicBool>,
     started: Instant,
-    new: JoinHandle<(u32, Vec<Duration>, Duration, Duration)>,
+    new: JoinHandle<NewConnections>,
     long: JoinHandle<LongLived>,
 }
 
@@ -271,7 +278,7 @@ impl Load {
                         }
                         last_ok = now;
                     }
-                    Err(_) => failed.push(tried),
+                    Err(e) => failed.push((tried, format!("{} UTC: {e:#}", utc_now()))),
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -322,9 +329,11 @@ impl Load {
 
     pub fn finish(self) -> Result<LoadReport> {
         self.stop.store(true, Ordering::Relaxed);
-        let (attempts, failed_at, longest_gap, gap_end) = self.new.join().map_err(|_| anyhow!("the new-connection thread panicked"))?;
+        let (attempts, failed, longest_gap, gap_end) = self.new.join().map_err(|_| anyhow!("the new-connection thread panicked"))?;
         let (long_lived, broken, broken_how, broken_at) = self.long.join().map_err(|_| anyhow!("the long-lived thread panicked"))?;
-        Ok(LoadReport { attempts, failed: failed_at.len() as u32, longest_gap, gap_end, long_lived, broken, broken_how, broken_at, failed_at })
+        let failed_at = failed.iter().map(|(t, _)| *t).collect();
+        let failed_how: Vec<String> = failed.into_iter().map(|(t, how)| format!("at {t:?} ({how})")).collect();
+        Ok(LoadReport { attempts, failed: failed_how.len() as u32, longest_gap, gap_end, long_lived, broken, broken_how, broken_at, failed_at, failed_how })
     }
 }
 
@@ -581,6 +590,13 @@ pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Result<Option
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The time of day in UTC (HH:MM:SS.mmm), as the agents' logs stamp it.
+fn utc_now() -> String {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let s = d.as_secs() % 86_400;
+    format!("{:02}:{:02}:{:02}.{:03}", s / 3600, s / 60 % 60, s % 60, d.subsec_millis())
 }
 
 /// The agents' logs, current and previous containers (for failure messages).

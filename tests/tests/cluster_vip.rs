@@ -160,7 +160,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     assert!(f.load.longest_gap < 3 * SECOND, "link cut: new connections stopped for {:?}", f.load.longest_gap);
     let not_ready = vc::wait_cut_node_tainted(&c, &f.victim).unwrap();
     eprintln!("cluster-vip: {} NotReady (Unknown) and tainted {not_ready:?} after its VIP had moved", f.victim);
-    let back = vc::restore_link(&c, &f.victim, vip).unwrap();
+    let back = vc::restore_link(&c, &f.victim, vip).unwrap_or_else(|e| panic!("restoring {}'s link: {e:#}\n{}", f.victim, vc::agent_logs(&c)));
     eprintln!("cluster-vip: {} back: {back:?}", f.victim);
 
     // A node whose kubelet stops (its agent and pods keep running): the controller
@@ -196,7 +196,8 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     let at_the_move = |t: &Duration| first.zip(last).is_some_and(|(f, l)| *t + SECOND >= f && *t <= l + SECOND);
     assert!(
         r.failed_at.iter().all(at_the_move) && r.failed <= 3,
-        "kubelet stopped: the VIP moved between two live agents, no new connection may fail but those to the leaving node's pods at the move: {r:?}"
+        "kubelet stopped: the VIP moved between two live agents, no new connection may fail but those to the leaving node's pods at the move: {r:?}\n{}",
+        vc::agent_logs(&c)
     );
     let f = vc::FaultReport { victim: victim.clone(), fault_at, new_holder: None, load: r, pod_nodes };
     survivors_kept(&c, &f, "kubelet stopped");
@@ -218,7 +219,7 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
             r.broken_total(),
             r.long_lived.values().sum::<u32>()
         );
-        assert_eq!((r.failed, r.broken_total()), (0, 0), "{what}: failed new connections and broken long-lived ones: {r:?}");
+        assert_eq!((r.failed, r.broken_total()), (0, 0), "{what}: failed new connections and broken long-lived ones: {r:?}\n{}", vc::agent_logs(&c));
     }
 
     // 6. Uninstall.
