@@ -9,8 +9,8 @@ use vip_agent::{
     model::Protocol,
 };
 use vip_common::{
-    flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, map_names, vip_filter_bit, vip_filter_bit6, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP,
-    PROTO_UDP, VIP_FILTER_WORDS,
+    flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, map_names, vip_filter_bit_of, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP,
+    VIP_FILTER_WORDS,
 };
 use vip_tests::{
     frames::{self, Ip4, Mac},
@@ -740,10 +740,7 @@ fn run_cases(w: &mut World, context: &str) {
 /// Whether `lb_held_filter` has `vip`'s bit.
 fn held_bit(w: &mut World, vip: IpAddr) -> bool {
     let words = w.dp.held().held_filter().unwrap();
-    let bit = match vip {
-        IpAddr::V4(v) => vip_filter_bit(v.octets()),
-        IpAddr::V6(v) => vip_filter_bit6(v.octets()),
-    };
+    let bit = vip_filter_bit_of(vip);
     words[(bit / 32) as usize] & (1 << (bit % 32)) != 0
 }
 
@@ -783,9 +780,10 @@ fn the_held_filter_follows_the_held_vips() {
     }
     w.dp.release_vip(IFINDEX, VIP).unwrap();
     assert!(held_bit(&mut w, VIP.into()), "released: a stale entry, its bit kept");
-    w.dp.forget_vip(IFINDEX, VIP).unwrap();
-    w.dp.forget_vip(IFINDEX, VIP6).unwrap();
-    assert!(!held_bit(&mut w, VIP.into()) && !held_bit(&mut w, VIP6.into()), "forgotten: bits cleared");
+    w.dp.held().forget_all(&[(IFINDEX, VIP.into()), (IFINDEX, VIP6.into())]).unwrap();
+    assert!(!held_bit(&mut w, VIP.into()) && !held_bit(&mut w, VIP6.into()), "forgotten together: bits cleared");
+    w.dp.forget_vip(IFINDEX, VIP_LOCAL).unwrap();
+    assert!(!held_bit(&mut w, VIP_LOCAL.into()), "forgotten alone: bit cleared");
     assert!(held_bit(&mut w, VIP_STALE.into()) && held_bit(&mut w, VIP6_VLAN.into()), "the others' bits kept");
 }
 

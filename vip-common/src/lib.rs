@@ -125,6 +125,15 @@ pub fn vip_filter_bit6(addr: [u8; 16]) -> u32 {
     vip_filter_bit(fold6(addr))
 }
 
+/// The bitmap bit of an address of either family ([`vip_filter_bit`],
+/// [`vip_filter_bit6`]): `lb4_vip_filter`'s and `lb_held_filter`'s.
+pub fn vip_filter_bit_of(addr: core::net::IpAddr) -> u32 {
+    match addr {
+        core::net::IpAddr::V4(v) => vip_filter_bit(v.octets()),
+        core::net::IpAddr::V6(v) => vip_filter_bit6(v.octets()),
+    }
+}
+
 /// An IPv6 address folded into four bytes: its two halves XORed (the second
 /// rotated, so that equal halves do not cancel), then the result's two halves.
 #[inline(always)]

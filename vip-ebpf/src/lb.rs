@@ -259,8 +259,7 @@ pub fn lb_touch_early<F: Flows>(s: *mut Scratch) {
     let hinted = unsafe { read_volatile(&(*s).syn) } == 0 && matches!(lb_bit_clear(&lb_held_filter, F::filter_bit(s)), Ok(false));
     unsafe { write_volatile(&raw mut (*s).touched, hinted as u32) };
     if hinted {
-        lb_flow_touch::<F>(s);
-        F::first_touch(s);
+        lb_touch::<F>(s);
     }
 }
 
@@ -270,9 +269,15 @@ pub fn lb_touch_early<F: Flows>(s: *mut Scratch) {
 #[inline(always)]
 pub fn lb_touch_if<F: Flows>(s: *mut Scratch, held: bool) {
     if held && unsafe { read_volatile(&(*s).syn) } == 0 && unsafe { read_volatile(&(*s).touched) } == 0 {
-        lb_flow_touch::<F>(s);
-        F::first_touch(s);
+        lb_touch::<F>(s);
     }
+}
+
+/// Loads the flow's `lb_flows` line (its hash to the scratch) and first-packet slot.
+#[inline(always)]
+fn lb_touch<F: Flows>(s: *mut Scratch) {
+    lb_flow_touch::<F>(s);
+    F::first_touch(s);
 }
 
 /// Computes the flow's keyed hash (to the scratch; the key from `lb_flows_ctl`,

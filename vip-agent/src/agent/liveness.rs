@@ -506,10 +506,13 @@ impl Liveness {
                         Some(_) => self.link_of(e.vip).is_some_and(|l| l.ifindex != e.ifindex) && e.deadline_ns == 0,
                     })
                     .collect();
-                for e in drop {
-                    match self.s.held.forget(e.ifindex, e.vip) {
-                        Ok(()) => info!(vip = %e.vip, ifindex = e.ifindex, "forgot VIP (in no pool, or moved to another interface)"),
-                        Err(err) => error!(vip = %e.vip, "forgetting VIP: {err:#}"),
+                if !drop.is_empty() {
+                    let gone: Vec<(u32, IpAddr)> = drop.iter().map(|e| (e.ifindex, e.vip)).collect();
+                    if let Err(err) = self.s.held.forget_all(&gone) {
+                        error!("forgetting VIPs: {err:#}");
+                    }
+                    for e in drop {
+                        info!(vip = %e.vip, ifindex = e.ifindex, "forgot VIP (in no pool, or moved to another interface)");
                     }
                 }
             }

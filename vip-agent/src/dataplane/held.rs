@@ -233,12 +233,28 @@ impl HeldVips {
 
     /// Removes `vip`'s entry (the VIP left every pool).
     pub fn forget(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
-        ignore_missing(match key(ifindex, vip) {
-            Key::V4(k) => self.held.remove(&k),
-            Key::V6(k) => self.held6.remove(&k),
-        })?;
-        self.sync_held_filter()?;
-        self.epoch.bump() // its cached flows must stop being forwarded
+        self.forget_all(&[(ifindex, vip)])
+    }
+
+    /// Removes the entries of these (ifindex, VIP): one rewrite of
+    /// `lb_held_filter` (a read of every entry) and one epoch bump for them all,
+    /// so that a pool's VIPs leaving together cost the liveness thread one pass.
+    /// Every removal is tried; the first failure is returned.
+    pub fn forget_all(&mut self, gone: &[(u32, IpAddr)]) -> Result<()> {
+        let mut failed = None;
+        for &(ifindex, vip) in gone {
+            let removed = ignore_missing(match key(ifindex, vip) {
+                Key::V4(k) => self.held.remove(&k),
+                Key::V6(k) => self.held6.remove(&k),
+            });
+            if let Err(e) = removed {
+                failed.get_or_insert(e.context(format!("forgetting {vip} on interface {ifindex}")));
+            }
+        }
+        // Their cached flows must stop being forwarded; the bitmap, a hint, after.
+        let bumped = self.epoch.bump();
+        let synced = self.sync_held_filter();
+        failed.map_or(Ok(()), Err).and(bumped).and(synced)
     }
 
     /// Sets the `lb_held_filter` bits of `vips` before their entries are written

@@ -339,11 +339,7 @@ fn reset_counter(map: &mut PerCpuArray<MapData, Counter>, i: u32) -> Result<()> 
 /// The bitmap of `lb4_vip_filter` or `lb_held_filter` with the bits of `addrs` set.
 fn filter_bits(addrs: impl Iterator<Item = IpAddr>) -> [u32; VIP_FILTER_WORDS as usize] {
     let mut words = [0u32; VIP_FILTER_WORDS as usize];
-    for addr in addrs {
-        let bit = match addr {
-            IpAddr::V4(v) => vip_filter_bit(v.octets()),
-            IpAddr::V6(v) => vip_filter_bit6(v.octets()),
-        };
+    for bit in addrs.map(vip_filter_bit_of) {
         words[(bit / 32) as usize] |= 1 << (bit % 32);
     }
     words
