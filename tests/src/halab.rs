@@ -814,24 +814,25 @@ pub fn recv_arp(fd: &std::os::fd::OwnedFd) -> Option<(u16, [u8; 6], Ipv4Addr, Ip
     })
 }
 
-/// The address a frame from `fd` claims and the MAC claiming it: an ARP frame's
-/// sender, or an untagged Neighbor Advertisement's target (None: neither, or a
-/// timeout).
-fn recv_claim(fd: &std::os::fd::OwnedFd) -> Option<([u8; 6], IpAddr)> {
+/// One frame from `fd` (`flags` for recv(2)): None on a timeout or, with
+/// MSG_DONTWAIT, when none is queued; else the address it claims and the MAC
+/// claiming it, if it is an ARP frame (its sender) or an untagged Neighbor
+/// Advertisement (its target).
+fn recv_claim(fd: &std::os::fd::OwnedFd, flags: i32) -> Option<Option<([u8; 6], IpAddr)>> {
     use std::os::fd::AsRawFd;
     let mut buf = [0u8; 128];
     // SAFETY: valid fd and buffer.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
     let n = usize::try_from(n).ok()?;
-    match u16::from_be_bytes([buf[12], buf[13]]) {
-        0x0806 if n >= 42 => Some((buf[22..28].try_into().ok()?, Ipv4Addr::new(buf[28], buf[29], buf[30], buf[31]).into())),
+    Some(match u16::from_be_bytes([buf[12], buf[13]]) {
+        0x0806 if n >= 42 => buf[22..28].try_into().ok().map(|mac| (mac, Ipv4Addr::new(buf[28], buf[29], buf[30], buf[31]).into())),
         // IPv6, next header ICMPv6 (58), type 136; the target follows the flags word.
         0x86dd if n >= 78 && buf[20] == 58 && buf[54] == 136 => {
             let target: [u8; 16] = buf[62..78].try_into().ok()?;
-            Some((buf[6..12].try_into().ok()?, Ipv6Addr::from(target).into()))
+            buf[6..12].try_into().ok().map(|mac| (mac, Ipv6Addr::from(target).into()))
         }
         _ => None,
-    }
+    })
 }
 
 impl ArpWatch {
@@ -845,8 +846,19 @@ impl ArpWatch {
             let _ = ready_tx.send(fd.as_ref().map(|_| ()).map_err(|e| e.to_string()));
             let Ok(fd) = fd else { return seen };
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some((mac, addr)) = recv_claim(&fd) {
+                if let Some(Some((mac, addr))) = recv_claim(&fd, 0) {
                     seen.push((Instant::now(), mac, addr));
+                }
+            }
+            // Frames queued before the stop but not read yet (this thread was
+            // not scheduled meanwhile): the caller saw their effects already,
+            // e.g. ping's answer came after the advertisement that let it send.
+            // Bounded: a segment sending without pause cannot hold this forever.
+            for _ in 0..100_000 {
+                match recv_claim(&fd, libc::MSG_DONTWAIT) {
+                    Some(Some((mac, addr))) => seen.push((Instant::now(), mac, addr)),
+                    Some(None) => {}
+                    None => break,
                 }
             }
             seen

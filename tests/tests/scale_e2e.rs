@@ -151,11 +151,22 @@ fn a_health_change_on_2000_services_with_full_flow_tables_never_touches_liveness
         let v = IpAddr::V6(vip6(k));
         let owner = lab.index_of(&owners_before[0][&v]);
         lab.client.ip(&["-6", "neigh", "flush", "dev", "eth0"]).unwrap();
+        let ndp = |lab: &HaLab| -> Vec<String> { lab.metrics(owner).lines().filter(|l| l.contains("\"ndp_")).map(str::to_owned).collect() };
+        let ndp_before = ndp(&lab);
         let watch = ArpWatch::start(&lab.client).unwrap();
-        let _ = lab.client.cmd("ping").args(["-6", "-c", "1", "-W", "2", &v.to_string()]).output().unwrap();
+        let ping = lab.client.cmd("ping").args(["-6", "-c", "1", "-W", "2", &v.to_string()]).output().unwrap();
         let macs: BTreeSet<[u8; 6]> = watch.finish_all().into_iter().filter(|(_, _, a)| *a == v).map(|(_, mac, _)| mac).collect();
-        assert_eq!(macs, BTreeSet::from([lab.nodes[owner].mac]), "Neighbor Advertisements for {v} (owner {}): {macs:x?}", lab.nodes[owner].name);
-        assert_eq!(lab.client_neigh(v), Some(lab.nodes[owner].mac), "the client's entry for {v}");
+        let entry = lab.client_neigh(v);
+        let ndp_after = ndp(&lab);
+        let said = || {
+            format!(
+                "(owner {}; the client's entry {entry:x?}; ping: {}; the owner's NDP counters before {ndp_before:?}, after {ndp_after:?})",
+                lab.nodes[owner].name,
+                String::from_utf8_lossy(&ping.stdout).trim()
+            )
+        };
+        assert_eq!(macs, BTreeSet::from([lab.nodes[owner].mac]), "Neighbor Advertisements for {v} {}", said());
+        assert_eq!(entry, Some(lab.nodes[owner].mac), "the client's entry for {v} {}", said());
     }
     for a in lab.nodes.iter_mut().filter_map(|n| n.agent.as_mut()) {
         a.check_alive().unwrap();
