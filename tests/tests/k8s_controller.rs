@@ -220,7 +220,7 @@ async fn unprogrammed_services_are_reported_on_the_pool_and_the_service(api: Bac
     let (_, msg) = pool_condition(&api, "p", "Programmed").unwrap();
     assert_eq!(msg, format!("1 service-port(s) not programmed, retried: {vip} {why}"));
     eventually("an Event", || events(&api, "NotProgrammed").len() == 1).await;
-    assert_eq!(events(&api, "NotProgrammed"), [format!("web: {vip}: not in the data path, retried: {why}")]);
+    assert_eq!(events(&api, "NotProgrammed"), [format!("web: {vip} is not in the data path, retried: {why}")]);
     // Room again: the condition clears, no further Event.
     unprogrammed.send_replace(BTreeMap::new());
     eventually("programmed again", || pool_condition(&api, "p", "Programmed").is_some_and(|c| c.0 == "True")).await;

@@ -395,9 +395,8 @@ impl Controller {
             if self.reported_unprogrammed.get(vip) == Some(errors) {
                 continue;
             }
-            // An IPv6 VIP is not retried: it waits for the data path to serve IPv6.
-            let retried = if vip.is_ipv4() { ", retried" } else { "" };
-            let note = format!("{vip}: not in the data path{retried}: {}", errors.join("; "));
+            // The agents retry every service-port that failed, of either family.
+            let note = format!("{vip} is not in the data path, retried: {}", errors.join("; "));
             let ev = Event { type_: EventType::Warning, reason: "NotProgrammed".into(), note: Some(note), action: "Program".into(), secondary: None };
             for svc in by_vip.get(vip).into_iter().flatten() {
                 self.publish(&ev, *svc).await;
