@@ -53,7 +53,7 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
     let mut kl = KubeLab::start(spec(), lab_exe()).unwrap();
     scenario(&kl);
     arp_conflict(&kl);
-    excluded(&kl);
+    excluded(&mut kl);
     failover_and_release(&mut kl);
 }
 
@@ -81,7 +81,7 @@ fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
     assert_eq!((cells[1], cells[2], cells[3], cells[6]), (v.to_string().as_str(), holder.as_str(), "eth0", r#"["node-1"]"#), "{kubectl}");
     eprintln!("kubectl get vipstatuses:\n{kubectl}");
     arp_conflict(&kl);
-    excluded(&kl);
+    excluded(&mut kl);
     failover_and_release(&mut kl);
     outage(&kl);
 }
@@ -172,53 +172,76 @@ fn failover_and_release(kl: &mut KubeLab) {
 /// pool's `Held=False` naming the label, a `NotHeld` Event on the Service, the VIP's
 /// VipStatus `Held=False`, `vip_pool_vips_unowned` on the agents. The labels go:
 /// answered again, `Held=True`, a `Held` Event.
-fn excluded(kl: &KubeLab) {
+fn excluded(kl: &mut KubeLab) {
     const LABEL: &str = vip_agent::k8s::source::EXCLUDE_FROM_LB_LABEL;
-    let (lab, api) = (&kl.lab, &kl.api);
     let v = vip(0);
-    let label = |on: bool| {
-        for (i, n) in lab.nodes.iter().enumerate() {
-            if api.is_real() {
+    let label = |kl: &KubeLab, on: bool| {
+        for (i, n) in kl.lab.nodes.iter().enumerate() {
+            if kl.api.is_real() {
                 kl.kubectl(&["label", "node", &n.name, &if on { format!("{LABEL}=") } else { format!("{LABEL}-") }]);
             } else {
                 let mut o = vip_tests::kubelab::node_object(&n.name, &vip_tests::halab::node_addr(i).to_string());
                 if on {
                     o["metadata"]["labels"][LABEL] = "".into();
                 }
-                api.insert("nodes", o).unwrap();
+                kl.api.insert("nodes", o).unwrap();
             }
         }
     };
-    let pool_held = |status: &str| {
+    let pool_held = |kl: &KubeLab, status: &str| {
+        let api = &kl.api;
         wait_for(Duration::from_secs(15), || {
             let p = api.get("vippools.vip.dev", None, "lab")?;
             p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Held" && c["status"] == status).cloned()
         })
-        .unwrap_or_else(|| panic!("pool lab not Held={status} within 15 s: {:?}\n{}", api.get("vippools.vip.dev", None, "lab"), lab.agent_logs()))
+        .unwrap_or_else(|| panic!("pool lab not Held={status} within 15 s: {:?}\n{}", api.get("vippools.vip.dev", None, "lab"), kl.lab.agent_logs()))
     };
-    let events = |reason: &str| api.list("events.events.k8s.io", None).into_iter().filter(|e| e["reason"] == reason && e["regarding"]["name"] == "web").count();
-    let answered = || vip_tests::netns::arping(&lab.client, "eth0", v).0;
-    assert_eq!(events("NotHeld"), 0);
+    let events = |kl: &KubeLab, reason: &str| {
+        kl.api.list("events.events.k8s.io", None).into_iter().filter(|e| e["reason"] == reason && e["regarding"]["name"] == "web").count()
+    };
+    let answered = |kl: &KubeLab| vip_tests::netns::arping(&kl.lab.client, "eth0", v).0;
+    assert_eq!(events(kl, "NotHeld"), 0);
 
-    label(true);
-    let unanswered = wait_for(Duration::from_secs(10), || (!answered()).then_some(()));
-    assert!(unanswered.is_some(), "{v} still answered with every node labelled {LABEL}\n{}", lab.agent_logs());
-    let c = pool_held("False");
+    label(kl, true);
+    let unanswered = wait_for(Duration::from_secs(10), || (!answered(kl)).then_some(()));
+    assert!(unanswered.is_some(), "{v} still answered with every node labelled {LABEL}\n{}", kl.lab.agent_logs());
+    let c = pool_held(kl, "False");
     let msg = c["message"].as_str().unwrap_or_default();
     assert!(msg.contains(&v.to_string()) && msg.contains(&format!("labelled {LABEL}")), "the pool's Held condition names the VIP and why: {c}");
-    assert!(wait_for(Duration::from_secs(10), || (events("NotHeld") == 1).then_some(())).is_some(), "no NotHeld Event on web");
+    assert!(wait_for(Duration::from_secs(10), || (events(kl, "NotHeld") == 1).then_some(())).is_some(), "no NotHeld Event on web");
     vip_status(kl, v, "not held", |s| s["conditions"][0]["status"] == "False");
     let unowned = r#"vip_pool_vips_unowned{pool="lab"} 1"#;
-    let every = wait_for(Duration::from_secs(10), || (0..lab.nodes.len()).all(|i| lab.metrics(i).contains(unowned)).then_some(()));
-    assert!(every.is_some(), "not every agent exports {unowned}: {:?}", (0..lab.nodes.len()).map(|i| lab.metrics(i)).collect::<Vec<_>>());
+    let every = wait_for(Duration::from_secs(10), || (0..kl.lab.nodes.len()).all(|i| kl.lab.metrics(i).contains(unowned)).then_some(()));
+    assert!(every.is_some(), "not every agent exports {unowned}: {:?}", (0..kl.lab.nodes.len()).map(|i| kl.lab.metrics(i)).collect::<Vec<_>>());
 
-    label(false);
-    let back = wait_for(Duration::from_secs(10), || answered().then_some(()));
-    assert!(back.is_some(), "{v} not answered again once the labels went\n{}", lab.agent_logs());
-    pool_held("True");
-    assert!(wait_for(Duration::from_secs(10), || (events("Held") == 1).then_some(())).is_some(), "no Held Event on web");
-    assert_eq!(events("NotHeld"), 1, "one Warning for the whole episode");
+    // An agent (re)started on a node the model leaves out, as a DaemonSet's pod
+    // on a Node not Ready or not registered yet: it waits, neither exiting (a
+    // crash-looping pod) nor attaching, and joins once the Node is let in. Not the
+    // elected controller's: its successor would wait for the Lease to expire.
+    let lease = kl.api.get("leases.coordination.k8s.io", Some("vip-system"), "vip-controller").expect("a Lease");
+    let r = kl.lab.nodes.iter().position(|n| lease["spec"]["holderIdentity"] != n.name.as_str()).unwrap();
+    kl.lab.stop_agent(r, libc::SIGTERM);
+    // Its log is appended to: only what the new agent writes counts.
+    let log_from = std::fs::metadata(&kl.lab.nodes[r].log).unwrap().len() as usize;
+    let new_log =
+        |kl: &KubeLab| std::fs::read(&kl.lab.nodes[r].log).map(|b| String::from_utf8_lossy(&b[log_from.min(b.len())..]).into_owned()).unwrap_or_default();
+    kl.lab.start_agent(r).unwrap();
+    let waiting = wait_for(Duration::from_secs(10), || Some(new_log(kl)).filter(|l| l.contains("waiting for it")));
+    assert!(waiting.is_some(), "the restarted agent does not say it waits to be in the model\n{}", kl.lab.agent_logs());
+    std::thread::sleep(Duration::from_secs(1));
+    kl.lab.nodes[r].agent.as_mut().unwrap().check_alive().unwrap();
+
+    label(kl, false);
+    let back = wait_for(Duration::from_secs(10), || answered(kl).then_some(()));
+    assert!(back.is_some(), "{v} not answered again once the labels went\n{}", kl.lab.agent_logs());
+    pool_held(kl, "True");
+    assert!(wait_for(Duration::from_secs(10), || (events(kl, "Held") == 1).then_some(())).is_some(), "no Held Event on web");
+    assert_eq!(events(kl, "NotHeld"), 1, "one Warning for the whole episode");
     vip_status(kl, v, "held again", |s| s["conditions"][0]["status"] == "True" && s["holder"].is_string());
+    let all: Vec<usize> = (0..kl.lab.nodes.len()).collect();
+    kl.lab.wait_converged_on(&all, 1, Duration::from_secs(10)).unwrap_or_else(|e| panic!("the restarted agent did not join: {e:#}\n{}", kl.lab.agent_logs()));
+    let log = new_log(kl);
+    assert!(log.contains("this node is in the cluster's model now"), "the restarted agent:\n{log}");
 }
 
 /// The addresses of the Services in `shop`, by name.

@@ -230,8 +230,26 @@ pub async fn run(opts: Options) -> Result<()> {
         agent.metrics.config_valid.set(1);
         agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
     }
+    let mut term = unix::signal(unix::SignalKind::terminate())?;
+    let mut int = unix::signal(unix::SignalKind::interrupt())?;
     // The program is attached where the model's pools live before anything is held.
     agent.adopt(world);
+    // A node the model leaves out (its Node not Ready, tainted not-ready or
+    // network-unavailable, labelled exclude-from-external-load-balancers, or not
+    // registered yet) has nowhere to attach to yet: it waits to be let in. Exiting
+    // would crash-loop a DaemonSet's pod, whose back-off then delays it for minutes
+    // once the Node is Ready. (The file source refuses an unlisted node above.)
+    if agent.interfaces.attached_count() == 0 && agent.world.node(&agent.opts.node_name).is_none() {
+        info!(node = %agent.opts.node_name, "this node is not in the cluster's model (its Node not Ready, tainted, excluded from load balancers, or not registered yet): waiting for it");
+        while agent.interfaces.attached_count() == 0 && agent.world.node(&agent.opts.node_name).is_none() {
+            tokio::select! {
+                Some(world) = next_world(&mut feed) => agent.adopt(Arc::new(world)),
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+            }
+        }
+        info!("this node is in the cluster's model now");
+    }
     if agent.interfaces.attached_count() == 0 {
         bail!("the XDP program is attached to no interface: {}", agent.iface_problems.join("; "));
     }
@@ -278,8 +296,6 @@ pub async fn run(opts: Options) -> Result<()> {
     // rewritten then too: its timestamp tells `inspect` the agent is alive.
     let mut host_check = tokio::time::interval(crate::status::REFRESH_INTERVAL);
     let mut hup = unix::signal(unix::SignalKind::hangup())?;
-    let mut term = unix::signal(unix::SignalKind::terminate())?;
-    let mut int = unix::signal(unix::SignalKind::interrupt())?;
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => {
