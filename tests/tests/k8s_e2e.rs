@@ -228,8 +228,14 @@ fn excluded(kl: &mut KubeLab) {
     kl.lab.start_agent(r).unwrap();
     let waiting = wait_for(Duration::from_secs(10), || Some(new_log(kl)).filter(|l| l.contains("waiting for it")));
     assert!(waiting.is_some(), "the restarted agent does not say it waits to be in the model\n{}", kl.lab.agent_logs());
-    std::thread::sleep(Duration::from_secs(1));
+    // Past /healthz's 10 s without a liveness turn: a waiting agent stays healthy
+    // (a liveness probe would restart it) and not ready.
+    std::thread::sleep(Duration::from_secs(11));
     kl.lab.nodes[r].agent.as_mut().unwrap().check_alive().unwrap();
+    let probe = |path: &'static str| kl.lab.nodes[r].ns.run(move || vip_tests::halab::agent_http(path)).unwrap_or_default();
+    let (healthz, readyz) = (probe("/healthz"), probe("/readyz"));
+    assert!(healthz.starts_with("HTTP/1.0 200") || healthz.starts_with("HTTP/1.1 200"), "/healthz of a waiting agent: {healthz}");
+    assert!(readyz.contains(" 503 "), "/readyz of a waiting agent: {readyz}");
 
     label(kl, false);
     let back = wait_for(Duration::from_secs(10), || answered(kl).then_some(()));

@@ -36,6 +36,7 @@ use feed::{next_world, Feed};
 pub use liveness::{Membership, Uplinks};
 
 use crate::{
+    clock::monotonic_ns,
     config,
     dataplane::{self, AttachMode, Dataplane, ServiceAddr},
     ha::{self, garp::ArpSender},
@@ -241,9 +242,12 @@ pub async fn run(opts: Options) -> Result<()> {
     // once the Node is Ready. (The file source refuses an unlisted node above.)
     if agent.interfaces.attached_count() == 0 && agent.world.node(&agent.opts.node_name).is_none() {
         info!(node = %agent.opts.node_name, "this node is not in the cluster's model (its Node not Ready, tainted, excluded from load balancers, or not registered yet): waiting for it");
+        // Alive meanwhile (/healthz: a liveness probe must not restart it), not ready.
+        let mut alive = tokio::time::interval(Duration::from_secs(1));
         while agent.interfaces.attached_count() == 0 && agent.world.node(&agent.opts.node_name).is_none() {
             tokio::select! {
                 Some(world) = next_world(&mut feed) => agent.adopt(Arc::new(world)),
+                _ = alive.tick() => agent.metrics.liveness.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed),
                 _ = term.recv() => return Ok(()),
                 _ = int.recv() => return Ok(()),
             }
