@@ -240,11 +240,12 @@ pub async fn run(opts: Options) -> Result<()> {
     // registered yet) has nowhere to attach to yet: it waits to be let in. Exiting
     // would crash-loop a DaemonSet's pod, whose back-off then delays it for minutes
     // once the Node is Ready. (The file source refuses an unlisted node above.)
-    if agent.interfaces.attached_count() == 0 && agent.world.node(&agent.opts.node_name).is_none() {
+    let left_out = |a: &Agent| a.interfaces.attached_count() == 0 && a.world.node(&a.opts.node_name).is_none();
+    if left_out(&agent) {
         info!(node = %agent.opts.node_name, "this node is not in the cluster's model (its Node not Ready, tainted, excluded from load balancers, or not registered yet): waiting for it");
         // Alive meanwhile (/healthz: a liveness probe must not restart it), not ready.
         let mut alive = tokio::time::interval(Duration::from_secs(1));
-        while agent.interfaces.attached_count() == 0 && agent.world.node(&agent.opts.node_name).is_none() {
+        while left_out(&agent) {
             tokio::select! {
                 Some(world) = next_world(&mut feed) => agent.adopt(Arc::new(world)),
                 _ = alive.tick() => agent.metrics.liveness.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed),
