@@ -328,6 +328,15 @@ fn agent_restart_keeps_answering_and_forwarding() {
         if let Some(mut old) = lab.nodes[a].agent.take() {
             let _ = old.child.wait();
         }
+        if sig == libc::SIGTERM {
+            // It released what a peer took before it exited: its entry is stale
+            // at once, not at its deadline, so that it and the new holder are
+            // never both fresh holders (whose different rings could pass a
+            // flow's frames between them).
+            let dp = vip_agent::dataplane::Dataplane::open(&lab.nodes[a].pins.path).unwrap();
+            let entry = dp.held_ref().entries().unwrap().into_iter().find(|e| e.vip == std::net::IpAddr::from(v));
+            assert_eq!(entry.map(|e| e.deadline_ns), Some(0), "{name}: the stopped agent's entry for {v}: {entry:?}\n{}", lab.agent_logs());
+        }
         std::thread::sleep(down_for);
         for c in &mut conns {
             c.ping().unwrap_or_else(|e| panic!("{name}: connection to {} broke while the agent was down: {e:#}", c.backend));

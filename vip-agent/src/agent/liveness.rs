@@ -32,6 +32,10 @@ use crate::{
     model::{AnnounceMode, World},
 };
 
+/// How long a stopping agent waits for its leaving heartbeats to be sent before
+/// it releases the VIPs its peers take ([`Liveness::leave`]): 3 datagrams 1 ms apart.
+const LEAVE_SEND_WAIT: Duration = Duration::from_millis(100);
+
 /// What the liveness thread decided, for the programmer (rings follow `live`),
 /// the status and the controller.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -307,6 +311,12 @@ impl Liveness {
         loop {
             self.s.metrics.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed);
             tokio::select! {
+                Ok(()) = self.s.leave.changed() => {
+                    if self.s.leave.borrow_and_update().is_some() {
+                        self.leave().await;
+                        break;
+                    }
+                }
                 changed = self.inputs.changed() => {
                     if changed.is_err() {
                         break;
@@ -364,7 +374,37 @@ impl Liveness {
                 Some((from, findings)) = self.arp_reports.recv() => self.arp_findings(&from, findings),
             }
         }
-        info!("liveness thread stopping; held VIPs stay answered until their deadline");
+        info!("liveness thread stopping; VIPs still held stay answered until their deadline");
+    }
+
+    /// The agent stops: once its leaving heartbeats are out (peers take its VIPs
+    /// at once), the VIPs a live peer takes are released here (stale: no more
+    /// ARP answers; clients still sending here are balanced, frames from other
+    /// nodes passed). Left fresh until their deadline, they would make this node
+    /// and their new holder both fresh holders for that time, and two fresh
+    /// holders whose rings differ on a flow (this node's last state, the
+    /// peer's with this node leaving) forward its frames to each other, with no
+    /// hop limit at layer 2. A VIP no live peer takes stays answered until its
+    /// deadline, for the next agent.
+    async fn leave(&mut self) {
+        if let Some((_, rx)) = self.heartbeat.as_mut() {
+            // The task ends once it has sent them.
+            let sent = tokio::time::timeout(LEAVE_SEND_WAIT, async { while rx.changed().await.is_ok() {} }).await;
+            if sent.is_err() {
+                warn!("leaving heartbeats not sent within {LEAVE_SEND_WAIT:?}; releasing the VIPs peers take anyway");
+            }
+        }
+        let mut peers = self.live.clone();
+        peers.remove(&self.s.me);
+        let taken = ownership(&self.world, &self.s.me, &peers).owners;
+        let released: Vec<(IpAddr, u32)> = self.held.iter().filter(|(v, _)| taken.contains_key(v)).map(|(v, (_, i))| (*v, *i)).collect();
+        let _ = self.arp_tx.send(Order::Cancel(released.iter().map(|(v, _)| *v).collect()));
+        for (vip, ifindex) in &released {
+            match self.s.held.release(*ifindex, *vip) {
+                Ok(()) => info!(%vip, ifindex, new_holder = %taken[vip], "released VIP on leaving (its pinned flows keep being forwarded)"),
+                Err(e) => error!(%vip, "releasing VIP on leaving: {e:#}"),
+            }
+        }
     }
 
     /// (Re)starts heartbeats when their settings (our address, the peers eligible

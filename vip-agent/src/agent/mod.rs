@@ -347,10 +347,16 @@ pub async fn run(opts: Options) -> Result<()> {
     // deadAfter of silence) and keep it a backend while the next agent starts, so
     // that a rolling update breaks none of the connections it carries.
     leave_tx.send_replace(Some(LEAVING_STAY));
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    // Program and maps stay: held VIPs keep being answered until their deadline, so
-    // an agent restarted within the hold time takes over without a gap.
-    info!("stopping; the data path keeps running on the last state until held deadlines pass");
+    // The liveness thread sends them, releases the VIPs peers take, and ends
+    // (its membership sender dropped): bounded, a stop must not hang.
+    let ended = tokio::time::timeout(Duration::from_millis(500), async { while members.changed().await.is_ok() {} }).await;
+    if ended.is_err() {
+        warn!("the liveness thread did not end within 500 ms of the stop");
+    }
+    // Program and maps stay: VIPs no peer took keep being answered until their
+    // deadline, so that an agent restarted within the hold time takes over
+    // without a gap; released ones keep balancing clients that still send here.
+    info!("stopping; the data path keeps running on the last state");
     Ok(())
 }
 
