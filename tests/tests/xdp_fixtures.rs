@@ -9,8 +9,8 @@ use vip_agent::{
     model::Protocol,
 };
 use vip_common::{
-    flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, map_names, vip_filter_bit_of, Lb4FlowCacheEntry, Lb4FlowKey, PROTO_TCP, PROTO_UDP,
-    VIP_FILTER_WORDS,
+    flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, held_slot, map_names, vip_filter_bit, vip_filter_bit_of, ArpHeldKey, ArpHeldVip,
+    Lb4FlowCacheEntry, Lb4FlowKey, Lb4HeldSlot, Lb6HeldSlot, NdpHeldKey, HELD_SLOTS, PROTO_TCP, PROTO_UDP, VIP_FILTER_WORDS,
 };
 use vip_tests::{
     frames::{self, Ip4, Mac},
@@ -807,6 +807,131 @@ fn pins_without_the_held_filter_still_open_and_hold() {
     for (f, what) in [(&syn, "first packet"), (&ack, "second packet"), (&ack, "third packet")] {
         let (verdict, out, _) = w.dp.test_run(f, 1, None).unwrap();
         assert_eq!((verdict, out), (XDP_TX, forwarded(f, to)), "{what}");
+    }
+}
+
+/// `lb4_held_slots` and `lb6_held_slots` of the world's pins, every slot rewritten by `f`.
+fn rewrite_held_slots(w: &World, f: impl Fn(u64) -> u64) {
+    let open = |name| aya::maps::Map::Array(aya::maps::MapData::from_pin(w.pins.path.join(name)).unwrap());
+    let mut v4: aya::maps::Array<_, Lb4HeldSlot> = open(map_names::HELD_SLOTS).try_into().unwrap();
+    let mut v6: aya::maps::Array<_, Lb6HeldSlot> = open(map_names::HELD_SLOTS6).try_into().unwrap();
+    for i in 0..HELD_SLOTS {
+        let s = v4.get(&i, 0).unwrap();
+        if s != Lb4HeldSlot::default() {
+            v4.set(i, Lb4HeldSlot { held: ArpHeldVip { deadline_ns: f(s.held.deadline_ns), ..s.held }, ..s }, 0).unwrap();
+        }
+        let s = v6.get(&i, 0).unwrap();
+        if s != Lb6HeldSlot::default() {
+            v6.set(i, Lb6HeldSlot { held: ArpHeldVip { deadline_ns: f(s.held.deadline_ns), ..s.held }, ..s }, 0).unwrap();
+        }
+    }
+}
+
+/// Every held entry has a copy in its slot (fresh or stale: the entry's
+/// deadline, a check word that holds); a release or a removal empties the slot
+/// first, and holding again fills it.
+#[test]
+fn the_held_slots_follow_the_held_entries() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let copies = |w: &mut World| w.dp.held().slot_entries().unwrap();
+    let slots = copies(&mut w);
+    let entries = w.dp.held().entries().unwrap();
+    assert_eq!(slots.len(), entries.len(), "one slot each (no two of the fixture's VIPs share one): {slots:?}");
+    for e in &entries {
+        assert_eq!(slots.get(&(e.ifindex, e.vip)), Some(&(e.deadline_ns, true)), "{e:?}");
+    }
+    w.dp.release_vip(IFINDEX, VIP).unwrap();
+    assert!(!copies(&mut w).contains_key(&(IFINDEX, VIP.into())), "released: its slot emptied (the entry says stale)");
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    w.dp.hold_vip(IFINDEX, VIP, hour).unwrap();
+    assert_eq!(copies(&mut w).get(&(IFINDEX, VIP.into())).map(|c| c.1), Some(true), "held again: its slot filled");
+    w.dp.held().forget_all(&[(IFINDEX, VIP.into()), (IFINDEX, VIP6.into())]).unwrap();
+    let left = copies(&mut w);
+    assert!(!left.contains_key(&(IFINDEX, VIP.into())) && !left.contains_key(&(IFINDEX, VIP6.into())), "forgotten: slots emptied");
+    assert_eq!(left.len(), entries.len() - 2, "the others kept: {left:?}");
+}
+
+/// Two VIPs with one held slot: the first held keeps it, the other is found in
+/// `arp_held`, and both are balanced; released, the first frees the slot for
+/// the other's next refresh.
+#[test]
+fn two_vips_of_one_held_slot_are_both_balanced() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let slot = |v: Ipv4Addr| held_slot(vip_filter_bit(v.octets()));
+    let twin = (0..=u16::MAX)
+        .map(|i| Ipv4Addr::new(198, 19, (i >> 8) as u8, i as u8))
+        .find(|v| slot(*v) == slot(VIP))
+        .expect("an address of 198.19.0.0/16 shares VIP's slot");
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    w.dp.hold_vip(IFINDEX, twin, hour).unwrap();
+    w.dp.set_service(svc(twin, 80, PROTO_TCP), &[backend(1), backend(2), backend(3)], TABLE, 0).unwrap();
+    let copies = w.dp.held().slot_entries().unwrap();
+    assert!(copies.contains_key(&(IFINDEX, VIP.into())) && !copies.contains_key(&(IFINDEX, twin.into())), "{copies:?}");
+    for v in [VIP, twin] {
+        let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 43000), (v, 80));
+        let to = ring_choice(&w.dp, svc(v, 80, PROTO_TCP), CLIENT, 43000, 80);
+        assert_eq!(w.dp.test_run(&syn, 1, None).unwrap().0, XDP_TX, "{v}: forwarded");
+        assert_eq!(w.dp.test_run(&syn, 1, None).unwrap().1, forwarded(&syn, to), "{v}: to its ring's backend");
+    }
+    w.dp.release_vip(IFINDEX, VIP).unwrap();
+    w.dp.hold_vip(IFINDEX, twin, hour).unwrap();
+    assert!(w.dp.held().slot_entries().unwrap().contains_key(&(IFINDEX, twin.into())), "the slot freed goes to the other");
+}
+
+/// The held slots are a copy: every fixture gives the same verdict and frame
+/// with every slot emptied (pins an older agent wrote) and with every copy
+/// torn, its deadline never passing where its check word says otherwise (a read
+/// while the agent rewrites it): the lookup then falls back to `arp_held` and `ndp_held`,
+/// so a stale VIP stays stale.
+#[test]
+fn fixtures_byte_for_byte_whatever_the_held_slots() {
+    if !privileged() {
+        return;
+    }
+    for (what, f) in [("emptied", None), ("torn", Some(|_| u64::MAX))] {
+        let mut w = world();
+        match f {
+            Some(f) => rewrite_held_slots(&w, f),
+            None => {
+                let all: Vec<(u32, IpAddr)> = w.dp.held().slot_entries().unwrap().into_keys().collect();
+                let entries = w.dp.held().entries().unwrap();
+                // Emptied as a release empties them, the entries written back as they were.
+                for (ifindex, vip) in all {
+                    let e = entries.iter().find(|e| (e.ifindex, e.vip) == (ifindex, vip)).unwrap();
+                    w.dp.held().release(ifindex, vip).unwrap();
+                    if e.deadline_ns > 0 {
+                        rewrite_entry_deadline(&w, ifindex, vip, e.deadline_ns);
+                    }
+                }
+                assert!(w.dp.held().slot_entries().unwrap().is_empty());
+            }
+        }
+        run_cases(&mut w, &format!(" (held slots {what})"));
+    }
+}
+
+/// `vip`'s held entry written back with `deadline_ns` (as stored), its slot untouched.
+fn rewrite_entry_deadline(w: &World, ifindex: u32, vip: IpAddr, deadline_ns: u64) {
+    let open = |name| aya::maps::Map::HashMap(aya::maps::MapData::from_pin(w.pins.path.join(name)).unwrap());
+    match vip {
+        IpAddr::V4(v) => {
+            let mut m: aya::maps::HashMap<_, ArpHeldKey, ArpHeldVip> = open(map_names::HELD).try_into().unwrap();
+            let k = ArpHeldKey { ifindex, vip: v.octets() };
+            let h = m.get(&k, 0).unwrap();
+            m.insert(k, ArpHeldVip { deadline_ns, ..h }, 0).unwrap();
+        }
+        IpAddr::V6(v) => {
+            let mut m: aya::maps::HashMap<_, NdpHeldKey, ArpHeldVip> = open(map_names::HELD6).try_into().unwrap();
+            let k = NdpHeldKey { ifindex, vip: v.octets() };
+            let h = m.get(&k, 0).unwrap();
+            m.insert(k, ArpHeldVip { deadline_ns, ..h }, 0).unwrap();
+        }
     }
 }
 

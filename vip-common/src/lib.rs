@@ -31,7 +31,9 @@ pub mod map_names {
     pub const FLOW_CACHE6: &str = "lb6_flow_cache";
     pub const NODES: &str = "lb_nodes";
     pub const HELD_FILTER: &str = "lb_held_filter";
-    pub const ALL: [&str; 25] = [
+    pub const HELD_SLOTS: &str = "lb4_held_slots";
+    pub const HELD_SLOTS6: &str = "lb6_held_slots";
+    pub const ALL: [&str; 27] = [
         IFACES,
         HELD,
         CONFLICTS,
@@ -57,6 +59,8 @@ pub mod map_names {
         FLOW_CACHE6,
         NODES,
         HELD_FILTER,
+        HELD_SLOTS,
+        HELD_SLOTS6,
     ];
 }
 
@@ -262,6 +266,78 @@ pub struct ArpHeldVip {
     /// `HELD_NO_ARP`: balanced but not answered (the pool announces on `lo`).
     pub flags: u8,
     pub _pad: u8,
+}
+
+/// Slots of `lb4_held_slots` and `lb6_held_slots` (a power of two): a held VIP's
+/// slot is [`held_slot`] of its filter bit.
+pub const HELD_SLOTS: u32 = 4096;
+
+/// The held-slot index of a VIP whose [`vip_filter_bit`] (or [`vip_filter_bit6`])
+/// is `bit`: two held VIPs of a family with the same index share one slot, which
+/// the first keeps (the other is found in `arp_held` / `ndp_held`).
+#[inline(always)]
+pub fn held_slot(bit: u32) -> u32 {
+    bit & (HELD_SLOTS - 1)
+}
+
+/// `lb4_held_slots` value: a copy of one `arp_held` entry, its key as one word
+/// (an [`ArpHeldKey`]'s bytes, little-endian), found by the data path with an
+/// inlined array lookup rather than a hash lookup. All zero: empty.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Lb4HeldSlot {
+    pub key: u64,
+    pub held: ArpHeldVip,
+    /// [`held_slot_check`] of the words above: a slot read while the agent
+    /// rewrites it (an array value is copied without a lock) matches nothing,
+    /// and the lookup falls back to `arp_held`.
+    pub check: u64,
+}
+
+/// `lb6_held_slots` value: as [`Lb4HeldSlot`], for an `ndp_held` entry; its key
+/// as three words (the ifindex in the first, the VIP's two halves).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Lb6HeldSlot {
+    pub key: [u64; 3],
+    pub held: ArpHeldVip,
+    pub check: u64,
+}
+
+/// The check word of a held slot: its key words folded (`k`), the held entry's
+/// deadline and its MAC-and-flags word, mixed so that a slot whose words come
+/// from two writes fails it; never 0, so an empty slot fails it too.
+#[inline(always)]
+pub fn held_slot_check(k: u64, deadline_ns: u64, mac_flags: u64) -> u64 {
+    let x = (k ^ deadline_ns.rotate_left(23) ^ mac_flags.rotate_left(41)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x | 1
+}
+
+impl ArpHeldVip {
+    /// Its MAC and flags as the word after the deadline (little-endian).
+    pub fn mac_flags_word(&self) -> u64 {
+        let m = self.mac;
+        u64::from_le_bytes([m[0], m[1], m[2], m[3], m[4], m[5], self.flags, self._pad])
+    }
+}
+
+impl Lb4HeldSlot {
+    /// The slot holding `key`'s entry `held`.
+    pub fn new(key: ArpHeldKey, held: ArpHeldVip) -> Self {
+        let v = key.vip;
+        let k = u64::from_le_bytes([0, 0, 0, 0, v[0], v[1], v[2], v[3]]) | u64::from(key.ifindex);
+        Self { key: k, held, check: held_slot_check(k, held.deadline_ns, held.mac_flags_word()) }
+    }
+}
+
+impl Lb6HeldSlot {
+    /// The slot holding `key`'s entry `held`.
+    pub fn new(key: NdpHeldKey, held: ArpHeldVip) -> Self {
+        let v = key.vip;
+        let w = |i: usize| u64::from_le_bytes([v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4], v[i + 5], v[i + 6], v[i + 7]]);
+        let k = [u64::from(key.ifindex), w(0), w(8)];
+        Self { key: k, held, check: held_slot_check(k[0] ^ k[1].rotate_left(13) ^ k[2].rotate_left(29), held.deadline_ns, held.mac_flags_word()) }
+    }
 }
 
 /// `arp_held` flag: the VIP is announced by a routing daemon from `lo`, so the data
@@ -880,6 +956,8 @@ mod pod {
     unsafe impl aya::Pod for LbVlanKey {}
     unsafe impl aya::Pod for LbHome {}
     unsafe impl aya::Pod for ArpHeldVip {}
+    unsafe impl aya::Pod for Lb4HeldSlot {}
+    unsafe impl aya::Pod for Lb6HeldSlot {}
     unsafe impl aya::Pod for ArpWatch {}
     unsafe impl aya::Pod for Lb4ServiceKey {}
     unsafe impl aya::Pod for Lb4Service {}

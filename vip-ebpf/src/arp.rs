@@ -10,7 +10,7 @@ use network_types::arp::ArpHdr;
 use vip_common::{ArpHeldKey, ArpHeldVip, ArpWatch, Reason, ARP_WATCH_MACS, HELD_NO_ARP};
 
 use crate::{
-    maps::{arp_conflicts, arp_held, arp_watch, lookup_at, Scratch},
+    maps::{arp_conflicts, arp_held, arp_watch, held4_slot, lookup_at, Scratch},
     parse::{frame_len, ptr_at, verdict_pack, Verdict},
 };
 
@@ -19,12 +19,16 @@ const ETH_P_IP: u16 = 0x0800;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 
-/// The `arp_held` entry for (`ifindex`, `vip`), its key built in this CPU's
-/// scratch `s` rather than on the stack (see maps::LB_KEY0).
+/// The held entry for (`ifindex`, `vip`): its copy in `lb4_held_slots`, else
+/// `arp_held`'s, its key built in this CPU's scratch `s` rather than on the stack
+/// (see maps::LB_KEY0; `arp_watch_record` reads it there too).
 #[inline(always)]
 fn arp_held_get(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<*const ArpHeldVip> {
     unsafe {
         (*s).held = ArpHeldKey { ifindex, vip };
+        if let Some(h) = held4_slot(s) {
+            return Some(h);
+        }
         lookup_at::<_, ArpHeldVip>(&arp_held, (&raw const (*s).held).cast()).map(|h| h as *const ArpHeldVip)
     }
 }

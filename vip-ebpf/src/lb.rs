@@ -138,6 +138,16 @@ fn lb_stale(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
     Ok(from_node.then_some((xdp_action::XDP_PASS, Reason::PassedNotOwner)))
 }
 
+/// A held entry found (`arp_held`, `ndp_held` or a copy in a held slot): whether
+/// it is fresh, against the clock read before, and its MAC, to the scratch.
+#[inline(always)]
+pub fn lb_held_entry(s: *mut Scratch, h: *const ArpHeldVip) {
+    unsafe {
+        (*s).fresh = ((*s).now <= (*h).deadline_ns) as u32;
+        lb_copy_mac(&raw mut (*s).mac, &raw const (*h).mac);
+    }
+}
+
 /// A frame for a VIP service this node does not hold (another node owns it): sent
 /// to this node as a backend, or stray; the stack decides.
 #[inline(always)]

@@ -12,10 +12,10 @@ use vip_common::*;
 
 use crate::{
     lb::{
-        lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early, lb_touch_if,
-        Flows,
+        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early,
+        lb_touch_if, Flows,
     },
-    maps::{arp_held, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb_key0, lookup_at, Scratch},
+    maps::{arp_held, held4_slot, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb_key0, lookup_at, Scratch},
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
@@ -202,11 +202,15 @@ fn lb4_held(s: *mut Scratch) -> bool {
     unsafe {
         write_volatile(&raw mut (*s).now, bpf_ktime_get_coarse_ns());
         (*s).held = ArpHeldKey { ifindex: (*s).ifindex, vip: (((*s).words[0] >> 32) as u32).to_ne_bytes() };
+        // Its slot first (lb4_held_slots), then arp_held.
+        if let Some(h) = held4_slot(s) {
+            lb_held_entry(s, h);
+            return true;
+        }
         let Some(h) = lookup_at::<_, ArpHeldVip>(&arp_held, (&raw const (*s).held).cast()) else {
             return false;
         };
-        (*s).fresh = ((*s).now <= (*h).deadline_ns) as u32;
-        lb_copy_mac(&raw mut (*s).mac, &raw const (*h).mac);
+        lb_held_entry(s, h);
     }
     true
 }

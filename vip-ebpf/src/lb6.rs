@@ -17,10 +17,10 @@ use vip_common::*;
 
 use crate::{
     lb::{
-        lb_answer_hit, lb_balance, lb_cached, lb_copy_mac, lb_copy_words, lb_group, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early, lb_touch_if,
-        Flows,
+        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early,
+        lb_touch_if, Flows,
     },
-    maps::{lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
+    maps::{held6_slot, lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
@@ -349,11 +349,15 @@ fn lb6_held(s: *mut Scratch) -> bool {
         let k = (&raw mut (*s).held6.vip) as *mut u8;
         write_unaligned(k as *mut u64, (*s).words6[2]);
         write_unaligned(k.add(8) as *mut u64, (*s).words6[3]);
+        // Its slot first (lb6_held_slots), then ndp_held.
+        if let Some(h) = held6_slot(s) {
+            lb_held_entry(s, h);
+            return true;
+        }
         let Some(h) = lookup_at::<_, ArpHeldVip>(&ndp_held, (&raw const (*s).held6).cast()) else {
             return false;
         };
-        (*s).fresh = ((*s).now <= (*h).deadline_ns) as u32;
-        lb_copy_mac(&raw mut (*s).mac, &raw const (*h).mac);
+        lb_held_entry(s, h);
     }
     true
 }

@@ -1,6 +1,8 @@
 //! The program's maps. Every map is pinned by name under the agent's bpffs
 #![allow(non_upper_case_globals)]
 //! directory (default /sys/fs/bpf/vip) so it outlives agent restarts.
+use core::ptr::read_unaligned;
+
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -104,6 +106,19 @@ pub static lb4_vip_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinn
 /// VIP held elsewhere (what a backend receives) loads none. Nothing else trusts it.
 #[map]
 pub static lb_held_filter: Array<[u32; VIP_FILTER_WORDS as usize]> = Array::pinned(1, 0);
+
+/// held_slot(vip_filter_bit(VIP)) → a copy of that VIP's `arp_held` entry with its
+/// key and a check word (Lb4HeldSlot), kept by the agent beside the entry: the
+/// held-VIP lookup of a VIP's flows is then an inlined array lookup, not a hash
+/// lookup (a call, and a hash of the key). Empty, another VIP's, or torn: the
+/// lookup goes on to `arp_held`, which stays the truth.
+#[map]
+pub static lb4_held_slots: Array<Lb4HeldSlot> = Array::pinned(HELD_SLOTS, 0);
+
+/// held_slot(vip_filter_bit6(VIP)) → as `lb4_held_slots`, for `ndp_held`: its
+/// 20-byte key costs the hash lookup most.
+#[map]
+pub static lb6_held_slots: Array<Lb6HeldSlot> = Array::pinned(HELD_SLOTS, 0);
 
 /// (IPv6 VIP, port, protocol) → the service's id and its ring's place in
 /// `lb4_ring`, which serves both families (as do `lb4_backends` and the counters).
@@ -241,6 +256,37 @@ pub fn lookup_at<M, T>(map: &M, key: *const u32) -> Option<*mut T> {
         None
     } else {
         Some(p as *mut T)
+    }
+}
+
+/// The copy of the held entry whose `arp_held` key is in the scratch `s` (`held`)
+/// in its `lb4_held_slots` slot, if the slot holds a valid one (Lb4HeldSlot);
+/// else the caller asks `arp_held`. The slot index goes to the scratch as the
+/// lookup's key, and the key is read back from the scratch after the lookup, so
+/// that no value is kept in a register across it (see LB_KEY0).
+#[inline(always)]
+pub fn held4_slot(s: *mut Scratch) -> Option<*const ArpHeldVip> {
+    unsafe {
+        (*s).key = held_slot(vip_filter_bit((*s).held.vip));
+        let e = lookup_at::<_, Lb4HeldSlot>(&lb4_held_slots, s.cast())?;
+        let w = e as *const u64;
+        let k = read_unaligned((&raw const (*s).held) as *const u64);
+        (*w == k && *w.add(3) == held_slot_check(k, *w.add(1), *w.add(2))).then_some(&raw const (*e).held)
+    }
+}
+
+/// As [`held4_slot`], for the `ndp_held` key in the scratch (`held6`) and `lb6_held_slots`.
+#[inline(always)]
+pub fn held6_slot(s: *mut Scratch) -> Option<*const ArpHeldVip> {
+    unsafe {
+        let v = (&raw const (*s).held6.vip) as *const u8;
+        (*s).key = held_slot(vip_filter_bit_word(fold6_words(read_unaligned(v as *const u64), read_unaligned(v.add(8) as *const u64))));
+        let e = lookup_at::<_, Lb6HeldSlot>(&lb6_held_slots, s.cast())?;
+        let w = e as *const u64;
+        let (k0, v0, v1) = (u64::from((*s).held6.ifindex), read_unaligned(v as *const u64), read_unaligned(v.add(8) as *const u64));
+        let ok =
+            *w == k0 && *w.add(1) == v0 && *w.add(2) == v1 && *w.add(5) == held_slot_check(k0 ^ v0.rotate_left(13) ^ v1.rotate_left(29), *w.add(3), *w.add(4));
+        ok.then_some(&raw const (*e).held)
     }
 }
 

@@ -16,7 +16,7 @@ use vip_common::{ArpHeldVip, NdpHeldKey, Reason};
 use crate::{
     arp::held_fresh,
     lb::lb_copy_mac,
-    maps::{lookup_at, ndp_conflicts, ndp_held, Scratch},
+    maps::{held6_slot, lookup_at, ndp_conflicts, ndp_held, Scratch},
     parse::{frame_len, ptr_at, verdict_pack_or_malformed, Verdict},
 };
 
@@ -172,8 +172,12 @@ fn csum_fold(sum: u64) -> u16 {
 #[inline(always)]
 fn ndp_held_fresh(s: *mut Scratch) -> Result<*const ArpHeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let h = lookup_at::<_, ArpHeldVip>(&ndp_held, unsafe { (&raw const (*s).held6).cast() });
-    held_fresh(now, h.map(|h| h as *const ArpHeldVip), [Reason::NdpNotHeld, Reason::NdpNotAnnounced, Reason::NdpStale])
+    // Its copy in `lb6_held_slots` first, as arp::arp_held_get.
+    let h = match held6_slot(s) {
+        Some(h) => Some(h),
+        None => lookup_at::<_, ArpHeldVip>(&ndp_held, unsafe { (&raw const (*s).held6).cast() }).map(|h| h as *const ArpHeldVip),
+    };
+    held_fresh(now, h, [Reason::NdpNotHeld, Reason::NdpNotAnnounced, Reason::NdpStale])
 }
 
 /// Counts a conflict in `ndp_conflicts` (as arp::arp_conflict_record) on the key

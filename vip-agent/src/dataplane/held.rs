@@ -10,8 +10,8 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, HashMap, IterableMap as _, MapData, PerCpuArray};
 use vip_common::{
-    map_names as names, ArpHeldKey, ArpHeldVip, ArpWatch, Counter, LbHome, LbIface, LbVlanKey, NdpHeldKey, Reason, ARP_WATCH_MACS, HELD_NO_ARP, IFACE_NATIVE,
-    VIP_FILTER_WORDS,
+    held_slot, map_names as names, vip_filter_bit, vip_filter_bit6, ArpHeldKey, ArpHeldVip, ArpWatch, Counter, Lb4HeldSlot, Lb6HeldSlot, LbHome, LbIface,
+    LbVlanKey, NdpHeldKey, Reason, ARP_WATCH_MACS, HELD_NO_ARP, IFACE_NATIVE, VIP_FILTER_WORDS,
 };
 
 use super::{batch, coarse_slack_ns, counters::sum, filter_bits, flow_cache, ignore_missing, open_pinned};
@@ -70,6 +70,8 @@ pub struct HeldVips {
     /// None when pinned by an older agent that had no such map.
     held_filter: Option<Array<MapData, [u32; VIP_FILTER_WORDS as usize]>>,
     held_bits: [u32; VIP_FILTER_WORDS as usize],
+    /// `lb4_held_slots` and `lb6_held_slots`; None when pinned by an older agent.
+    slots: Option<HeldSlots>,
     /// (ifindex, VIP) → conflicting claims the data path saw.
     conflicts: HashMap<MapData, ArpHeldKey, u64>,
     conflicts6: HashMap<MapData, NdpHeldKey, u64>,
@@ -91,6 +93,7 @@ impl HeldVips {
         Ok(Self {
             held_filter,
             held_bits,
+            slots: HeldSlots::open(dir),
             ifaces: open_pinned(dir, names::IFACES)?,
             vlans: open_pinned(dir, names::VLANS)?,
             home: open_pinned(dir, names::HOME)?,
@@ -117,6 +120,10 @@ impl HeldVips {
         let stale: Vec<(ArpHeldKey, ArpHeldVip)> = self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
         let stale6: Vec<(NdpHeldKey, ArpHeldVip)> = self.held6.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
         let changed = !stale.is_empty() || !stale6.is_empty();
+        // Their slots carry the old MAC: emptied first, filled again by the next refresh.
+        for k in stale.iter().map(|(k, _)| Key::V4(*k)).chain(stale6.iter().map(|(k, _)| Key::V6(*k))) {
+            self.clear_slot(&k)?;
+        }
         for (k, h) in stale {
             self.held.insert(k, ArpHeldVip { mac, ..h }, 0)?;
         }
@@ -207,7 +214,11 @@ impl HeldVips {
         if !v6.is_empty() {
             batch::update(self.held6.map(), &v6).context("writing ndp_held")?;
         }
-        Ok(())
+        // Their slots after them: a slot is never ahead of its entry.
+        match self.slots.as_mut() {
+            Some(slots) => slots.write(&v4, &v6),
+            None => Ok(()),
+        }
     }
 
     /// Stops holding `vip`: no more ARP answers, but the entry stays (stale,
@@ -216,6 +227,8 @@ impl HeldVips {
     /// flows as pinned, new ones by the ring, as the new owner does. Frames from
     /// other nodes are passed, never forwarded again. `forget` removes it altogether.
     pub fn release(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
+        // Its slot first, which would say fresh until the old deadline.
+        self.clear_slot(&key(ifindex, vip))?;
         let found = match key(ifindex, vip) {
             Key::V4(k) => self.held.get(&k, 0).and_then(|h| self.held.insert(k, ArpHeldVip { deadline_ns: 0, ..h }, 0)),
             Key::V6(k) => self.held6.get(&k, 0).and_then(|h| self.held6.insert(k, ArpHeldVip { deadline_ns: 0, ..h }, 0)),
@@ -243,6 +256,10 @@ impl HeldVips {
     pub fn forget_all(&mut self, gone: &[(u32, IpAddr)]) -> Result<()> {
         let mut failed = None;
         for &(ifindex, vip) in gone {
+            if let Err(e) = self.clear_slot(&key(ifindex, vip)) {
+                failed.get_or_insert(e.context(format!("emptying the held slot of {vip} on interface {ifindex}")));
+                continue; // the entry stays, as its slot does
+            }
             let removed = ignore_missing(match key(ifindex, vip) {
                 Key::V4(k) => self.held.remove(&k),
                 Key::V6(k) => self.held6.remove(&k),
@@ -255,6 +272,33 @@ impl HeldVips {
         let bumped = self.epoch.bump();
         let synced = self.sync_held_filter();
         failed.map_or(Ok(()), Err).and(bumped).and(synced)
+    }
+
+    /// Empties the held slot of `key`'s VIP if it holds that key's copy (whoever wrote it).
+    fn clear_slot(&mut self, key: &Key) -> Result<()> {
+        match self.slots.as_mut() {
+            Some(slots) => slots.clear(key),
+            None => Ok(()),
+        }
+    }
+
+    /// The keys in the held slots, as stored: (ifindex, VIP) → its copy's
+    /// deadline and whether its check word holds. Fails on pins of an older agent.
+    pub fn slot_entries(&self) -> Result<BTreeMap<(u32, IpAddr), (u64, bool)>> {
+        let slots = self.slots.as_ref().context("lb4_held_slots is not pinned (an older agent's maps)")?;
+        let mut out = BTreeMap::new();
+        for s in batch::lookup_all::<u32, Lb4HeldSlot>(slots.v4.map())?.into_iter().map(|(_, s)| s).filter(|s| s.key != 0) {
+            let k = ArpHeldKey { ifindex: s.key as u32, vip: ((s.key >> 32) as u32).to_le_bytes() };
+            out.insert((k.ifindex, Ipv4Addr::from(k.vip).into()), (s.held.deadline_ns, Lb4HeldSlot::new(k, s.held) == s));
+        }
+        for s in batch::lookup_all::<u32, Lb6HeldSlot>(slots.v6.map())?.into_iter().map(|(_, s)| s).filter(|s| s.key != [0; 3]) {
+            let mut vip = [0u8; 16];
+            vip[..8].copy_from_slice(&s.key[1].to_le_bytes());
+            vip[8..].copy_from_slice(&s.key[2].to_le_bytes());
+            let k = NdpHeldKey { ifindex: s.key[0] as u32, vip };
+            out.insert((k.ifindex, Ipv6Addr::from(vip).into()), (s.held.deadline_ns, Lb6HeldSlot::new(k, s.held) == s));
+        }
+        Ok(out)
     }
 
     /// Sets the `lb_held_filter` bits of `vips` before their entries are written
@@ -361,6 +405,83 @@ impl HeldVips {
 enum Key {
     V4(ArpHeldKey),
     V6(NdpHeldKey),
+}
+
+/// `lb4_held_slots` and `lb6_held_slots`: copies of held entries that the data
+/// path finds with an inlined array lookup (vip_common::Lb4HeldSlot), the hash
+/// maps staying the truth. A slot is written after its entry and emptied before
+/// its entry is released, removed or given another MAC, so that it never says
+/// fresher than the entry; with one writer (the liveness thread's handle) that
+/// holds at every moment. Two VIPs of one slot: the first this handle wrote
+/// keeps it, the other is found in the hash map.
+struct HeldSlots {
+    v4: Array<MapData, Lb4HeldSlot>,
+    v6: Array<MapData, Lb6HeldSlot>,
+    /// Slot → the key this handle wrote there.
+    mine4: BTreeMap<u32, ArpHeldKey>,
+    mine6: BTreeMap<u32, NdpHeldKey>,
+}
+
+impl HeldSlots {
+    /// Both maps, or None (pins of an older agent: the data path it runs has none).
+    fn open(dir: &Path) -> Option<Self> {
+        Some(Self {
+            v4: open_pinned(dir, names::HELD_SLOTS).ok()?,
+            v6: open_pinned(dir, names::HELD_SLOTS6).ok()?,
+            mine4: BTreeMap::new(),
+            mine6: BTreeMap::new(),
+        })
+    }
+
+    /// Copies these entries, just written, to their slots (one system call per family).
+    fn write(&mut self, v4: &[(ArpHeldKey, ArpHeldVip)], v6: &[(NdpHeldKey, ArpHeldVip)]) -> Result<()> {
+        let mut out4 = Vec::new();
+        for (k, h) in v4 {
+            let i = held_slot(vip_filter_bit(k.vip));
+            if *self.mine4.entry(i).or_insert(*k) == *k {
+                out4.push((i, Lb4HeldSlot::new(*k, *h)));
+            }
+        }
+        let mut out6 = Vec::new();
+        for (k, h) in v6 {
+            let i = held_slot(vip_filter_bit6(k.vip));
+            if *self.mine6.entry(i).or_insert(*k) == *k {
+                out6.push((i, Lb6HeldSlot::new(*k, *h)));
+            }
+        }
+        if !out4.is_empty() {
+            batch::update(self.v4.map(), &out4).context("writing lb4_held_slots")?;
+        }
+        if !out6.is_empty() {
+            batch::update(self.v6.map(), &out6).context("writing lb6_held_slots")?;
+        }
+        Ok(())
+    }
+
+    /// Empties `key`'s slot if it holds that key's copy.
+    fn clear(&mut self, key: &Key) -> Result<()> {
+        match key {
+            Key::V4(k) => {
+                let i = held_slot(vip_filter_bit(k.vip));
+                if self.mine4.get(&i) == Some(k) {
+                    self.mine4.remove(&i);
+                }
+                if self.v4.get(&i, 0).context("reading lb4_held_slots")?.key == Lb4HeldSlot::new(*k, ArpHeldVip::default()).key {
+                    self.v4.set(i, Lb4HeldSlot::default(), 0).context("emptying a slot of lb4_held_slots")?;
+                }
+            }
+            Key::V6(k) => {
+                let i = held_slot(vip_filter_bit6(k.vip));
+                if self.mine6.get(&i) == Some(k) {
+                    self.mine6.remove(&i);
+                }
+                if self.v6.get(&i, 0).context("reading lb6_held_slots")?.key == Lb6HeldSlot::new(*k, ArpHeldVip::default()).key {
+                    self.v6.set(i, Lb6HeldSlot::default(), 0).context("emptying a slot of lb6_held_slots")?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn key(ifindex: u32, vip: IpAddr) -> Key {
