@@ -435,20 +435,8 @@ impl HeldSlots {
 
     /// Copies these entries, just written, to their slots (one system call per family).
     fn write(&mut self, v4: &[(ArpHeldKey, ArpHeldVip)], v6: &[(NdpHeldKey, ArpHeldVip)]) -> Result<()> {
-        let mut out4 = Vec::new();
-        for (k, h) in v4 {
-            let i = held_slot(vip_filter_bit(k.vip));
-            if *self.mine4.entry(i).or_insert(*k) == *k {
-                out4.push((i, Lb4HeldSlot::new(*k, *h)));
-            }
-        }
-        let mut out6 = Vec::new();
-        for (k, h) in v6 {
-            let i = held_slot(vip_filter_bit6(k.vip));
-            if *self.mine6.entry(i).or_insert(*k) == *k {
-                out6.push((i, Lb6HeldSlot::new(*k, *h)));
-            }
-        }
+        let out4 = claim(&mut self.mine4, v4, |k| held_slot(vip_filter_bit(k.vip)), Lb4HeldSlot::new);
+        let out6 = claim(&mut self.mine6, v6, |k| held_slot(vip_filter_bit6(k.vip)), Lb6HeldSlot::new);
         if !out4.is_empty() {
             batch::update(self.v4.map(), &out4).context("writing lb4_held_slots")?;
         }
@@ -462,26 +450,45 @@ impl HeldSlots {
     fn clear(&mut self, key: &Key) -> Result<()> {
         match key {
             Key::V4(k) => {
-                let i = held_slot(vip_filter_bit(k.vip));
-                if self.mine4.get(&i) == Some(k) {
-                    self.mine4.remove(&i);
-                }
-                if self.v4.get(&i, 0).context("reading lb4_held_slots")?.key == Lb4HeldSlot::new(*k, ArpHeldVip::default()).key {
-                    self.v4.set(i, Lb4HeldSlot::default(), 0).context("emptying a slot of lb4_held_slots")?;
-                }
+                let copy = Lb4HeldSlot::new(*k, ArpHeldVip::default()).key;
+                empty(&mut self.v4, &mut self.mine4, held_slot(vip_filter_bit(k.vip)), k, |s| s.key == copy, names::HELD_SLOTS)
             }
             Key::V6(k) => {
-                let i = held_slot(vip_filter_bit6(k.vip));
-                if self.mine6.get(&i) == Some(k) {
-                    self.mine6.remove(&i);
-                }
-                if self.v6.get(&i, 0).context("reading lb6_held_slots")?.key == Lb6HeldSlot::new(*k, ArpHeldVip::default()).key {
-                    self.v6.set(i, Lb6HeldSlot::default(), 0).context("emptying a slot of lb6_held_slots")?;
-                }
+                let copy = Lb6HeldSlot::new(*k, ArpHeldVip::default()).key;
+                empty(&mut self.v6, &mut self.mine6, held_slot(vip_filter_bit6(k.vip)), k, |s| s.key == copy, names::HELD_SLOTS6)
             }
         }
-        Ok(())
     }
+}
+
+/// The slots of `entries` (index `slot`, copy `make`) that are free or theirs
+/// already in `mine`, claimed there.
+fn claim<K: Copy + PartialEq, S>(
+    mine: &mut BTreeMap<u32, K>,
+    entries: &[(K, ArpHeldVip)],
+    slot: impl Fn(&K) -> u32,
+    make: impl Fn(K, ArpHeldVip) -> S,
+) -> Vec<(u32, S)> {
+    entries.iter().filter(|(k, _)| *mine.entry(slot(k)).or_insert(*k) == *k).map(|(k, h)| (slot(k), make(*k, *h))).collect()
+}
+
+/// Slot `i` of `map` (named `name`) emptied if it holds `k`'s copy (`holds`), and
+/// no longer `k`'s in `mine`.
+fn empty<K: PartialEq, S: aya::Pod + Default>(
+    map: &mut Array<MapData, S>,
+    mine: &mut BTreeMap<u32, K>,
+    i: u32,
+    k: &K,
+    holds: impl Fn(&S) -> bool,
+    name: &str,
+) -> Result<()> {
+    if mine.get(&i) == Some(k) {
+        mine.remove(&i);
+    }
+    if holds(&map.get(&i, 0).with_context(|| format!("reading {name}"))?) {
+        map.set(i, S::default(), 0).with_context(|| format!("emptying a slot of {name}"))?;
+    }
+    Ok(())
 }
 
 fn key(ifindex: u32, vip: IpAddr) -> Key {
