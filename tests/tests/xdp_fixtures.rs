@@ -9,8 +9,8 @@ use vip_agent::{
     model::Protocol,
 };
 use vip_common::{
-    flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, held_slot, map_names, vip_filter_bit, vip_filter_bit_of, ArpHeldKey, ArpHeldVip,
-    Lb4FlowCacheEntry, Lb4FlowKey, Lb4HeldSlot, Lb6HeldSlot, NdpHeldKey, HELD_SLOTS, PROTO_TCP, PROTO_UDP, VIP_FILTER_WORDS,
+    flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, held_slot, map_names, vip_filter_bit, vip_filter_bit6, vip_filter_bit_of, ArpHeldKey,
+    ArpHeldVip, Lb4FlowCacheEntry, Lb4FlowKey, Lb4HeldSlot, Lb6HeldSlot, NdpHeldKey, HELD_SLOTS, PROTO_TCP, PROTO_UDP, VIP_FILTER_WORDS,
 };
 use vip_tests::{
     frames::{self, Ip4, Mac},
@@ -852,6 +852,43 @@ fn the_held_slots_follow_the_held_entries() {
     let left = copies(&mut w);
     assert!(!left.contains_key(&(IFINDEX, VIP.into())) && !left.contains_key(&(IFINDEX, VIP6.into())), "forgotten: slots emptied");
     assert_eq!(left.len(), entries.len() - 2, "the others kept: {left:?}");
+}
+
+/// The data path reads a held VIP's slot before its hash map: with VIP's and
+/// VIP6's `arp_held` / `ndp_held` entries removed behind the agent's back, their
+/// copies alone still answer ARP and balance their flows; with the slots emptied
+/// too, neither is held.
+#[test]
+fn a_held_vip_is_found_in_its_slot_alone() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let open = |name| aya::maps::Map::HashMap(aya::maps::MapData::from_pin(w.pins.path.join(name)).unwrap());
+    let mut held4: aya::maps::HashMap<_, ArpHeldKey, ArpHeldVip> = open(map_names::HELD).try_into().unwrap();
+    let mut held6: aya::maps::HashMap<_, NdpHeldKey, ArpHeldVip> = open(map_names::HELD6).try_into().unwrap();
+    held4.remove(&ArpHeldKey { ifindex: IFINDEX, vip: VIP.octets() }).unwrap();
+    held6.remove(&NdpHeldKey { ifindex: IFINDEX, vip: VIP6.octets() }).unwrap();
+    let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
+    let syn = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 43000), (VIP, 80));
+    let syn6 = frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 43000), (VIP6, 80), frames::TCP_SYN);
+    let to = ring_choice(&w.dp, svc(VIP, 80, PROTO_TCP), CLIENT, 43000, 80);
+    let to6 = ring_choice(&w.dp, svc(VIP6, 80, PROTO_TCP), CLIENT6, 43000, 80);
+    let mut run = |f: &[u8]| {
+        let (verdict, out, _) = w.dp.test_run(f, 1, None).unwrap();
+        (verdict, out)
+    };
+    assert_eq!(run(&arp), (XDP_TX, frames::arp_reply_for(&arp, OUR_MAC)), "ARP answered from the slot");
+    assert_eq!(run(&syn), (XDP_TX, forwarded(&syn, to)), "IPv4 SYN balanced from the slot");
+    assert_eq!(run(&syn6), (XDP_TX, forwarded(&syn6, to6)), "IPv6 SYN balanced from the slot");
+    let open_array = |name| aya::maps::Map::Array(aya::maps::MapData::from_pin(w.pins.path.join(name)).unwrap());
+    let mut v4: aya::maps::Array<_, Lb4HeldSlot> = open_array(map_names::HELD_SLOTS).try_into().unwrap();
+    let mut v6: aya::maps::Array<_, Lb6HeldSlot> = open_array(map_names::HELD_SLOTS6).try_into().unwrap();
+    v4.set(held_slot(vip_filter_bit(VIP.octets())), Lb4HeldSlot::default(), 0).unwrap();
+    v6.set(held_slot(vip_filter_bit6(VIP6.octets())), Lb6HeldSlot::default(), 0).unwrap();
+    assert_eq!(run(&arp).0, XDP_PASS, "no entry, no copy: not held");
+    assert_eq!(run(&syn).0, XDP_PASS, "IPv4: not held, passed");
+    assert_eq!(run(&syn6).0, XDP_PASS, "IPv6: not held, passed");
 }
 
 /// Two VIPs with one held slot: the first held keeps it, the other is found in
