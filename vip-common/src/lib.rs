@@ -321,22 +321,39 @@ impl ArpHeldVip {
     }
 }
 
+/// [`held_slot_check`] of an [`Lb6HeldSlot`], whose key is three words (`k0`,
+/// `k1`, `k2`): the data path and the agent both compute it here.
+#[inline(always)]
+pub fn held_slot_check6(k0: u64, k1: u64, k2: u64, deadline_ns: u64, mac_flags: u64) -> u64 {
+    held_slot_check(k0 ^ k1.rotate_left(13) ^ k2.rotate_left(29), deadline_ns, mac_flags)
+}
+
 impl Lb4HeldSlot {
+    /// `key` as the slot stores it.
+    pub fn key_of(key: ArpHeldKey) -> u64 {
+        let v = key.vip;
+        u64::from_le_bytes([0, 0, 0, 0, v[0], v[1], v[2], v[3]]) | u64::from(key.ifindex)
+    }
+
     /// The slot holding `key`'s entry `held`.
     pub fn new(key: ArpHeldKey, held: ArpHeldVip) -> Self {
-        let v = key.vip;
-        let k = u64::from_le_bytes([0, 0, 0, 0, v[0], v[1], v[2], v[3]]) | u64::from(key.ifindex);
+        let k = Self::key_of(key);
         Self { key: k, held, check: held_slot_check(k, held.deadline_ns, held.mac_flags_word()) }
     }
 }
 
 impl Lb6HeldSlot {
-    /// The slot holding `key`'s entry `held`.
-    pub fn new(key: NdpHeldKey, held: ArpHeldVip) -> Self {
+    /// `key` as the slot stores it.
+    pub fn key_of(key: NdpHeldKey) -> [u64; 3] {
         let v = key.vip;
         let w = |i: usize| u64::from_le_bytes([v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4], v[i + 5], v[i + 6], v[i + 7]]);
-        let k = [u64::from(key.ifindex), w(0), w(8)];
-        Self { key: k, held, check: held_slot_check(k[0] ^ k[1].rotate_left(13) ^ k[2].rotate_left(29), held.deadline_ns, held.mac_flags_word()) }
+        [u64::from(key.ifindex), w(0), w(8)]
+    }
+
+    /// The slot holding `key`'s entry `held`.
+    pub fn new(key: NdpHeldKey, held: ArpHeldVip) -> Self {
+        let k = Self::key_of(key);
+        Self { key: k, held, check: held_slot_check6(k[0], k[1], k[2], held.deadline_ns, held.mac_flags_word()) }
     }
 }
 

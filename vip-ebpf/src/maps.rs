@@ -284,8 +284,7 @@ pub fn held6_slot(s: *mut Scratch) -> Option<*const ArpHeldVip> {
         let e = lookup_at::<_, Lb6HeldSlot>(&lb6_held_slots, s.cast())?;
         let w = e as *const u64;
         let (k0, v0, v1) = (u64::from((*s).held6.ifindex), read_unaligned(v as *const u64), read_unaligned(v.add(8) as *const u64));
-        let ok =
-            *w == k0 && *w.add(1) == v0 && *w.add(2) == v1 && *w.add(5) == held_slot_check(k0 ^ v0.rotate_left(13) ^ v1.rotate_left(29), *w.add(3), *w.add(4));
+        let ok = *w == k0 && *w.add(1) == v0 && *w.add(2) == v1 && *w.add(5) == held_slot_check6(k0, v0, v1, *w.add(3), *w.add(4));
         ok.then_some(&raw const (*e).held)
     }
 }

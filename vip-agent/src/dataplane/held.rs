@@ -450,11 +450,11 @@ impl HeldSlots {
     fn clear(&mut self, key: &Key) -> Result<()> {
         match key {
             Key::V4(k) => {
-                let copy = Lb4HeldSlot::new(*k, ArpHeldVip::default()).key;
+                let copy = Lb4HeldSlot::key_of(*k);
                 empty(&mut self.v4, &mut self.mine4, held_slot(vip_filter_bit(k.vip)), k, |s| s.key == copy, names::HELD_SLOTS)
             }
             Key::V6(k) => {
-                let copy = Lb6HeldSlot::new(*k, ArpHeldVip::default()).key;
+                let copy = Lb6HeldSlot::key_of(*k);
                 empty(&mut self.v6, &mut self.mine6, held_slot(vip_filter_bit6(k.vip)), k, |s| s.key == copy, names::HELD_SLOTS6)
             }
         }
