@@ -1998,6 +1998,47 @@ fn a_syn_repins_a_reused_five_tuple_to_the_current_ring() {
     }
 }
 
+/// The per-CPU service caches (`lb4_service_cache`, `lb6_service_cache`) never
+/// answer for a service as it was before a change. Each SYN is run twice first,
+/// so that the service is cached when the change comes. Moved to one new backend
+/// (a new ring region; the old one stays, shared with the world's other
+/// services): every SYN goes there. Removed (the VIP's other services keep its
+/// filter bit, so its frames reach the lookup): passed. Both families.
+#[test]
+fn the_service_cache_follows_every_service_change() {
+    /// A SYN's frame by its source port.
+    type SynFor = dyn Fn(u16) -> Vec<u8>;
+    if !privileged() {
+        return;
+    }
+    stay_on_cpu0();
+    let mut w = world();
+    let syn4 = |sport: u16| frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    let syn6 = |sport: u16| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_SYN);
+    let families: [(ServiceAddr, IpAddr, &SynFor); 2] = [(svc(VIP, 80, PROTO_TCP), CLIENT.into(), &syn4), (svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), &syn6)];
+    let sports = 50000..50008u16;
+    for (s, client, syn) in families {
+        let run = |w: &mut World, sport: u16| {
+            let (v, out, _) = w.dp.test_run(&syn(sport), 1, None).unwrap();
+            (v, out)
+        };
+        for sport in sports.clone() {
+            for _ in 0..2 {
+                assert_eq!(run(&mut w, sport), (XDP_TX, forwarded(&syn(sport), ring_choice(&w.dp, s, client, sport, 80))), "{s:?}: SYN {sport}");
+            }
+        }
+        let four = backend(4);
+        w.dp.set_service(s, std::slice::from_ref(&four), TABLE, 0).unwrap();
+        for sport in sports.clone() {
+            assert_eq!(run(&mut w, sport), (XDP_TX, forwarded(&syn(sport), four.mac)), "{s:?}: SYN {sport} after the service moved to one backend");
+        }
+        w.dp.remove_service(s).unwrap();
+        for sport in sports.clone() {
+            assert_eq!(run(&mut w, sport), (XDP_PASS, syn(sport)), "{s:?}: SYN {sport} after the service was removed");
+        }
+    }
+}
+
 /// A connection opened while the client still sends to the VIP's former holder
 /// (its entry stale) survives the client's move to the new owner: the former
 /// holder sends the SYN where the ring does and pins the flow there at its next

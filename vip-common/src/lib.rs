@@ -628,6 +628,41 @@ pub fn flow_cache_slot(w0: u64, w1: u64) -> u32 {
     ((w0 ^ w1.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - FLOW_CACHE_BITS)) as u32
 }
 
+/// Slots of each per-CPU service cache (`lb4_service_cache`, `lb6_service_cache`).
+pub const SERVICE_CACHE_SLOTS: u32 = 1 << SERVICE_CACHE_BITS;
+pub const SERVICE_CACHE_BITS: u32 = 9;
+
+/// Set in the last key word of a service-cache entry in use: no service key has
+/// it (the words' top byte is zero), so a zeroed entry matches nothing.
+pub const SERVICE_CACHE_VALID: u64 = 1 << 63;
+
+/// Per-CPU service cache value: a service looked up in `lb4_services` (`W` = 1:
+/// the Lb4ServiceKey as one word) or `lb6_services` (`W` = 3: the Lb6ServiceKey
+/// in three words) while the flow-cache epoch was `epoch`. The agent bumps the
+/// epoch after every service change, so an entry of another epoch is not used;
+/// the data path alone writes these, each CPU its own.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceCacheEntry<const W: usize> {
+    /// The key words, [`SERVICE_CACHE_VALID`] set in the last.
+    pub key: [u64; W],
+    pub epoch: u64,
+    pub service: Lb4Service,
+}
+
+/// Slot of a service in its service cache: a multiplicative hash of its key
+/// words folded into one.
+#[inline(always)]
+pub fn service_cache_slot<const W: usize>(key: &[u64; W]) -> u32 {
+    let mut h = 0u64;
+    let mut i = 0;
+    while i < W {
+        h = (h ^ key[i]).rotate_left(29);
+        i += 1;
+    }
+    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SERVICE_CACHE_BITS)) as u32
+}
+
 /// `lb6_services` key: (VIP, port, protocol), as [`Lb4ServiceKey`]. Its value is an
 /// [`Lb4Service`]: service ids, `lb4_ring`, `lb4_backends` and the service and
 /// backend counters serve both families (a backend is a node, whatever the VIP's family).

@@ -8,7 +8,7 @@ use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::{bpf_redirect, bpf_xdp_adjust_head},
-    maps::Array,
+    maps::{Array, PerCpuArray},
     programs::XdpContext,
 };
 use network_types::eth::EthHdr;
@@ -16,8 +16,8 @@ use vip_common::*;
 
 use crate::{
     maps::{
-        lb4_backend_stats, lb4_backends, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_held_filter, lb_home, lb_key0, lb_nodes,
-        lookup_at, Scratch,
+        lb4_backend_stats, lb4_backends, lb4_flow_cache_ctl, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_held_filter, lb_home,
+        lb_key0, lb_nodes, lookup_at, Scratch,
     },
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
     stats,
@@ -52,6 +52,66 @@ pub trait Flows {
 pub fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     Ok(unsafe { (*eth).dst_addr[0] } & 1 != 0)
+}
+
+/// The service whose key words (`W`) are at byte `OFF` of the scratch, through
+/// this CPU's service cache `cache`; on a miss `lookup` (the family's hash lookup,
+/// given the key) finds it and it is cached. The epoch is read before the lookup:
+/// a service the agent changes afterwards is cached under the epoch its bump
+/// replaces, never under the new one. Only `s` lives across the lookups (see
+/// maps::Scratch): the key is read at its offset from `s` each time, the slot and
+/// the epoch wait in the scratch, and the entry gets its key before the hash
+/// lookup, with an epoch no ctl reaches (`u64::MAX`), and its epoch last.
+#[inline(always)]
+pub fn lb_service<const W: usize, const OFF: usize>(
+    s: *mut Scratch,
+    cache: &PerCpuArray<ServiceCacheEntry<W>>,
+    lookup: impl FnOnce(*const u8) -> Option<*mut Lb4Service>,
+) -> Option<*mut Lb4Service> {
+    let key = |s: *mut Scratch, i: usize| unsafe { *(s as *const u8).add(OFF).cast::<u64>().add(i) };
+    let Some(ctl) = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()) else {
+        return lookup(unsafe { (s as *const u8).add(OFF) });
+    };
+    unsafe {
+        write_volatile(&raw mut (*s).svc_epoch, (*ctl).epoch);
+        let mut words = [0u64; W];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = key(s, i);
+        }
+        let slot = service_cache_slot(&words);
+        (*s).key = slot;
+        (*s).key2 = slot;
+        if let Some(e) = lookup_at::<_, ServiceCacheEntry<W>>(cache, s.cast()) {
+            if (*e).epoch == read_volatile(&(*s).svc_epoch) && lb_service_cached(e, |i| key(s, i)) {
+                return Some(&raw mut (*e).service);
+            }
+            for i in 0..W {
+                write_volatile(&raw mut (*e).key[i], key(s, i) | if i == W - 1 { SERVICE_CACHE_VALID } else { 0 });
+            }
+            write_volatile(&raw mut (*e).epoch, u64::MAX);
+        }
+    }
+    let p = lookup(unsafe { (s as *const u8).add(OFF) })?;
+    unsafe {
+        (*s).key = read_volatile(&(*s).key2);
+        if let Some(e) = lookup_at::<_, ServiceCacheEntry<W>>(cache, s.cast()) {
+            lb_copy_words::<2>((&raw mut (*e).service).cast(), p.cast());
+            write_volatile(&raw mut (*e).epoch, read_volatile(&(*s).svc_epoch));
+        }
+    }
+    Some(p)
+}
+
+/// Whether the service-cache entry `e` holds the key whose words `key` gives, a
+/// word at a time.
+#[inline(always)]
+fn lb_service_cached<const W: usize>(e: *const ServiceCacheEntry<W>, key: impl Fn(usize) -> u64) -> bool {
+    for i in 0..W {
+        if unsafe { (*e).key[i] } != key(i) | if i == W - 1 { SERVICE_CACHE_VALID } else { 0 } {
+            return false;
+        }
+    }
+    true
 }
 
 /// Whether `bit` of `lb4_vip_filter` (`vip_filter_bit` of a destination, either
@@ -258,8 +318,9 @@ pub fn lb_flow_backend(s: *mut Scratch, refresh: bool) -> bool {
 
 /// A packet past its first (no SYN) to a VIP held here will look its flow up in
 /// lb_flows, most likely a line not in the caches, after its first-packet slot:
-/// both are loaded before the held-VIP and service lookups, so that the two
-/// misses overlap each other and those lookups. Frames for VIPs held elsewhere
+/// both are loaded at the flow cache's miss, before the call into the slow path
+/// and its held-VIP and service lookups, so that the two misses overlap each
+/// other and all that. Frames for VIPs held elsewhere
 /// (what backends receive) and SYNs never read the table: `lb_held_filter`'s
 /// bit, an inlined array lookup, tells the first without the held-VIP hash
 /// lookup (a bit set for another VIP only costs a line loaded for nothing).

@@ -1,6 +1,9 @@
 //! IPv4 load balancing: per-CPU flow cache, else flow table, else Maglev ring,
 //! then L2 direct server return.
-use core::ptr::{read_unaligned, read_volatile, write_volatile};
+use core::{
+    mem::offset_of,
+    ptr::{read_unaligned, read_volatile, write_volatile},
+};
 
 use aya_ebpf::{
     bindings::{xdp_action, xdp_md},
@@ -12,10 +15,10 @@ use vip_common::*;
 
 use crate::{
     lb::{
-        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early,
-        lb_touch_if, Flows,
+        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_service,
+        lb_touch_early, lb_touch_if, Flows,
     },
-    maps::{arp_held, held4_slot, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_services, lb_key0, lookup_at, Scratch},
+    maps::{arp_held, held4_slot, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_service_cache, lb4_services, lb_key0, lookup_at, Scratch},
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
@@ -103,6 +106,8 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u
             return lb_cached(ctx, unsafe { &raw const (*p).answer }, s);
         }
     }
+    // Its flow-table line starts coming before the call (lb::lb_touch_early).
+    lb_touch_early::<V4>(s);
     Ok(verdict_unpack(lb4_slow::<L2>(ctx.ctx, s)))
 }
 
@@ -124,7 +129,6 @@ fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
 /// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
 #[inline(always)]
 fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    lb_touch_early::<V4>(s);
     let held = lb4_held(s);
     lb_touch_if::<V4>(s, held);
     match lb4_service(s) {
@@ -143,7 +147,7 @@ fn lb4_service(s: *mut Scratch) -> Option<*mut Lb4Service> {
         let (w0, w1) = ((*s).words[0], (*s).words[1]);
         write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
     }
-    lookup_at::<_, Lb4Service>(&lb4_services, unsafe { &raw const (*s).svc }.cast())
+    lb_service::<1, { offset_of!(Scratch, svc) }>(s, &lb4_service_cache, |key| lookup_at::<_, Lb4Service>(&lb4_services, key.cast()))
 }
 
 /// ICMP to a VIP ([`lb4_icmp`]), a function of its own (BPF to BPF) as

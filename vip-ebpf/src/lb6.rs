@@ -4,6 +4,7 @@
 //! walked to find its ports.
 use core::{
     ffi::c_void,
+    mem::offset_of,
     ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile},
 };
 
@@ -17,10 +18,10 @@ use vip_common::*;
 
 use crate::{
     lb::{
-        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_touch_early,
-        lb_touch_if, Flows,
+        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_service,
+        lb_touch_early, lb_touch_if, Flows,
     },
-    maps::{held6_slot, lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
+    maps::{held6_slot, lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_service_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
     parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
 };
 
@@ -186,6 +187,8 @@ fn lb6_lookup<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ports: u32, pr
             return lb_cached(ctx, unsafe { &raw const (*p).answer }, s);
         }
     }
+    // Its flow-table line starts coming before the call (lb::lb_touch_early).
+    lb_touch_early::<V6>(s);
     Ok(verdict_unpack(lb6_slow::<L2>(ctx.ctx, s)))
 }
 
@@ -315,7 +318,6 @@ fn lb6_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
 /// [`lb6_slow`]'s path: the service and held-VIP lookups, then lb::lb_balance.
 #[inline(always)]
 fn lb6_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    lb_touch_early::<V6>(s);
     let held = lb6_held(s);
     lb_touch_if::<V6>(s, held);
     match lb6_service(s) {
@@ -336,7 +338,7 @@ fn lb6_service(s: *mut Scratch) -> Option<*mut Lb4Service> {
         write_volatile(&raw mut (*s).svc6[1], w[3]);
         write_volatile(&raw mut (*s).svc6[2], (w[4] >> 16 & 0xffff) | (w[4] >> 32 & 0xff) << 16);
     }
-    lookup_at::<_, Lb4Service>(&lb6_services, unsafe { &raw const (*s).svc6 }.cast())
+    lb_service::<3, { offset_of!(Scratch, svc6) }>(s, &lb6_service_cache, |key| lookup_at::<_, Lb4Service>(&lb6_services, key.cast()))
 }
 
 /// Whether this node has an `ndp_held` entry for the flow's VIP on its network

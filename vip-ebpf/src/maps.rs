@@ -133,6 +133,16 @@ pub static lb6_first_packets: Array<Lb6FirstPacket> = Array::pinned(FIRST_PACKET
 #[map]
 pub static lb6_flow_cache: PerCpuArray<Lb6FlowCacheEntry> = PerCpuArray::pinned(FLOW_CACHE_SLOTS, 0);
 
+/// service_cache_slot(Lb4ServiceKey as a word) → a service found in
+/// `lb4_services` and the flow-cache epoch it was found under, per CPU, **not
+/// pinned**: the service lookup of a flow past the flow cache is then an inlined
+/// array lookup, not a hash lookup (a call, and a hash of the key). An entry of
+/// another epoch, another key's or empty, is looked up again (lb::lb_service).
+#[map]
+pub static lb4_service_cache: PerCpuArray<ServiceCacheEntry<1>> = PerCpuArray::with_max_entries(SERVICE_CACHE_SLOTS, 0);
+/// As `lb4_service_cache`, for `lb6_services` (its 20-byte key costs the hash most).
+#[map]
+pub static lb6_service_cache: PerCpuArray<ServiceCacheEntry<3>> = PerCpuArray::with_max_entries(SERVICE_CACHE_SLOTS, 0);
 /// Reason → packets and bytes, per CPU.
 #[map]
 pub static lb_stats: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
@@ -208,6 +218,8 @@ pub struct Scratch {
     pub counted: u32,
     /// The `lb4_services` key being looked up (an Lb4ServiceKey as a word).
     pub svc: u64,
+    /// The flow-cache epoch read before the service lookup (lb::lb_service).
+    pub svc_epoch: u64,
     /// This flow's flow-cache slot (found again past the hit path).
     pub cache_slot: u32,
     /// Whether the VIP's `arp_held` entry is fresh; its MAC (ours) in `mac`.

@@ -5,7 +5,9 @@
 //! removed or changed, a backend written, zeroed or its id reused, flows evicted,
 //! a VIP released or forgotten, an interface's MAC changed. Answers computed before
 //! the bump are not used again; answers computed after it read the maps as the
-//! call left them.
+//! call left them. The data path's per-CPU service caches (`lb4_service_cache`,
+//! `lb6_service_cache`, not pinned) keep services by the same epoch, so a service
+//! change must bump it too.
 //!
 //! The ring programmer and the liveness thread both bump it, through handles that
 //! share one lock: a bump is a read and a write, and two unserialised bumps could
