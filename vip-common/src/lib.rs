@@ -650,6 +650,17 @@ pub struct ServiceCacheEntry<const W: usize> {
     pub service: Lb4Service,
 }
 
+/// Word `i` of a `W`-word service key as a service-cache entry stores it:
+/// [`SERVICE_CACHE_VALID`] set in the last.
+#[inline(always)]
+pub fn service_cache_word<const W: usize>(i: usize, word: u64) -> u64 {
+    if i == W - 1 {
+        word | SERVICE_CACHE_VALID
+    } else {
+        word
+    }
+}
+
 /// Slot of a service in its service cache: a multiplicative hash of its key
 /// words folded into one.
 #[inline(always)]

@@ -86,7 +86,7 @@ pub fn lb_service<const W: usize, const OFF: usize>(
                 return Some(&raw mut (*e).service);
             }
             for i in 0..W {
-                write_volatile(&raw mut (*e).key[i], key(s, i) | if i == W - 1 { SERVICE_CACHE_VALID } else { 0 });
+                write_volatile(&raw mut (*e).key[i], service_cache_word::<W>(i, key(s, i)));
             }
             write_volatile(&raw mut (*e).epoch, u64::MAX);
         }
@@ -107,7 +107,7 @@ pub fn lb_service<const W: usize, const OFF: usize>(
 #[inline(always)]
 fn lb_service_cached<const W: usize>(e: *const ServiceCacheEntry<W>, key: impl Fn(usize) -> u64) -> bool {
     for i in 0..W {
-        if unsafe { (*e).key[i] } != key(i) | if i == W - 1 { SERVICE_CACHE_VALID } else { 0 } {
+        if unsafe { (*e).key[i] } != service_cache_word::<W>(i, key(i)) {
             return false;
         }
     }
@@ -318,9 +318,9 @@ pub fn lb_flow_backend(s: *mut Scratch, refresh: bool) -> bool {
 
 /// A packet past its first (no SYN) to a VIP held here will look its flow up in
 /// lb_flows, most likely a line not in the caches, after its first-packet slot:
-/// both are loaded at the flow cache's miss, before the call into the slow path
-/// and its held-VIP and service lookups, so that the two misses overlap each
-/// other and all that. Frames for VIPs held elsewhere
+/// both are loaded at the flow cache's miss, before the call into the slow path,
+/// so that the two misses overlap each other and the held-VIP and service
+/// lookups that follow. Frames for VIPs held elsewhere
 /// (what backends receive) and SYNs never read the table: `lb_held_filter`'s
 /// bit, an inlined array lookup, tells the first without the held-VIP hash
 /// lookup (a bit set for another VIP only costs a line loaded for nothing).

@@ -143,6 +143,7 @@ pub static lb4_service_cache: PerCpuArray<ServiceCacheEntry<1>> = PerCpuArray::w
 /// As `lb4_service_cache`, for `lb6_services` (its 20-byte key costs the hash most).
 #[map]
 pub static lb6_service_cache: PerCpuArray<ServiceCacheEntry<3>> = PerCpuArray::with_max_entries(SERVICE_CACHE_SLOTS, 0);
+
 /// Reason → packets and bytes, per CPU.
 #[map]
 pub static lb_stats: PerCpuArray<Counter> = PerCpuArray::pinned(Reason::COUNT, 0);
