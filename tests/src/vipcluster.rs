@@ -97,17 +97,37 @@ spec:
     metadata: {{labels: {{app: {name}}}}}
     spec:
       {placement}
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: serve
-        image: {TESTPOD_IMAGE}
-        imagePullPolicy: IfNotPresent
-        command: ["/vip-testpod", "serve", "--port", "8080"]
-        ports: [{{containerPort: 8080}}]
-        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
-"#
+{}"#,
+        serve(6)
     ))?;
     c.wait_rollout(&format!("deployment/{name}"), "default", Duration::from_secs(120))
+}
+
+/// The testpod server's container and grace period: the lines of a pod spec,
+/// each indented by `indent` spaces.
+fn serve(indent: usize) -> String {
+    let lines = [
+        "terminationGracePeriodSeconds: 1".to_owned(),
+        "containers:".into(),
+        "- name: serve".into(),
+        format!("  image: {TESTPOD_IMAGE}"),
+        "  imagePullPolicy: IfNotPresent".into(),
+        r#"  command: ["/vip-testpod", "serve", "--port", "8080"]"#.into(),
+        "  ports: [{containerPort: 8080}]".into(),
+        "  readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}".into(),
+    ];
+    lines.iter().map(|l| format!("{:indent$}{l}\n", "")).collect()
+}
+
+/// A bare Pod `name` of the testpod server labelled app=`app` on `node` (another
+/// endpoint for Service `app`, no controller); waits until it is Ready.
+pub fn apply_pod(c: &Cluster, name: &str, app: &str, node: &str) -> Result<()> {
+    c.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: {app}}}}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n{}",
+        serve(2)
+    ))?;
+    c.kubectl(&["-n", "default", "wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=120s"])?;
+    Ok(())
 }
 
 /// The address vip gave Service `name` (waits for it).

@@ -13,7 +13,9 @@
 //!    through vip's XDP on the holder (forwarded to the other node and passed to
 //!    its own stack) and kube-proxy, in nftables and then iptables mode;
 //! 3. externalTrafficPolicy Local: only the node with a ready pod is in the ring
-//!    (kube-proxy's healthCheckNodePort), every connection succeeds;
+//!    (kube-proxy's healthCheckNodePort), every connection succeeds; a pod started
+//!    on the other node while kube-proxy there is stopped keeps that node out of
+//!    the ring (no connection fails) until kube-proxy runs again, then it joins;
 //! 4. failover: the holder's vip pod killed, then the holder's link cut, with a
 //!    client load running: the VIP moves, new connections resume, long-lived ones
 //!    served by the surviving node keep working; the cut node goes NotReady and is
@@ -140,6 +142,40 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     vc::poll("the Local Service answering through kube-proxy", 20 * SECOND, || Ok(vc::spread(&c, lvip, 1).ok())).unwrap();
     let seen = vc::spread(&c, lvip, 40).unwrap_or_else(|e| panic!("Local: {e:#}\n{}", c.diagnose()));
     assert_eq!(seen.values().sum::<usize>(), 40);
+
+    // A node whose endpoint becomes ready joins the ring only when kube-proxy there
+    // says it has it (the EndpointSlice reaches the agents first). kube-proxy on the
+    // other node is stopped (its rules stay: no local endpoint, so the VIP's traffic
+    // there is dropped) while a pod of the Service starts on it.
+    let j = (0..n).find(|i| c.node(*i).name != only).unwrap();
+    let joiner = c.node(j).name.clone();
+    assert!(c.node(j).stop_proxy(), "{joiner}: kube-proxy was running");
+    vc::apply_pod(&c, "local-join", "local", &joiner).unwrap();
+    let hc = c.get("/api/v1/namespaces/default/services/local").unwrap()["spec"]["healthCheckNodePort"].as_u64().unwrap();
+    let check = format!("http:{hc}/healthz");
+    let pending = |c: &Cluster, i: usize| {
+        vc::status(c, i).is_ok_and(|s| {
+            s.health.iter().any(|h| h.node == joiner && h.check == check && !h.healthy)
+                && s.services.iter().any(|x| x.vip == lvip && x.backends == [only.clone()])
+        })
+    };
+    vc::poll("every agent probing the new endpoint's node, not in the ring", 30 * SECOND, || Ok((0..n).all(|i| pending(&c, i)).then_some(()))).unwrap();
+    for round in 0..4 {
+        let seen = vc::spread(&c, lvip, 10).unwrap_or_else(|e| panic!("Local, {joiner} joining: {e:#}\n{}", vc::agent_logs(&c)));
+        assert!(seen.keys().all(|p| p.starts_with("local-") && p != "local-join"), "only the ready node's pod answers: {seen:?}");
+        assert!((0..n).all(|i| pending(&c, i)), "round {round}: {joiner} stays out of the ring while its kube-proxy is stopped");
+        std::thread::sleep(SECOND / 2);
+    }
+    let synced = c.node(j).start_proxy(c.node(j).proxy_mode()).unwrap();
+    let t0 = std::time::Instant::now();
+    vc::poll(&format!("{joiner} in the Local ring after its kube-proxy started"), 20 * SECOND, || {
+        Ok((0..n).all(|i| vc::status(&c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == lvip && x.backends.contains(&joiner)))).then_some(()))
+    })
+    .unwrap();
+    let seen = vc::spread(&c, lvip, 30).unwrap_or_else(|e| panic!("Local after {joiner} joined: {e:#}\n{}", vc::agent_logs(&c)));
+    eprintln!("cluster-vip: Local: {joiner} joined {:?} after its kube-proxy synced ({synced:?} after starting); 30 connections: {seen:?}", t0.elapsed());
+    assert!(seen.contains_key("local-join"), "the joined node's pod answers: {seen:?}");
+    c.kubectl(&["-n", "default", "delete", "pod", "local-join", "--wait=true"]).unwrap();
 
     // 4. Failover: a killed agent pod, then a cut link, under load.
     c.kubectl(&["-n", "default", "delete", "deployment", "local"]).unwrap();

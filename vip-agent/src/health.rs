@@ -3,7 +3,7 @@
 //! changes go to the agent loop as events stamped with the moment they happened,
 //! so the agent can measure health change → maps updated.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     time::Instant,
 };
@@ -35,9 +35,13 @@ pub struct HealthChange {
     pub detail: String,
 }
 
-/// Rise/fall thresholds over consecutive probe results. A new target starts up,
-/// so an agent restart or a config reload does not empty rings while the first
-/// probes run; `fall` failures take it out.
+/// Rise/fall thresholds over consecutive probe results. The targets of an agent's
+/// first model start up, so that a restart does not empty rings while the first
+/// probes run, and so do targets whose node and probe were already probed (a
+/// reload that changes only timings); `fall` failures take them out. A node newly
+/// probed later (a `Local` Service's new endpoint, a new node) starts down and
+/// joins after `rise` successes: until kube-proxy there has programmed the
+/// endpoint, its health port says no and traffic sent there would be dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Thresholds {
     pub up: bool,
@@ -48,6 +52,11 @@ pub struct Thresholds {
 impl Thresholds {
     pub fn new() -> Self {
         Self { up: true, streak: 0 }
+    }
+
+    /// A target that joins: down until `rise` successes.
+    pub fn joining() -> Self {
+        Self { up: false, streak: 0 }
     }
 
     /// Records one probe result; returns the new state when it flips.
@@ -131,15 +140,25 @@ async fn http_get_status(s: &mut TcpStream, host: &str, path: &str) -> Result<()
 pub struct Monitor {
     events: mpsc::UnboundedSender<HealthChange>,
     tasks: BTreeMap<Target, JoinHandle<()>>,
+    synced: bool,
 }
 
 impl Monitor {
     pub fn new(events: mpsc::UnboundedSender<HealthChange>) -> Self {
-        Self { events, tasks: BTreeMap::new() }
+        Self { events, tasks: BTreeMap::new(), synced: false }
     }
 
-    /// Makes the running probes exactly `targets`.
-    pub fn sync(&mut self, targets: std::collections::BTreeSet<Target>) {
+    /// Makes the running probes exactly `targets`; returns the new ones that
+    /// join down (see [`Thresholds`]): after the first sync, those whose node,
+    /// address and probe no running target had.
+    pub fn sync(&mut self, targets: BTreeSet<Target>) -> BTreeSet<Target> {
+        let probed: BTreeSet<(&str, IpAddr, &Probe)> = self.tasks.keys().map(|t| (t.node.as_str(), t.addr, &t.check.probe)).collect();
+        let joining: BTreeSet<Target> = if self.synced {
+            targets.iter().filter(|t| !self.tasks.contains_key(*t) && !probed.contains(&(t.node.as_str(), t.addr, &t.check.probe))).cloned().collect()
+        } else {
+            BTreeSet::new()
+        };
+        self.synced = true;
         self.tasks.retain(|t, h| {
             let keep = targets.contains(t);
             if !keep {
@@ -153,9 +172,11 @@ impl Monitor {
             }
             let tx = self.events.clone();
             let target = t.clone();
-            let task = tokio::spawn(async move { run_target(target, tx).await });
+            let join = joining.contains(&t);
+            let task = tokio::spawn(async move { run_target(target, join, tx).await });
             self.tasks.insert(t, task);
         }
+        joining
     }
 
     pub fn targets(&self) -> impl Iterator<Item = &Target> {
@@ -171,15 +192,28 @@ impl Drop for Monitor {
     }
 }
 
-async fn run_target(target: Target, tx: mpsc::UnboundedSender<HealthChange>) {
+async fn run_target(target: Target, joining: bool, tx: mpsc::UnboundedSender<HealthChange>) {
     let check = &target.check;
-    let mut state = Thresholds::new();
+    let mut state = if joining { Thresholds::joining() } else { Thresholds::new() };
+    // A joining target that fails its first `fall` probes is reported down once,
+    // so that the status says why it has not joined.
+    let mut join_failures = joining.then_some(0);
     let mut tick = tokio::time::interval(check.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let result = probe(target.addr, check).await;
-        if let Some(up) = state.record(result.is_ok(), check.rise, check.fall) {
+        let mut flip = state.record(result.is_ok(), check.rise, check.fall);
+        if let Some(n) = &mut join_failures {
+            *n = if result.is_ok() { 0 } else { *n + 1 };
+            if *n == check.fall {
+                flip = Some(false);
+            }
+            if flip.is_some() {
+                join_failures = None;
+            }
+        }
+        if let Some(up) = flip {
             let detail = match &result {
                 Ok(()) => format!("{} successes", check.rise),
                 Err(e) => format!("{} failures, last: {e}", check.fall),
@@ -338,5 +372,33 @@ mod tests {
         assert_eq!((ev.target, ev.up), (t, true));
         m.sync(Default::default());
         assert_eq!(m.targets().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn nodes_probed_after_the_first_sync_join_down() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut m = Monitor::new(tx);
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let c = HealthCheck { probe: Probe::Tcp { port }, interval: Duration::from_millis(20), timeout: Duration::from_millis(100), rise: 2, fall: 2 };
+        let t = |node: &str, c: &HealthCheck| Target { node: node.into(), addr: Ipv4Addr::LOCALHOST.into(), check: c.clone() };
+        assert!(m.sync([t("n1", &c)].into()).is_empty(), "the first model's targets start up");
+        // A new node joins down and comes up after `rise` successes.
+        assert_eq!(m.sync([t("n1", &c), t("n2", &c)].into()), [t("n2", &c)].into());
+        let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert_eq!((ev.target, ev.up, ev.detail.as_str()), (t("n2", &c), true, "2 successes"));
+        // New timings of the same probe: no node joins.
+        let slower = HealthCheck { interval: Duration::from_millis(30), ..c.clone() };
+        assert!(m.sync([t("n1", &slower), t("n2", &slower)].into()).is_empty());
+        // A node that joins while its probe fails is reported down after `fall`
+        // failures, so that the status says why.
+        drop(l);
+        assert_eq!(m.sync([t("n1", &slower), t("n2", &slower), t("n3", &slower)].into()), [t("n3", &slower)].into());
+        let mut downs = BTreeSet::new();
+        while downs.len() < 3 {
+            let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+            assert!(!ev.up && ev.detail.starts_with("2 failures"), "{ev:?}");
+            assert!(downs.insert(ev.target.node), "one down report per target");
+        }
     }
 }

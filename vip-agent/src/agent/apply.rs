@@ -37,7 +37,15 @@ impl Agent {
         let m = &self.membership;
         let want = desired(
             &self.world,
-            &Observed { me: &self.opts.node_name, tracked: &m.tracked, live: &m.live, leaving: &m.leaving, health: &health, macs: &self.macs },
+            &Observed {
+                me: &self.opts.node_name,
+                tracked: &m.tracked,
+                live: &m.live,
+                leaving: &m.leaving,
+                health: &health,
+                joining: &self.joining,
+                macs: &self.macs,
+            },
         );
         self.unresolved = want.unresolved;
         for (a, d) in &want.services {

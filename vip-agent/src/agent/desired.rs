@@ -108,6 +108,8 @@ pub struct Observed<'a> {
     pub leaving: &'a BTreeSet<String>,
     /// Probe state of each health target; absent = not probed yet = up.
     pub health: &'a BTreeMap<Target, bool>,
+    /// Those down because they are joining (see `health::Thresholds`).
+    pub joining: &'a BTreeSet<Target>,
     /// MACs of nodes the config leaves without one, as resolved so far.
     pub macs: &'a BTreeMap<String, [u8; 6]>,
 }
@@ -116,17 +118,18 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
     let mut d = Desired::default();
     for svc in &world.services {
         let (mut backends, mut absent, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        let mut all_joining = true;
         for node in world.backend_candidates(svc) {
             if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) && !seen.leaving.contains(&node.name) {
                 absent.push(node.name.clone());
                 continue;
             }
-            let healthy = match &svc.health {
+            let (healthy, joining) = match &svc.health {
                 Some(check) => {
                     let t = Target { node: node.name.clone(), addr: node.addr, check: check.clone() };
-                    seen.health.get(&t).copied().unwrap_or(true)
+                    (seen.health.get(&t).copied().unwrap_or(true), seen.joining.contains(&t))
                 }
-                None => true,
+                None => (true, false),
             };
             let local = node.name == seen.me;
             let mac = match node.mac.or_else(|| seen.macs.get(&node.name).copied()) {
@@ -143,17 +146,20 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
             if healthy {
                 backends.push(b);
             } else {
+                all_joining &= joining;
                 absent.push(b.name.clone());
                 down.push(b);
             }
         }
         // Every backend's check down: fail open to all of them (the alive ones)
-        // unless the service drops instead.
-        let failing_open = backends.is_empty() && !down.is_empty() && svc.no_healthy_backend == NoHealthyBackend::FailOpen;
-        if failing_open {
+        // unless the service drops instead. Backends that are only joining (a new
+        // Service's first endpoints) get its traffic as before, but that is no failure.
+        let open = backends.is_empty() && !down.is_empty() && svc.no_healthy_backend == NoHealthyBackend::FailOpen;
+        if open {
             absent.retain(|n| !down.iter().any(|b| b.name == *n));
             backends = down;
         }
+        let failing_open = open && !all_joining;
         let spec = ServiceSpec { backends, table_size: svc.table_size, absent };
         for addr in svc.addrs() {
             d.services.insert(addr, DesiredService { name: svc.name.clone(), spec: spec.clone(), failing_open });
@@ -204,12 +210,24 @@ services:
         // lb2's agent is dead: out in any case.
         let alive: BTreeSet<String> = live.iter().filter(|n| *n != "lb2").cloned().collect();
         let seen = |health: &BTreeMap<Target, bool>| {
-            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health, macs: &macs }).services
+            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health, joining: &BTreeSet::new(), macs: &macs })
+                .services
         };
         let web = seen(&health).into_values().next().unwrap();
         assert!(web.failing_open);
         assert_eq!(names(&web), ["b1", "b2", "lb1"], "every alive candidate, down as they are");
         assert_eq!(web.spec.absent, ["lb2"]);
+        // Down only because they are joining (a new Service's first endpoints):
+        // the same backends, and no failure. One truly down among them: failing open.
+        let targets: BTreeSet<Target> = health.keys().cloned().collect();
+        let joined = |joining: &BTreeSet<Target>| {
+            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health: &health, joining, macs: &macs }).services
+        };
+        let web = joined(&targets).into_values().next().unwrap();
+        assert!(!web.failing_open);
+        assert_eq!(names(&web), ["b1", "b2", "lb1"]);
+        let some: BTreeSet<Target> = targets.iter().filter(|t| t.node != "b1").cloned().collect();
+        assert!(joined(&some).into_values().next().unwrap().failing_open);
         // One backend back: only it.
         health.insert(Target { node: "b2".into(), addr: w.node("b2").unwrap().addr, check: check.clone() }, true);
         let web = seen(&health).into_values().next().unwrap();
@@ -219,7 +237,11 @@ services:
         // Drop: every backend down means an empty ring.
         health.insert(Target { node: "b2".into(), addr: w.node("b2").unwrap().addr, check }, false);
         w.services[0].no_healthy_backend = NoHealthyBackend::Drop;
-        let seen = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health: &health, macs: &macs }).services;
+        let seen = desired(
+            &w,
+            &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+        )
+        .services;
         let web = seen.into_values().next().unwrap();
         assert!(!web.failing_open && web.spec.backends.is_empty());
         assert_eq!(web.spec.absent, ["b1", "b2", "lb1", "lb2"]);
@@ -266,7 +288,10 @@ services:
         assert_eq!(o.owners.values().filter(|o| *o == "lb1").count(), 2, "4 VIPs over 2 eligible nodes");
         assert!(o.owners.values().all(|o| o == "lb1" || o == "lb2"), "only eligible nodes own");
         assert_eq!(o.held, o.owners.iter().filter(|(_, o)| *o == "lb1").map(|(v, _)| *v).collect());
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, macs: &macs });
+        let d = desired(
+            &w,
+            &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+        );
         assert_eq!(d.services.len(), 2, "one per port");
         let web = d.services.values().next().unwrap();
         assert_eq!(names(web), ["b1", "lb1", "lb2"], "b2 has no MAC yet");
@@ -277,25 +302,33 @@ services:
         let macs = [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into();
         let check = w.services[0].health.clone().unwrap();
         health.insert(Target { node: "b1".into(), addr: "198.18.0.11".parse().unwrap(), check }, false);
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, macs: &macs });
+        let d = desired(
+            &w,
+            &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+        );
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
 
         // lb2 dead: lb1 owns every VIP, and lb2 (tracked by heartbeats, no health
         // check needed) leaves the rings; b2 (not tracked) stays.
         let live: BTreeSet<String> = live.into_iter().filter(|n| n != "lb2").collect();
         assert_eq!(ownership(&w, "lb1", &live).held.len(), 4);
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, macs: &macs });
+        let d = desired(
+            &w,
+            &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+        );
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
         assert_eq!(health_targets(&w).len(), 4, "every candidate of the checked service");
 
         // lb2's agent left to restart: lb1 still owns every VIP, lb2 stays a
         // backend, unless its health check fails.
         let leaving: BTreeSet<String> = ["lb2".to_owned()].into();
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, macs: &macs });
+        let d =
+            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, joining: &BTreeSet::new(), macs: &macs });
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
         let check = w.services[0].health.clone().unwrap();
         health.insert(Target { node: "lb2".into(), addr: w.node("lb2").unwrap().addr, check }, false);
-        let d = desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, macs: &macs });
+        let d =
+            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, joining: &BTreeSet::new(), macs: &macs });
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
     }
 }

@@ -107,6 +107,8 @@ struct Agent {
     /// Bytes of the config file last read (valid or not): reloads only on change.
     config_text: Option<String>,
     health: BTreeMap<Target, (bool, String)>,
+    /// Targets that joined down and have not come up (or been reported down) yet.
+    joining: BTreeSet<Target>,
     monitor: health::Monitor,
     macs: BTreeMap<String, [u8; 6]>,
     /// The liveness thread's latest decision (live set, owners, held VIPs).
@@ -214,6 +216,7 @@ pub async fn run(opts: Options) -> Result<()> {
         world: Arc::new(World::default()),
         config_text: text,
         health: BTreeMap::new(),
+        joining: BTreeSet::new(),
         monitor: health::Monitor::new(health_tx),
         macs: BTreeMap::new(),
         membership: Membership::default(),
@@ -304,9 +307,11 @@ pub async fn run(opts: Options) -> Result<()> {
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => {
+                agent.joining.remove(&ev.target);
                 agent.health.insert(ev.target.clone(), (ev.up, ev.detail.clone()));
                 // Drain what else is queued: one map update for a burst of changes.
                 while let Ok(more) = health_rx.try_recv() {
+                    agent.joining.remove(&more.target);
                     agent.health.insert(more.target.clone(), (more.up, more.detail));
                 }
                 agent.reconcile(Some(ev.at));
@@ -405,7 +410,12 @@ impl Agent {
     fn adopt(&mut self, world: Arc<World>) {
         let targets = health_targets(&world);
         self.health.retain(|t, _| targets.contains(t));
-        self.monitor.sync(targets);
+        self.joining.retain(|t| targets.contains(t));
+        for t in self.monitor.sync(targets) {
+            let detail = format!("joining: in the rings after {} successful probes", t.check.rise);
+            self.health.insert(t.clone(), (false, detail));
+            self.joining.insert(t);
+        }
         let before = std::mem::replace(&mut self.world, world.clone());
         let me = self.opts.node_name.clone();
         // Where pools live depends on the pools and this node alone, not on the
