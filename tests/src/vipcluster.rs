@@ -507,12 +507,11 @@ pub fn cut_link_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultRepo
 /// tainted unreachable by the controller manager; how long that took.
 pub fn wait_cut_node_tainted(c: &Cluster, victim: &str) -> Result<Duration> {
     let not_ready = c.wait_node_ready_status(victim, "Unknown", Duration::from_secs(90))?;
-    let node = c.get(&format!("/api/v1/nodes/{victim}"))?;
-    ensure!(
-        node["spec"]["taints"].as_array().is_some_and(|ts| ts.iter().any(|t| t["key"] == "node.kubernetes.io/unreachable")),
-        "the cut node {victim} is not tainted unreachable: {}",
-        node["spec"]["taints"]
-    );
+    // The controller manager writes the condition and the taint in two updates.
+    poll(&format!("the cut node {victim} tainted unreachable"), Duration::from_secs(30), || {
+        let node = c.get(&format!("/api/v1/nodes/{victim}"))?;
+        Ok(node["spec"]["taints"].as_array().is_some_and(|ts| ts.iter().any(|t| t["key"] == "node.kubernetes.io/unreachable")).then_some(()))
+    })?;
     Ok(not_ready)
 }
 

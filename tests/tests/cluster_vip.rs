@@ -159,7 +159,11 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
                 && s.services.iter().any(|x| x.vip == lvip && x.backends == [only.clone()])
         })
     };
-    vc::poll("every agent probing the new endpoint's node, not in the ring", 30 * SECOND, || Ok((0..n).all(|i| pending(&c, i)).then_some(()))).unwrap();
+    // From the moment an agent has the endpoint (it probes its node): a node that
+    // joined at once would be in the ring until `fall` probes had failed.
+    let probed = |c: &Cluster, i: usize| vc::status(c, i).is_ok_and(|s| s.health.iter().any(|h| h.node == joiner && h.check == check));
+    vc::poll("every agent probing the new endpoint's node", 30 * SECOND, || Ok((0..n).all(|i| probed(&c, i)).then_some(()))).unwrap();
+    assert!((0..n).all(|i| pending(&c, i)), "{joiner} is in no ring when its endpoint is first seen: {:?}", (0..n).map(|i| vc::status(&c, i).ok()).collect::<Vec<_>>());
     for round in 0..4 {
         let seen = vc::spread(&c, lvip, 10).unwrap_or_else(|e| panic!("Local, {joiner} joining: {e:#}\n{}", vc::agent_logs(&c)));
         assert!(seen.keys().all(|p| p.starts_with("local-") && p != "local-join"), "only the ready node's pod answers: {seen:?}");
