@@ -149,10 +149,16 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     // there is dropped) while a pod of the Service starts on it.
     let j = (0..n).find(|i| c.node(*i).name != only).unwrap();
     let joiner = c.node(j).name.clone();
-    assert!(c.node(j).stop_proxy(), "{joiner}: kube-proxy was running");
-    vc::apply_pod(&c, "local-join", "local", &joiner).unwrap();
     let hc = c.get("/api/v1/namespaces/default/services/local").unwrap()["spec"]["healthCheckNodePort"].as_u64().unwrap();
     let check = format!("http:{hc}/healthz");
+    // The first node's own endpoint joined too: from a ring it holds as healthy
+    // (while every backend is joining they all get the traffic).
+    vc::poll(&format!("{only} healthy in every agent"), 30 * SECOND, || {
+        Ok((0..n).all(|i| vc::status(&c, i).is_ok_and(|s| s.health.iter().any(|h| h.node == only && h.check == check && h.healthy))).then_some(()))
+    })
+    .unwrap();
+    assert!(c.node(j).stop_proxy(), "{joiner}: kube-proxy was running");
+    vc::apply_pod(&c, "local-join", "local", &joiner).unwrap();
     let pending = |c: &Cluster, i: usize| {
         vc::status(c, i).is_ok_and(|s| {
             s.health.iter().any(|h| h.node == joiner && h.check == check && !h.healthy)
@@ -163,7 +169,11 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     // joined at once would be in the ring until `fall` probes had failed.
     let probed = |c: &Cluster, i: usize| vc::status(c, i).is_ok_and(|s| s.health.iter().any(|h| h.node == joiner && h.check == check));
     vc::poll("every agent probing the new endpoint's node", 30 * SECOND, || Ok((0..n).all(|i| probed(&c, i)).then_some(()))).unwrap();
-    assert!((0..n).all(|i| pending(&c, i)), "{joiner} is in no ring when its endpoint is first seen: {:?}", (0..n).map(|i| vc::status(&c, i).ok()).collect::<Vec<_>>());
+    assert!(
+        (0..n).all(|i| pending(&c, i)),
+        "{joiner} is in no ring when its endpoint is first seen: {:?}",
+        (0..n).map(|i| vc::status(&c, i).ok()).collect::<Vec<_>>()
+    );
     for round in 0..4 {
         let seen = vc::spread(&c, lvip, 10).unwrap_or_else(|e| panic!("Local, {joiner} joining: {e:#}\n{}", vc::agent_logs(&c)));
         assert!(seen.keys().all(|p| p.starts_with("local-") && p != "local-join"), "only the ready node's pod answers: {seen:?}");
