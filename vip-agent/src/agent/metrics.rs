@@ -377,7 +377,11 @@ impl Metrics {
             "Heartbeat datagrams that changed nothing, by reason (unknown_sender, malformed, unknown_key, bad_tag, wrong_name, stale)",
             l.heartbeat.rejected.clone(),
         );
-        registry.register("vip_backend_healthy", "Health of each backend node under each health check (1 healthy, 0 down or joining: a node newly probed is 0 until it passes `rise` probes)", m.backend_healthy.family());
+        registry.register(
+            "vip_backend_healthy",
+            "Health of each backend node under each health check (1 healthy, 0 down or joining: a node newly probed is 0 until it passes `rise` probes)",
+            m.backend_healthy.family(),
+        );
         registry.register("vip_ring_updates", "Maglev ring changes per service-port", m.ring_updates.family());
         registry.register(
             "vip_service_failing_open",
