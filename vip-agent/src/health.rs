@@ -26,13 +26,15 @@ pub struct Target {
     pub check: HealthCheck,
 }
 
-/// A backend went up or down, at `at` (when the deciding probe finished).
+/// A backend went up or down, at `at` (when the deciding probe finished), as the
+/// probe task `task` found (see [`Monitor::current`]).
 #[derive(Clone, Debug)]
 pub struct HealthChange {
     pub target: Target,
     pub up: bool,
     pub at: Instant,
     pub detail: String,
+    pub task: u64,
 }
 
 /// Rise/fall thresholds over consecutive probe results. The targets of an agent's
@@ -136,16 +138,26 @@ async fn http_get_status(s: &mut TcpStream, host: &str, path: &str) -> Result<()
 }
 
 /// Runs one probe task per target; `sync` starts and stops them as the
-/// configuration changes. Targets kept across a sync keep their state.
+/// configuration changes. Targets kept across a sync keep their state. Each task
+/// has a number of its own, which its events carry.
 pub struct Monitor {
     events: mpsc::UnboundedSender<HealthChange>,
-    tasks: BTreeMap<Target, JoinHandle<()>>,
+    tasks: BTreeMap<Target, (u64, JoinHandle<()>)>,
+    next_task: u64,
     synced: bool,
 }
 
 impl Monitor {
     pub fn new(events: mpsc::UnboundedSender<HealthChange>) -> Self {
-        Self { events, tasks: BTreeMap::new(), synced: false }
+        Self { events, tasks: BTreeMap::new(), next_task: 0, synced: false }
+    }
+
+    /// Whether `ev` comes from its target's running task. An event a stopped
+    /// task queued before it stopped is not: its target may since have been
+    /// removed, or added again to join down, and the old task's word would put
+    /// it in the rings before the new one's `rise` successes.
+    pub fn current(&self, ev: &HealthChange) -> bool {
+        self.tasks.get(&ev.target).is_some_and(|(task, _)| *task == ev.task)
     }
 
     /// Makes the running probes exactly `targets`; returns the new ones that
@@ -159,7 +171,7 @@ impl Monitor {
             BTreeSet::new()
         };
         self.synced = true;
-        self.tasks.retain(|t, h| {
+        self.tasks.retain(|t, (_, h)| {
             let keep = targets.contains(t);
             if !keep {
                 h.abort();
@@ -173,8 +185,10 @@ impl Monitor {
             let tx = self.events.clone();
             let target = t.clone();
             let join = joining.contains(&t);
-            let task = tokio::spawn(async move { run_target(target, join, tx).await });
-            self.tasks.insert(t, task);
+            let task = self.next_task;
+            self.next_task += 1;
+            let h = tokio::spawn(async move { run_target(target, task, join, tx).await });
+            self.tasks.insert(t, (task, h));
         }
         joining
     }
@@ -186,13 +200,13 @@ impl Monitor {
 
 impl Drop for Monitor {
     fn drop(&mut self) {
-        for h in self.tasks.values() {
+        for (_, h) in self.tasks.values() {
             h.abort();
         }
     }
 }
 
-async fn run_target(target: Target, joining: bool, tx: mpsc::UnboundedSender<HealthChange>) {
+async fn run_target(target: Target, task: u64, joining: bool, tx: mpsc::UnboundedSender<HealthChange>) {
     let check = &target.check;
     let mut state = if joining { Thresholds::joining() } else { Thresholds::new() };
     // A joining target that fails its first `fall` probes is reported down once,
@@ -223,7 +237,7 @@ async fn run_target(target: Target, joining: bool, tx: mpsc::UnboundedSender<Hea
             } else {
                 warn!(node = %target.node, addr = %target.addr, %detail, "backend down");
             }
-            if tx.send(HealthChange { target: target.clone(), up, at: Instant::now(), detail }).is_err() {
+            if tx.send(HealthChange { target: target.clone(), up, at: Instant::now(), detail, task }).is_err() {
                 return;
             }
         }
@@ -372,6 +386,27 @@ mod tests {
         assert_eq!((ev.target, ev.up), (t, true));
         m.sync(Default::default());
         assert_eq!(m.targets().count(), 0);
+    }
+
+    /// An event that a stopped task queued is not its target's once the target
+    /// is probed by a new task (removed, then added again to join down): taken,
+    /// a stale `up` would put the target in the rings before its `rise` successes.
+    #[tokio::test]
+    async fn events_of_stopped_tasks_are_not_current() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut m = Monitor::new(tx);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let c = HealthCheck { probe: Probe::Tcp { port: closed }, interval: Duration::from_millis(20), timeout: Duration::from_millis(100), rise: 1, fall: 1 };
+        let t = Target { node: "n1".into(), addr: Ipv4Addr::LOCALHOST.into(), check: c };
+        m.sync([t.clone()].into());
+        let old = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert!(!old.up && m.current(&old), "{old:?}");
+        m.sync(Default::default());
+        assert!(!m.current(&old), "its target is no longer probed");
+        assert_eq!(m.sync([t.clone()].into()), [t.clone()].into(), "added again, it joins");
+        assert!(!m.current(&old), "the new task's target, but not its event");
+        let new = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert!(m.current(&new) && new.task != old.task && new.target == t, "{new:?}");
     }
 
     #[tokio::test]

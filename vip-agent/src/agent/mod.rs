@@ -40,7 +40,7 @@ use crate::{
     config,
     dataplane::{self, AttachMode, Dataplane, ServiceAddr},
     ha::{self, garp::ArpSender},
-    health::{self, Target},
+    health::{self, HealthChange, Target},
     model::World,
     preflight,
     status::{ConfigStatus, Status},
@@ -307,14 +307,15 @@ pub async fn run(opts: Options) -> Result<()> {
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => {
-                agent.joining.remove(&ev.target);
-                agent.health.insert(ev.target.clone(), (ev.up, ev.detail.clone()));
+                let at = ev.at;
+                let mut changed = agent.take_health(ev);
                 // Drain what else is queued: one map update for a burst of changes.
                 while let Ok(more) = health_rx.try_recv() {
-                    agent.joining.remove(&more.target);
-                    agent.health.insert(more.target.clone(), (more.up, more.detail));
+                    changed |= agent.take_health(more);
                 }
-                agent.reconcile(Some(ev.at));
+                if changed {
+                    agent.reconcile(Some(at));
+                }
             }
             Ok(()) = members.changed() => {
                 let m = members.borrow_and_update().clone();
@@ -406,6 +407,17 @@ impl KeyUpdates {
 }
 
 impl Agent {
+    /// Records a probe task's health change; whether it counted (a stopped
+    /// task's is dropped, see [`health::Monitor::current`]).
+    fn take_health(&mut self, ev: HealthChange) -> bool {
+        if !self.monitor.current(&ev) {
+            return false;
+        }
+        self.joining.remove(&ev.target);
+        self.health.insert(ev.target, (ev.up, ev.detail));
+        true
+    }
+
     /// Makes `world` the current model (probes and the liveness thread follow it).
     fn adopt(&mut self, world: Arc<World>) {
         let targets = health_targets(&world);
