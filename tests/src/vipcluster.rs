@@ -187,6 +187,14 @@ pub fn client_follows(c: &Cluster, vip: Ipv4Addr, holder: &str, limit: Duration)
     })
 }
 
+/// The client's neighbour entry for `vip` as `ip neigh` shows it (for errors).
+fn client_neigh(c: &Cluster, vip: Ipv4Addr) -> String {
+    match c.client().cmd("ip").args(["neigh", "show", &vip.to_string()]).output() {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        Err(e) => format!("(ip neigh: {e})"),
+    }
+}
+
 /// Pod name → node name, for the pods of Deployment `app`.
 pub fn pod_nodes(c: &Cluster, app: &str) -> Result<BTreeMap<String, String>> {
     let pods = c.get(&format!("/api/v1/namespaces/default/pods?labelSelector=app%3D{app}"))?;
@@ -543,7 +551,10 @@ pub fn restore_link(c: &Cluster, victim: &str, vip: Ipv4Addr) -> Result<Rejoin> 
         Ok((0..n).all(|i| status(c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && names.iter().all(|m| x.backends.contains(m))))).then_some(()))
     })?;
     let in_ring = t0.elapsed();
-    let seen = spread(c, vip, 20)?;
+    // The VIP may have moved at the heal (two holders agreed on one): as in
+    // upgrade_under_load, new connections start once the client follows its holder.
+    client_follows(c, vip, &holder, Duration::from_secs(10))?;
+    let seen = spread(c, vip, 20).with_context(|| format!("{holder} holding {vip}; the client's entry for it: {}", client_neigh(c, vip)))?;
     ensure!(seen.len() == n, "after {victim} came back, 20 connections reached only {seen:?}");
     Ok(Rejoin { ready, in_ring, holder })
 }
