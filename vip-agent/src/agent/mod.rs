@@ -20,7 +20,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{atomic::Ordering, Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
@@ -307,13 +307,13 @@ pub async fn run(opts: Options) -> Result<()> {
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => {
-                let at = ev.at;
-                let mut changed = agent.take_health(ev);
-                // Drain what else is queued: one map update for a burst of changes.
+                // Drain what else is queued: one map update for a burst of changes,
+                // timed from the first change that counted.
+                let mut at = agent.take_health(ev);
                 while let Ok(more) = health_rx.try_recv() {
-                    changed |= agent.take_health(more);
+                    at = at.or(agent.take_health(more));
                 }
-                if changed {
+                if let Some(at) = at {
                     agent.reconcile(Some(at));
                 }
             }
@@ -407,15 +407,15 @@ impl KeyUpdates {
 }
 
 impl Agent {
-    /// Records a probe task's health change; whether it counted (a stopped
-    /// task's is dropped, see [`health::Monitor::current`]).
-    fn take_health(&mut self, ev: HealthChange) -> bool {
+    /// Records a probe task's health change; when it counted, the moment it
+    /// happened (a stopped task's is dropped, see [`health::Monitor::current`]).
+    fn take_health(&mut self, ev: HealthChange) -> Option<Instant> {
         if !self.monitor.current(&ev) {
-            return false;
+            return None;
         }
         self.joining.remove(&ev.target);
         self.health.insert(ev.target, (ev.up, ev.detail));
-        true
+        Some(ev.at)
     }
 
     /// Makes `world` the current model (probes and the liveness thread follow it).
