@@ -29,6 +29,8 @@ use crate::{
 pub const METRICS_PORT: u16 = 9472;
 /// The pool of the tests: on the nodes' segment, outside every node's address.
 pub const POOL: &str = "198.18.0.200-198.18.0.219";
+/// A prefix holding [`POOL`] and no other address on the segment.
+pub const POOL_PREFIX: &str = "198.18.0.192/27";
 
 /// `kubectl apply -k deploy/` and the DaemonSet's rollout; how long until every
 /// agent pod was Ready.

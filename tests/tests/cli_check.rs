@@ -99,10 +99,11 @@ fn check_names_what_a_backend_host_lacks_until_it_is_ready() {
 }
 
 /// `vip-agent cleanup` (what deploy/cleanup/ runs on every node) leaves no XDP
-/// attachment, no pins, none of vip's addresses on lo and no status file, and
-/// keeps an address on lo that is not vip's.
+/// attachment, no pins, none of vip's addresses on lo, none of route_guard's rules
+/// and routes and no status file, and keeps an address on lo, a rule and a route
+/// that are not vip's.
 #[test]
-fn cleanup_removes_the_attachment_pins_loopback_vips_and_status() {
+fn cleanup_removes_the_attachment_pins_loopback_vips_route_guard_and_status() {
     if !privileged() {
         return;
     }
@@ -114,6 +115,16 @@ fn cleanup_removes_the_attachment_pins_loopback_vips_and_status() {
     host.run(move || vip_agent::dataplane::Dataplane::load(&dir, 1 << 12).unwrap().attach("eth0", vip_agent::dataplane::AttachMode::Generic).unwrap()).unwrap();
     host.ip(&["addr", "add", "198.18.7.1/32", "dev", "lo", "label", "lo:vip"]).unwrap();
     host.ip(&["addr", "add", "198.18.7.2/32", "dev", "lo"]).unwrap();
+    // route_guard's (as the agent writes them: proto 118) and someone else's.
+    for cmd in [
+        "rule add iif eth0 lookup 7473 pref 7473 proto 118",
+        "-6 rule add iif eth0 lookup 7473 pref 7473 proto 118",
+        "route add blackhole 198.18.7.200/32 table 7473 proto 118",
+        "rule add iif eth0 lookup 7474 pref 7474",
+        "route add blackhole 198.18.7.201/32 table 7474",
+    ] {
+        host.ip(&cmd.split(' ').collect::<Vec<_>>()).unwrap();
+    }
     let tmp = vip_tests::agent::TempDir::new("vip-cleanup-").unwrap();
     let status = tmp.0.join("status.json");
     std::fs::write(&status, "{}").unwrap();
@@ -133,6 +144,10 @@ fn cleanup_removes_the_attachment_pins_loopback_vips_and_status() {
     assert!(!status.exists());
     let lo = String::from_utf8_lossy(&host.ip(&["addr", "show", "dev", "lo"]).unwrap().stdout).into_owned();
     assert!(!lo.contains("198.18.7.1/32") && lo.contains("198.18.7.2/32"), "{lo}");
+    assert!(out.contains("removed 2 routing rule(s) to table 7473 and 1 blackhole route(s)"), "{out}");
+    let show = |args: &[&str]| String::from_utf8_lossy(&host.ip(args).unwrap().stdout).into_owned();
+    let left = show(&["rule", "show"]) + &show(&["-6", "rule", "show"]) + &show(&["route", "show", "table", "all"]);
+    assert!(!left.contains("7473") && left.contains("lookup 7474") && left.contains("blackhole 198.18.7.201"), "{left}");
 
     // Twice is fine: nothing left to remove.
     let o = host

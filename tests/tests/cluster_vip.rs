@@ -24,7 +24,10 @@
 //!    goes NotReady, and vip moves its VIP and drops it from the ring until it is
 //!    Ready again, with no new connection failing;
 //! 5. upgrades under load: `kubectl rollout restart` and an image change: no new
-//!    connection fails and no long-lived connection breaks;
+//!    connection fails and no long-lived connection breaks; and from the first
+//!    frame to a VIP to here, no node's stack routed one back to the holder (a
+//!    counter on the segment's bridge; every node has route_guard's rule and the
+//!    VIP's blackhole route from the Service's start);
 //! 6. uninstall: `kubectl delete -k deploy/` and deploy/cleanup/ leave no XDP
 //!    program attached and no pins on any node.
 use std::{collections::BTreeSet, time::Duration};
@@ -93,11 +96,22 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     // 2. A Cluster-policy Service: spread over both nodes, in both kube-proxy modes.
     // As the README's quick start: the example pool with the segment's free
     // addresses, the example Service as written (its pods: a Deployment app=web).
+    // From the first frame to a VIP: none may be routed back by a node's stack
+    // (see the end of the scenario).
+    c.segment().count_routed(vc::POOL_PREFIX).unwrap();
     vc::apply_pool(&c).unwrap();
     vc::apply_deployment(&c, "web", n, None).unwrap();
     vc::apply_example_service(&c).unwrap();
     let vip = vc::wait_vip(&c, "web", 30 * SECOND).unwrap();
     let holder = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    for node in c.nodes() {
+        vc::poll(&format!("{}: the VIP's blackhole route behind `iif eth0`", node.name), 10 * SECOND, || {
+            let rules = stdout(&node.exec(&["ip", "rule", "show"])?);
+            let routes = stdout(&node.exec(&["ip", "route", "show", "table", "7473"])?);
+            Ok((rules.contains("iif eth0 lookup 7473") && routes.contains(&format!("blackhole {vip}"))).then_some(()))
+        })
+        .unwrap();
+    }
     let h = c.nodes().iter().position(|x| x.name == holder).unwrap();
     for mode in [ProxyMode::Nftables, ProxyMode::Iptables] {
         if c.node(0).proxy_mode() != mode {
@@ -272,6 +286,13 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
         assert_eq!((r.failed, r.broken_total()), (0, 0), "{what}: failed new connections and broken long-lived ones: {r:?}\n{}", vc::agent_logs(&c));
     }
 
+    // No node's stack routed a VIP's frame back to the holder: the holder would
+    // balance it again, maybe to the same node, until its TTL ran out, and that
+    // node's conntrack would keep the 5-tuple without NAT for minutes (a SYN that
+    // arrives before kube-proxy there has the new address, route_guard).
+    let routed = c.segment().routed_count().unwrap();
+    assert_eq!(routed, 0, "frames to the pool's addresses routed by a node ({routed}), not sent by the client");
+
     // 6. Uninstall.
     c.kubectl(&["delete", "-k", deploy_dir().to_str().unwrap(), "--wait=true", "--timeout=120s"]).unwrap();
     c.apply_kustomize(&deploy_dir().join("cleanup")).unwrap();
@@ -282,6 +303,8 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
         assert!(!link.contains("prog/xdp"), "{}: XDP still attached after the clean-up: {link}", node.name);
         let bpffs = stdout(&node.exec(&["ls", "-A", "/sys/fs/bpf"]).unwrap());
         assert!(!bpffs.split_whitespace().any(|x| x == "vip"), "{}: pins left: {bpffs}", node.name);
+        let rules = stdout(&node.exec(&["ip", "rule", "show"]).unwrap()) + &stdout(&node.exec(&["ip", "route", "show", "table", "all"]).unwrap());
+        assert!(!rules.contains("7473"), "{}: route_guard's rule or routes left: {rules}", node.name);
     }
 }
 

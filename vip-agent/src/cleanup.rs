@@ -15,6 +15,8 @@ pub struct Removed {
     pub pins: Option<PathBuf>,
     /// `announce: lo` addresses (label `lo:vip`) taken off `lo`.
     pub loopback: Vec<std::net::IpAddr>,
+    /// The rules and blackhole routes of `route_guard` (rules, routes).
+    pub route_guard: (usize, usize),
     pub status_file: Option<PathBuf>,
 }
 
@@ -32,6 +34,15 @@ impl std::fmt::Display for Removed {
             let a: Vec<String> = self.loopback.iter().map(ToString::to_string).collect();
             writeln!(f, "removed {} from lo (label {}, proto {:#x})", a.join(", "), crate::ha::loopback::LABEL, crate::ha::loopback::PROTO)?;
         }
+        if self.route_guard != (0, 0) {
+            let (rules, routes) = self.route_guard;
+            writeln!(
+                f,
+                "removed {rules} routing rule(s) to table {} and {routes} blackhole route(s) from it (proto {:#x})",
+                crate::route_guard::TABLE,
+                crate::route_guard::PROTO
+            )?;
+        }
         if let Some(s) = &self.status_file {
             writeln!(f, "removed {}", s.display())?;
         }
@@ -41,7 +52,8 @@ impl std::fmt::Display for Removed {
 
 /// Detaches the program from every interface (each link detached, its pin
 /// removed), removes the pin directory (program and maps: the kernel frees them
-/// with their last reference), vip's addresses on `lo` and the status file.
+/// with their last reference), vip's addresses on `lo`, its routing rules and
+/// blackhole routes (route_guard) and the status file.
 pub async fn cleanup(pin_dir: &Path, status_file: &Path) -> Result<Removed> {
     let mut out = Removed::default();
     for iface in crate::dataplane::pinned_links(pin_dir)? {
@@ -53,11 +65,12 @@ pub async fn cleanup(pin_dir: &Path, status_file: &Path) -> Result<Removed> {
         std::fs::remove_dir_all(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;
         out.pins = Some(pin_dir.to_owned());
     }
+    let (conn, handle, _) = rtnetlink::new_connection().context("netlink socket")?;
+    tokio::spawn(conn);
     if let Ok((lo, _)) = crate::dataplane::iface_info("lo") {
-        let (conn, handle, _) = rtnetlink::new_connection().context("netlink socket")?;
-        tokio::spawn(conn);
         out.loopback = crate::ha::loopback::remove_ours(&handle, lo).await.context("removing vip's addresses from lo")?;
     }
+    out.route_guard = crate::route_guard::remove_ours(&handle).await.context("removing vip's routing rules and blackhole routes")?;
     if status_file.exists() {
         std::fs::remove_file(status_file).with_context(|| format!("removing {}", status_file.display()))?;
         out.status_file = Some(status_file.to_owned());

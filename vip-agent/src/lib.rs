@@ -20,5 +20,6 @@ pub mod model;
 pub mod neighbour;
 pub mod preflight;
 pub mod reference;
+pub mod route_guard;
 pub mod spec;
 pub mod status;

@@ -121,6 +121,9 @@ struct Agent {
     unheld_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// VIP → the nodes its rings spread to, for the VipStatus of the VIPs held here.
     backends_tx: watch::Sender<BTreeMap<IpAddr, Vec<String>>>,
+    /// The VIPs and the interfaces they arrive on, for the routing rule that
+    /// keeps the stack from routing their frames back (route_guard).
+    guard_tx: watch::Sender<crate::route_guard::Guard>,
     /// What the service maps hold (services that failed are absent: retried).
     applied: BTreeMap<ServiceAddr, DesiredService>,
     /// Services the model wants that could not be programmed, with why.
@@ -176,6 +179,8 @@ pub async fn run(opts: Options) -> Result<()> {
     let dp = Dataplane::load(&opts.pin_dir, opts.ring_capacity)?;
     let (on_lo, on_lo_rx) = watch::channel(BTreeSet::new());
     ha::loopback::spawn(on_lo_rx)?;
+    let (guard_tx, guard_rx) = watch::channel(crate::route_guard::Guard::default());
+    crate::route_guard::spawn(guard_rx)?;
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     let status_json = Arc::new(Mutex::new("{}".to_owned()));
@@ -224,6 +229,7 @@ pub async fn run(opts: Options) -> Result<()> {
         unprogrammed_tx,
         unheld_tx,
         backends_tx,
+        guard_tx,
         applied: BTreeMap::new(),
         failed: BTreeMap::new(),
         unresolved: BTreeSet::new(),

@@ -13,6 +13,18 @@ use crate::{
 impl Agent {
     /// Refreshes the status (file and /status) and the gauges.
     pub(super) fn publish(&mut self) {
+        let guard = {
+            let uplinks = &self.liveness_tx.borrow().uplinks;
+            crate::route_guard::Guard {
+                ifaces: uplinks.by_pool.values().flat_map(|l| [l.name.clone(), l.xdp_iface.clone()]).collect(),
+                vips: self.applied.keys().chain(self.failed.keys()).map(|a| a.vip).collect(),
+            }
+        };
+        self.guard_tx.send_if_modified(|cur| {
+            let changed = *cur != guard;
+            *cur = guard;
+            changed
+        });
         let usage = self.dp.usage();
         self.metrics.services_unprogrammed.set(self.failed.len() as i64);
         self.metrics.services_programmed.set(usage.services as i64);
