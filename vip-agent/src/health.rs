@@ -164,9 +164,20 @@ impl Monitor {
     /// join down (see [`Thresholds`]): after the first sync, those whose node,
     /// address and probe no running target had.
     pub fn sync(&mut self, targets: BTreeSet<Target>) -> BTreeSet<Target> {
+        self.sync_taking_over(targets, &BTreeSet::new())
+    }
+
+    /// [`Self::sync`], where the new targets in `taking_over` start up rather than
+    /// joining (they replace a check their node passed: see
+    /// agent::desired::taking_over).
+    pub fn sync_taking_over(&mut self, targets: BTreeSet<Target>, taking_over: &BTreeSet<Target>) -> BTreeSet<Target> {
         let probed: BTreeSet<(&str, IpAddr, &Probe)> = self.tasks.keys().map(|t| (t.node.as_str(), t.addr, &t.check.probe)).collect();
         let joining: BTreeSet<Target> = if self.synced {
-            targets.iter().filter(|t| !self.tasks.contains_key(*t) && !probed.contains(&(t.node.as_str(), t.addr, &t.check.probe))).cloned().collect()
+            targets
+                .iter()
+                .filter(|t| !self.tasks.contains_key(*t) && !probed.contains(&(t.node.as_str(), t.addr, &t.check.probe)) && !taking_over.contains(*t))
+                .cloned()
+                .collect()
         } else {
             BTreeSet::new()
         };
@@ -407,6 +418,30 @@ mod tests {
         assert!(!m.current(&old), "the new task's target, but not its event");
         let new = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
         assert!(m.current(&new) && new.task != old.task && new.target == t, "{new:?}");
+    }
+
+    #[tokio::test]
+    async fn a_probe_taking_over_from_one_its_node_passed_starts_up() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut m = Monitor::new(tx);
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let open = HealthCheck {
+            probe: Probe::Tcp { port: l.local_addr().unwrap().port() },
+            interval: Duration::from_millis(20),
+            timeout: Duration::from_millis(100),
+            rise: 2,
+            fall: 2,
+        };
+        let closed =
+            HealthCheck { probe: Probe::Tcp { port: std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port() }, ..open.clone() };
+        let t = |node: &str, c: &HealthCheck| Target { node: node.into(), addr: Ipv4Addr::LOCALHOST.into(), check: c.clone() };
+        assert!(m.sync([t("n1", &open), t("n2", &open)].into()).is_empty());
+        // n1's probe moves to a closed port, taking over: it starts up, so that its
+        // failures are reported; n2's moves without taking over: it joins down.
+        let joining = m.sync_taking_over([t("n1", &closed), t("n2", &closed)].into(), &[t("n1", &closed)].into());
+        assert_eq!(joining, [t("n2", &closed)].into());
+        let ev = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert_eq!((ev.target, ev.up), (t("n1", &closed), false), "reported down after `fall` failures");
     }
 
     #[tokio::test]

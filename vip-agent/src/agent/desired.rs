@@ -178,6 +178,36 @@ pub fn health_targets(world: &World) -> BTreeSet<Target> {
         .collect()
 }
 
+/// The targets of `world` that take over from another check of the same Service
+/// on a node that was serving it in `before` (its check changed: a Service switched
+/// to externalTrafficPolicy Local is checked on its healthCheckNodePort, or a pool's
+/// check was edited). `up` tells whether a target of `before` is up. Such a target
+/// starts up instead of joining: were it joining, the first of the Service's nodes
+/// to pass the new check would take its whole ring, and the flows pinned to the
+/// others would be evicted, breaking their connections, until they passed too.
+pub fn taking_over(before: &World, world: &World, up: impl Fn(&Target) -> bool) -> BTreeSet<Target> {
+    let mut out = BTreeSet::new();
+    for svc in &world.services {
+        let Some(check) = &svc.health else { continue };
+        let Some(old) = before.services.iter().find(|o| o.name == svc.name) else { continue };
+        if old.health.as_ref() == Some(check) {
+            continue;
+        }
+        let served: BTreeSet<&str> = before
+            .backend_candidates(old)
+            .into_iter()
+            .filter(|n| old.health.as_ref().is_none_or(|c| up(&Target { node: n.name.clone(), addr: n.addr, check: c.clone() })))
+            .map(|n| n.name.as_str())
+            .collect();
+        for n in world.backend_candidates(svc) {
+            if served.contains(n.name.as_str()) {
+                out.insert(Target { node: n.name.clone(), addr: n.addr, check: check.clone() });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +228,36 @@ services:
     backendSelector: {}
     healthCheck: {type: tcp, rise: 1, fall: 1}
 "#;
+
+    #[test]
+    fn a_services_new_check_takes_over_on_the_nodes_that_passed_the_old_one() {
+        let before = parse(CFG).unwrap();
+        let old = before.services[0].health.clone().unwrap();
+        let target =
+            |w: &World, node: &str, check: &crate::model::HealthCheck| Target { node: node.into(), addr: w.node(node).unwrap().addr, check: check.clone() };
+        // Its check moved to another port (as a Service switched to Local does).
+        let after = parse(&CFG.replace("healthCheck: {type: tcp, rise: 1, fall: 1}", "healthCheck: {type: tcp, port: 10256, rise: 1, fall: 1}")).unwrap();
+        let new = after.services[0].health.clone().unwrap();
+        assert_ne!(old, new);
+        // b2 was down on the old check: it joins; the others take over up.
+        let up = |t: &Target| t.node != "b2";
+        let got = taking_over(&before, &after, up);
+        let want: BTreeSet<Target> = ["lb1", "lb2", "b1"].iter().map(|n| target(&after, n, &new)).collect();
+        assert_eq!(got, want);
+        assert!(got.iter().all(|t| t.check == new), "the new check's targets");
+        // The same check, or a Service that is new: nothing takes over.
+        assert!(taking_over(&before, &before, |_| true).is_empty());
+        let renamed = parse(
+            &CFG.replace("name: web", "name: shop")
+                .replace("healthCheck: {type: tcp, rise: 1, fall: 1}", "healthCheck: {type: tcp, port: 10256, rise: 1, fall: 1}"),
+        )
+        .unwrap();
+        assert!(taking_over(&before, &renamed, |_| true).is_empty());
+        // A Service that had no check: every candidate was serving it.
+        let unchecked = parse(&CFG.replace("    healthCheck: {type: tcp, rise: 1, fall: 1}\n", "")).unwrap();
+        assert!(unchecked.services[0].health.is_none());
+        assert_eq!(taking_over(&unchecked, &after, |_| false).len(), 4);
+    }
 
     #[test]
     fn every_backend_down_fails_open_unless_the_service_drops() {

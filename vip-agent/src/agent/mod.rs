@@ -427,9 +427,10 @@ impl Agent {
     /// Makes `world` the current model (probes and the liveness thread follow it).
     fn adopt(&mut self, world: Arc<World>) {
         let targets = health_targets(&world);
+        let taking_over = desired::taking_over(&self.world, &world, |t| self.health.get(t).is_none_or(|(up, _)| *up));
         self.health.retain(|t, _| targets.contains(t));
         self.joining.retain(|t| targets.contains(t));
-        for t in self.monitor.sync(targets) {
+        for t in self.monitor.sync_taking_over(targets, &taking_over) {
             let detail = format!("joining: in the rings after {} successful probes", t.check.rise);
             self.health.insert(t.clone(), (false, detail));
             self.joining.insert(t);
