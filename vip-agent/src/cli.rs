@@ -69,7 +69,7 @@ pub enum Cmd {
     Detach(DetachArgs),
     /// Remove what vip leaves on this node when uninstalled: detach the program
     /// from every interface, remove the pinned program and maps, vip's addresses on
-    /// lo and the status file.
+    /// lo, its routing rules and blackhole routes (table 7473) and the status file.
     ///
     /// The agent must not be running (it would attach again). In Kubernetes,
     /// deploy/cleanup/ runs this on every node.
