@@ -65,8 +65,7 @@ pub async fn cleanup(pin_dir: &Path, status_file: &Path) -> Result<Removed> {
         std::fs::remove_dir_all(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;
         out.pins = Some(pin_dir.to_owned());
     }
-    let (conn, handle, _) = rtnetlink::new_connection().context("netlink socket")?;
-    tokio::spawn(conn);
+    let handle = crate::route_guard::handle()?;
     if let Ok((lo, _)) = crate::dataplane::iface_info("lo") {
         out.loopback = crate::ha::loopback::remove_ours(&handle, lo).await.context("removing vip's addresses from lo")?;
     }

@@ -82,8 +82,13 @@ async fn rules(h: &Handle) -> Result<Vec<((bool, String), RuleMessage)>> {
 /// Our blackhole routes in TABLE, with their message.
 async fn routes(h: &Handle) -> Result<Vec<(IpAddr, RouteMessage)>> {
     let mut out = Vec::new();
-    let filters =
-        [RouteMessageBuilder::<std::net::Ipv4Addr>::new().table_id(TABLE).build(), RouteMessageBuilder::<std::net::Ipv6Addr>::new().table_id(TABLE).build()];
+    // With strict checking (see `handle`) the kernel dumps only these: our
+    // blackholes in TABLE, not the node's whole routing table every few seconds.
+    let proto = RouteProtocol::from(PROTO);
+    let filters = [
+        RouteMessageBuilder::<std::net::Ipv4Addr>::new().table_id(TABLE).kind(RouteType::BlackHole).protocol(proto).build(),
+        RouteMessageBuilder::<std::net::Ipv6Addr>::new().table_id(TABLE).kind(RouteType::BlackHole).protocol(proto).build(),
+    ];
     for filter in filters {
         let mut stream = h.route().get(filter).execute();
         while let Some(msg) = stream.try_next().await? {
@@ -170,9 +175,10 @@ pub async fn remove_ours(h: &Handle) -> Result<(usize, usize)> {
 }
 
 /// A netlink handle on this thread's network namespace (its connection runs on
-/// the current tokio runtime).
+/// the current tokio runtime), with strict checking: route dumps are filtered by
+/// the kernel.
 pub fn handle() -> Result<Handle> {
-    let (conn, handle, _) = rtnetlink::new_connection().context("netlink socket")?;
+    let (conn, handle, _) = rtnetlink::new_connection_with_strict_check().context("netlink socket")?;
     tokio::spawn(conn);
     Ok(handle)
 }
