@@ -6,7 +6,8 @@
 //! conntrack keeps an entry for that 5-tuple without NAT (120 s for a SYN), so
 //! the same client port meets the same fate even after kube-proxy has caught up.
 //!
-//! So the agent keeps one policy-routing rule per interface VIPs arrive on, for
+//! So the agent keeps one policy-routing rule per interface VIPs arrive on (the
+//! pools' interfaces and the node's home), for
 //! each family with VIPs (`iif IFACE lookup TABLE`, preference PRIORITY: after
 //! `local`, before `main`), and a blackhole route per VIP in TABLE. Such a frame
 //! is dropped at the routing decision, before conntrack confirms its entry, so

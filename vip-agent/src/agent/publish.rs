@@ -16,7 +16,8 @@ impl Agent {
         let guard = {
             let uplinks = &self.liveness_tx.borrow().uplinks;
             crate::route_guard::Guard {
-                ifaces: uplinks.by_pool.values().flat_map(|l| [l.name.clone(), l.xdp_iface.clone()]).collect(),
+                // Home too: frames to VIPs of other networks reach backends there.
+                ifaces: uplinks.by_pool.values().chain(&uplinks.home).flat_map(|l| [l.name.clone(), l.xdp_iface.clone()]).collect(),
                 vips: self.applied.keys().chain(self.failed.keys()).map(|a| a.vip).collect(),
             }
         };
