@@ -70,22 +70,16 @@ impl Segment {
     /// on it. A node's stack that routes a VIP's frame back to the holder shows
     /// here ([`Self::routed_count`]).
     pub fn count_routed(&self, dst: &str) -> Result<()> {
-        let nft = |args: &[&str]| -> Result<()> {
-            let o = self.ns.cmd("nft").args(args).output()?;
-            anyhow::ensure!(o.status.success(), "nft {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
-            Ok(())
-        };
-        nft(&["add", "table", "bridge", "vipwatch"])?;
-        nft(&["add", "chain", "bridge", "vipwatch", "routed", "{ type filter hook forward priority 0 ; }"])?;
-        nft(&["add", "rule", "bridge", "vipwatch", "routed", "ip", "daddr", dst, "ip", "ttl", "lt", "64", "counter"])
+        self.ns.nft(&["add", "table", "bridge", "vipwatch"])?;
+        self.ns.nft(&["add", "chain", "bridge", "vipwatch", "routed", "{ type filter hook forward priority 0 ; }"])?;
+        self.ns.nft(&["add", "rule", "bridge", "vipwatch", "routed", "ip", "daddr", dst, "ip", "ttl", "lt", "64", "counter"])?;
+        Ok(())
     }
 
     /// Frames counted since [`Self::count_routed`].
     pub fn routed_count(&self) -> Result<u64> {
-        let o = self.ns.cmd("nft").args(["list", "chain", "bridge", "vipwatch", "routed"]).output()?;
-        let text = String::from_utf8_lossy(&o.stdout);
-        let n = text.split("counter packets ").nth(1).and_then(|r| r.split_whitespace().next()).with_context(|| format!("no counter in {text}"))?;
-        Ok(n.parse()?)
+        let text = self.ns.nft(&["list", "chain", "bridge", "vipwatch", "routed"])?;
+        crate::netns::nft_packets(&text).with_context(|| format!("no counter in {text}"))
     }
 
     fn port_of(&self, host: &NetNs) -> Result<usize> {

@@ -69,6 +69,15 @@ impl NetNs {
         Ok(())
     }
 
+    /// `nft ARGS` in this namespace; its output, or an error with what nft said.
+    pub fn nft(&self, args: &[&str]) -> Result<String> {
+        let o = self.cmd("nft").args(args).output()?;
+        if !o.status.success() {
+            bail!("nft {} in {}: {}", args.join(" "), self.name, String::from_utf8_lossy(&o.stderr));
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
     /// Runs `f` on a new thread that has entered this namespace; sockets made
     /// there stay in it.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
@@ -257,4 +266,9 @@ pub fn hex_mac(m: [u8; 6]) -> String {
 pub fn arping(ns: &NetNs, iface: &str, target: std::net::Ipv4Addr) -> (bool, String) {
     let o = ns.cmd("arping").args(["-c", "2", "-w", "2", "-I", iface, &target.to_string()]).output().unwrap();
     (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The packets an nftables `counter` shows in `line` (`counter packets N bytes M`).
+pub fn nft_packets(line: &str) -> Option<u64> {
+    line.split("counter packets ").nth(1)?.split_whitespace().next()?.parse().ok()
 }

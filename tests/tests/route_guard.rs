@@ -7,18 +7,16 @@
 use std::{net::IpAddr, thread::sleep, time::Duration};
 
 use vip_agent::route_guard::{self, Guard};
-use vip_tests::netns::{hex_mac, privileged, veth, NetNs};
+use vip_tests::netns::{hex_mac, nft_packets, privileged, veth, NetNs};
 
 const VIP4: &str = "198.18.20.200";
 const VIP6: &str = "2001:2:0:20::200";
 
-/// Packets counted by the peer's rule `name` (see `counters`).
+/// Packets counted by the peer's rule `name` (its comment).
 fn counted(p: &NetNs, name: &str) -> u64 {
-    let o = p.cmd("nft").args(["list", "chain", "inet", "vipguard", "in"]).output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let text = p.nft(&["list", "chain", "inet", "vipguard", "in"]).unwrap();
     let line = text.lines().find(|l| l.contains(&format!("comment \"{name}\""))).unwrap_or_else(|| panic!("no rule {name} in {text}"));
-    let n = line.split("packets ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("no count in {line}"));
-    n.parse().unwrap()
+    nft_packets(line).unwrap_or_else(|| panic!("no count in {line}"))
 }
 
 /// Sends `n` UDP datagrams to the VIP from `src` inside `ns`.
@@ -71,26 +69,17 @@ fn vip_frames_the_stack_does_not_take_are_dropped_not_routed_back() {
         b.ip(&["neigh", "replace", vip, "lladdr", &pmac, "dev", "b0", "nud", "permanent"]).unwrap();
     }
     // What reaches the peer for the VIP: routed back by the node (TTL 63) or sent by it (64).
-    let nft = |cmd: &str| {
-        let o = p.cmd("nft").args(cmd.split(' ')).output().unwrap();
-        assert!(o.status.success(), "nft {cmd}: {}", String::from_utf8_lossy(&o.stderr));
-    };
-    nft("add table inet vipguard");
-    nft("add chain inet vipguard in { type filter hook prerouting priority -300 ; }");
+    p.nft(&["add", "table", "inet", "vipguard"]).unwrap();
+    p.nft(&["add", "chain", "inet", "vipguard", "in", "{ type filter hook prerouting priority -300 ; }"]).unwrap();
     for (rule, name) in [
         (format!("ip daddr {VIP4} ip ttl 63"), "back4"),
         (format!("ip daddr {VIP4} ip ttl 64"), "own4"),
         (format!("ip6 daddr {VIP6} ip6 hoplimit 63"), "back6"),
         (format!("ip6 daddr {VIP6} ip6 hoplimit 64"), "own6"),
     ] {
-        let o = p
-            .cmd("nft")
-            .args(["add", "rule", "inet", "vipguard", "in"])
-            .args(rule.split(' '))
-            .args(["counter", "comment", &format!("\"{name}\"")])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "nft rule {rule}: {}", String::from_utf8_lossy(&o.stderr));
+        let comment = format!("\"{name}\"");
+        let args: Vec<&str> = ["add", "rule", "inet", "vipguard", "in"].into_iter().chain(rule.split(' ')).chain(["counter", "comment", &comment]).collect();
+        p.nft(&args).unwrap();
     }
 
     // Without the guard: routed back, the loop's first hop.

@@ -16,7 +16,11 @@
 //! the config file's backends) is found in `local` first; traffic the node sends
 //! itself has no input interface and never meets the rule. Rules and routes carry
 //! the protocol PROTO, which is how the agent and `cleanup` tell them apart.
-use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
 use futures::TryStreamExt;
@@ -30,6 +34,8 @@ use rtnetlink::{
 };
 use tokio::sync::watch;
 use tracing::{info, warn};
+
+use crate::ha::loopback::host_prefix;
 
 /// The routing table of the blackhole routes (`ip route show table 7473`).
 pub const TABLE: u32 = 7473;
@@ -85,11 +91,7 @@ async fn routes(h: &Handle) -> Result<Vec<(IpAddr, RouteMessage)>> {
     let mut out = Vec::new();
     // With strict checking (see `handle`) the kernel dumps only these: our
     // blackholes in TABLE, not the node's whole routing table every few seconds.
-    let proto = RouteProtocol::from(PROTO);
-    let filters = [
-        RouteMessageBuilder::<std::net::Ipv4Addr>::new().table_id(TABLE).kind(RouteType::BlackHole).protocol(proto).build(),
-        RouteMessageBuilder::<std::net::Ipv6Addr>::new().table_id(TABLE).kind(RouteType::BlackHole).protocol(proto).build(),
-    ];
+    let filters = [ours(RouteMessageBuilder::<Ipv4Addr>::new()), ours(RouteMessageBuilder::<Ipv6Addr>::new())];
     for filter in filters {
         let mut stream = h.route().get(filter).execute();
         while let Some(msg) = stream.try_next().await? {
@@ -102,24 +104,25 @@ async fn routes(h: &Handle) -> Result<Vec<(IpAddr, RouteMessage)>> {
                     _ => {}
                 }
             }
-            let host = msg.header.destination_prefix_length == if dst.is_some_and(|d| d.is_ipv4()) { 32 } else { 128 };
-            if let (Some(dst), TABLE, true, true) = (dst, table, ours_proto(&msg.header.protocol), host) {
-                out.push((dst, msg));
+            if let (Some(dst), TABLE, true) = (dst, table, ours_proto(&msg.header.protocol)) {
+                if msg.header.destination_prefix_length == host_prefix(dst) {
+                    out.push((dst, msg));
+                }
             }
         }
     }
     Ok(out)
 }
 
+/// A blackhole route of ours in TABLE, to what `b` has been given.
+fn ours<T>(b: RouteMessageBuilder<T>) -> RouteMessage {
+    b.table_id(TABLE).kind(RouteType::BlackHole).protocol(RouteProtocol::from(PROTO)).build()
+}
+
 fn blackhole(vip: IpAddr) -> RouteMessage {
-    let proto = RouteProtocol::from(PROTO);
     match vip {
-        IpAddr::V4(v) => {
-            RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(v, 32).table_id(TABLE).kind(RouteType::BlackHole).protocol(proto).build()
-        }
-        IpAddr::V6(v) => {
-            RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(v, 128).table_id(TABLE).kind(RouteType::BlackHole).protocol(proto).build()
-        }
+        IpAddr::V4(v) => ours(RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v, host_prefix(vip))),
+        IpAddr::V6(v) => ours(RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(v, host_prefix(vip))),
     }
 }
 
@@ -136,16 +139,9 @@ pub async fn sync(h: &Handle, want: &Guard) -> Result<()> {
     let have_rules = rules(h).await?;
     let have: BTreeSet<(bool, String)> = have_rules.iter().map(|(k, _)| k.clone()).collect();
     for (v6, iif) in want_rules.difference(&have) {
-        let req = h.rule().add().input_interface(iif.clone()).table_id(TABLE).priority(PRIORITY).action(RuleAction::ToTable);
-        let res = if *v6 {
-            let mut r = req.v6();
-            r.message_mut().attributes.push(RuleAttribute::Protocol(RouteProtocol::from(PROTO)));
-            r.execute().await
-        } else {
-            let mut r = req.v4();
-            r.message_mut().attributes.push(RuleAttribute::Protocol(RouteProtocol::from(PROTO)));
-            r.execute().await
-        };
+        let mut req = h.rule().add().input_interface(iif.clone()).table_id(TABLE).priority(PRIORITY).action(RuleAction::ToTable);
+        req.message_mut().attributes.push(RuleAttribute::Protocol(RouteProtocol::from(PROTO)));
+        let res = if *v6 { req.v6().execute().await } else { req.v4().execute().await };
         res.with_context(|| format!("adding the rule iif {iif} lookup {TABLE} ({})", if *v6 { "IPv6" } else { "IPv4" }))?;
         info!(iface = %iif, ipv6 = v6, table = TABLE, "VIP frames that the stack does not take on this interface are dropped, not routed back");
     }

@@ -23,7 +23,7 @@ pub const LABEL: &str = "lo:vip";
 pub const PROTO: u8 = b'v';
 
 /// The host prefix of an address of this family.
-fn host_prefix(a: IpAddr) -> u8 {
+pub(crate) fn host_prefix(a: IpAddr) -> u8 {
     if a.is_ipv4() {
         32
     } else {
