@@ -237,8 +237,9 @@ fn unavailable(why: String) -> bool {
     false
 }
 
-/// The directory of the node binaries: `None` (after printing why) when
-/// `VIP_KUBE_NODE_ASSETS` is not set; with `CI=true` that is a failure instead.
+/// The directory of the node binaries from `VIP_KUBE_NODE_ASSETS`; `None` (after
+/// printing why) when it is not set. The cluster tests are built `#[ignore]`d
+/// without it (tests/build.rs); one built with it that finds it gone fails.
 pub fn node_assets() -> Option<PathBuf> {
     match std::env::var_os(NODE_ASSETS_ENV).filter(|v| !v.is_empty()) {
         Some(dir) => {
@@ -248,8 +249,9 @@ pub fn node_assets() -> Option<PathBuf> {
             }
             Some(dir)
         }
+        None if cfg!(real_cluster) => panic!("{NODE_ASSETS_ENV} was set when the tests were built and is not set now"),
         None => {
-            unavailable(format!("{NODE_ASSETS_ENV} is not set (a directory holding kubelet, kube-proxy, kube-controller-manager and kube-scheduler)"));
+            eprintln!("not run: {NODE_ASSETS_ENV} is not set (a directory holding kubelet, kube-proxy, kube-controller-manager and kube-scheduler)");
             None
         }
     }

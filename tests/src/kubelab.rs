@@ -1,7 +1,8 @@
 //! The HA lab with Kubernetes as the source: an API server runs in a namespace of
 //! the lab (198.18.0.2) and every node runs `vip-agent run --kubernetes` with a
 //! kubeconfig pointing at it. The server is the in-process stand-in
-//! ([`KubeLab::start`], port 6443, no authentication) or a real kube-apiserver with
+//! ([`KubeLab::start`], port 6443, the agents acting as the deploy/10-rbac.yaml
+//! ServiceAccount by the stand-in's token) or a real kube-apiserver with
 //! etcd ([`KubeLab::start_real`], TLS, the agents acting as the deploy/10-rbac.yaml
 //! ServiceAccount). Shared by the Kubernetes e2e test and bench.
 //!
@@ -20,7 +21,7 @@ use serde_json::{json, Value};
 
 use crate::{
     agent::TempDir,
-    apiserver::{write_kubeconfig, ApiServer, ResourceSpec},
+    apiserver::{service_account_token, write_kubeconfig, ApiServer, ResourceSpec},
     halab::{node_addr, HaLab, HaSpec, Naming},
     kubeapi::{apply, ensure_namespace, raw, resource_path, Options, RealApiServer},
     netns::NetNs,
@@ -169,8 +170,10 @@ pub fn api_in(ns: &NetNs, addr: SocketAddr) -> Result<(ApiServer, mpsc::Sender<(
     Ok((rx.recv()??, stop_tx))
 }
 
+/// The agents' kubeconfig: the DaemonSet's ServiceAccount, so that the stand-in
+/// holds them to deploy/10-rbac.yaml as the real server does.
 fn kubeconfig(dir: &Path) -> Result<std::path::PathBuf> {
-    write_kubeconfig(&dir.join("kubeconfig"), &format!("http://{API_ADDR}"))
+    write_kubeconfig(&dir.join("kubeconfig"), &format!("http://{API_ADDR}"), Some(&service_account_token("vip-system", "vip-agent")))
 }
 
 /// Starts `server_exe serve NAME HEALTH_CHECK_NODE_PORT` on every node (kube-proxy's

@@ -7,7 +7,7 @@ use std::{process::Output, time::Duration};
 
 use vip_tests::{
     agent::{agent_bin, wait_for, TempDir},
-    apiserver::{write_kubeconfig, ApiServer, ResourceSpec},
+    apiserver::{service_account_token, write_kubeconfig, ApiServer, ResourceSpec},
     netns::{privileged, NetNs, PinDir},
 };
 
@@ -91,7 +91,7 @@ fn detach_needs_a_target_and_says_what_it_removed() {
 async fn the_kubernetes_start_names_the_watch_that_never_lists() {
     let api = ApiServer::builder().resources(ResourceSpec::VIP.into_iter().filter(|r| r.plural != "vippools")).start().await.unwrap();
     let dir = TempDir::new("vip-cli-").unwrap();
-    let kubeconfig = write_kubeconfig(&dir.0.join("kubeconfig"), &api.url()).unwrap();
+    let kubeconfig = write_kubeconfig(&dir.0.join("kubeconfig"), &api.url(), Some(&service_account_token("vip-system", "vip-agent"))).unwrap();
     let mut child = std::process::Command::new(agent_bin().unwrap())
         .args(["--pin-dir"])
         .arg(dir.0.join("pins"))

@@ -108,6 +108,7 @@ fn cluster_ip_answers(c: &Cluster, cip: Ipv4Addr, pods: &BTreeSet<String>) {
 }
 
 #[test]
+#[cfg_attr(not(real_cluster), ignore = "needs KUBEBUILDER_ASSETS and VIP_KUBE_NODE_ASSETS (a Kubernetes release's binaries; docs/development/tests.md)")]
 fn cluster_up_cluster_ips_in_both_proxy_modes_and_clean_teardown() {
     let spec = ClusterSpec { images: vec![cluster::images_dir().join(cluster::TESTPOD_ARCHIVE)], ..Default::default() };
     if !cluster::available(&spec) {

@@ -61,6 +61,7 @@ fn agent_caps(c: &Cluster, i: usize) -> u64 {
 }
 
 #[test]
+#[cfg_attr(not(real_cluster), ignore = "needs KUBEBUILDER_ASSETS and VIP_KUBE_NODE_ASSETS (a Kubernetes release's binaries; docs/development/tests.md)")]
 fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls() {
     let spec = ClusterSpec::default();
     if !cluster::available(&spec) {

@@ -58,6 +58,7 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
 }
 
 #[test]
+#[cfg_attr(not(real_apiserver), ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver, etcd; docs/development/tests.md)")]
 fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
     if !privileged() {
         return;

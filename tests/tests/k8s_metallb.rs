@@ -220,6 +220,7 @@ fn sorted_lines(s: &str) -> Vec<&str> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(real_apiserver), ignore = "needs KUBEBUILDER_ASSETS (kube-apiserver, etcd; docs/development/tests.md)")]
 async fn imported_pools_are_accepted_and_keep_what_metallb_gave() {
     use vip_tests::kubeapi::{apply, discover, documents, ensure_namespace};
     let Some(api) = Backend::real().await else { return };

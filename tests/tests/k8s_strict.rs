@@ -39,6 +39,7 @@ vip_tests::both_api_servers!(ip_families_on_a_single_stack_cluster);
 vip_tests::both_api_servers!(ip_families_on_a_dual_stack_cluster, Stack::Dual);
 vip_tests::both_api_servers!(vip_pools_are_checked_against_the_crd_schema);
 vip_tests::both_api_servers!(vip_status_status_is_server_side_applied);
+vip_tests::both_api_servers!(causes_are_worded_as_the_real_servers);
 
 const SVCS: &str = "/api/v1/namespaces/shop/services";
 const POOLS: &str = "/apis/vip.dev/v1alpha1/vippools";
@@ -627,13 +628,35 @@ async fn vip_pools_are_checked_against_the_crd_schema(api: Backend) {
 }
 
 /// Beyond code, reason and fields: each cause's message, word for word, and the
-/// warnings, for requests that do not depend on what else the servers hold. Needs
-/// the real server (skipped without it, as the `real` halves above).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn causes_are_worded_as_the_real_servers() {
-    let Some(real) = Backend::real().await else { return };
-    let stand_in = Backend::stand_in().await;
-    let (r, s) = (real.client().await, stand_in.client().await);
+/// warnings, for requests that do not depend on what else the servers hold. The
+/// real server's answers are written down in [`WORDED`] and both servers are held
+/// to them: the stand-in in every run, the real one where it is supplied.
+/// `VIP_K8S_RECORD=1` with the real server writes the file anew from its answers.
+async fn causes_are_worded_as_the_real_servers(api: Backend) {
+    let got = worded_answers(&api.client().await).await;
+    if api.is_real() && std::env::var_os("VIP_K8S_RECORD").is_some() {
+        let Backend::Real { server, .. } = &api else { unreachable!() };
+        let doc = json!({ "recordedFrom": format!("kube-apiserver {}", server.version()), "answers": got });
+        std::fs::write(WORDED, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+        eprintln!("recorded {WORDED} from kube-apiserver {}", server.version());
+        return;
+    }
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(WORDED).unwrap()).unwrap();
+    let (want, got) = (want["answers"].as_array().unwrap(), got.as_array().unwrap());
+    assert_eq!(want.len(), got.len(), "the cases and {WORDED} differ in number: re-record it with the real server (VIP_K8S_RECORD=1)");
+    for (w, g) in want.iter().zip(got) {
+        assert_eq!(w["request"], g["request"], "the cases and {WORDED} differ: re-record it with the real server (VIP_K8S_RECORD=1)");
+        assert_eq!(g, w, "{} answers differently from the recorded real server ({WORDED})", if api.is_real() { "kube-apiserver" } else { "the stand-in" });
+    }
+}
+
+/// The real server's answers to [`worded_answers`], as kube-apiserver v1.36.2 gave them.
+const WORDED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/k8s/worded-causes.json");
+
+/// Each case's request and what a server answered, as far as it is compared: code,
+/// reason, message (where one cause: with several, the order is the server's),
+/// the causes sorted; then a pool with unknown fields: the warnings and what is stored.
+async fn worded_answers(c: &kube::Client) -> Value {
     let svc = |spec: Value| service("worded", spec);
     let pool = |spec: Value| json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "worded" }, "spec": spec });
     let cases = [
@@ -661,7 +684,10 @@ async fn causes_are_worded_as_the_real_servers() {
         (POOLS, pool(json!({ "addresses": [], "interfaces": (0..17).map(|i| format!("eth{i}")).collect::<Vec<_>>() }))),
         (POOLS, json!({ "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "worded" } })),
     ];
-    let worded = |o: &Out| {
+    let mut answers = Vec::new();
+    for (path, body) in cases {
+        let o = send(c, Method::POST, path, body.clone()).await;
+        assert!(o.code >= 400, "the server took {body}: {}", o.body);
         let mut causes: Vec<String> = o.body["details"]["causes"]
             .as_array()
             .into_iter()
@@ -669,22 +695,14 @@ async fn causes_are_worded_as_the_real_servers() {
             .map(|c| format!("{} {}: {}", c["reason"].as_str().unwrap_or(""), c["field"].as_str().unwrap_or("(none)"), c["message"].as_str().unwrap_or("")))
             .collect();
         causes.sort();
-        // The message lists the causes in the order the server met them: compare it only when there is one.
         let message = if causes.len() > 1 { String::new() } else { o.message.clone() };
-        (o.code, o.reason.clone(), message, causes)
-    };
-    for (path, body) in cases {
-        let (a, b) = (send(&r, Method::POST, path, body.clone()).await, send(&s, Method::POST, path, body.clone()).await);
-        assert!(a.code >= 400, "the real server took {body}: {}", a.body);
-        assert_eq!(worded(&b), worded(&a), "{body}\nstand-in: {}\nreal: {}", b.body, a.body);
+        answers.push(json!({ "request": { "path": path, "body": body }, "code": o.code, "reason": o.reason, "message": message, "causes": causes }));
     }
     // Warnings for pruned fields, and what is stored.
     let pruned = pool(json!({ "addresses": [], "x": 1, "healthCheck": { "type": "http", "y": null, "path": null }, "gratuitousArp": { "z": {} } }));
-    let (a, b) = (send(&r, Method::POST, POOLS, pruned.clone()).await, send(&s, Method::POST, POOLS, pruned).await);
-    let sorted = |mut w: Vec<String>| {
-        w.sort();
-        w
-    };
-    assert_eq!(sorted(b.warnings.clone()), sorted(a.warnings.clone()));
-    assert_eq!(b.ok()["spec"], a.ok()["spec"]);
+    let o = send(c, Method::POST, POOLS, pruned.clone()).await;
+    let mut warnings = o.warnings.clone();
+    warnings.sort();
+    answers.push(json!({ "request": { "path": POOLS, "body": pruned }, "code": o.code, "warnings": warnings, "stored": o.ok()["spec"] }));
+    Value::Array(answers)
 }

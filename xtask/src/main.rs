@@ -118,13 +118,19 @@ fn test_pass(native: bool, args: &[String]) -> Command {
     c
 }
 
-/// Passed, failed and ignored tests.
+/// Passed, failed and ignored tests, and why each ignored one was not run.
 #[derive(Default)]
 struct Counts {
     passed: u64,
     failed: u64,
     ignored: u64,
+    /// libtest's `ignore` reason (tests/build.rs) and how many tests gave it.
+    not_run: std::collections::BTreeMap<String, u64>,
 }
+
+/// The reasons tests/build.rs gives the tests it leaves out for want of
+/// Kubernetes binaries; a test ignored for any other reason fails the suite.
+const NOT_RUN_FOR_BINARIES: &str = "needs KUBEBUILDER_ASSETS";
 
 /// Runs one `cargo test`, echoing its output, and sums its "test result:" lines.
 fn run_counting(c: &mut Command) -> Result<(Counts, std::process::ExitStatus)> {
@@ -134,6 +140,9 @@ fn run_counting(c: &mut Command) -> Result<(Counts, std::process::ExitStatus)> {
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         println!("{line}");
+        if let Some((_, why)) = line.strip_prefix("test ").and_then(|l| l.split_once(" ... ignored")) {
+            *n.not_run.entry(why.trim_start_matches(',').trim().to_owned()).or_default() += 1;
+        }
         if let Some(rest) = line.strip_prefix("test result: ") {
             for part in rest.split(['.', ';']) {
                 let mut w = part.split_whitespace();
@@ -178,9 +187,18 @@ fn test_with_summary(args: &[String]) -> Result<()> {
         total.passed += n.passed;
         total.failed += n.failed;
         total.ignored += n.ignored;
+        for (why, k) in n.not_run {
+            *total.not_run.entry(why).or_default() += k;
+        }
     }
     for l in &lines {
         eprintln!("{l}");
+    }
+    for (why, k) in &total.not_run {
+        eprintln!("xtask: not run: {k} test(s): {}", if why.is_empty() { "ignored without a reason" } else { why });
+        if !why.starts_with(NOT_RUN_FOR_BINARIES) {
+            problems.push(format!("{k} test(s) ignored for a reason other than missing Kubernetes binaries ({why:?})"));
+        }
     }
     println!("tests: {} passed, {} failed, {} skipped", total.passed, total.failed, total.ignored);
     if !problems.is_empty() {
@@ -198,8 +216,8 @@ pub fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
-/// Names the real API server the Kubernetes tests will run against (from
-/// `KUBEBUILDER_ASSETS`), so that the log says which one.
+/// Names the real API server and node binaries the Kubernetes tests will run
+/// against (`KUBEBUILDER_ASSETS`, `VIP_KUBE_NODE_ASSETS`), or says they are not run.
 fn report_api_server() {
     match std::env::var_os("KUBEBUILDER_ASSETS") {
         Some(dir) => {
@@ -209,7 +227,17 @@ fn report_api_server() {
                 Err(e) => eprintln!("xtask: KUBEBUILDER_ASSETS is set but {} does not run: {e}", bin.display()),
             }
         }
-        None => eprintln!("xtask: KUBEBUILDER_ASSETS is not set: the real-API-server tests skip (and fail with CI=true)"),
+        None => eprintln!("xtask: KUBEBUILDER_ASSETS is not set: the real-API-server and real-cluster tests are not run (counted as skipped)"),
+    }
+    match std::env::var_os("VIP_KUBE_NODE_ASSETS") {
+        Some(dir) => {
+            let bin = PathBuf::from(dir).join("kubelet");
+            match Command::new(&bin).arg("--version").output() {
+                Ok(o) => eprintln!("xtask: the real-cluster tests run {} ({})", String::from_utf8_lossy(&o.stdout).trim(), bin.display()),
+                Err(e) => eprintln!("xtask: VIP_KUBE_NODE_ASSETS is set but {} does not run: {e}", bin.display()),
+            }
+        }
+        None => eprintln!("xtask: VIP_KUBE_NODE_ASSETS is not set: the real-cluster tests are not run (counted as skipped)"),
     }
 }
 

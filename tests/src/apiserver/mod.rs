@@ -37,8 +37,10 @@
 //!   pruned fields (crd.rs); the admission plugin that taints new Nodes not-ready
 //!   (nodes.rs, [`ApiServerBuilder::taint_new_nodes`]). [`ApiServer::insert`] goes
 //!   through the same registry rules as a client's write but not through admission.
+//! - authentication by the stand-in's ServiceAccount tokens and RBAC from
+//!   deploy/10-rbac.yaml, 403s worded as the real server's (rbac.rs);
 //!
-//! Not covered: authentication and authorization, other admission plugins,
+//! Not covered: other admission plugins,
 //! validation and defaulting of other kinds, finalizers and graceful deletion (a delete removes at
 //! once), owner references and garbage collection, strategic merge, JSON patches
 //! and server-side apply of whole objects (415), `managedFields`, delete-collection, `resourceVersion` on lists
@@ -49,12 +51,14 @@
 
 mod crd;
 mod nodes;
+mod rbac;
 mod select;
 mod services;
 mod store;
 mod watch;
 
 pub use nodes::NOT_READY;
+pub use rbac::{service_account_token, Rbac, User};
 pub use services::{Stack, NODE_PORTS};
 
 use axum::body::{Body, Bytes};
@@ -98,8 +102,10 @@ impl ResourceSpec {
     pub const CONFIG_MAPS: Self = res("", "v1", "configmaps", "ConfigMap", true, false);
     /// Namespaces as objects (their labels feed VipPools' namespaceSelector).
     pub const NAMESPACES: Self = res("", "v1", "namespaces", "Namespace", false, true);
+    /// The heartbeat key Secret (`stringData` stored as `data`, as the real server does).
+    pub const SECRETS: Self = res("", "v1", "secrets", "Secret", true, false);
     /// What vip's agent reads and writes.
-    pub const VIP: [Self; 9] = [
+    pub const VIP: [Self; 10] = [
         Self::SERVICES,
         Self::NODES,
         Self::NAMESPACES,
@@ -109,6 +115,7 @@ impl ResourceSpec {
         Self::LEASES,
         Self::VIP_POOLS,
         Self::VIP_STATUSES,
+        Self::SECRETS,
     ];
 
     pub fn api_version(&self) -> String {
@@ -232,6 +239,8 @@ pub(crate) struct Shared {
     requests: [AtomicU64; 7],
     /// Every User-Agent requests came with.
     user_agents: Mutex<std::collections::BTreeSet<String>>,
+    /// Who may do what (rbac.rs): deploy/10-rbac.yaml's grants.
+    rbac: Rbac,
 }
 
 pub struct ApiServerBuilder {
@@ -290,6 +299,7 @@ impl ApiServerBuilder {
             bookmark_interval: self.bookmark_interval,
             requests: Default::default(),
             user_agents: Default::default(),
+            rbac: Rbac::deploy(),
         });
         let (task, shutdown) = serve_on(listener, shared.clone());
         Ok(ApiServer { addr, shared, task, shutdown: Some(shutdown) })
@@ -326,13 +336,18 @@ impl Drop for ApiServer {
     }
 }
 
-/// Writes a kubeconfig at `path` for the stand-in at `url` (plain HTTP, no
-/// credentials, namespace vip-system), for agents run as processes.
-pub fn write_kubeconfig(path: &std::path::Path, url: &str) -> anyhow::Result<std::path::PathBuf> {
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {url}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n    namespace: vip-system\ncurrent-context: lab\nusers:\n- name: lab\n  user: {{}}\n"
-    );
-    crate::agent::write_atomic(path, &text)?;
+/// A kubeconfig for the stand-in at `url` (plain HTTP, namespace vip-system), with
+/// a bearer token ([`service_account_token`]) or no credentials (the admin).
+pub fn kubeconfig_yaml(url: &str, token: Option<&str>) -> String {
+    let user = token.map_or("{}".to_owned(), |t| format!("{{token: \"{t}\"}}"));
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {url}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n    namespace: vip-system\ncurrent-context: lab\nusers:\n- name: lab\n  user: {user}\n"
+    )
+}
+
+/// Writes [`kubeconfig_yaml`] at `path`, for agents run as processes.
+pub fn write_kubeconfig(path: &std::path::Path, url: &str, token: Option<&str>) -> anyhow::Result<std::path::PathBuf> {
+    crate::agent::write_atomic(path, &kubeconfig_yaml(url, token))?;
     Ok(path.to_owned())
 }
 
@@ -572,7 +587,12 @@ fn resolve(resources: &[ResourceSpec], path: &str) -> Option<Target> {
 async fn handle(State(shared): State<Arc<Shared>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let agent = headers.get(header::USER_AGENT).map_or("(none)".into(), |v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     shared.user_agents.lock().expect("user agents").insert(agent);
-    match serve(&shared, &method, &uri, &headers, &body) {
+    let auth = headers.get(header::AUTHORIZATION).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let user = match User::authenticate(auth.as_deref()) {
+        Ok(u) => u,
+        Err(e) => return e.into_response(),
+    };
+    match serve(&shared, &user, &method, &uri, &headers, &body) {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -586,10 +606,13 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::new(400, "BadRequest", format!("invalid JSON body: {e}")))
 }
 
-fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
+fn serve(shared: &Arc<Shared>, user: &User, method: &Method, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> Result<Response, ApiError> {
     let resources = shared.store.lock().expect("store lock").resources.clone();
     if let Some(doc) = discovery(&resources, uri.path()) {
         return Ok(json_response(200, &doc));
+    }
+    if *method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/selfsubjectreviews" {
+        return Ok(json_response(201, &user.self_subject_review()));
     }
     let not_found = || ApiError::new(404, "NotFound", "the server could not find the requested resource".into());
     let t = resolve(&resources, uri.path()).ok_or_else(not_found)?;
@@ -600,6 +623,7 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
     if t.status && !spec.status {
         return Err(not_found());
     }
+    authorize(shared, user, method, &spec, &t, &q)?;
     let lock = || shared.store.lock().expect("store lock");
     let method_not_allowed = || ApiError::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource".into());
     let obj = match (method.clone(), t.name.as_deref()) {
@@ -684,6 +708,39 @@ fn serve(shared: &Arc<Shared>, method: &Method, uri: &Uri, headers: &HeaderMap, 
         _ => return Err(method_not_allowed()),
     };
     Ok(json_response(200, &obj))
+}
+
+/// Refuses (403) what RBAC does not grant `user`; a list or watch selecting one
+/// name by `metadata.name` is asked for that name, as the real server asks.
+fn authorize(shared: &Shared, user: &User, method: &Method, spec: &ResourceSpec, t: &Target, q: &HashMap<String, String>) -> Result<(), ApiError> {
+    let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = match (method.clone(), t.name.is_some()) {
+        (Method::GET, true) => "get",
+        (Method::GET, false) if watch => "watch",
+        (Method::GET, false) => "list",
+        (Method::POST, _) => "create",
+        (Method::PUT, _) => "update",
+        (Method::PATCH, _) => "patch",
+        (Method::DELETE, _) => "delete",
+        _ => return Ok(()),
+    };
+    let selected = q
+        .get("fieldSelector")
+        .and_then(|f| f.split(',').find_map(|r| r.strip_prefix("metadata.name==").or_else(|| r.strip_prefix("metadata.name="))))
+        .filter(|_| t.name.is_none());
+    let a = rbac::Attributes {
+        verb,
+        group: spec.group,
+        resource: spec.plural,
+        subresource: t.status.then_some("status"),
+        namespace: t.namespace.as_deref(),
+        name: t.name.as_deref().or(selected),
+    };
+    if shared.rbac.allows(user, &a) {
+        Ok(())
+    } else {
+        Err(rbac::forbidden(user, &a))
+    }
 }
 
 /// `/api`, `/apis`, `/apis/{group}`, `/api/v1`, `/apis/{group}/{version}`, `/version`.

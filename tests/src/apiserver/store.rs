@@ -137,6 +137,9 @@ impl Store {
         if *spec == ResourceSpec::NODES && old.is_none() && part == Part::Main && self.taint_new_nodes {
             nodes::taint_not_ready(obj);
         }
+        if *spec == ResourceSpec::SECRETS {
+            secret_string_data(obj);
+        }
         match &self.schemas[res] {
             Some(schema) => {
                 let scope = if part == Part::Status { crd::Scope::Status } else { crd::Scope::Object };
@@ -437,4 +440,18 @@ fn rfc3339_now() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// What the real server does with a Secret's `stringData`: each entry replaces the
+/// `data` entry of its key, base64-encoded, and `stringData` itself is not stored.
+fn secret_string_data(obj: &mut Value) {
+    use base64::Engine as _;
+    let Some(string_data) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else { return };
+    let Some(entries) = string_data.as_object() else { return };
+    if !obj["data"].is_object() {
+        obj["data"] = Value::Object(Default::default());
+    }
+    for (k, v) in entries {
+        obj["data"][k] = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default()).into();
+    }
 }
