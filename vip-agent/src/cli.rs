@@ -126,8 +126,9 @@ pub struct RunArgs {
     /// is created: on a node's first start, or after `detach --purge`.
     #[arg(long, env = "VIP_RING_CAPACITY", default_value_t = vip_common::DEFAULT_RING_CAPACITY)]
     pub ring_capacity: u32,
-    /// Address of the HTTP server for /metrics, /healthz, /readyz and /status;
-    /// "off" for none.
+    /// Address of the HTTP server for /metrics, /healthz, /readyz and /status:
+    /// address:port (`[::]:9472` is every address of both families), or an address
+    /// alone for port 9472 (IPv4 or IPv6, as `$(HOST_IP)` gives it); "off" for none.
     #[arg(long, env = "VIP_METRICS_ADDR", default_value = "127.0.0.1:9472")]
     pub metrics_addr: String,
     /// The status JSON, rewritten after every change and every 30 s; `inspect`
@@ -348,6 +349,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn metrics_addr_takes_an_address_alone_of_either_family() {
+        let ok = |a: &str, want: &str| assert_eq!(metrics_addr(a).unwrap(), want.parse::<std::net::SocketAddr>().unwrap(), "{a}");
+        ok("0.0.0.0:9472", "0.0.0.0:9472");
+        ok("[::]:9472", "[::]:9472");
+        ok("198.18.0.1", "198.18.0.1:9472");
+        ok("2001:2::1", "[2001:2::1]:9472");
+        ok("[2001:2::1]", "[2001:2::1]:9472");
+        ok("[2001:2::1]:80", "[2001:2::1]:80");
+        for bad in ["", "node-1", "198.18.0.1:", "[2001:2::1", "198.18.0.1:99999"] {
+            let e = metrics_addr(bad).unwrap_err().to_string();
+            assert!(e.contains("--metrics-addr") && e.contains("address alone"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn the_definitions_are_consistent() {
         Cli::command().debug_assert();
     }
@@ -433,5 +449,21 @@ mod tests {
         assert_eq!(path(&["a.yaml"]), Ok("a.yaml".into()));
         assert!(path(&[]).unwrap_err().contains("--config"));
         assert!(path(&["--config", "a.yaml", "b.yaml"]).is_err());
+    }
+}
+
+/// The port of `--metrics-addr` given as an address alone.
+pub const METRICS_PORT: u16 = 9472;
+
+/// `--metrics-addr`: `ADDR:PORT`, `[V6]:PORT`, or an address alone (IPv4, IPv6,
+/// bracketed or not) for [`METRICS_PORT`].
+pub fn metrics_addr(a: &str) -> anyhow::Result<std::net::SocketAddr> {
+    if let Ok(s) = a.parse() {
+        return Ok(s);
+    }
+    let bare = a.strip_prefix('[').and_then(|b| b.strip_suffix(']')).unwrap_or(a);
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => Ok((ip, METRICS_PORT).into()),
+        Err(e) => anyhow::bail!("--metrics-addr {a:?}: {e} (an address:port, an address alone for port {METRICS_PORT}, or \"off\")"),
     }
 }

@@ -1,10 +1,10 @@
-use std::{net::SocketAddr, path::Path};
+use std::path::Path;
 
 use anyhow::{bail, Result};
 use clap::Parser;
 use vip_agent::{
     agent,
-    cli::{CheckArgs, Cli, Cmd, DetachArgs, ImportFrom, InspectArgs, MetallbImportArgs},
+    cli::{self, CheckArgs, Cli, Cmd, DetachArgs, ImportFrom, InspectArgs, MetallbImportArgs},
     dataplane::{self, Dataplane},
     inspect, preflight,
 };
@@ -47,7 +47,7 @@ fn main() -> Result<()> {
             };
             let metrics_addr = match r.metrics_addr.as_str() {
                 "off" => None,
-                a => Some(a.parse::<SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics-addr {a:?}: {e} (an address:port, or \"off\")"))?),
+                a => Some(cli::metrics_addr(a)?),
             };
             let opts = agent::Options {
                 source,

@@ -278,6 +278,10 @@ pub struct Metrics {
     /// What the data path's counters are labelled with (updated by `publish`).
     pub names: Arc<RwLock<Names>>,
     pub ready: Arc<AtomicBool>,
+    /// Waiting, idle, on a node the model leaves out (a kubeadm control plane
+    /// labelled exclude-from-external-load-balancers, a Node not Ready): ready too,
+    /// so that the DaemonSet's rollout does not wait on a node vip does not serve.
+    pub idle: Arc<AtomicBool>,
 }
 
 impl Metrics {
@@ -325,6 +329,7 @@ impl Metrics {
             pool_addresses: Tracked::default(),
             names: Arc::default(),
             ready: Arc::new(AtomicBool::new(false)),
+            idle: Arc::new(AtomicBool::new(false)),
             registry: Registry::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -676,23 +681,40 @@ fn parse_exposition(text: &str) -> Vec<MetricDoc> {
 struct Http {
     registry: Arc<Registry>,
     ready: Arc<AtomicBool>,
+    idle: Arc<AtomicBool>,
     last_turn_ns: Arc<AtomicU64>,
     stale_after: Duration,
     status: Arc<Mutex<String>>,
+}
+
+/// A listener on `addr`; the IPv6 wildcard (`[::]`) takes both families, so that
+/// the kubelet's probes reach the agent on an IPv4, IPv6-only or dual-stack node.
+fn listen(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(tokio::net::TcpListener::from_std(socket.into())?)
 }
 
 /// Serves the endpoints on `addr` until the runtime stops.
 pub async fn serve(addr: SocketAddr, m: &mut Metrics, pin_dir: PathBuf, status: Arc<Mutex<String>>, stale_after: Duration) -> Result<SocketAddr> {
     m.registry.register_collector(Box::new(BpfCounters::new(pin_dir, m.names.clone())));
     let registry = std::mem::take(&mut m.registry);
-    let state = Http { registry: Arc::new(registry), ready: m.ready.clone(), last_turn_ns: m.liveness.last_turn_ns.clone(), stale_after, status };
+    let state =
+        Http { registry: Arc::new(registry), ready: m.ready.clone(), idle: m.idle.clone(), last_turn_ns: m.liveness.last_turn_ns.clone(), stale_after, status };
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/status", get(status_json))
         .with_state(state);
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the metrics address {addr}"))?;
+    let listener = listen(addr).with_context(|| format!("binding the metrics address {addr}"))?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -720,10 +742,13 @@ async fn healthz(State(h): State<Http>) -> impl IntoResponse {
     }
 }
 
-/// Ready: attached, a valid config loaded and written to the maps once.
+/// Ready: attached, a valid config loaded and written to the maps once; or idle on
+/// a node the model leaves out, where there is nothing to be ready for.
 async fn readyz(State(h): State<Http>) -> impl IntoResponse {
     if h.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n")
+    } else if h.idle.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready: idle, this node is not in the cluster's model (Node not Ready, tainted, labelled node.kubernetes.io/exclude-from-external-load-balancers, or not registered); it joins once let in\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: no valid config applied yet\n")
     }
@@ -738,6 +763,21 @@ async fn status_json(State(h): State<Http>) -> impl IntoResponse {
 mod tests {
     use super::*;
     use crate::{agent::desired::ownership, config::parse, model::Protocol};
+
+    #[tokio::test]
+    async fn the_ipv6_wildcard_takes_both_families() {
+        let l = listen("[::]:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        for to in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+            let c = tokio::net::TcpStream::connect(&to).await.unwrap_or_else(|e| panic!("{to}: {e}"));
+            l.accept().await.unwrap();
+            drop(c);
+        }
+        // An address of one family stays that family's alone.
+        let v4 = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = v4.local_addr().unwrap().port();
+        assert!(tokio::net::TcpStream::connect(format!("[::1]:{port}")).await.is_err());
+    }
 
     fn scrape(r: &Registry) -> String {
         let mut text = String::new();

@@ -252,8 +252,12 @@ pub async fn run(opts: Options) -> Result<()> {
     let left_out = |a: &Agent| a.interfaces.attached_count() == 0 && a.world.node(&a.opts.node_name).is_none();
     if left_out(&agent) {
         info!(node = %agent.opts.node_name, "this node is not in the cluster's model (its Node not Ready, tainted, excluded from load balancers, or not registered yet): waiting for it");
-        // Alive meanwhile (/healthz: a liveness probe must not restart it), not ready.
+        // Alive meanwhile (/healthz: a liveness probe must not restart it) and
+        // ready as idle (/readyz): `kubectl rollout status` and a rolling update
+        // must not wait on a node vip does not serve, such as kubeadm's and kind's
+        // control planes, which are labelled exclude-from-external-load-balancers.
         let mut alive = tokio::time::interval(Duration::from_secs(1));
+        agent.metrics.idle.store(true, Ordering::Relaxed);
         while left_out(&agent) {
             tokio::select! {
                 Some(world) = next_world(&mut feed) => agent.adopt(Arc::new(world)),
@@ -262,6 +266,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 _ = int.recv() => return Ok(()),
             }
         }
+        agent.metrics.idle.store(false, Ordering::Relaxed);
         info!("this node is in the cluster's model now");
     }
     if agent.interfaces.attached_count() == 0 {
