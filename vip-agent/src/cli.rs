@@ -342,6 +342,22 @@ pub struct MetallbImportArgs {
     pub namespace: String,
 }
 
+/// The port of `--metrics-addr` given as an address alone.
+pub const METRICS_PORT: u16 = 9472;
+
+/// `--metrics-addr`: `ADDR:PORT`, `[V6]:PORT`, or an address alone (IPv4, IPv6,
+/// bracketed or not) for [`METRICS_PORT`].
+pub fn metrics_addr(a: &str) -> anyhow::Result<std::net::SocketAddr> {
+    if let Ok(s) = a.parse() {
+        return Ok(s);
+    }
+    let bare = a.strip_prefix('[').and_then(|b| b.strip_suffix(']')).unwrap_or(a);
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => Ok((ip, METRICS_PORT).into()),
+        Err(e) => anyhow::bail!("--metrics-addr {a:?}: {e} (an address:port, an address alone for port {METRICS_PORT}, or \"off\")"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
@@ -449,21 +465,5 @@ mod tests {
         assert_eq!(path(&["a.yaml"]), Ok("a.yaml".into()));
         assert!(path(&[]).unwrap_err().contains("--config"));
         assert!(path(&["--config", "a.yaml", "b.yaml"]).is_err());
-    }
-}
-
-/// The port of `--metrics-addr` given as an address alone.
-pub const METRICS_PORT: u16 = 9472;
-
-/// `--metrics-addr`: `ADDR:PORT`, `[V6]:PORT`, or an address alone (IPv4, IPv6,
-/// bracketed or not) for [`METRICS_PORT`].
-pub fn metrics_addr(a: &str) -> anyhow::Result<std::net::SocketAddr> {
-    if let Ok(s) = a.parse() {
-        return Ok(s);
-    }
-    let bare = a.strip_prefix('[').and_then(|b| b.strip_suffix(']')).unwrap_or(a);
-    match bare.parse::<std::net::IpAddr>() {
-        Ok(ip) => Ok((ip, METRICS_PORT).into()),
-        Err(e) => anyhow::bail!("--metrics-addr {a:?}: {e} (an address:port, an address alone for port {METRICS_PORT}, or \"off\")"),
     }
 }
