@@ -219,25 +219,18 @@ pub fn build_ebpf() -> Result<()> {
 /// Names the real API server and node binaries the Kubernetes tests will run
 /// against (`KUBEBUILDER_ASSETS`, `VIP_KUBE_NODE_ASSETS`), or says they are not run.
 fn report_api_server() {
-    match std::env::var_os("KUBEBUILDER_ASSETS") {
-        Some(dir) => {
-            let bin = PathBuf::from(dir).join("kube-apiserver");
-            match Command::new(&bin).arg("--version").output() {
-                Ok(o) => eprintln!("xtask: Kubernetes tests run against {} ({})", String::from_utf8_lossy(&o.stdout).trim(), bin.display()),
-                Err(e) => eprintln!("xtask: KUBEBUILDER_ASSETS is set but {} does not run: {e}", bin.display()),
-            }
+    for (var, bin, what) in
+        [("KUBEBUILDER_ASSETS", "kube-apiserver", "the real-API-server and real-cluster tests"), ("VIP_KUBE_NODE_ASSETS", "kubelet", "the real-cluster tests")]
+    {
+        let Some(dir) = std::env::var_os(var) else {
+            eprintln!("xtask: {var} is not set: {what} are not run (counted as skipped)");
+            continue;
+        };
+        let bin = PathBuf::from(dir).join(bin);
+        match Command::new(&bin).arg("--version").output() {
+            Ok(o) => eprintln!("xtask: {what} run {} ({})", String::from_utf8_lossy(&o.stdout).trim(), bin.display()),
+            Err(e) => eprintln!("xtask: {var} is set but {} does not run: {e}", bin.display()),
         }
-        None => eprintln!("xtask: KUBEBUILDER_ASSETS is not set: the real-API-server and real-cluster tests are not run (counted as skipped)"),
-    }
-    match std::env::var_os("VIP_KUBE_NODE_ASSETS") {
-        Some(dir) => {
-            let bin = PathBuf::from(dir).join("kubelet");
-            match Command::new(&bin).arg("--version").output() {
-                Ok(o) => eprintln!("xtask: the real-cluster tests run {} ({})", String::from_utf8_lossy(&o.stdout).trim(), bin.display()),
-                Err(e) => eprintln!("xtask: VIP_KUBE_NODE_ASSETS is set but {} does not run: {e}", bin.display()),
-            }
-        }
-        None => eprintln!("xtask: VIP_KUBE_NODE_ASSETS is not set: the real-cluster tests are not run (counted as skipped)"),
     }
 }
 
