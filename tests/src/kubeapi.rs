@@ -392,12 +392,16 @@ pub fn resource_path(resource: &str, ns: Option<&str>) -> String {
     }
 }
 
-/// A kubeconfig (JSON, which is YAML) for `url` with the CA and one user, whose
-/// requests go to `namespace` when they name none.
-pub fn kubeconfig_text(url: &str, ca_pem: &str, user: Value, namespace: &str) -> String {
+/// A kubeconfig (JSON, which is YAML) for `url` with the CA (none: plain HTTP, the
+/// stand-in) and one user, whose requests go to `namespace` when they name none.
+pub fn kubeconfig_text(url: &str, ca_pem: Option<&str>, user: Value, namespace: &str) -> String {
+    let mut cluster = json!({ "server": url });
+    if let Some(ca) = ca_pem {
+        cluster["certificate-authority-data"] = b64(ca).into();
+    }
     serde_json::to_string_pretty(&json!({
         "apiVersion": "v1", "kind": "Config",
-        "clusters": [{ "name": "real", "cluster": { "server": url, "certificate-authority-data": b64(ca_pem) } }],
+        "clusters": [{ "name": "real", "cluster": cluster }],
         "users": [{ "name": "user", "user": user }],
         "contexts": [{ "name": "real", "context": { "cluster": "real", "user": "user", "namespace": namespace } }],
         "current-context": "real"
@@ -617,7 +621,7 @@ impl RealApiServer {
 
     /// A kubeconfig for a user holding a client certificate (PEM) of [`Self::ca`].
     pub fn kubeconfig_for(&self, cert: &str, key: &str, namespace: &str) -> String {
-        kubeconfig_text(&self.url, &self.pki.ca.pem(), json!({ "client-certificate-data": b64(cert), "client-key-data": b64(key) }), namespace)
+        kubeconfig_text(&self.url, Some(&self.pki.ca.pem()), json!({ "client-certificate-data": b64(cert), "client-key-data": b64(key) }), namespace)
     }
 
     pub fn kubeconfig_admin_text(&self) -> String {
@@ -700,7 +704,7 @@ impl RealApiServer {
         let tr =
             raw(client, Method::POST, &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"), "application/json", Some(&req)).await?.ok()?;
         let token = tr["status"]["token"].as_str().ok_or_else(|| anyhow!("no token in {tr}"))?;
-        let text = kubeconfig_text(&self.url, &self.pki.ca.pem(), json!({ "token": token }), "vip-system");
+        let text = kubeconfig_text(&self.url, Some(&self.pki.ca.pem()), json!({ "token": token }), "vip-system");
         std::fs::write(path, &text)?;
         Ok(text)
     }
@@ -891,21 +895,20 @@ impl Backend {
     /// a TokenRequest token on the real server (the RBAC applied first, see
     /// [`RealApiServer::service_account_kubeconfig`]), the stand-in's token there.
     pub async fn service_account_client(&self, namespace: &str, name: &str) -> Client {
-        let text = match self {
-            Backend::StandIn(api) => crate::apiserver::kubeconfig_yaml(&api.url(), Some(&crate::apiserver::service_account_token(namespace, name))),
+        match self {
+            Backend::StandIn(_) => self.client_with_token(&crate::apiserver::service_account_token(namespace, name)).await,
             Backend::Real { server, client, .. } => {
                 let tmp = TempDir::new("vip-sa-").unwrap();
-                server.service_account_kubeconfig(client, namespace, name, &tmp.0.join("kubeconfig")).await.unwrap()
+                client_from_kubeconfig(&server.service_account_kubeconfig(client, namespace, name, &tmp.0.join("kubeconfig")).await.unwrap()).await.unwrap()
             }
-        };
-        client_from_kubeconfig(&text).await.unwrap()
+        }
     }
 
     /// A client that sends `token` as its bearer token.
     pub async fn client_with_token(&self, token: &str) -> Client {
         let text = match self {
-            Backend::StandIn(api) => crate::apiserver::kubeconfig_yaml(&api.url(), Some(token)),
-            Backend::Real { server, .. } => kubeconfig_text(server.url(), &server.ca().pem(), json!({ "token": token }), "vip-system"),
+            Backend::StandIn(api) => kubeconfig_text(&api.url(), None, json!({ "token": token }), "vip-system"),
+            Backend::Real { server, .. } => kubeconfig_text(server.url(), Some(&server.ca().pem()), json!({ "token": token }), "vip-system"),
         };
         client_from_kubeconfig(&text).await.unwrap()
     }

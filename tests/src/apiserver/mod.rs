@@ -336,18 +336,12 @@ impl Drop for ApiServer {
     }
 }
 
-/// A kubeconfig for the stand-in at `url` (plain HTTP, namespace vip-system), with
-/// a bearer token ([`service_account_token`]) or no credentials (the admin).
-pub fn kubeconfig_yaml(url: &str, token: Option<&str>) -> String {
-    let user = token.map_or("{}".to_owned(), |t| format!("{{token: \"{t}\"}}"));
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {url}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n    namespace: vip-system\ncurrent-context: lab\nusers:\n- name: lab\n  user: {user}\n"
-    )
-}
-
-/// Writes [`kubeconfig_yaml`] at `path`, for agents run as processes.
+/// Writes a kubeconfig at `path` for the stand-in at `url` (plain HTTP, namespace
+/// vip-system), with a bearer token ([`service_account_token`]) or no credentials
+/// (the admin), for agents run as processes.
 pub fn write_kubeconfig(path: &std::path::Path, url: &str, token: Option<&str>) -> anyhow::Result<std::path::PathBuf> {
-    crate::agent::write_atomic(path, &kubeconfig_yaml(url, token))?;
+    let user = token.map_or_else(|| json!({}), |t| json!({ "token": t }));
+    crate::agent::write_atomic(path, &crate::kubeapi::kubeconfig_text(url, None, user, "vip-system"))?;
     Ok(path.to_owned())
 }
 
@@ -728,14 +722,7 @@ fn authorize(shared: &Shared, user: &User, method: &Method, spec: &ResourceSpec,
         .get("fieldSelector")
         .and_then(|f| f.split(',').find_map(|r| r.strip_prefix("metadata.name==").or_else(|| r.strip_prefix("metadata.name="))))
         .filter(|_| t.name.is_none());
-    let a = rbac::Attributes {
-        verb,
-        group: spec.group,
-        resource: spec.plural,
-        subresource: t.status.then_some("status"),
-        namespace: t.namespace.as_deref(),
-        name: t.name.as_deref().or(selected),
-    };
+    let a = rbac::Attributes { verb, spec, status: t.status, namespace: t.namespace.as_deref(), name: t.name.as_deref().or(selected) };
     if shared.rbac.allows(user, &a) {
         Ok(())
     } else {

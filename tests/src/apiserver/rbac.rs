@@ -27,16 +27,27 @@
 //! ClusterRoles, impersonation, the Node and Webhook authorizers.
 use serde_json::{json, Value};
 
-use super::ApiError;
+use super::{ApiError, ResourceSpec};
 
 /// What one request asks for, as the authorizer sees it.
 pub struct Attributes<'a> {
     pub verb: &'a str,
-    pub group: &'a str,
-    pub resource: &'a str,
-    pub subresource: Option<&'a str>,
+    pub spec: &'a ResourceSpec,
+    /// The `status` subresource.
+    pub status: bool,
     pub namespace: Option<&'a str>,
     pub name: Option<&'a str>,
+}
+
+impl Attributes<'_> {
+    /// `services` or `services/status`, as rules and refusals name it.
+    fn resource(&self) -> String {
+        if self.status {
+            format!("{}/status", self.spec.plural)
+        } else {
+            self.spec.plural.to_owned()
+        }
+    }
 }
 
 /// An authenticated user.
@@ -106,13 +117,10 @@ struct Rule {
 impl Rule {
     fn matches(&self, a: &Attributes) -> bool {
         let any = |v: &[String], x: &str| v.iter().any(|s| s == "*" || s == x);
-        let resource = match a.subresource {
-            Some(sub) => format!("{}/{sub}", a.resource),
-            None => a.resource.to_owned(),
-        };
-        let resource_ok = self.resources.iter().any(|r| r == "*" || *r == resource || a.subresource.is_some_and(|sub| *r == format!("*/{sub}")));
+        let resource = a.resource();
+        let resource_ok = self.resources.iter().any(|r| r == "*" || *r == resource || (a.status && r == "*/status"));
         let name_ok = self.names.is_empty() || a.name.is_some_and(|n| self.names.iter().any(|s| s == n));
-        any(&self.verbs, a.verb) && any(&self.groups, a.group) && resource_ok && name_ok
+        any(&self.verbs, a.verb) && any(&self.groups, a.spec.group) && resource_ok && name_ok
     }
 }
 
@@ -216,27 +224,24 @@ impl Rbac {
 
 /// The 403 for `a`, worded as kube-apiserver words it.
 pub fn forbidden(user: &User, a: &Attributes) -> ApiError {
-    let resource = match a.subresource {
-        Some(sub) => format!("{}/{sub}", a.resource),
-        None => a.resource.to_owned(),
-    };
+    let (resource, group) = (a.resource(), a.spec.group);
     let scope = match a.namespace {
         Some(ns) => format!("in the namespace \"{ns}\""),
         None => "at the cluster scope".into(),
     };
-    let why = format!("User \"{}\" cannot {} resource \"{resource}\" in API group \"{}\" {scope}", user.username(), a.verb, a.group);
-    let qualified = if a.group.is_empty() { a.resource.to_owned() } else { format!("{}.{}", a.resource, a.group) };
+    let why = format!("User \"{}\" cannot {} resource \"{resource}\" in API group \"{group}\" {scope}", user.username(), a.verb);
+    let qualified = a.spec.qualified();
     let message = match a.name {
         Some(n) => format!("{qualified} \"{n}\" is forbidden: {why}"),
         None => format!("{qualified} is forbidden: {why}"),
     };
     let mut e = ApiError::new(403, "Forbidden", message);
-    let mut details = json!({ "kind": a.resource });
+    let mut details = json!({ "kind": a.spec.plural });
     if let Some(n) = a.name {
         details["name"] = n.into();
     }
-    if !a.group.is_empty() {
-        details["group"] = a.group.into();
+    if !group.is_empty() {
+        details["group"] = group.into();
     }
     e.details = Some(details);
     e
@@ -246,12 +251,14 @@ pub fn forbidden(user: &User, a: &Attributes) -> ApiError {
 mod tests {
     use super::*;
 
-    fn attrs<'a>(verb: &'a str, group: &'a str, resource: &'a str, namespace: Option<&'a str>, name: Option<&'a str>) -> Attributes<'a> {
-        let (resource, subresource) = match resource.split_once('/') {
-            Some((r, s)) => (r, Some(s)),
-            None => (resource, None),
+    /// `resource` as `plural[.group][/status]`, e.g. `vippools.vip.dev/status`.
+    fn attrs<'a>(verb: &'a str, resource: &str, namespace: Option<&'a str>, name: Option<&'a str>) -> Attributes<'a> {
+        let (qualified, status) = match resource.strip_suffix("/status") {
+            Some(r) => (r, true),
+            None => (resource, false),
         };
-        Attributes { verb, group, resource, subresource, namespace, name }
+        let spec = ResourceSpec::VIP.iter().find(|r| r.qualified() == qualified).unwrap_or_else(|| panic!("{qualified}"));
+        Attributes { verb, spec, status, namespace, name }
     }
 
     #[test]
@@ -260,28 +267,28 @@ mod tests {
         let agent = User::authenticate(Some(&format!("Bearer {}", service_account_token("vip-system", "vip-agent")))).unwrap();
         let other = User::authenticate(Some(&format!("Bearer {}", service_account_token("vip-system", "someone")))).unwrap();
         let cases = [
-            (attrs("watch", "vip.dev", "vippools", None, None), true),
-            (attrs("patch", "vip.dev", "vippools", None, Some("p")), false),
-            (attrs("patch", "vip.dev", "vippools/status", None, Some("p")), true),
-            (attrs("list", "", "services", None, None), true),
-            (attrs("create", "", "services", Some("shop"), None), false),
-            (attrs("update", "", "services/status", Some("shop"), Some("web")), true),
-            (attrs("create", "events.k8s.io", "events", Some("shop"), None), true),
-            (attrs("create", "", "events", Some("shop"), None), false),
-            (attrs("update", "coordination.k8s.io", "leases", Some("vip-system"), Some("vip-controller")), true),
-            (attrs("update", "coordination.k8s.io", "leases", Some("default"), Some("vip-controller")), false),
-            (attrs("get", "", "secrets", Some("vip-system"), Some("vip-heartbeat")), true),
-            (attrs("watch", "", "secrets", Some("vip-system"), Some("vip-heartbeat")), true),
-            (attrs("list", "", "secrets", Some("vip-system"), None), false),
-            (attrs("get", "", "secrets", Some("vip-system"), Some("not-vips")), false),
-            (attrs("delete", "", "secrets", Some("vip-system"), Some("vip-heartbeat")), false),
-            (attrs("create", "", "secrets", Some("vip-system"), None), true),
-            (attrs("get", "", "secrets", Some("default"), Some("vip-heartbeat")), false),
-            (attrs("delete", "vip.dev", "vipstatuses", None, Some("x")), true),
-            (attrs("update", "vip.dev", "vipstatuses/status", None, Some("x")), false),
+            (attrs("watch", "vippools.vip.dev", None, None), true),
+            (attrs("patch", "vippools.vip.dev", None, Some("p")), false),
+            (attrs("patch", "vippools.vip.dev/status", None, Some("p")), true),
+            (attrs("list", "services", None, None), true),
+            (attrs("create", "services", Some("shop"), None), false),
+            (attrs("update", "services/status", Some("shop"), Some("web")), true),
+            (attrs("create", "events.events.k8s.io", Some("shop"), None), true),
+            (attrs("create", "events", Some("shop"), None), false),
+            (attrs("update", "leases.coordination.k8s.io", Some("vip-system"), Some("vip-controller")), true),
+            (attrs("update", "leases.coordination.k8s.io", Some("default"), Some("vip-controller")), false),
+            (attrs("get", "secrets", Some("vip-system"), Some("vip-heartbeat")), true),
+            (attrs("watch", "secrets", Some("vip-system"), Some("vip-heartbeat")), true),
+            (attrs("list", "secrets", Some("vip-system"), None), false),
+            (attrs("get", "secrets", Some("vip-system"), Some("not-vips")), false),
+            (attrs("delete", "secrets", Some("vip-system"), Some("vip-heartbeat")), false),
+            (attrs("create", "secrets", Some("vip-system"), None), true),
+            (attrs("get", "secrets", Some("default"), Some("vip-heartbeat")), false),
+            (attrs("delete", "vipstatuses.vip.dev", None, Some("x")), true),
+            (attrs("update", "vipstatuses.vip.dev/status", None, Some("x")), false),
         ];
         for (a, want) in &cases {
-            assert_eq!(rbac.allows(&agent, a), *want, "{} {}/{} {:?} {:?}", a.verb, a.group, a.resource, a.subresource, a.name);
+            assert_eq!(rbac.allows(&agent, a), *want, "{} {} status={} {:?}", a.verb, a.spec.qualified(), a.status, a.name);
             assert!(!rbac.allows(&other, a), "another ServiceAccount is granted nothing");
             assert!(rbac.allows(&User::Admin, a));
         }
@@ -300,12 +307,12 @@ mod tests {
     #[test]
     fn refusals_are_worded_as_the_real_servers() {
         let sa = User::ServiceAccount { namespace: "vip-system".into(), name: "vip-agent".into() };
-        let e = forbidden(&sa, &attrs("get", "", "secrets", Some("vip-system"), Some("not-vips")));
+        let e = forbidden(&sa, &attrs("get", "secrets", Some("vip-system"), Some("not-vips")));
         assert_eq!(
             e.message,
             r#"secrets "not-vips" is forbidden: User "system:serviceaccount:vip-system:vip-agent" cannot get resource "secrets" in API group "" in the namespace "vip-system""#
         );
-        let e = forbidden(&sa, &attrs("patch", "vip.dev", "vippools", None, Some("p")));
+        let e = forbidden(&sa, &attrs("patch", "vippools.vip.dev", None, Some("p")));
         assert_eq!(
             e.message,
             r#"vippools.vip.dev "p" is forbidden: User "system:serviceaccount:vip-system:vip-agent" cannot patch resource "vippools" in API group "vip.dev" at the cluster scope"#
