@@ -61,8 +61,9 @@ pub struct HaSpec {
     pub heartbeat_net: bool,
     /// How the agents attach XDP (`run --mode`); default: the labs' [`xdp_mode`].
     pub xdp_mode: AttachMode,
-    /// The agents' HTTP port on every address of their namespace (as the DaemonSet
-    /// binds it), for a Prometheus on the segment; else on 127.0.0.1 only.
+    /// The agents' HTTP port on every address of their namespace, bound as
+    /// deploy/20-daemonset.yaml binds it (`--metrics-addr`), for a Prometheus on
+    /// the segment and the kubelet's probes; else on 127.0.0.1 only.
     pub metrics_on_segment: bool,
     /// The agents' `--arp-check-interval` in ms (None: the default, 45 s).
     pub arp_check_ms: Option<u64>,
@@ -71,6 +72,10 @@ pub struct HaSpec {
     /// also have an address in 2001:2::/64 on the segment (a backend answers the
     /// client directly). Node addresses (heartbeats, health checks) stay IPv4.
     pub ipv6: bool,
+    /// IPv6-only (with `ipv6`): the client and the nodes have no IPv4 address,
+    /// each node's address is [`node_addr6`], and the IPv4 VIPs are neither routed
+    /// to nor accepted (a Kubernetes lab's pool holds only IPv6 addresses).
+    pub ipv6_only: bool,
 }
 
 impl Default for HaSpec {
@@ -97,6 +102,7 @@ impl Default for HaSpec {
             metrics_on_segment: false,
             arp_check_ms: None,
             ipv6: false,
+            ipv6_only: false,
         }
     }
 }
@@ -301,7 +307,7 @@ pub fn ask(client: &NetNs, vip: impl Into<IpAddr>, sport: u16, timeout: Duration
 pub struct HaNode {
     pub name: String,
     pub ns: NetNs,
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub mac: [u8; 6],
     pub agent: Option<AgentProc>,
     pub server: Option<Child>,
@@ -436,31 +442,35 @@ impl HaLab {
         write_atomic(&config, &ha_config(&spec))?;
         // The lab's heartbeat key: every agent signs and checks heartbeats with it.
         write_atomic(&dir.join(HEARTBEAT_KEY), &format!("{}\n", random_key()))?;
+        anyhow::ensure!(spec.ipv6 || !spec.ipv6_only, "HaSpec: ipv6_only needs ipv6");
+        let v4 = !spec.ipv6_only;
         let seg = Segment::in_ns(NetNs::create(ns_name("br"))?)?;
-        let client = seg.plug(NetNs::create(ns_name("cl"))?, &format!("{CLIENT}/24"))?;
-        if spec.ipv6 {
+        let client = seg.plug(NetNs::create(ns_name("cl"))?, &if v4 { format!("{CLIENT}/24") } else { format!("{CLIENT6}/64") })?;
+        if spec.ipv6 && v4 {
             client.ip(&["-6", "addr", "add", &format!("{CLIENT6}/64"), "dev", "eth0", "nodad"])?;
         }
         // VIPs are on-link for the client: it ARPs for them on the segment.
-        for net in vip_nets(spec.vips) {
-            client.ip(&["route", "add", &net, "dev", "eth0"])?;
+        for net in vip_nets(spec.vips).iter().filter(|_| v4) {
+            client.ip(&["route", "add", net, "dev", "eth0"])?;
         }
         let hb_seg = if spec.heartbeat_net { Some(Segment::in_ns(NetNs::create(ns_name("hb"))?)?) } else { None };
         let mut nodes = Vec::new();
         for i in 0..spec.nodes {
             let name = format!("node-{}", i + 1);
-            let mut addr = node_addr(i);
-            let ns = seg.plug(NetNs::create(ns_name(&format!("n{}", i + 1)))?, &format!("{addr}/24"))?;
+            let mut addr = if v4 { IpAddr::V4(node_addr(i)) } else { IpAddr::V6(node_addr6(i)) };
+            let ns = seg.plug(NetNs::create(ns_name(&format!("n{}", i + 1)))?, &if v4 { format!("{addr}/24") } else { format!("{addr}/64") })?;
             let ns = match &hb_seg {
                 Some(hb) => {
                     ns.ip(&["link", "set", "eth0", "address", &uplink_mac(i).map(|b| format!("{b:02x}")).join(":")])?;
-                    addr = heartbeat_addr(i);
+                    addr = heartbeat_addr(i).into();
                     hb.plug_as(ns, "eth1", &format!("{addr}/24"))?
                 }
                 None => ns,
             };
-            if spec.ipv6 {
+            if spec.ipv6 && v4 {
                 ns.ip(&["-6", "addr", "add", &format!("{}/64", node_addr6(i)), "dev", "eth0", "nodad"])?;
+            }
+            if spec.ipv6 {
                 // As a backend: the VIP on lo (Linux answers solicitations only for
                 // the receiving interface's addresses: no arp_ignore to set).
                 // One `ip -batch` for all of them (a thousand `ip` runs take seconds).
@@ -468,7 +478,9 @@ impl HaLab {
                 std::fs::write(&batch, (0..spec.vips).map(|k| format!("addr add {}/128 dev lo\n", vip6(k))).collect::<String>())?;
                 ns.ip(&["-batch", path_str(&batch)?])?;
             }
-            if spec.vips <= VIPS_PER_NET {
+            if !v4 {
+                // IPv6-only: no IPv4 VIP to accept.
+            } else if spec.vips <= VIPS_PER_NET {
                 for k in 0..spec.vips {
                     accept_vip(&ns, vip(k))?;
                 }
@@ -529,6 +541,11 @@ impl HaLab {
     pub fn start_agent_with(&mut self, i: usize, config: &Path) -> Result<()> {
         let n = &mut self.nodes[i];
         let mode = mode_arg(self.spec.xdp_mode, &format!("{}'s agent", n.name));
+        let metrics_addr = if self.spec.metrics_on_segment {
+            crate::daemonset::AgentPod::load()?.arg("--metrics-addr").context("deploy/20-daemonset.yaml: no --metrics-addr")?.to_owned()
+        } else {
+            "127.0.0.1:9472".to_owned()
+        };
         let mut args = vec![
             "--node-name",
             &n.name,
@@ -543,7 +560,7 @@ impl HaLab {
             "--reload-interval",
             "200ms",
             "--metrics-addr",
-            if self.spec.metrics_on_segment { "0.0.0.0:9472" } else { "127.0.0.1:9472" },
+            &metrics_addr,
         ];
         let key = self.dir.join(HEARTBEAT_KEY);
         args.extend(["--heartbeat-key-file", path_str(&key)?]);
@@ -654,6 +671,30 @@ impl HaLab {
         r.with_context(|| {
             let views: Vec<String> = up.iter().map(|&i| format!("{}: {:?} holds {:?}", self.nodes[i].name, self.owners_seen_by(i), self.held_by(i))).collect();
             format!("no agreement among {names:?} within {limit:?}:\n{}", views.join("\n"))
+        })
+    }
+
+    /// Waits until the nodes in `up` agree on one owner among them for each of
+    /// `vips` (either family) and that owner alone holds it; returns the owners.
+    pub fn wait_held(&self, up: &[usize], vips: &[IpAddr], limit: Duration) -> Result<BTreeMap<IpAddr, String>> {
+        let r = wait_for(limit, || {
+            let statuses: Vec<Status> = up.iter().map(|&i| self.status(i)).collect::<Option<Vec<_>>>()?;
+            let mut owners = BTreeMap::new();
+            for v in vips {
+                let owner = statuses[0].owners.get(v)?;
+                let at = up.iter().position(|&i| self.nodes[i].name == *owner)?;
+                let agreed = statuses.iter().all(|st| st.owners.get(v) == Some(owner));
+                let held_by: Vec<usize> = (0..up.len()).filter(|&j| statuses[j].held.contains(v)).collect();
+                if !agreed || held_by != [at] {
+                    return None;
+                }
+                owners.insert(*v, owner.clone());
+            }
+            Some(owners)
+        });
+        r.with_context(|| {
+            let views: Vec<String> = up.iter().map(|&i| format!("{}: {:?}", self.nodes[i].name, self.status(i).map(|s| (s.owners, s.held)))).collect();
+            format!("{vips:?}: no agreement among {up:?} within {limit:?}:\n{}", views.join("\n"))
         })
     }
 

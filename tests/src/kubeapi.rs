@@ -114,24 +114,44 @@ impl Default for Options {
 /// The dual-stack `--service-cluster-ip-range`: IPv4 first, so IPv4 is the
 /// cluster's primary family (what Services without `ipFamilies` get).
 pub const DUAL_STACK_SERVICE_CIDR: &str = "10.96.0.0/16,fd00:10:96::/112";
+/// The IPv6-only `--service-cluster-ip-range`.
+pub const IPV6_SERVICE_CIDR: &str = "fd00:10:96::/112";
 
 impl Options {
     /// The default server, dual-stack: [`DUAL_STACK_SERVICE_CIDR`].
     pub fn dual_stack() -> Self {
         Self { service_cidr: DUAL_STACK_SERVICE_CIDR.into(), ..Self::default() }
     }
+
+    /// The default server, IPv6-only: [`IPV6_SERVICE_CIDR`].
+    pub fn ipv6_only() -> Self {
+        Self { service_cidr: IPV6_SERVICE_CIDR.into(), ..Self::default() }
+    }
+
+    /// The server of a cluster of `stack`'s families.
+    pub fn of(stack: Stack) -> Self {
+        match stack {
+            Stack::V4 => Self::default(),
+            Stack::Dual => Self::dual_stack(),
+            Stack::V6 => Self::ipv6_only(),
+        }
+    }
 }
 
-/// The first address of the IPv4 CIDR of a service range (`198.18.128.0/20` gives
-/// 198.18.128.1; of `10.96.0.0/16,fd00:10:96::/112`, 10.96.0.1): the `kubernetes`
-/// Service's ClusterIP on an IPv4 or dual-stack (IPv4 first) cluster.
-pub fn first_host(range: &str) -> Result<Ipv4Addr> {
-    let cidr = range.split(',').map(str::trim).find(|c| !c.contains(':')).ok_or_else(|| anyhow!("{range}: no IPv4 CIDR"))?;
+/// The first address of the primary (first) CIDR of a service range
+/// (`198.18.128.0/20` gives 198.18.128.1; `10.96.0.0/16,fd00:10:96::/112`,
+/// 10.96.0.1; `fd00:10:96::/112`, fd00:10:96::1): the `kubernetes` Service's
+/// ClusterIP.
+pub fn first_host(range: &str) -> Result<IpAddr> {
+    let cidr = range.split(',').map(str::trim).next().filter(|c| !c.is_empty()).ok_or_else(|| anyhow!("{range}: no CIDR"))?;
     let (net, len) = cidr.split_once('/').ok_or_else(|| anyhow!("{cidr}: not a CIDR"))?;
-    let net: Ipv4Addr = net.parse().with_context(|| format!("{cidr}: bad address"))?;
-    let len: u32 = len.parse().ok().filter(|l| *l < 31).ok_or_else(|| anyhow!("{cidr}: bad prefix length"))?;
-    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-    Ok(Ipv4Addr::from((u32::from(net) & mask) + 1))
+    let net: IpAddr = net.parse().with_context(|| format!("{cidr}: bad address"))?;
+    let width = if net.is_ipv4() { 32 } else { 128 };
+    let len: u32 = len.parse().ok().filter(|l| *l < width - 1).ok_or_else(|| anyhow!("{cidr}: bad prefix length"))?;
+    Ok(match net {
+        IpAddr::V4(n) => Ipv4Addr::from((u32::from(n) & u32::MAX.checked_shl(32 - len).unwrap_or(0)) + 1).into(),
+        IpAddr::V6(n) => std::net::Ipv6Addr::from((u128::from(n) & u128::MAX.checked_shl(128 - len).unwrap_or(0)) + 1).into(),
+    })
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -295,9 +315,9 @@ fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
 
-fn make_pki(dir: &Path, host: IpAddr, service_ip: Ipv4Addr) -> Result<Pki> {
+fn make_pki(dir: &Path, host: IpAddr, service_ip: IpAddr) -> Result<Pki> {
     let ca = Ca::new()?;
-    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), service_ip.into()];
+    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), service_ip];
     if !ips.contains(&host) {
         ips.push(host);
     }
@@ -437,7 +457,7 @@ impl RealApiServer {
     /// [`Self::shared`] of an IPv4-only or a dual-stack cluster ([`Options::dual_stack`]):
     /// one of each at most per test binary, started when first asked for.
     pub fn shared_with(stack: Stack) -> Option<&'static Self> {
-        static SHARED: [OnceLock<Option<RealApiServer>>; 2] = [OnceLock::new(), OnceLock::new()];
+        static SHARED: [OnceLock<Option<RealApiServer>>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
         extern "C" fn cleanup() {
             for s in SHARED.iter().filter_map(|s| s.get()?.as_ref()) {
                 s.stop();
@@ -445,10 +465,12 @@ impl RealApiServer {
             }
         }
         static CLEANUP: std::sync::Once = std::sync::Once::new();
-        let (i, opts) = match stack {
-            Stack::V4 => (0, Options::default()),
-            Stack::Dual => (1, Options::dual_stack()),
+        let i = match stack {
+            Stack::V4 => 0,
+            Stack::Dual => 1,
+            Stack::V6 => 2,
         };
+        let opts = Options::of(stack);
         SHARED[i]
             .get_or_init(|| {
                 let s = Self::start_with(opts)?;

@@ -21,15 +21,73 @@ use serde_json::{json, Value};
 
 use crate::{
     agent::TempDir,
-    apiserver::{service_account_token, write_kubeconfig, ApiServer, ResourceSpec},
-    halab::{node_addr, HaLab, HaSpec, Naming},
+    apiserver::{service_account_token, write_kubeconfig, ApiServer, ResourceSpec, Stack},
+    halab::{node_addr, node_addr6, HaLab, HaSpec, Naming},
     kubeapi::{apply, ensure_namespace, raw, resource_path, Options, RealApiServer},
     netns::NetNs,
 };
 
-pub const API_ADDR: &str = "198.18.0.2:6443";
-/// The API server's address in the lab (its namespace's eth0).
+/// The API server's address in the lab (its namespace's eth0), on an IPv4 or
+/// dual-stack cluster.
 pub const API_HOST: &str = "198.18.0.2";
+/// Its address on an IPv6-only cluster.
+pub const API_HOST6: &str = "2001:2::2";
+/// The API server's port.
+pub const API_PORT: u16 = 6443;
+
+/// kubeadm's (and so kind's) control-plane node: this label and taint, and
+/// [`EXCLUDE_FROM_LB_LABEL`](vip_agent::k8s::source::EXCLUDE_FROM_LB_LABEL).
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// The cluster a lab stands in for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Shape {
+    /// The cluster's families: the Nodes' InternalIPs (the primary first), the
+    /// service CIDRs and the API server's address. IPv6 needs [`HaSpec::ipv6`]
+    /// (and IPv6-only [`HaSpec::ipv6_only`]).
+    pub stack: Stack,
+    /// The last this many of the lab's nodes are registered as kubeadm registers
+    /// its control-plane nodes ([`CONTROL_PLANE_LABEL`]).
+    pub control_planes: usize,
+}
+
+impl Shape {
+    fn api_host(&self) -> IpAddr {
+        match self.stack {
+            Stack::V6 => API_HOST6,
+            Stack::V4 | Stack::Dual => API_HOST,
+        }
+        .parse()
+        .expect("an address")
+    }
+
+    fn api_url(&self, scheme: &str) -> String {
+        format!("{scheme}://{}", SocketAddr::new(self.api_host(), API_PORT))
+    }
+
+    /// The API namespace's address on the segment.
+    fn api_cidr(&self) -> String {
+        match self.api_host() {
+            IpAddr::V4(a) => format!("{a}/24"),
+            IpAddr::V6(a) => format!("{a}/64"),
+        }
+    }
+
+    /// Node `i`'s InternalIPs in the lab, the primary first.
+    pub fn node_ips(&self, i: usize) -> Vec<IpAddr> {
+        let (v4, v6) = (IpAddr::V4(node_addr(i)), IpAddr::V6(node_addr6(i)));
+        match self.stack {
+            Stack::V4 => vec![v4],
+            Stack::Dual => vec![v4, v6],
+            Stack::V6 => vec![v6],
+        }
+    }
+
+    /// Node `i` (of `n`) as it is registered: a worker, or a control-plane node.
+    pub fn node(&self, n: usize, i: usize) -> Value {
+        node_object_of(&format!("node-{}", i + 1), &self.node_ips(i), i + self.control_planes >= n)
+    }
+}
 /// The `healthCheckNodePort` of the tests' Local-policy Services: a real API server
 /// takes only 30000-32767 (nodePort range); every node serves HTTP 200 on it.
 pub const HEALTH_CHECK_NODE_PORT: u16 = 32000;
@@ -146,15 +204,22 @@ impl Drop for Children {
     }
 }
 
-/// Runs the stand-in inside `ns` (its runtime's threads live there) until the
-/// returned sender is dropped.
+/// Runs the stand-in of an IPv4 cluster inside `ns` (its runtime's threads live
+/// there) until the returned sender is dropped.
 pub fn api_in(ns: &NetNs, addr: SocketAddr) -> Result<(ApiServer, mpsc::Sender<()>)> {
+    api_of(ns, addr, Stack::V4)
+}
+
+/// [`api_in`] for a cluster of `stack`'s families.
+pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack) -> Result<(ApiServer, mpsc::Sender<()>)> {
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     ns.spawn(move || {
         let started = (|| -> Result<_> {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-            let api = rt.block_on(ApiServer::builder().resources(ResourceSpec::VIP).bind(addr).bookmark_interval(std::time::Duration::from_secs(1)).start())?;
+            let api = rt.block_on(
+                ApiServer::builder().resources(ResourceSpec::VIP).stack(stack).bind(addr).bookmark_interval(std::time::Duration::from_secs(1)).start(),
+            )?;
             Ok((rt, api))
         })();
         match started {
@@ -172,8 +237,8 @@ pub fn api_in(ns: &NetNs, addr: SocketAddr) -> Result<(ApiServer, mpsc::Sender<(
 
 /// The agents' kubeconfig: the DaemonSet's ServiceAccount, so that the stand-in
 /// holds them to deploy/10-rbac.yaml as the real server does.
-fn kubeconfig(dir: &Path) -> Result<std::path::PathBuf> {
-    write_kubeconfig(&dir.join("kubeconfig"), &format!("http://{API_ADDR}"), Some(&service_account_token("vip-system", "vip-agent")))
+fn kubeconfig(dir: &Path, shape: &Shape) -> Result<std::path::PathBuf> {
+    write_kubeconfig(&dir.join("kubeconfig"), &shape.api_url("http"), Some(&service_account_token("vip-system", "vip-agent")))
 }
 
 /// Starts `server_exe serve NAME HEALTH_CHECK_NODE_PORT` on every node (kube-proxy's
@@ -197,16 +262,21 @@ impl KubeLab {
     /// Starts the lab (agents in Kubernetes mode), the stand-in in its namespace,
     /// and registers the lab's nodes as Ready Nodes labelled `lab=yes`.
     pub fn start(spec: HaSpec, server_exe: &Path) -> Result<Self> {
+        Self::start_shaped(spec, Shape::default(), server_exe)
+    }
+
+    /// [`Self::start`] standing in for a cluster of `shape`.
+    pub fn start_shaped(spec: HaSpec, shape: Shape, server_exe: &Path) -> Result<Self> {
         let tmp = TempDir::new("vip-kube-lab-")?;
-        let spec = HaSpec { kubeconfig: Some(kubeconfig(&tmp.0)?), ..spec };
+        let spec = HaSpec { kubeconfig: Some(kubeconfig(&tmp.0, &shape)?), ..spec };
         // The agents start and wait for the API (their watches retry) while it comes up.
         let lab = HaLab::start(spec, Naming::Unique, server_exe)?;
         let health = health_servers(&lab, server_exe)?;
-        let api_ns = lab.seg.plug(NetNs::new("vapi")?, &format!("{API_HOST}/24"))?;
-        let (api, keep) = api_in(&api_ns, API_ADDR.parse()?)?;
+        let api_ns = lab.seg.plug(NetNs::new("vapi")?, &shape.api_cidr())?;
+        let (api, keep) = api_of(&api_ns, SocketAddr::new(shape.api_host(), API_PORT), shape.stack)?;
         let api = LabApi::StandIn(api, keep);
-        for (i, n) in lab.nodes.iter().enumerate() {
-            api.insert("nodes", node_object(&n.name, &node_addr(i).to_string()))?;
+        for i in 0..lab.nodes.len() {
+            api.insert("nodes", shape.node(lab.nodes.len(), i))?;
         }
         Ok(Self { _health: health, lab, api, api_ns, _tmp: tmp })
     }
@@ -217,17 +287,23 @@ impl KubeLab {
     /// `shop` made, the Nodes registered as a kubelet would; then the agents start
     /// with a kubeconfig holding a token of the `vip-system/vip-agent` ServiceAccount.
     pub fn start_real(spec: HaSpec, server_exe: &Path) -> Result<Option<Self>> {
+        Self::start_real_shaped(spec, Shape::default(), server_exe)
+    }
+
+    /// [`Self::start_real`] as a cluster of `shape` (the server started with its
+    /// service CIDRs, on its API address).
+    pub fn start_real_shaped(spec: HaSpec, shape: Shape, server_exe: &Path) -> Result<Option<Self>> {
         if crate::kubeapi::assets().is_none() {
             return Ok(None);
         }
         let tmp = TempDir::new("vip-kube-lab-")?;
         let mut lab = HaLab::build(spec, Naming::Unique, server_exe)?;
         let health = health_servers(&lab, server_exe)?;
-        let api_ns = lab.seg.plug(NetNs::new("vapi")?, &format!("{API_HOST}/24"))?;
-        let host: IpAddr = API_HOST.parse()?;
-        let server = RealApiServer::start_with(Options { host, netns: Some(api_ns.path()), ..Default::default() }).context("no KUBEBUILDER_ASSETS")?;
+        let api_ns = lab.seg.plug(NetNs::new("vapi")?, &shape.api_cidr())?;
+        let opts = Options { host: shape.api_host(), netns: Some(api_ns.path()), ..Options::of(shape.stack) };
+        let server = RealApiServer::start_with(opts).context("no KUBEBUILDER_ASSETS")?;
         let path = tmp.0.join("kubeconfig");
-        let nodes: Vec<Value> = lab.nodes.iter().enumerate().map(|(i, n)| node_object(&n.name, &node_addr(i).to_string())).collect();
+        let nodes: Vec<Value> = (0..lab.nodes.len()).map(|i| shape.node(lab.nodes.len(), i)).collect();
         let (srv, kc) = (&server, &path);
         server.block_on(|c| async move {
             srv.install_crd(&c).await?;
@@ -261,14 +337,28 @@ impl KubeLab {
 
 /// A Ready Node with its InternalIP, labelled `lab=yes`.
 pub fn node_object(name: &str, ip: &str) -> Value {
-    json!({
+    node_object_of(name, &[ip.parse().expect("an address")], false)
+}
+
+/// A Ready Node with these InternalIPs (the primary first, as kubelet lists
+/// them), labelled `lab=yes`; `control_plane`: labelled and tainted as kubeadm
+/// does its control-plane nodes (`kubeadm init`'s mark-control-plane phase).
+pub fn node_object_of(name: &str, ips: &[IpAddr], control_plane: bool) -> Value {
+    let mut n = json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": name, "labels": { "lab": "yes" } },
+        "metadata": { "name": name, "labels": { "lab": "yes", "kubernetes.io/hostname": name } },
         "status": {
-            "addresses": [{ "type": "InternalIP", "address": ip }],
+            "addresses": ips.iter().map(|ip| json!({ "type": "InternalIP", "address": ip.to_string() })).chain([json!({ "type": "Hostname", "address": name })]).collect::<Vec<_>>(),
             "conditions": [{ "type": "Ready", "status": "True" }]
         }
-    })
+    });
+    if control_plane {
+        let labels = &mut n["metadata"]["labels"];
+        labels[CONTROL_PLANE_LABEL] = "".into();
+        labels[vip_agent::k8s::source::EXCLUDE_FROM_LB_LABEL] = "".into();
+        n["spec"] = json!({ "taints": [{ "key": CONTROL_PLANE_LABEL, "effect": "NoSchedule" }] });
+    }
+    n
 }
 
 /// A LoadBalancer Service `ns/name` on TCP 80; `local`: `externalTrafficPolicy: Local`

@@ -1,6 +1,7 @@
 pub mod agent;
 pub mod apiserver;
 pub mod cluster;
+pub mod daemonset;
 pub mod docs;
 pub mod flows;
 pub mod frames;

@@ -42,7 +42,8 @@
 //!   RequireDualStack gets the second one and going back drops it, the primary
 //!   family cannot change (its clusterIP would not match, as for any clusterIP of
 //!   the other family), duplicate families and `clusterIPs` without `clusterIP`
-//!   are refused;
+//!   are refused; on an IPv6-only cluster the same as on an IPv4-only one with the
+//!   families swapped;
 //! - the status subresource: `status.loadBalancer.ingress` only for LoadBalancers,
 //!   each `ip` a valid address of either family (not held to `ipFamilies`).
 //!
@@ -73,13 +74,25 @@ const CLUSTER_IP6_PREFIX: u32 = 112;
 const CLUSTER_IP_STATIC_BAND: u32 = 256;
 
 /// The cluster's service CIDRs: 10.96.0.0/16 (IPv4 only, the default), or also
-/// fd00:10:96::/112 (dual-stack, IPv4 primary): the tests' real servers'
-/// `--service-cluster-ip-range` (tests/src/kubeapi.rs).
+/// fd00:10:96::/112 (dual-stack, IPv4 primary), or that one alone (IPv6-only): the
+/// tests' real servers' `--service-cluster-ip-range` (tests/src/kubeapi.rs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Stack {
     #[default]
     V4,
     Dual,
+    V6,
+}
+
+impl Stack {
+    /// The families configured, the primary first.
+    pub fn families(self) -> &'static [&'static str] {
+        match self {
+            Stack::V4 => &["IPv4"],
+            Stack::Dual => &["IPv4", "IPv6"],
+            Stack::V6 => &["IPv6"],
+        }
+    }
 }
 
 const VALID_IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
@@ -353,10 +366,7 @@ fn init_families(stack: Stack, old: Option<&Value>, svc: &mut Value) -> Vec<Caus
             }
         }
     }
-    let configured: &[&str] = match stack {
-        Stack::V4 => &["IPv4"],
-        Stack::Dual => &["IPv4", "IPv6"],
-    };
+    let configured = stack.families();
     // As the update left them.
     let ips = cluster_ips(svc);
     let mut fams = families(svc);
@@ -373,7 +383,7 @@ fn init_families(stack: Stack, old: Option<&Value>, svc: &mut Value) -> Vec<Caus
     if !c.is_empty() {
         return c;
     }
-    if policy == "RequireDualStack" && stack == Stack::V4 {
+    if policy == "RequireDualStack" && stack != Stack::Dual {
         c.push(invalid("spec.ipFamilyPolicy", format!("{quoted}: this cluster is not configured for dual-stack services")));
     }
     for (i, f) in fams.iter().enumerate() {
@@ -385,7 +395,7 @@ fn init_families(stack: Stack, old: Option<&Value>, svc: &mut Value) -> Vec<Caus
         return c;
     }
     if fams.is_empty() {
-        fams.push("IPv4".into());
+        fams.push(configured[0].into());
     }
     if policy != "SingleStack" && fams.len() == 1 && stack == Stack::Dual {
         fams.push(if fams[0] == "IPv4" { "IPv6" } else { "IPv4" }.into());
