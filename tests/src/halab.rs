@@ -578,7 +578,26 @@ impl HaLab {
             None => args.extend(["--config", path_str(config)?]),
         }
         n.agent = Some(AgentProc::start_appending(&n.ns, &args, &n.log)?);
+        self.record_pids();
         Ok(())
+    }
+
+    /// A fixed-named lab's "NODE agent|server PID" lines (its `pids` file), kept
+    /// current as agents stop and start, for `lab status` (up or down) and
+    /// `lab down` (what to kill).
+    fn record_pids(&self) {
+        if self.remove_dir {
+            return;
+        }
+        let pids: Vec<String> = self
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                let a = n.agent.iter().map(|a| format!("{} agent {}", n.name, a.child.id()));
+                a.chain(n.server.iter().map(|s| format!("{} server {}", n.name, s.id())))
+            })
+            .collect();
+        let _ = write_atomic(&self.dir.join("pids"), &pids.join("\n"));
     }
 
     /// SIGKILLs node `i`'s agent and reaps it (the data path keeps running).
@@ -596,6 +615,7 @@ impl HaLab {
             }
             let _ = a.child.wait();
         }
+        self.record_pids();
     }
 
     pub fn signal_agent(&self, i: usize, sig: i32) {
@@ -737,16 +757,7 @@ impl HaLab {
     /// Leaves the lab running after this process exits (`cargo xtask lab up`):
     /// nothing is removed on Drop; `down` removes it by its fixed names.
     pub fn persist(self) {
-        // "NODE agent|server PID" lines, for `status` and `down`.
-        let pids: Vec<String> = self
-            .nodes
-            .iter()
-            .flat_map(|n| {
-                let a = n.agent.iter().map(|a| format!("{} agent {}", n.name, a.child.id()));
-                a.chain(n.server.iter().map(|s| format!("{} server {}", n.name, s.id())))
-            })
-            .collect();
-        let _ = std::fs::write(self.dir.join("pids"), pids.join("\n"));
+        self.record_pids();
         std::mem::forget(self);
     }
 }
