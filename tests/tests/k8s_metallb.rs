@@ -5,7 +5,10 @@
 //! binary) writes VipPools the real server's CRD schema accepts as they are, reads
 //! the same from files, stdin and the cluster, and the pools it writes keep the
 //! address MetalLB gave a Service and admit the namespaces and Services MetalLB
-//! did (the real server only: it labels namespaces with their name).
+//! did (the real server only: it labels namespaces with their name). On a
+//! dual-stack cluster (both servers), MetalLB's sample pool of both families,
+//! imported by the binary, keeps both addresses of every dual-stack Service MetalLB
+//! addressed, its IPv6 CIDR's first address included.
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use k8s_openapi::api::core::v1::Service;
@@ -21,6 +24,7 @@ use vip_tests::{
 };
 
 vip_tests::both_api_servers!(addresses_metallb_gave_are_kept_and_its_annotations_honoured);
+vip_tests::both_api_servers!(dual_stack_services_keep_both_addresses_metallb_gave, Stack::Dual);
 
 fn lb(name: &str, port: i32, annotations: Value) -> Service {
     lb_in("shop", name, port, json!({}), annotations)
@@ -135,6 +139,115 @@ async fn addresses_metallb_gave_are_kept_and_its_annotations_honoured(api: Backe
     assert!(events(&api, "Released").is_empty(), "{:?}", events(&api, "Released"));
 }
 
+/// MetalLB's sample IPAddressPool (its documentation's first), in test addresses:
+/// an IPv4 CIDR, an IPv4 range and an IPv6 CIDR in one pool, announced over L2.
+const METALLB_SAMPLE: &str = r#"apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata:
+  name: first-pool
+  namespace: metallb-system
+spec:
+  addresses:
+  - 198.18.10.0/24
+  - 198.18.9.1-198.18.9.5
+  - 2001:2:0:e799::/124
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata:
+  name: example
+  namespace: metallb-system
+"#;
+
+/// Every Service's `status.loadBalancer.ingress` addresses, in order.
+fn ingress_all(api: &Backend) -> BTreeMap<String, Vec<String>> {
+    api.list("services", None)
+        .into_iter()
+        .map(|s| {
+            let ips = s["status"]["loadBalancer"]["ingress"].as_array().into_iter().flatten().filter_map(|i| Some(i["ip"].as_str()?.to_owned())).collect();
+            (format!("{}/{}", s["metadata"]["namespace"].as_str().unwrap(), s["metadata"]["name"].as_str().unwrap()), ips)
+        })
+        .collect()
+}
+
+/// MetalLB's sample pool imported by the binary and applied; dual-stack Services
+/// as MetalLB left them (its allocation order: the first address of each CIDR
+/// first, so the first Service holds the IPv6 CIDR's first address; the status
+/// IPv4 first whatever `ipFamilies` says; its `ip-allocated-from-pool` note; its
+/// annotations in both forms): the running controller keeps both addresses of
+/// every one, also after a restart, and gives a new dual-stack Service a pair.
+async fn dual_stack_services_keep_both_addresses_metallb_gave(api: Backend) {
+    let (code, out, warnings) = import(&["-f", "-"], METALLB_SAMPLE).await;
+    assert_eq!(code, Some(0), "{warnings}");
+    assert!(warnings.ends_with("# 1 VipPool(s) from 2 MetalLB object(s), 1 warning(s)\n"), "{warnings}");
+    assert!(warnings.contains("first-pool: spec.addresses[2]: \"2001:2:0:e799::/124\" written as the range 2001:2:0:e799::-2001:2:0:e799::f"), "{warnings}");
+    let imported: Vec<VipPool> = vip_tests::kubeapi::documents(&out).unwrap().into_iter().map(|d| serde_json::from_value(d).unwrap()).collect();
+    assert_eq!(imported.len(), 1, "{out}");
+    assert_eq!(imported[0].spec.addresses, ["198.18.10.0/24", "198.18.9.1-198.18.9.5", "2001:2:0:e799::-2001:2:0:e799::f"]);
+
+    let client = api.client().await;
+    let pp = PostParams::default();
+    let pools: Api<VipPool> = Api::all(client.clone());
+    for p in &imported {
+        pools.create(&pp, p).await.unwrap();
+    }
+    let svcs: Api<Service> = Api::namespaced(client.clone(), "shop");
+    let require = json!({"ipFamilyPolicy": "RequireDualStack"});
+    let prefer = json!({"ipFamilyPolicy": "PreferDualStack"});
+    let v6_first = json!({"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6", "IPv4"]});
+    let from_pool = |extra: Value| {
+        let mut a = json!({"metallb.io/ip-allocated-from-pool": "first-pool"});
+        a.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        a
+    };
+    let held: [(&str, i32, &Value, Value, [&str; 2]); 6] = [
+        ("first", 80, &prefer, from_pool(json!({})), ["198.18.10.0", "2001:2:0:e799::"]),
+        ("v6-first", 80, &v6_first, from_pool(json!({})), ["198.18.10.1", "2001:2:0:e799::1"]),
+        ("asked", 80, &require, from_pool(json!({"metallb.io/loadBalancerIPs": "198.18.9.3,2001:2:0:e799::9"})), ["198.18.9.3", "2001:2:0:e799::9"]),
+        ("pinned", 80, &prefer, from_pool(json!({"metallb.universe.tf/address-pool": "first-pool"})), ["198.18.10.2", "2001:2:0:e799::2"]),
+        ("web", 80, &require, from_pool(json!({"metallb.io/allow-shared-ip": "front"})), ["198.18.10.3", "2001:2:0:e799::3"]),
+        ("tls", 443, &require, from_pool(json!({"metallb.io/allow-shared-ip": "front"})), ["198.18.10.3", "2001:2:0:e799::3"]),
+    ];
+    let dual_lb = |name: &str, port: i32, families: &Value, annotations: Value| {
+        let mut s = lb(name, port, annotations);
+        let spec = serde_json::to_value(s.spec.take().unwrap()).unwrap();
+        let mut spec = spec.as_object().unwrap().clone();
+        spec.extend(families.as_object().unwrap().clone());
+        s.spec = Some(serde_json::from_value(Value::Object(spec)).unwrap());
+        s
+    };
+    for (name, port, families, ann, ips) in &held {
+        svcs.create(&pp, &dual_lb(name, *port, families, ann.clone())).await.unwrap();
+        let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": ips[0]}, {"ip": ips[1]}]}}});
+        svcs.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    }
+    svcs.create(&pp, &dual_lb("new", 80, &require, json!({}))).await.unwrap();
+    let mut want: BTreeMap<String, Vec<String>> = held.iter().map(|(n, .., ips)| (format!("shop/{n}"), ips.map(str::to_owned).to_vec())).collect();
+    // The lowest free address of each family: the pool's range before its /24.
+    want.insert("shop/new".into(), vec!["198.18.9.1".into(), "2001:2:0:e799::4".into()]);
+
+    let (mut c, _changed) = Controller::new(client.clone(), "node-1", AgentView::fixed(BTreeMap::new()).1);
+    c.wait_ready().await;
+    let p = passes_until(&mut c, &api, "new gets a pair", |_| ingress_all(&api).get("shop/new").is_some_and(|ips| ips.len() == 2)).await;
+    assert_eq!(ingress_all(&api), want, "no Service that held an address moved, either family");
+    assert_eq!((p.allocated, p.released), (2, 0), "new's two addresses only: {p:?}");
+    assert_eq!(p.metallb_warnings, 4, "asked, pinned, web, tls: {p:?}");
+    eventually("4 MetalLBAnnotation events", || events(&api, "MetalLBAnnotation").len() >= 4).await;
+    assert!(events(&api, "Released").is_empty(), "{:?}", events(&api, "Released"));
+    assert!(events(&api, "AllocationFailed").is_empty(), "{:?}", events(&api, "AllocationFailed"));
+
+    // A restarted agent (or a new leader) starts from the API alone: nothing moves.
+    drop(c);
+    let (mut c, _changed) = Controller::new(client.clone(), "node-2", AgentView::fixed(BTreeMap::new()).1);
+    c.wait_ready().await;
+    for _ in 0..3 {
+        let p = c.pass().await;
+        assert_eq!((p.allocated, p.released), (0, 0), "{p:?}");
+    }
+    assert_eq!(ingress_all(&api), want, "nothing moved after the restart");
+    assert!(events(&api, "Released").is_empty(), "{:?}", events(&api, "Released"));
+}
+
 /// MetalLB's configuration as a user may have it (written for this test): a pool
 /// that hands out its /24's network address (no avoidBuggyIPs) and has an IPv6
 /// block, a tenant pool for two namespaces and two apps whose range crosses a .255,
@@ -143,7 +256,7 @@ const METALLB: &str = r#"apiVersion: metallb.io/v1beta1
 kind: IPAddressPool
 metadata: {name: general, namespace: metallb-system}
 spec:
-  addresses: [198.18.50.0/24, "2001:db8:50::/120"]
+  addresses: [198.18.50.0/24, "2001:2:0:50::/120"]
 ---
 apiVersion: metallb.io/v1beta1
 kind: IPAddressPool
@@ -237,7 +350,7 @@ async fn imported_pools_are_accepted_and_keep_what_metallb_gave() {
     assert_eq!(code, Some(0), "{warnings}");
     assert!(warnings.ends_with("# 3 VipPool(s) from 6 MetalLB object(s), 4 warning(s)\n"), "{warnings}");
     for w in [
-        "# warning: IPAddressPool metallb-system/general: spec.addresses[1]: not imported: \"2001:db8:50::/120\" is IPv6",
+        "# warning: IPAddressPool metallb-system/general: spec.addresses[1]: \"2001:2:0:50::/120\" written as the range 2001:2:0:50::-2001:2:0:50::ff",
         "# warning: IPAddressPool metallb-system/tenant: spec.serviceAllocation.priority: 10: no equivalent",
         "# warning: BGPAdvertisement metallb-system/uplink: not imported: vip has no BGP speaker (set here, with no equivalent: localPref)",
         "# warning: IPAddressPool metallb-system/tenant: interfaces [eth1, ens4]",

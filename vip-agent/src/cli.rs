@@ -312,14 +312,17 @@ pub enum ImportFrom {
     /// MetalLB's IPAddressPools and L2Advertisements (metallb.io/v1beta1) as
     /// VipPools, from YAML files (`-f`) or from the cluster (`--from-cluster`).
     ///
-    /// Each IPAddressPool becomes a VipPool of the same name: its IPv4 addresses,
-    /// autoAssign, avoidBuggyIPs, serviceAllocation (namespaces, namespace and
-    /// service selectors) and the nodeSelectors and interfaces of the
-    /// L2Advertisements that select it. The VipPools go to stdout; what has no
-    /// equivalent (IPv6 addresses, BGP, priorities, selectors a VipPool cannot
-    /// express) is listed on stderr as `# warning:` lines naming the object and
-    /// field. Exit status: 0 when the input was read (warnings or not), 1 when it
-    /// could not be.
+    /// Each IPAddressPool becomes a VipPool of the same name: its IPv4 and IPv6
+    /// addresses, autoAssign, avoidBuggyIPs, serviceAllocation (namespaces,
+    /// namespace and service selectors) and the nodeSelectors and interfaces of
+    /// the L2Advertisements that select it. A pool hands out exactly the addresses
+    /// MetalLB did, so dual-stack Services keep both of theirs: an IPv6 CIDR is
+    /// written as the range of all its addresses (MetalLB hands out its first
+    /// address, which a VipPool's CIDR leaves out), with a warning. The VipPools go
+    /// to stdout; what is not imported as it was (such CIDRs, BGP, priorities,
+    /// selectors a VipPool cannot express) is listed on stderr as `# warning:`
+    /// lines naming the object and field. Exit status: 0 when the input was read
+    /// (warnings or not), 1 when it could not be.
     Metallb(MetallbImportArgs),
 }
 

@@ -2,21 +2,25 @@
 //! L2Advertisement objects, `metallb.io`) as the equivalent VipPools.
 //!
 //! An IPAddressPool becomes a VipPool of the same name (Services' `address-pool`
-//! annotations name it): its IPv4 addresses, `autoAssign`, `avoidBuggyIPs` (as
-//! `includeNetworkAndBroadcast` and `excludedIPs`, so that the pool hands out exactly
-//! the addresses MetalLB did), `serviceAllocation`'s namespaces and selectors; the
-//! L2Advertisements that select it give its `nodeSelector` and `interfaces`.
-//! Whatever has no equivalent (IPv6, BGP, selectors a VipPool cannot express, fields
-//! this code does not know) is a [`Warning`] naming the object and the field: nothing
-//! is dropped silently.
+//! annotations name it): its IPv4 and IPv6 addresses, `autoAssign`, `avoidBuggyIPs`
+//! (as `includeNetworkAndBroadcast` and `excludedIPs`), `serviceAllocation`'s
+//! namespaces and selectors; the L2Advertisements that select it give its
+//! `nodeSelector` and `interfaces`. The pool hands out exactly the addresses MetalLB
+//! did, so that every Service keeps its own: MetalLB hands out every address of a
+//! CIDR (IPv4's network and broadcast addresses without `avoidBuggyIPs`, which only
+//! concerns IPv4; IPv6's first, subnet-router anycast address, which a VipPool never
+//! hands out from a CIDR: such a CIDR is written as a range, with a warning).
+//! Whatever has no equivalent (BGP, selectors a VipPool cannot express, fields this
+//! code does not know) is a [`Warning`] naming the object and the field: nothing is
+//! dropped silently.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
 };
 
 use anyhow::{Context as _, Result};
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde_json::Value;
 
@@ -300,7 +304,8 @@ struct Pool {
     id: String,
     name: String,
     labels: BTreeMap<String, String>,
-    /// Its IPv4 entries, normalised (`a-b`, `net/len` with host bits cleared).
+    /// Its entries, IPv4 and IPv6, normalised (`a-b`, `net/len` with host bits
+    /// cleared; an IPv6 CIDR of more than two addresses as the range of them all).
     addresses: Vec<String>,
     auto_assign: bool,
     avoid_buggy_ips: bool,
@@ -329,27 +334,42 @@ impl Advert {
     }
 }
 
-/// Why an address entry is not imported.
-enum NotIpv4 {
-    V6,
-    Invalid,
+/// A MetalLB address entry as the VipPool entry that holds the same addresses.
+#[derive(Debug, PartialEq, Eq)]
+enum Entry {
+    /// An address, a range `a-b` or a CIDR (host bits cleared, as MetalLB reads it).
+    As(String),
+    /// An IPv6 CIDR of more than two addresses, written as the range of all of them:
+    /// MetalLB hands out its first address (the first it hands out at all), which a
+    /// VipPool leaves out of a CIDR (the subnet-router anycast address).
+    Range6(Ipv6Net),
 }
 
-/// A MetalLB address entry as a VipPool entry: a CIDR (host bits cleared, as
-/// MetalLB reads it), a range `a-b` (spaces allowed around the dash) or an address.
-fn ipv4_entry(s: &str) -> Result<String, NotIpv4> {
-    let s = s.trim();
-    if s.contains(':') {
-        return Err(NotIpv4::V6);
+impl Entry {
+    /// The VipPool's `addresses` entry.
+    fn text(&self) -> String {
+        match self {
+            Entry::As(s) => s.clone(),
+            Entry::Range6(n) => format!("{}-{}", n.network(), n.broadcast()),
+        }
     }
+}
+
+/// A MetalLB address entry, IPv4 or IPv6: a CIDR, a range `a-b` (spaces allowed
+/// around the dash) or an address; None when it is none of them.
+fn entry(s: &str) -> Option<Entry> {
+    let s = s.trim();
     if let Some((a, b)) = s.split_once('-') {
-        let (a, b): (Ipv4Addr, Ipv4Addr) = (a.trim().parse().map_err(|_| NotIpv4::Invalid)?, b.trim().parse().map_err(|_| NotIpv4::Invalid)?);
-        return if a <= b { Ok(format!("{a}-{b}")) } else { Err(NotIpv4::Invalid) };
+        let (a, b): (IpAddr, IpAddr) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        return (a.is_ipv4() == b.is_ipv4() && a <= b).then(|| Entry::As(format!("{a}-{b}")));
     }
     if s.contains('/') {
-        return s.parse::<Ipv4Net>().map(|n| n.trunc().to_string()).map_err(|_| NotIpv4::Invalid);
+        return match s.parse::<IpNet>().ok()?.trunc() {
+            IpNet::V6(n) if n.prefix_len() < 127 => Some(Entry::Range6(n)),
+            n => Some(Entry::As(n.to_string())),
+        };
     }
-    s.parse::<Ipv4Addr>().map(|a| a.to_string()).map_err(|_| NotIpv4::Invalid)
+    s.parse::<IpAddr>().ok().map(|a| Entry::As(a.to_string()))
 }
 
 fn read_pool(v: &Value, out: &mut Vec<Warning>) -> Option<Pool> {
@@ -364,10 +384,21 @@ fn read_pool(v: &Value, out: &mut Vec<Warning>) -> Option<Pool> {
     n.unknown_fields(spec, "spec", &["addresses", "autoAssign", "avoidBuggyIPs", "serviceAllocation"]);
     let mut addresses = Vec::new();
     for (path, a) in n.strings(&spec["addresses"], "spec.addresses") {
-        match ipv4_entry(&a) {
-            Ok(e) => addresses.push(e),
-            Err(NotIpv4::V6) => n.warn(path, format!("not imported: {a:?} is IPv6; vip serves IPv4 addresses only")),
-            Err(NotIpv4::Invalid) => n.warn(path, format!("not imported: {a:?} is not an IPv4 address, CIDR or range")),
+        match entry(&a) {
+            Some(e @ Entry::Range6(net)) => {
+                n.warn(
+                    path,
+                    format!(
+                        "{a:?} written as the range {}: MetalLB hands out an IPv6 CIDR's first address ({}) too, which a VipPool leaves out \
+                         of a CIDR (the subnet-router anycast address); the range keeps it for the Service MetalLB may have given it",
+                        e.text(),
+                        net.network()
+                    ),
+                );
+                addresses.push(e.text());
+            }
+            Some(e) => addresses.push(e.text()),
+            None => n.warn(path, format!("not imported: {a:?} is not an IPv4 or IPv6 address, CIDR or range")),
         }
     }
     let auto_assign = n.boolean(&spec["autoAssign"], "spec.autoAssign", true);
@@ -530,7 +561,7 @@ pub fn import(objects: &[Value]) -> Import {
 fn vip_pool(p: &Pool, adverts: &[Advert], warnings: &mut Vec<Warning>) -> Option<VipPool> {
     let mut n = Notes { object: p.id.clone(), out: warnings };
     if p.addresses.is_empty() {
-        n.warn("spec.addresses", "not imported: no IPv4 address; no VipPool written");
+        n.warn("spec.addresses", "not imported: no address; no VipPool written");
         return None;
     }
     if let Some(prio) = p.priority {
@@ -568,7 +599,8 @@ fn vip_pool(p: &Pool, adverts: &[Advert], warnings: &mut Vec<Warning>) -> Option
             return None;
         }
     };
-    // IPv6 entries are taken as they are (avoidBuggyIPs is about IPv4's .0 and .255).
+    // IPv6 entries hand out every address as written (their CIDRs are ranges here,
+    // first address included); avoidBuggyIPs is about IPv4's .0 and .255 only.
     let want: BTreeSet<Ipv4Addr> = all.v4().filter(|a| !p.avoid_buggy_ips || !matches!(a.octets()[3], 0 | 255)).collect();
     if want.is_empty() && all.len_of(crate::addrs::Family::V6) == 0 {
         n.warn("spec.avoidBuggyIPs", "not imported: no address left once those ending in .0 and .255 are avoided; no VipPool written");
@@ -802,20 +834,124 @@ mod tests {
         assert_eq!(pool(&i, "p").addresses, ["198.18.10.0/24"]);
     }
 
+    /// The addresses a pool's VipPool hands out, as ranges (`a-b`, or `a` alone).
+    fn handed_out(i: &Import, name: &str) -> Vec<String> {
+        let v = validate(pool(i, name), 80).unwrap_or_else(|e| panic!("{name}: {e}"));
+        v.addresses.ranges().map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") }).collect()
+    }
+
     #[test]
-    fn ipv6_and_bad_entries_are_listed_and_a_pool_without_ipv4_is_not_written() {
-        let i = run(&(ip_pool("dual", "  addresses: [198.18.1.0/28, \"2001:db8::/124\", \"2001:db8::10-2001:db8::1f\", nonsense, 7]")
-            + &ip_pool("v6", "  addresses: [\"fc00:f853:ccd:e799::/124\"]")));
-        assert_eq!(pool(&i, "dual").addresses, ["198.18.1.0/28"]);
+    fn an_ipv6_cidr_is_written_as_a_range_that_keeps_its_first_address() {
+        // MetalLB hands out an IPv6 CIDR from its first address on (the network
+        // address, a VipPool CIDR's subnet-router anycast address); host bits are
+        // cleared as MetalLB's parser clears them.
+        for (entry, range) in [
+            ("2001:2::/124", "2001:2::-2001:2::f"),
+            ("2001:2:0:1::5/120", "2001:2:0:1::-2001:2:0:1::ff"),
+            ("2001:2:0:2::/64", "2001:2:0:2::-2001:2:0:2:ffff:ffff:ffff:ffff"),
+        ] {
+            let i = run(&(ip_pool("p", &format!("  addresses: [\"{entry}\"]")) + &l2("all", "  {}")));
+            assert_eq!(pool(&i, "p").addresses, [range], "{entry}");
+            assert_eq!(handed_out(&i, "p"), [range], "{entry}: every address, the first included");
+            let first = range.split('-').next().unwrap();
+            assert_eq!(
+                warned(&i, "IPAddressPool metallb-system/p", "spec.addresses[0]"),
+                [format!(
+                    "{entry:?} written as the range {range}: MetalLB hands out an IPv6 CIDR's first address ({first}) too, which a VipPool \
+                     leaves out of a CIDR (the subnet-router anycast address); the range keeps it for the Service MetalLB may have given it"
+                )]
+            );
+            assert_eq!(i.warnings.len(), 1, "{:?}", i.warnings);
+        }
+    }
+
+    #[test]
+    fn an_ipv6_range_a_128_and_a_127_are_taken_as_written() {
+        let i =
+            run(&(ip_pool("p", "  addresses: [\"2001:2::10 - 2001:2::1f\", \"2001:2::100/128\", \"2001:2::200/127\", \"2001:2::300\"]") + &l2("all", "  {}")));
+        assert!(i.warnings.is_empty(), "a /127 and a /128 have no subnet-router anycast address to skip: {:?}", i.warnings);
+        assert_eq!(pool(&i, "p").addresses, ["2001:2::10-2001:2::1f", "2001:2::100/128", "2001:2::200/127", "2001:2::300"]);
+        assert_eq!(handed_out(&i, "p"), ["2001:2::10-2001:2::1f", "2001:2::100", "2001:2::200-2001:2::201", "2001:2::300"]);
+        // avoidBuggyIPs concerns IPv4 only (MetalLB: an IPv4 address ending in .0 or .255).
+        let i = run(&ip_pool("p", "  addresses: [\"2001:2::ff00-2001:2::ffff\"]\n  avoidBuggyIPs: true"));
+        assert_eq!(pool(&i, "p").excluded_ips, Vec::<String>::new());
+        assert_eq!(handed_out(&i, "p"), ["2001:2::ff00-2001:2::ffff"]);
+    }
+
+    #[test]
+    fn metallbs_sample_pool_keeps_every_address_of_both_families() {
+        // MetalLB's documentation's first IPAddressPool, verbatim (as data: no
+        // traffic is sent to these addresses).
+        let sample = "apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata:
+  name: first-pool
+  namespace: metallb-system
+spec:
+  addresses:
+  - 192.168.10.0/24
+  - 192.168.9.1-192.168.9.5
+  - fc00:f853:ccd:e799::/124
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata:
+  name: example
+  namespace: metallb-system
+";
+        let i = run(sample);
+        let p = pool(&i, "first-pool");
+        assert_eq!(p.addresses, ["192.168.10.0/24", "192.168.9.1-192.168.9.5", "fc00:f853:ccd:e799::-fc00:f853:ccd:e799::f"]);
+        assert!(p.include_network_and_broadcast, "MetalLB hands out 192.168.10.0 and .255 without avoidBuggyIPs");
+        assert_eq!(p.excluded_ips, Vec::<String>::new());
+        assert_eq!(handed_out(&i, "first-pool"), ["192.168.9.1-192.168.9.5", "192.168.10.0-192.168.10.255", "fc00:f853:ccd:e799::-fc00:f853:ccd:e799::f"]);
+        assert_eq!(i.warnings.len(), 1, "the IPv6 CIDR's note only: {:?}", i.warnings);
+        assert!(warned(&i, "IPAddressPool metallb-system/first-pool", "spec.addresses[2]")[0]
+            .starts_with("\"fc00:f853:ccd:e799::/124\" written as the range fc00:f853:ccd:e799::-fc00:f853:ccd:e799::f"));
+        // What MetalLB gives a dual-stack Service first, vip keeps.
+        let v = validate(p, 80).unwrap();
+        for a in ["192.168.10.0", "fc00:f853:ccd:e799::"] {
+            assert!(v.addresses.contains(a.parse().unwrap()), "{a}");
+        }
+        // avoidBuggyIPs: the IPv4 .0 and .255 go, every IPv6 address stays.
+        let i = run(&sample.replace("  - fc00:f853:ccd:e799::/124\n", "  - fc00:f853:ccd:e799::/124\n  avoidBuggyIPs: true\n"));
+        let p = pool(&i, "first-pool");
+        assert_eq!((p.include_network_and_broadcast, p.excluded_ips.len()), (false, 0), "vip's default skips the /24's .0 and .255");
+        assert_eq!(handed_out(&i, "first-pool"), ["192.168.9.1-192.168.9.5", "192.168.10.1-192.168.10.254", "fc00:f853:ccd:e799::-fc00:f853:ccd:e799::f"]);
+    }
+
+    #[test]
+    fn mixed_families_in_one_pool_and_bad_entries() {
+        let i = run(&(ip_pool(
+            "dual",
+            "  addresses: [198.18.1.0/28, \"2001:2::/124\", \"2001:2::10-2001:2::1f\", nonsense, 7, \"198.18.1.20-2001:2::30\", \"2001:2::40-2001:2::3f\"]",
+        ) + &ip_pool("v6", "  addresses: [\"2001:2:0:1::/126\"]")
+            + &ip_pool("later", "  addresses: [\"2001:2::18/125\"]")
+            + &l2("all", "  {}")));
+        let dual = pool(&i, "dual");
+        assert_eq!(dual.addresses, ["198.18.1.0/28", "2001:2::-2001:2::f", "2001:2::10-2001:2::1f"]);
+        assert!(dual.include_network_and_broadcast, "198.18.1.0 and .15: MetalLB hands them out");
+        assert_eq!(handed_out(&i, "dual"), ["198.18.1.0-198.18.1.15", "2001:2::-2001:2::1f"]);
+        assert!(warned(&i, "IPAddressPool metallb-system/dual", "spec.addresses[1]")[0].contains("written as the range 2001:2::-2001:2::f"));
+        assert!(warned(&i, "IPAddressPool metallb-system/dual", "spec.addresses[2]").is_empty(), "a range is taken as written");
         assert_eq!(
-            warned(&i, "IPAddressPool metallb-system/dual", "spec.addresses[1]"),
-            ["not imported: \"2001:db8::/124\" is IPv6; vip serves IPv4 addresses only"]
+            warned(&i, "IPAddressPool metallb-system/dual", "spec.addresses[3]"),
+            ["not imported: \"nonsense\" is not an IPv4 or IPv6 address, CIDR or range"]
         );
-        assert!(warned(&i, "IPAddressPool metallb-system/dual", "spec.addresses[2]")[0].contains("is IPv6"));
-        assert_eq!(warned(&i, "IPAddressPool metallb-system/dual", "spec.addresses[3]"), ["not imported: \"nonsense\" is not an IPv4 address, CIDR or range"]);
         assert_eq!(warned(&i, "IPAddressPool metallb-system/dual", "spec.addresses[4]"), ["not imported: 7 is not a string"]);
-        assert_eq!(i.pools.len(), 1, "no VipPool for v6");
-        assert_eq!(warned(&i, "IPAddressPool metallb-system/v6", "spec.addresses"), ["not imported: no IPv4 address; no VipPool written"]);
+        for k in [5, 6] {
+            assert!(warned(&i, "IPAddressPool metallb-system/dual", &format!("spec.addresses[{k}]"))[0].contains("is not an IPv4 or IPv6 address"), "{k}");
+        }
+        // A pool of IPv6 only is a VipPool too.
+        assert_eq!(handed_out(&i, "v6"), ["2001:2:0:1::-2001:2:0:1::3"]);
+        // Overlaps across families' entries are found as for IPv4 (MetalLB refuses them).
+        let w = warned(&i, "IPAddressPool metallb-system/later", "spec.addresses");
+        assert!(w.len() == 1 && w[0].starts_with("Overlap: ") && w[0].contains("2001:2::18 is also in VipPool \"dual\""), "{w:?}");
+        assert_eq!(i.pools.len(), 3);
+        // A pool whose every entry is refused is not written.
+        let i = run(&ip_pool("none", "  addresses: [nonsense]"));
+        assert!(i.pools.is_empty());
+        assert_eq!(warned(&i, "IPAddressPool metallb-system/none", "spec.addresses"), ["not imported: no address; no VipPool written"]);
     }
 
     #[test]
