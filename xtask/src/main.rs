@@ -16,22 +16,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what building and testing need (idempotent): Debian packages,
-    /// rust-src for the nightly, bpf-linker against the nightly's LLVM, bpffs.
-    Setup,
-    /// Build the XDP object (release, with BTF) with the nightly toolchain.
+    /// Install what building needs (idempotent, each step skipped when done):
+    /// the toolchains checked against toolchains.toml (the pinned nightly
+    /// installed where rustup can fetch it), rust-src for the nightly, bpf-linker
+    /// against the nightly's LLVM, and gcc. The build commands run this themselves.
+    Setup {
+        /// Also what the lab runs: bpftool, iproute2, iputils-arping, iputils-ping,
+        /// tcpdump, ethtool, and a bpffs at /sys/fs/bpf.
+        #[arg(long)]
+        lab: bool,
+        /// Also (with --lab's) what only the test suite uses: containerd, runc, the
+        /// CNI plugins, nftables, iptables, podman, promtool (Debian's prometheus,
+        /// no service left running), rustfmt and clippy. `cargo xtask test` runs this.
+        #[arg(long)]
+        tests: bool,
+    },
+    /// The build setup, then the XDP object (release, with BTF) with the nightly toolchain.
     BuildEbpf,
-    /// build-ebpf + the release binaries, then the OCI image archives
-    /// `vip-agent.oci.tar` (localhost/vip-agent:VERSION) and `vip-testpod.oci.tar`
-    /// (localhost/vip-testpod:1), for `ctr images import` or `podman load`, and the
-    /// agent image's files as a directory, `vip-agent.rootfs`, from which
-    /// `deploy/Containerfile` builds the same image (the command is printed).
+    /// The build setup, build-ebpf and the release binaries, then the OCI image
+    /// archives `vip-agent.oci.tar` (localhost/vip-agent:VERSION) and
+    /// `vip-testpod.oci.tar` (localhost/vip-testpod:1), for `ctr images import` or
+    /// `podman load`, and the agent image's files as a directory,
+    /// `vip-agent.rootfs`, from which `deploy/Containerfile` builds the same image
+    /// (the command is printed).
     Image {
         /// Where the archives and the directory go [default: target/images in the workspace].
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// setup + build-ebpf + lint (rustfmt, clippy -D warnings) + the images
+    /// setup --tests + build-ebpf + lint (rustfmt, clippy -D warnings) + the images
     /// (`image`) + the whole test suite with XDP in generic mode, then the lab
     /// tests again in native mode (BPF and netns tests need root).
     Test {
@@ -39,10 +52,10 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// setup + build-ebpf + benchmarks; results go to bench-results/ and are
+    /// setup --tests + build-ebpf + benchmarks; results go to bench-results/ and are
     /// summarised for BENCHMARKS.md.
     Bench,
-    /// setup + build-ebpf + the lab in network namespaces (three nodes running the
+    /// setup --lab + build-ebpf + the lab in network namespaces (three nodes running the
     /// agent, a client): `up`, `status`, `down`, or `demo` (up, spread, an owner
     /// killed with the measured failover, down).
     Lab {
@@ -70,10 +83,17 @@ pub fn run(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// `cargo` for the stable userspace build, without the variables `cargo run`
-/// gave this process (they would pin the wrong toolchain or target dir).
+/// `cargo` for the stable userspace build (`toolchain` None: the default
+/// toolchain), or with `+toolchain`; see [`rust_tool`].
 pub fn cargo(toolchain: Option<&str>) -> Command {
-    let mut c = Command::new("cargo");
+    rust_tool("cargo", toolchain)
+}
+
+/// `bin` (cargo, rustc) of `toolchain` (else the default), in the workspace root,
+/// without the variables `cargo run` gave this process (they would pin the wrong
+/// toolchain or target dir).
+pub fn rust_tool(bin: &str, toolchain: Option<&str>) -> Command {
+    let mut c = Command::new(bin);
     if let Some(t) = toolchain {
         c.arg(format!("+{t}"));
     }
@@ -207,10 +227,11 @@ fn test_with_summary(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-pub fn build_ebpf() -> Result<()> {
-    let mut c = cargo(Some("nightly"));
+/// Builds the XDP object with `nightly` (the toolchain [`setup::setup`] chose).
+pub fn build_ebpf(nightly: &str) -> Result<()> {
+    let mut c = cargo(Some(nightly));
     c.current_dir(root().join("vip-ebpf")).args(["build", "--release"]);
-    run(&mut c, "building the XDP object (vip-ebpf, nightly, bpfel-unknown-none)")?;
+    run(&mut c, &format!("building the XDP object (vip-ebpf, {nightly}, bpfel-unknown-none)"))?;
     let obj = root().join("vip-ebpf/target/bpfel-unknown-none/release/vip");
     eprintln!("xtask: XDP object at {}", obj.display());
     Ok(())
@@ -249,16 +270,25 @@ pub fn build_agent() -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    use setup::Scope;
     match Cli::parse().cmd {
-        Cmd::Setup => setup::setup(),
-        Cmd::BuildEbpf => build_ebpf(),
+        Cmd::Setup { lab, tests } => {
+            let scope = if tests {
+                Scope::Tests
+            } else if lab {
+                Scope::Lab
+            } else {
+                Scope::Build
+            };
+            setup::setup(scope, true).map(drop)
+        }
+        Cmd::BuildEbpf => build_ebpf(&setup::setup(Scope::Build, false)?),
         Cmd::Image { out } => {
-            build_ebpf()?;
+            build_ebpf(&setup::setup(Scope::Build, false)?)?;
             image::image(&out.unwrap_or_else(image::default_dir))
         }
         Cmd::Test { args } => {
-            setup::setup()?;
-            build_ebpf()?;
+            build_ebpf(&setup::setup(Scope::Tests, true)?)?;
             lint()?;
             report_api_server();
             // The images (which build the agent) before the tests: the cluster
@@ -267,8 +297,7 @@ fn main() -> Result<()> {
             test_with_summary(&args)
         }
         Cmd::Bench => {
-            setup::setup()?;
-            build_ebpf()?;
+            build_ebpf(&setup::setup(Scope::Tests, true)?)?;
             let mut c = cargo(None);
             c.args(["run", "--release", "-p", "vip-tests", "--bin", "vip-bench", "--"]).arg(root().join("bench-results"));
             run(&mut c, "running the benchmarks")
@@ -279,8 +308,7 @@ fn main() -> Result<()> {
             run(&mut c, "writing docs/reference/ and the PrometheusRule")
         }
         Cmd::Lab { action } => {
-            setup::setup()?;
-            build_ebpf()?;
+            build_ebpf(&setup::setup(Scope::Lab, false)?)?;
             build_agent()?;
             let mut c = cargo(None);
             c.args(["run", "--quiet", "--release", "-p", "vip-tests", "--bin", "vip-lab", "--"]).arg(action);
