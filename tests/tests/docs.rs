@@ -22,3 +22,11 @@ fn every_relative_link_and_anchor_resolves() {
     }
     assert!(broken.is_empty(), "{} broken link(s):\n{}", broken.len(), broken.join("\n"));
 }
+
+/// The maps table of docs/concepts/data-path.md has a row for every map the agent pins.
+#[test]
+fn the_maps_table_lists_every_pinned_map() {
+    let text = std::fs::read_to_string(repo_root().join("docs/concepts/data-path.md")).unwrap();
+    let missing: Vec<&str> = vip_common::map_names::ALL.iter().copied().filter(|m| !text.contains(&format!("\n| `{m}` |"))).collect();
+    assert!(missing.is_empty(), "docs/concepts/data-path.md's maps table has no row for {missing:?}");
+}

@@ -114,8 +114,9 @@ pub struct RunArgs {
     /// this node's home: where it is reached, and where frames to backends of VIPs
     /// of other networks leave. The program is attached there.
     ///
-    /// Default: each pool on the interface whose IPv4 network holds its first
-    /// address, home on the interface holding the node's address.
+    /// Default: each pool on the interface whose network holds its first IPv4
+    /// address (else its first IPv6 address), home on the interface holding the
+    /// node's address.
     #[arg(long, env = "VIP_IFACE")]
     pub iface: Option<String>,
     /// How the XDP program is attached to each interface.

@@ -1,7 +1,8 @@
 //! The references in docs/reference/, generated from the code (`cargo xtask docs`;
 //! a test fails when a committed file differs): the command line from the clap
 //! definitions, the VipPool fields from the CRD schema, the metrics from the
-//! registry, the data path's reasons from vip-common.
+//! registry, the data path's reasons from vip-common, the status conditions and
+//! Events from `k8s::reports`.
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -13,6 +14,7 @@ pub fn files() -> Vec<(&'static str, String)> {
         ("docs/reference/vippool.md", vippool_md()),
         ("docs/reference/metrics.md", metrics_md()),
         ("docs/reference/reasons.md", reasons_md()),
+        ("docs/reference/status.md", status_md()),
     ]
 }
 
@@ -262,6 +264,62 @@ pub fn reasons_md() -> String {
     out
 }
 
+// ---- conditions and Events ------------------------------------------------------
+
+/// A link to a heading of the troubleshooting page, or nothing.
+fn troubleshooting_link(anchor: Option<&str>) -> String {
+    anchor.map_or_else(String::new, |a| format!("[what to do](../operations/troubleshooting.md#{a})"))
+}
+
+/// docs/reference/status.md: every condition vip writes on VipPools and
+/// VipStatuses and every Event it records, from `k8s::reports`.
+pub fn status_md() -> String {
+    use crate::k8s::reports::{condition_types, EventReason, Object, CONDITIONS};
+    let mut out = header("Conditions and Events", "`vip-agent/src/k8s/reports.rs`");
+    out.push_str(
+        "What vip writes in the cluster (with `--kubernetes`): the conditions of each VipPool's status (written by \
+         the elected agent), of each VipStatus' (written by the VIP's holder, and by the elected agent while no \
+         node holds it), and the Events the elected agent records. A condition's `lastTransitionTime` changes \
+         only when its status does. How to read them is in [VipPool](../configuration/vippool.md#status) and \
+         [Observability](../operations/observability.md#one-vip-kubectl-get-vipstatuses); what to do about a \
+         problem in [Troubleshooting](../operations/troubleshooting.md).\n\n",
+    );
+    for (object, title, how) in [
+        (Object::VipPool, "VipPool conditions", "`kubectl get vippool NAME -o yaml`; `kubectl wait --for=condition=Ready vippool/NAME`."),
+        (Object::VipStatus, "VipStatus conditions", "`kubectl get vipstatus NAME -o yaml` (one VipStatus per VIP in use, named after the address)."),
+    ] {
+        let types = condition_types(object).iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ");
+        let _ = writeln!(out, "## {title}\n\n{types}: {how}\n");
+        out.push_str("| Condition | Status | Reason | Meaning | |\n| --- | --- | --- | --- | --- |\n");
+        for c in CONDITIONS.iter().filter(|c| c.object == object) {
+            let _ = writeln!(out, "| `{}` | | | {} | |", c.type_, cell(c.about));
+            for s in c.states {
+                let _ = writeln!(out, "| | `{}` | `{}` | {} | {} |", s.status, s.reason, cell(s.meaning), troubleshooting_link(s.troubleshooting));
+            }
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "## Events\n\nRecorded by the elected agent, each once for what it says (a new leader may say it again): \
+         `kubectl describe svc NAME`, `kubectl get events --field-selector involvedObject.name=NAME` \
+         (`-o wide` shows the action).\n\n",
+    );
+    out.push_str("| Event | Type | On | Action | When | |\n| --- | --- | --- | --- | --- | --- |\n");
+    for e in EventReason::ALL {
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} | {} | {} |",
+            e.name(),
+            if e.warning() { "Warning" } else { "Normal" },
+            e.object().name(),
+            e.action(),
+            cell(e.describe()),
+            troubleshooting_link(e.troubleshooting())
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +380,23 @@ mod tests {
         assert_eq!(find("vip_kube_api_reachable").only, Some(Mode::Kubernetes));
         assert_eq!(find("vip_owner").only, None);
         assert!(m.iter().all(|d| !d.help.is_empty() && !d.kind.is_empty()), "{m:?}");
+    }
+
+    #[test]
+    fn the_status_reference_lists_every_condition_and_event() {
+        use crate::k8s::reports::{EventReason, CONDITIONS};
+        let md = status_md();
+        for c in CONDITIONS {
+            assert!(md.contains(&format!("| `{}` | |", c.type_)), "{} missing from:\n{md}", c.type_);
+            for s in c.states {
+                assert!(md.contains(&format!("| | `{}` | `{}` |", s.status, s.reason)), "{} {} missing from:\n{md}", c.type_, s.reason);
+            }
+        }
+        for e in EventReason::ALL {
+            assert!(md.contains(&format!("| `{}` | ", e.name())), "{} missing from:\n{md}", e.name());
+        }
+        assert!(md.contains("| `MetalLBAnnotation` | Warning | Service | Allocate |"), "{md}");
+        assert!(md.contains("| `Invalid` | Warning | VipPool | Validate |"), "{md}");
     }
 
     #[test]

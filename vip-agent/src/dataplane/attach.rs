@@ -20,7 +20,8 @@ use vip_common::PROGRAM_NAME;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 pub enum AttachMode {
     /// Native (driver) XDP, falling back to generic when the driver has none; generic
-    /// on a veth, whose native transmits depend on its peer (see `auto_avoids_native`).
+    /// on a veth, which delivers native XDP transmits only while its peer runs XDP or GRO.
+    // `auto_avoids_native` decides which interfaces take generic.
     Auto,
     /// Native XDP only.
     Native,

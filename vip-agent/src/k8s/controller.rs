@@ -22,7 +22,7 @@ use k8s_openapi::{
 use kube::{
     api::{Api, Patch, PatchParams},
     runtime::{
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Event, Recorder, Reporter},
         reflector::Store,
     },
     Client, Resource, ResourceExt,
@@ -35,7 +35,9 @@ use tracing::{info, warn};
 use super::{
     allocate::{self, Decision, PoolView},
     crd::{vip_status_name, VipPool, VipPoolStatus, VipStatus, VipStatusSpec},
-    owned, pools, reflect, vipstatus,
+    owned, pools, reflect,
+    reports::{EventReason, ARP_CONFLICT, HELD},
+    vipstatus,
 };
 
 /// Labels of `vip_pool_addresses`, which the elected controller writes.
@@ -298,16 +300,7 @@ impl Controller {
                     name: Some(owner.clone()),
                     ..Default::default()
                 };
-                events.push((
-                    Event {
-                        type_: EventType::Normal,
-                        reason: "OwnerChanged".into(),
-                        note: Some(note.clone()),
-                        action: "Announce".into(),
-                        secondary: Some(node),
-                    },
-                    (*svc).clone(),
-                ));
+                events.push((Event { secondary: Some(node), ..EventReason::OwnerChanged.event(note.clone()) }, (*svc).clone()));
             }
         }
         reported.retain(|v, _| owners.contains_key(v));
@@ -319,8 +312,7 @@ impl Controller {
 
     /// One VipStatus per VIP of a valid pool in use: missing ones created, those of
     /// VIPs no longer in use deleted; `Held=False` written on those no node holds
-    /// (an IPv6 VIP, not served yet, or one in `unheld`). Returns how many writes
-    /// succeeded.
+    /// (those in `unheld`). Returns how many writes succeeded.
     async fn sync_vip_statuses(&mut self, pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>, unheld: &BTreeMap<IpAddr, String>) -> usize {
         let in_use: BTreeMap<String, IpAddr> =
             by_vip.keys().filter(|v| pools.iter().any(|p| p.addresses.contains(**v))).map(|v| (vip_status_name(*v), *v)).collect();
@@ -346,7 +338,7 @@ impl Controller {
             .filter_map(|(name, vip)| {
                 let seen = seen.get(name)?.as_ref();
                 let why = unheld.get(vip)?;
-                Some((name, vipstatus::unheld_state("NoHolder", &format!("{vip} is answered by no node: {why}"), seen)))
+                Some((name, vipstatus::unheld_state(&format!("{vip} is answered by no node: {why}"), seen)))
             })
             .collect();
         let differing: Vec<&String> = wants.iter().filter(|(name, w)| vipstatus::differs(seen[**name].as_ref(), w)).map(|(name, _)| *name).collect();
@@ -381,8 +373,7 @@ impl Controller {
         }
         self.metallb_said = said;
         for (note, svc) in &events {
-            let ev =
-                Event { type_: EventType::Warning, reason: "MetalLBAnnotation".into(), note: Some(note.clone()), action: "Allocate".into(), secondary: None };
+            let ev = EventReason::MetalLBAnnotation.event(note.clone());
             self.publish(&ev, *svc).await;
         }
         events.len()
@@ -397,7 +388,7 @@ impl Controller {
             }
             // The agents retry every service-port that failed, of either family.
             let note = format!("{vip} is not in the data path, retried: {}", errors.join("; "));
-            let ev = Event { type_: EventType::Warning, reason: "NotProgrammed".into(), note: Some(note), action: "Program".into(), secondary: None };
+            let ev = EventReason::NotProgrammed.event(note);
             for svc in by_vip.get(vip).into_iter().flatten() {
                 self.publish(&ev, *svc).await;
             }
@@ -414,14 +405,13 @@ impl Controller {
         for (vip, why) in now {
             if self.reported_unheld.get(vip) != Some(why) {
                 let note = format!("{vip} is answered by no node: {why}");
-                events
-                    .push((*vip, Event { type_: EventType::Warning, reason: "NotHeld".into(), note: Some(note), action: "Announce".into(), secondary: None }));
+                events.push((*vip, EventReason::NotHeld.event(note)));
             }
         }
         for vip in self.reported_unheld.keys().filter(|v| !now.contains_key(v)) {
             let Some(owner) = owners.get(vip) else { continue };
             let note = format!("{vip} is held again, by node {owner}");
-            events.push((*vip, Event { type_: EventType::Normal, reason: "Held".into(), note: Some(note), action: "Announce".into(), secondary: None }));
+            events.push((*vip, EventReason::Held.event(note)));
         }
         // A VIP no longer in use, or with no owner yet in this view, is forgotten
         // only once it has one (no Held Event is lost to a lagging owner view).
@@ -447,7 +437,7 @@ impl Controller {
             .vip_statuses
             .state()
             .iter()
-            .filter_map(|o| Some((o.spec.address.parse().ok()?, o.status.as_ref()?.conditions.iter().find(|c| c.type_ == "ArpConflict")?.clone())))
+            .filter_map(|o| Some((o.spec.address.parse().ok()?, o.status.as_ref()?.conditions.iter().find(|c| c.type_ == ARP_CONFLICT)?.clone())))
             .collect();
         let reported = self
             .reported_arp
@@ -457,16 +447,10 @@ impl Controller {
             if c.status == "True" && reported.get(vip) != Some(&c.last_transition_time) {
                 reported.insert(*vip, c.last_transition_time.clone());
                 let note = format!("{vip}: {}", c.message);
-                events.push((
-                    *vip,
-                    Event { type_: EventType::Warning, reason: "ArpConflict".into(), note: Some(note), action: "Announce".into(), secondary: None },
-                ));
+                events.push((*vip, EventReason::ArpConflict.event(note)));
             } else if c.status == "False" && reported.remove(vip).is_some() {
                 let note = format!("{vip}: {}", c.message);
-                events.push((
-                    *vip,
-                    Event { type_: EventType::Normal, reason: "ArpConflictResolved".into(), note: Some(note), action: "Announce".into(), secondary: None },
-                ));
+                events.push((*vip, EventReason::ArpConflictResolved.event(note)));
             }
         }
         reported.retain(|v, _| now.contains_key(v));
@@ -501,7 +485,7 @@ impl Controller {
             }
             for a in before.difference(&now) {
                 let note = format!("{a}: {}", allocate::why_not_ours(s));
-                events.push((Event { type_: EventType::Normal, reason: "Released".into(), note: Some(note), action: "Release".into(), secondary: None }, s));
+                events.push((EventReason::Released.event(note), s));
             }
         }
         self.held = held;
@@ -522,31 +506,19 @@ impl Controller {
         let api: Api<Service> = Api::namespaced(self.client.clone(), &ns);
         let rv = svc.resource_version();
         let (ingress, event) = match d {
-            Decision::Allocate { addr, pool, ingress, .. } => (
-                ingress,
-                Event {
-                    type_: EventType::Normal,
-                    reason: "Allocated".into(),
-                    note: Some(format!("{addr} from VipPool {pool}")),
-                    action: "Allocate".into(),
-                    secondary: None,
-                },
-            ),
-            Decision::Release { addr, why, ingress, .. } => (
-                ingress,
-                Event { type_: EventType::Normal, reason: "Released".into(), note: Some(format!("{addr}: {why}")), action: "Release".into(), secondary: None },
-            ),
+            Decision::Allocate { addr, pool, ingress, .. } => (ingress, EventReason::Allocated.event(format!("{addr} from VipPool {pool}"))),
+            Decision::Release { addr, why, ingress, .. } => (ingress, EventReason::Released.event(format!("{addr}: {why}"))),
             // Nothing to write: a Warning, once per message.
             Decision::Pending { why, .. } | Decision::Stale { why, .. } => {
                 let (said, reason) = match d {
-                    Decision::Pending { .. } => (&mut self.pending, "AllocationFailed"),
-                    _ => (&mut self.stale, "StaleAllocation"),
+                    Decision::Pending { .. } => (&mut self.pending, EventReason::AllocationFailed),
+                    _ => (&mut self.stale, EventReason::StaleAllocation),
                 };
                 if said.get(&key) == Some(why) {
                     return Ok(false);
                 }
                 said.insert(key.clone(), why.clone());
-                let ev = Event { type_: EventType::Warning, reason: reason.into(), note: Some(why.clone()), action: "Allocate".into(), secondary: None };
+                let ev = reason.event(why.clone());
                 self.publish(&ev, svc).await;
                 return Ok(true);
             }
@@ -622,15 +594,8 @@ impl Controller {
         }
         let patch = json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": status });
         api.patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        if c.problem.is_some() {
-            let ev = Event {
-                type_: EventType::Warning,
-                reason: "Invalid".into(),
-                note: c.problem.as_ref().map(|(_, m)| m.clone()),
-                action: "Validate".into(),
-                secondary: None,
-            };
-            self.publish(&ev, p).await;
+        if let Some((_, why)) = &c.problem {
+            self.publish(&EventReason::Invalid.event(why.clone()), p).await;
         }
         Ok(true)
     }
@@ -638,14 +603,14 @@ impl Controller {
 
 /// The pool's `Held` condition: whether every VIP of it in use has a node that
 /// answers it, and if not which VIPs and why (grouped by reason).
-fn held_condition(
+pub(crate) fn held_condition(
     unheld: &BTreeMap<IpAddr, &String>,
     generation: Option<i64>,
     previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     now: &Time,
 ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
     if unheld.is_empty() {
-        return pools::condition("Held", "True", "AllHeld", "every VIP of the pool in use is held by a node".into(), generation, previous, now);
+        return pools::condition(HELD, "True", "AllHeld", "every VIP of the pool in use is held by a node".into(), generation, previous, now);
     }
     let mut by_why: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (vip, why) in unheld {
@@ -653,7 +618,7 @@ fn held_condition(
     }
     let groups: Vec<String> = by_why.into_iter().map(|(why, vips)| format!("{}: {why}", vips.join(", "))).collect();
     let msg = format!("{} VIP(s) in use held by no node, not answered: {}", unheld.len(), pools::some_of(&groups));
-    pools::condition("Held", "False", "NoHolder", msg, generation, previous, now)
+    pools::condition(HELD, "False", "NoHolder", msg, generation, previous, now)
 }
 
 /// Runs the controller: a pass after every watched change (coalesced) and every

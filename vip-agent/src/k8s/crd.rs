@@ -98,9 +98,10 @@ pub struct VipPoolSpec {
     /// node with none of them does not answer for the pool's VIPs. A VLAN sub-interface
     /// (`eth0.100`) confines the VIPs to that VLAN.
     ///
-    /// Absent or empty (the default): on each node, the interface whose IPv4 network
-    /// contains the pool's first address, else the one holding the node's address
-    /// (the agent's `--iface` / `VIP_IFACE`, when set, takes precedence over both).
+    /// Absent or empty (the default): on each node, the interface whose network
+    /// contains the pool's first IPv4 address (else its first IPv6 address), else the
+    /// one holding the node's address (the agent's `--iface` / `VIP_IFACE`, when set,
+    /// takes precedence over all of these).
     ///
     /// Names are Linux interface names: 1 to 15 bytes, no '/', ':' or whitespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -128,9 +129,11 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
 pub struct VipPoolStatus {
     /// `Ready` (the spec is valid and in use) and `Conflicting` (it overlaps another
     /// pool or has bad entries), each with the field path in its message;
-    /// `Programmed` (every service-port of the pool is in the data path) and
+    /// `Programmed` (every service-port of the pool is in the data path);
     /// `StaleAllocations` (Services keep addresses of the pool its selectors no
-    /// longer admit: an edited pool does not take a running Service's address).
+    /// longer admit: an edited pool does not take a running Service's address); and
+    /// `Held` (every VIP of the pool in use is held by a node; False naming those
+    /// no node holds, and why).
     #[serde(default)]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,7 +207,10 @@ pub struct VipState {
     #[serde(default)]
     pub backends: Vec<String>,
     /// `Held`: True while a node holds the VIP (reason `Held`); False with why when
-    /// none does (`NoHolder`).
+    /// none does (`NoHolder`). `ArpConflict`, once a peer has checked who answers ARP
+    /// for the VIP: True when a MAC other than the holder's answered
+    /// (`ForeignAnswer`), False when only the holder's did (`HolderOnly`), Unknown
+    /// when none did (`NoAnswer`).
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }

@@ -9,6 +9,7 @@ pub mod heartbeat_key;
 pub mod leader;
 pub mod metallb_import;
 pub mod pools;
+pub mod reports;
 pub mod source;
 pub mod vipstatus;
 

@@ -73,7 +73,8 @@ pub fn conditions(check: &PoolCheck, unprogrammed: &[String], stale: &[String], 
             format!("{} Service(s) keep an address the pool's selectors no longer admit (kept, not moved): {}", some.len(), some_of(some)),
         ),
     };
-    [("Ready", ready), ("Conflicting", conflicting), ("Programmed", (programmed.0, programmed.1, programmed.2)), ("StaleAllocations", stale)]
+    use super::reports::{CONFLICTING, PROGRAMMED, READY, STALE_ALLOCATIONS};
+    [(READY, ready), (CONFLICTING, conflicting), (PROGRAMMED, (programmed.0, programmed.1, programmed.2)), (STALE_ALLOCATIONS, stale)]
         .into_iter()
         .map(|(type_, (status, reason, message))| condition(type_, status, reason, message, generation, previous, &now))
         .collect()

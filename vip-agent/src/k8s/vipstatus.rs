@@ -33,6 +33,7 @@ use super::{
     api_health,
     crd::{vip_status_name, VipState, VipStatus},
     reflect,
+    reports::{ARP_CONFLICT, HELD},
 };
 use crate::agent::liveness::HeldVip;
 
@@ -104,7 +105,7 @@ pub fn arp_condition(c: &crate::ha::arpcheck::ArpCheck) -> Condition {
         ("Unknown", "NoAnswer", format!("node {} saw no answer to its ARP request for the VIP", c.by))
     };
     Condition {
-        type_: "ArpConflict".into(),
+        type_: ARP_CONFLICT.into(),
         status: status.into(),
         reason: reason.into(),
         message,
@@ -118,7 +119,7 @@ pub fn held_state(node: &str, vip: &HeldVip, backends: &[String]) -> VipState {
     let since = time(vip.since);
     let vlan = vip.vlan.map(|v| format!(" VLAN {v}")).unwrap_or_default();
     let held = Condition {
-        type_: "Held".into(),
+        type_: HELD.into(),
         status: "True".into(),
         reason: "Held".into(),
         message: format!("held by node {node} on {}{vlan}", vip.interface),
@@ -149,13 +150,13 @@ fn adopted_since(node: &str, vip: &HeldVip, seen: Option<&VipState>) -> Option<s
 }
 
 /// What the VipStatus of a VIP no node holds says: no holder, `Held=False`
-/// (`reason`, `why`), transitioned when it last became False (kept from `seen`).
-pub fn unheld_state(reason: &str, why: &str, seen: Option<&VipState>) -> VipState {
-    let was = seen.and_then(|s| s.conditions.iter().find(|c| c.type_ == "Held" && c.status == "False"));
+/// (`NoHolder`, `why`), transitioned when it last became False (kept from `seen`).
+pub fn unheld_state(why: &str, seen: Option<&VipState>) -> VipState {
+    let was = seen.and_then(|s| s.conditions.iter().find(|c| c.type_ == HELD && c.status == "False"));
     let held = Condition {
-        type_: "Held".into(),
+        type_: HELD.into(),
         status: "False".into(),
-        reason: reason.into(),
+        reason: "NoHolder".into(),
         message: why.into(),
         observed_generation: None,
         last_transition_time: was.map_or_else(|| Time(Timestamp::now()), |c| c.last_transition_time.clone()),
@@ -328,8 +329,8 @@ mod tests {
         later.last_garp = later.last_garp.map(|t| t + Duration::from_secs(30));
         assert!(differs(Some(&seen), &held_state("node-a", &later, &["node-a".into()])));
         // An unheld status keeps the time it became unheld.
-        let first = stored(&unheld_state("NoHolder", "no eligible node alive", None));
-        let again = unheld_state("NoHolder", "no eligible node alive", Some(&first));
+        let first = stored(&unheld_state("no eligible node alive", None));
+        let again = unheld_state("no eligible node alive", Some(&first));
         assert!(!differs(Some(&first), &again));
         assert!(again.holder.is_none() && again.backends.is_empty());
     }
