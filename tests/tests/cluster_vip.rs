@@ -28,6 +28,9 @@
 //!    frame to a VIP to here, no node's stack routed one back to the holder (a
 //!    counter on the segment's bridge; every node has route_guard's rule and the
 //!    VIP's blackhole route from the Service's start);
+//!    then kubeadm's control-plane label and taint put on the holder's Node: the
+//!    VIP moves off it and a rolling restart completes; removed, it is a backend
+//!    again;
 //! 6. uninstall: `kubectl delete -k deploy/` and deploy/cleanup/ leave no XDP
 //!    program attached and no pins on any node.
 use std::{collections::BTreeSet, time::Duration};
@@ -293,6 +296,28 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     // arrives before kube-proxy there has the new address, route_guard).
     let routed = c.segment().routed_count().unwrap();
     assert_eq!(routed, 0, "frames to the pool's addresses routed by a node ({routed}), not sent by the client");
+
+    // kubeadm's (and kind's) control-plane marks put on the holder's Node (its
+    // label and taint as `kubeadm init` sets them): the VIP moves off it, and a
+    // rolling restart completes (`rollout status` returns) with the agent there
+    // Ready as idle; the marks removed, the node is a backend again.
+    const CP: &str = vip_tests::kubelab::CONTROL_PLANE_LABEL;
+    const EXCLUDE: &str = vip_agent::k8s::source::EXCLUDE_FROM_LB_LABEL;
+    let marked = vc::holder(&c, vip, 30 * SECOND).unwrap();
+    c.kubectl(&["label", "node", &marked, &format!("{CP}="), &format!("{EXCLUDE}=")]).unwrap();
+    c.kubectl(&["taint", "node", &marked, &format!("{CP}:NoSchedule")]).unwrap();
+    let moved =
+        vc::poll("the VIP off the node marked as a kubeadm control plane", 30 * SECOND, || Ok(vc::holder(&c, vip, SECOND).ok().filter(|h| *h != marked)));
+    moved.unwrap_or_else(|e| panic!("{e:#}\n{}", vc::agent_logs(&c)));
+    c.kubectl(&["-n", "vip-system", "rollout", "restart", "daemonset/vip-agent"]).unwrap();
+    c.wait_rollout("daemonset/vip-agent", "vip-system", Duration::from_secs(180)).unwrap();
+    eprintln!("cluster-vip: {marked} marked as kubeadm's control plane: the VIP moved off it and a rolling restart completed");
+    c.kubectl(&["label", "node", &marked, &format!("{CP}-"), &format!("{EXCLUDE}-")]).unwrap();
+    c.kubectl(&["taint", "node", &marked, &format!("{CP}:NoSchedule-")]).unwrap();
+    vc::poll("the unmarked node back in the ring", 30 * SECOND, || {
+        Ok((0..n).all(|i| vc::status(&c, i).is_ok_and(|s| s.services.iter().any(|x| x.vip == vip && x.backends.contains(&marked)))).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", vc::agent_logs(&c)));
 
     // 6. Uninstall.
     c.kubectl(&["delete", "-k", deploy_dir().to_str().unwrap(), "--wait=true", "--timeout=120s"]).unwrap();
