@@ -10,7 +10,7 @@ fn main() -> anyhow::Result<()> {
     if !object.exists() {
         anyhow::bail!(
             "the XDP object {} is missing: build it first with `cargo xtask build-ebpf` \
-             (or `cargo xtask setup` on a fresh machine)",
+             (which installs what the build needs on a fresh machine)",
             object.display()
         );
     }
