@@ -15,6 +15,22 @@ use crate::{
 /// Largest number of addresses all pools may hold together (the held-VIP map's size).
 pub const MAX_POOL_ADDRESSES: usize = vip_common::MAX_HELD as usize;
 
+// The bounds of the numbers users write, each defined once: the checks below use
+// them, and so does the VipPool CRD's schema (its `minimum`/`maximum`), so that the
+// API server refuses at apply time what the agent would refuse.
+
+/// Frames a takeover's gratuitous ARP sends: fewest and most.
+pub const GARP_COUNT_MIN: u32 = 1;
+pub const GARP_COUNT_MAX: u32 = 100;
+/// Fewest consecutive results a health check's `rise` and `fall` count.
+pub const RISE_FALL_MIN: u32 = 1;
+/// Lowest port a health check probes (port 0 cannot be connected to).
+pub const PROBE_PORT_MIN: u16 = 1;
+/// An 802.1Q VLAN id a pool may live on: 0 is "priority tagged" (the untagged
+/// network), 4095 is reserved.
+pub const VLAN_MIN: u16 = 1;
+pub const VLAN_MAX: u16 = 4094;
+
 /// A rejected value: its field path (`spec.addresses[2]`, `services[0].ports[1]`)
 /// and why. The file source adds the line; a VipPool shows it in its `Ready`
 /// condition.
@@ -58,6 +74,7 @@ pub struct HealthCheckSpec {
     pub kind: ProbeKind,
     /// Defaults to the service's first port. In a VipPool, a bare `{type: http}` (no port, no path) probes kube-proxy's health endpoint (`:10256/healthz`) for `externalTrafficPolicy: Cluster` Services and `healthCheckNodePort` (`/healthz`) for `Local` ones.
     #[serde(default)]
+    #[schemars(range(min = PROBE_PORT_MIN))]
     pub port: Option<u16>,
     /// URL path for http (default /).
     #[serde(default)]
@@ -71,9 +88,11 @@ pub struct HealthCheckSpec {
     pub timeout: Duration,
     /// Consecutive successes that bring a backend back.
     #[serde(default = "default_rise")]
+    #[schemars(range(min = RISE_FALL_MIN))]
     pub rise: u32,
     /// Consecutive failures that take it out of every ring.
     #[serde(default = "default_fall")]
+    #[schemars(range(min = RISE_FALL_MIN))]
     pub fall: u32,
 }
 
@@ -83,6 +102,7 @@ pub struct HealthCheckSpec {
 pub struct GratuitousArpSpec {
     /// Frames sent on takeover (1 to 100).
     #[serde(default = "default_garp_count")]
+    #[schemars(range(min = GARP_COUNT_MIN, max = GARP_COUNT_MAX))]
     pub count: u32,
     /// Between those frames, e.g. 100ms (at least 1ms).
     #[serde(default = "default_garp_interval", with = "humantime_serde")]
@@ -98,8 +118,11 @@ pub struct GratuitousArpSpec {
 /// Validates gratuitous ARP settings; `p` is the field path of the section and
 /// `names` the keys of count, interval and refresh in it.
 pub fn gratuitous_arp(p: &str, names: [&str; 3], g: Garp) -> Result<Garp, FieldError> {
-    if !(1..=100).contains(&g.count) {
-        return invalid(format!("{p}.{}", names[0]), "must be from 1 to 100 (a takeover nobody hears about moves no traffic)");
+    if !(GARP_COUNT_MIN..=GARP_COUNT_MAX).contains(&g.count) {
+        return invalid(
+            format!("{p}.{}", names[0]),
+            format!("must be from {GARP_COUNT_MIN} to {GARP_COUNT_MAX} (a takeover nobody hears about moves no traffic)"),
+        );
     }
     if g.interval < Duration::from_millis(1) || g.interval > Duration::from_secs(10) {
         return invalid(format!("{p}.{}", names[1]), "must be from 1ms to 10s");
@@ -218,8 +241,8 @@ impl<'de> Deserialize<'de> for AddrEntry {
 /// Validates a health check spec (`p` is its field path) into the model.
 pub fn health_check(p: &str, h: HealthCheckSpec, first_port: u16) -> Result<HealthCheck, FieldError> {
     let port = h.port.unwrap_or(first_port);
-    if port == 0 {
-        return invalid(format!("{p}.port"), "port 0 cannot be probed");
+    if port < PROBE_PORT_MIN {
+        return invalid(format!("{p}.port"), format!("port {port} cannot be probed"));
     }
     let probe = match (h.kind, h.path) {
         (ProbeKind::Tcp, Some(_)) => return invalid(format!("{p}.path"), "a path only applies to type: http"),
@@ -238,11 +261,11 @@ pub fn health_check(p: &str, h: HealthCheckSpec, first_port: u16) -> Result<Heal
     if h.timeout.is_zero() || h.timeout > h.interval {
         return invalid(format!("{p}.timeout"), format!("must be more than zero and at most the interval ({:?})", h.interval));
     }
-    if h.rise == 0 {
-        return invalid(format!("{p}.rise"), "must be at least 1");
+    if h.rise < RISE_FALL_MIN {
+        return invalid(format!("{p}.rise"), format!("must be at least {RISE_FALL_MIN}"));
     }
-    if h.fall == 0 {
-        return invalid(format!("{p}.fall"), "must be at least 1");
+    if h.fall < RISE_FALL_MIN {
+        return invalid(format!("{p}.fall"), format!("must be at least {RISE_FALL_MIN}"));
     }
     Ok(HealthCheck { probe, interval: h.interval, timeout: h.timeout, rise: h.rise, fall: h.fall })
 }
@@ -290,11 +313,10 @@ pub const IFNAME_MAX: usize = 15;
 /// `{p}[k]`) by the kernel's own rule for a device name (`dev_valid_name`): 1 to 15
 /// bytes, no '/', ':' or whitespace, not "." or "..". A name twice is refused too.
 /// ':' is refused because `eth0:1` is an address label, not an interface.
-/// A pool's `vlan`: an 802.1Q VLAN id a pool may live on (0 is "priority tagged",
-/// the untagged network; 4095 is reserved).
+/// A pool's `vlan`: an 802.1Q VLAN id a pool may live on ([`VLAN_MIN`] to [`VLAN_MAX`]).
 pub fn vlan_id(p: &str, vlan: Option<u16>) -> Result<(), FieldError> {
     match vlan {
-        Some(v) if !(1..=4094).contains(&v) => invalid(p.to_owned(), format!("{v} is not a VLAN id: 1 to 4094")),
+        Some(v) if !(VLAN_MIN..=VLAN_MAX).contains(&v) => invalid(p.to_owned(), format!("{v} is not a VLAN id: {VLAN_MIN} to {VLAN_MAX}")),
         _ => Ok(()),
     }
 }

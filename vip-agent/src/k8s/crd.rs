@@ -76,8 +76,11 @@ pub struct VipPoolSpec {
     #[serde(default)]
     pub announce: AnnounceMode,
     /// Maglev table size of this pool's services: a prime from 251 to 131071
-    /// (default 16381).
+    /// (default 16381). The API server refuses a number outside that range; one
+    /// within it that is not a prime, the agent (the pool's `Ready` turns False
+    /// naming `spec.tableSize`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = maglev::MIN_TABLE_SIZE, max = maglev::MAX_TABLE_SIZE))]
     pub table_size: Option<u32>,
     /// Health check of backend nodes (default: none; a node is a backend while Ready).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -105,16 +108,19 @@ pub struct VipPoolSpec {
     ///
     /// Names are Linux interface names: 1 to 15 bytes, no '/', ':' or whitespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16), inner(length(min = 1, max = 15), pattern(r"^[^/:[:space:]]+$")))]
+    #[schemars(length(max = MAX_POOL_INTERFACES), inner(length(min = 1, max = spec::IFNAME_MAX), pattern(r"^[^/:[:space:]]+$")))]
     pub interfaces: Vec<String>,
     /// The 802.1Q VLAN of that interface the pool's VIPs live on (1 to 4094), for
     /// nodes without a VLAN sub-interface: requests are answered in that VLAN only,
     /// frames to backends leave untagged on the nodes' own network. Absent:
     /// untagged (or the VLAN of a sub-interface named in `interfaces`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 4094))]
+    #[schemars(range(min = spec::VLAN_MIN, max = spec::VLAN_MAX))]
     pub vlan: Option<u16>,
 }
+
+/// Most interfaces a pool lists (`spec.interfaces`).
+pub const MAX_POOL_INTERFACES: usize = 16;
 
 fn default_true() -> bool {
     true
@@ -193,7 +199,7 @@ pub struct VipState {
     pub interface: Option<String>,
     /// The 802.1Q VLAN the VIP is answered in; null: untagged.
     #[serde(default)]
-    #[schemars(range(min = 1, max = 4094))]
+    #[schemars(range(min = spec::VLAN_MIN, max = spec::VLAN_MAX))]
     pub vlan: Option<u16>,
     /// Since when the holder's agent holds the VIP (its takeover, or the agent's
     /// start when it found the VIP already held by this node).
@@ -285,6 +291,9 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldE
     // The schema refuses most bad names already; "." and "..", duplicates, and names
     // over 15 bytes but within 15 characters (non-ASCII) it cannot.
     spec::interface_names("spec.interfaces", &spec.interfaces)?;
+    if spec.interfaces.len() > MAX_POOL_INTERFACES {
+        return Err(FieldError::new("spec.interfaces", format!("lists {} interfaces: at most {MAX_POOL_INTERFACES}", spec.interfaces.len())));
+    }
     spec::vlan_id("spec.vlan", spec.vlan)?;
     Ok(ValidPool { addresses, table_size, health, announce: spec.announce, garp, interfaces: spec.interfaces.clone(), vlan: spec.vlan })
 }
@@ -367,6 +376,117 @@ fn reflow(doc: &str) -> String {
         out
     });
     paragraphs.filter(|p| !p.is_empty()).collect::<Vec<_>>().join("\n\n")
+}
+
+/// What a schema bound limits: a number's value, a string's length (characters),
+/// a list's number of items.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoundOf {
+    Value,
+    Length,
+    Items,
+}
+
+/// A bound of a VipPool spec field in the CRD's schema, which the API server
+/// enforces at apply time and [`validate`] enforces too (with the same constants:
+/// `spec::GARP_COUNT_MIN`, `maglev::MIN_TABLE_SIZE`, ...): the field's path, `[]`
+/// standing for a list's items (`spec.interfaces[]`), and its limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaBound {
+    pub path: String,
+    pub of: BoundOf,
+    pub min: Option<i64>,
+    pub max: Option<i64>,
+}
+
+/// Every bound of the VipPool spec's schema (`minimum`/`maximum` of integers,
+/// `minLength`/`maxLength` of strings, `minItems`/`maxItems` of lists), in field
+/// order: the tests hold the API server and [`validate`] to each, just within and
+/// just outside, so that a bound added to either shows.
+pub fn spec_bounds() -> Vec<SchemaBound> {
+    fn walk(s: &serde_json::Value, path: &str, out: &mut Vec<SchemaBound>) {
+        let int = |k: &str| s.get(k).and_then(serde_json::Value::as_f64).map(|f| f as i64);
+        let keys = match s["type"].as_str() {
+            Some("integer") => Some((BoundOf::Value, "minimum", "maximum")),
+            Some("string") => Some((BoundOf::Length, "minLength", "maxLength")),
+            Some("array") => Some((BoundOf::Items, "minItems", "maxItems")),
+            _ => None,
+        };
+        if let Some((of, lo, hi)) = keys {
+            let (min, max) = (int(lo), int(hi));
+            if min.is_some() || max.is_some() {
+                out.push(SchemaBound { path: path.to_owned(), of, min, max });
+            }
+        }
+        if let Some(props) = s["properties"].as_object() {
+            props.iter().for_each(|(k, p)| walk(p, &format!("{path}.{k}"), out));
+        }
+        if s["items"].is_object() {
+            walk(&s["items"], &format!("{path}[]"), out);
+        }
+    }
+    let crd = serde_json::to_value(crd()).expect("the CRD serializes");
+    let mut out = Vec::new();
+    walk(&crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec", &mut out);
+    out
+}
+
+impl SchemaBound {
+    /// The field as the API server and [`validate`] name it (`spec.interfaces[0]`).
+    pub fn field(&self) -> String {
+        self.path.replace("[]", "[0]")
+    }
+
+    /// A spec that is valid but for this field, which is `n`: the number `n`, a
+    /// string of `n` characters, a list of `n` distinct items; a list's item is the
+    /// only item of its list. Objects on the way have their required fields, from
+    /// the first value their `enum` allows. The spec's other fields are valid
+    /// (`addresses: [198.18.1.10]`).
+    pub fn spec_with(&self, n: i64) -> serde_json::Value {
+        use serde_json::{json, Value};
+        let crd = serde_json::to_value(crd()).expect("the CRD serializes");
+        let mut schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let mut spec = json!({ "addresses": ["198.18.1.10"] });
+        let leaf = |s: &Value| match self.of {
+            BoundOf::Value => json!(n),
+            BoundOf::Length => json!("a".repeat(n as usize)),
+            BoundOf::Items => {
+                assert_eq!(s["items"]["type"], "string", "{}: teach SchemaBound::spec_with lists of other items", self.path);
+                json!((0..n).map(|i| format!("e{i}")).collect::<Vec<_>>())
+            }
+        };
+        let filled = |s: &Value| {
+            let mut o = serde_json::Map::new();
+            for r in s["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                let first = s["properties"][r]["enum"].get(0).unwrap_or_else(|| panic!("{}: teach SchemaBound::spec_with to fill `{r}`", self.path));
+                o.insert(r.to_owned(), first.clone());
+            }
+            Value::Object(o)
+        };
+        let segments: Vec<&str> = self.path.strip_prefix("spec.").expect("a spec field").split('.').collect();
+        let mut at = &mut spec;
+        for (i, seg) in segments.iter().enumerate() {
+            let (name, item) = seg.strip_suffix("[]").map_or((*seg, false), |n| (n, true));
+            schema = &schema["properties"][name];
+            let last = i + 1 == segments.len();
+            let value = match (last, item) {
+                (true, false) => leaf(schema),
+                (true, true) => json!([leaf(&schema["items"])]),
+                (false, false) => filled(schema),
+                (false, true) => json!([filled(&schema["items"])]),
+            };
+            let obj = at.as_object_mut().expect("an object on the way");
+            if last {
+                obj.insert(name.to_owned(), value.clone());
+            }
+            let slot = obj.entry(name.to_owned()).or_insert(value);
+            at = if item { &mut slot[0] } else { slot };
+            if item {
+                schema = &schema["items"];
+            }
+        }
+        spec
+    }
 }
 
 /// The CRDs as YAML documents (what `vip-agent crd` prints and deploy/crd.yaml holds).
@@ -478,6 +598,71 @@ mod tests {
         }
     }
 
+    /// The schema's bounds are the agent's: every bound of the spec's schema
+    /// ([`spec_bounds`]), at its limits, is taken by validate(); just outside them,
+    /// refused naming the field (or not even read, past what the Rust type holds).
+    /// A bound only validate() knows of fails here for integers (the schema's range
+    /// is then wider than the agent's); one only the schema knows of fails too.
+    #[test]
+    fn validate_and_the_schema_agree_at_the_bounds() {
+        use spec::{GARP_COUNT_MAX, GARP_COUNT_MIN, IFNAME_MAX, PROBE_PORT_MIN, RISE_FALL_MIN, VLAN_MAX, VLAN_MIN};
+        let bound = |path: &str, of, min: Option<i64>, max: i64| SchemaBound { path: path.into(), of, min, max: Some(max) };
+        let mut want = vec![
+            bound("spec.gratuitousArp.count", BoundOf::Value, Some(GARP_COUNT_MIN.into()), GARP_COUNT_MAX.into()),
+            bound("spec.healthCheck.fall", BoundOf::Value, Some(RISE_FALL_MIN.into()), u32::MAX.into()),
+            bound("spec.healthCheck.port", BoundOf::Value, Some(PROBE_PORT_MIN.into()), u16::MAX.into()),
+            bound("spec.healthCheck.rise", BoundOf::Value, Some(RISE_FALL_MIN.into()), u32::MAX.into()),
+            bound("spec.interfaces", BoundOf::Items, None, MAX_POOL_INTERFACES as i64),
+            bound("spec.interfaces[]", BoundOf::Length, Some(1), IFNAME_MAX as i64),
+            bound("spec.tableSize", BoundOf::Value, Some(maglev::MIN_TABLE_SIZE.into()), maglev::MAX_TABLE_SIZE.into()),
+            bound("spec.vlan", BoundOf::Value, Some(VLAN_MIN.into()), VLAN_MAX.into()),
+        ];
+        let mut got = spec_bounds();
+        want.sort_by(|a, b| a.path.cmp(&b.path));
+        got.sort_by(|a, b| a.path.cmp(&b.path));
+        assert_eq!(got, want, "the schema's bounds: a new one is defined by a constant that validate() checks too");
+
+        let check = |v: &serde_json::Value| -> Result<(), Option<FieldError>> {
+            let s: VipPoolSpec = serde_json::from_value(v.clone()).map_err(|_| None)?;
+            validate(&s, 80).map(drop).map_err(Some)
+        };
+        for b in spec_bounds() {
+            let inside = [b.min, b.max].into_iter().flatten();
+            for n in inside {
+                let v = b.spec_with(n);
+                assert_eq!(check(&v), Ok(()), "{}: {n} is within the schema's bounds: {v}", b.path);
+            }
+            let outside = [b.min.filter(|m| *m > 0).map(|m| m - 1), b.max.map(|m| m + 1)].into_iter().flatten();
+            for n in outside {
+                let v = b.spec_with(n);
+                match check(&v) {
+                    Ok(()) => panic!("{}: validate() takes {n}, outside the schema's bounds: {v}", b.path),
+                    Err(Some(e)) => assert_eq!(e.path, b.field(), "{}: {n}: {e}", b.path),
+                    // Not a number of the Rust type (u32 past 4294967295): refused as it is read.
+                    Err(None) => {}
+                }
+            }
+        }
+        // What the schema cannot say: a table size within the range is still refused
+        // unless it is a prime (by the agent, naming the field).
+        let mid = SchemaBound { path: "spec.tableSize".into(), of: BoundOf::Value, min: None, max: None };
+        let e = check(&mid.spec_with(1000)).unwrap_err().expect("read");
+        assert_eq!((e.path.as_str(), e.message.as_str()), ("spec.tableSize", "table size 1000 is not a prime between 251 and 131071"));
+
+        // Descriptions that state a bound state the constant's.
+        let v = serde_json::to_value(crd()).unwrap();
+        let props = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for (d, says) in [
+            (&props["tableSize"], format!("a prime from {} to {}", maglev::MIN_TABLE_SIZE, maglev::MAX_TABLE_SIZE)),
+            (&props["gratuitousArp"]["properties"]["count"], format!("({GARP_COUNT_MIN} to {GARP_COUNT_MAX})")),
+            (&props["vlan"], format!("({VLAN_MIN} to {VLAN_MAX})")),
+            (&props["interfaces"], format!("1 to {IFNAME_MAX} bytes")),
+        ] {
+            let d = d["description"].as_str().unwrap_or_default();
+            assert!(d.contains(&says), "{d:?} does not say {says:?}");
+        }
+    }
+
     /// deploy/crd.yaml is what `vip-agent crd` prints: regenerate it with
     /// `cargo run -p vip-agent -- crd > deploy/crd.yaml` when the types change.
     #[test]
@@ -522,7 +707,10 @@ mod tests {
         let d = schema["description"].as_str().unwrap();
         assert!(d.starts_with("A pool of IPv4 and IPv6 addresses") && !d.contains("Auto-generated"), "{d}");
         let table = &schema["properties"]["spec"]["properties"]["tableSize"];
-        assert_eq!((table["format"].as_str(), table["minimum"].as_f64(), table["maximum"].as_f64()), (Some("int64"), Some(0.0), Some(u32::MAX.into())));
+        assert_eq!(
+            (table["format"].as_str(), table["minimum"].as_f64(), table["maximum"].as_f64()),
+            (Some("int64"), Some(maglev::MIN_TABLE_SIZE.into()), Some(maglev::MAX_TABLE_SIZE.into()))
+        );
         let addresses = schema["properties"]["spec"]["properties"]["addresses"]["description"].as_str().unwrap();
         assert!(
             addresses.starts_with(
