@@ -116,7 +116,8 @@ pub fn rust_tool(bin: &str, toolchain: Option<&str>) -> Command {
 /// The test binaries that attach XDP to lab interfaces (directly or through the
 /// agent's `--mode`): after the whole suite, run in generic mode, they run again
 /// with `VIP_XDP_MODE=native`, the mode real NICs get (tests/src/lab.rs).
-const NATIVE_PASS: [&str; 10] = ["netns_e2e", "agent_e2e", "announce_e2e", "networks_e2e", "ha_e2e", "ha_membership", "scale_e2e", "k8s_e2e", "k8s_shapes", "pmtu_e2e"];
+const NATIVE_PASS: [&str; 10] =
+    ["netns_e2e", "agent_e2e", "announce_e2e", "networks_e2e", "ha_e2e", "ha_membership", "scale_e2e", "k8s_e2e", "k8s_shapes", "pmtu_e2e"];
 
 /// What `cargo test` runs in one pass: the whole suite in generic mode, or the
 /// [`NATIVE_PASS`] binaries in native mode; `args` go after `--`.
