@@ -3,8 +3,8 @@
 //!
 //! # Topology
 //!
-//! Every address is in 198.18.0.0/15 and exists only in namespaces the cluster
-//! made; nothing is added to the root namespace's addresses, routes, firewall,
+//! Every address is in 198.18.0.0/15 (IPv4) or 2001:2::/48 (IPv6, both
+//! benchmarking ranges) and exists only in namespaces the cluster made; nothing is added to the root namespace's addresses, routes, firewall,
 //! bpffs, sysctls or `/run`.
 //!
 //! ```text
@@ -31,6 +31,12 @@
 //!   gets `198.18.0.2:6443` as its endpoint from the API server's lease endpoint
 //!   reconciler, and kube-proxy carries it there, so in-cluster clients work as in
 //!   a real cluster. No cluster DNS runs ([`CLUSTER_DNS`] is only configured).
+//! - Families ([`ClusterSpec::stack`]): IPv4 as drawn; IPv6-only has the IPv6
+//!   twins instead (cp `2001:2::2`, node-N `2001:2::(10+N)` hex, client
+//!   `2001:2::100`, on 2001:2::/64; pods [`CLUSTER_CIDR6`], a /64 per node;
+//!   Services [`SERVICE_CIDR6`]); dual-stack has both, IPv4 primary (the Nodes'
+//!   InternalIPs, `spec.podCIDRs`, the service ranges and the CNI ranges list
+//!   IPv4 first, as kubeadm's dual-stack clusters do).
 //! - Node links are veths on the bridge with the lab's conventions (an XDP_PASS
 //!   program on the bridge port, checksums finished by the sender: see
 //!   [`crate::lab::wire_port`]), so vip's XDP works in native mode on a node's
@@ -113,7 +119,7 @@ use std::{
     ffi::{CString, OsStr},
     fs::File,
     io::{BufRead, BufReader, Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream},
     os::{
         fd::{AsRawFd, OwnedFd},
         unix::{fs::PermissionsExt, process::CommandExt},
@@ -130,6 +136,7 @@ use serde_json::{json, Value};
 
 use crate::{
     agent::write_atomic,
+    apiserver::Stack,
     kubeapi::{self, enter, log_tail, raw, Keeper, Options, RealApiServer},
     lab::Segment,
     netns::{self, NetNs},
@@ -153,6 +160,16 @@ pub const SERVICE_CIDR: &str = "198.18.128.0/20";
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 128, 1);
 /// The cluster DNS address pods are given (no DNS server runs).
 pub const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(198, 18, 128, 10);
+/// The IPv6 twins of the addresses and ranges above (module docs: Families).
+pub const CP_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 2);
+pub const CLIENT_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x100);
+pub const PREFIX_LEN6: u8 = 64;
+/// Pod addresses: a /64 of it per node.
+pub const CLUSTER_CIDR6: &str = "2001:2:1::/56";
+/// ClusterIPs (the API server takes at most 20 host bits of an IPv6 range).
+pub const SERVICE_CIDR6: &str = "2001:2:0:8000::/112";
+pub const KUBERNETES_SERVICE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x8000, 0, 0, 0, 1);
+pub const CLUSTER_DNS6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x8000, 0, 0, 0, 0xa);
 /// kube-proxy's `/healthz` port on every node address.
 pub const PROXY_HEALTHZ_PORT: u16 = 10256;
 /// kube-proxy's metrics port on the node's loopback.
@@ -175,6 +192,49 @@ pub fn images_dir() -> PathBuf {
 pub fn node_addr(i: usize) -> Ipv4Addr {
     assert!(i < 80, "at most 80 nodes");
     Ipv4Addr::new(198, 18, 0, 11 + i as u8)
+}
+
+/// Node `i`'s IPv6 address: 2001:2::11, ::12, …
+pub fn node_addr6(i: usize) -> Ipv6Addr {
+    assert!(i < 80, "at most 80 nodes");
+    Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x11 + i as u16)
+}
+
+/// Node `i`'s addresses in a cluster of `stack`, the primary first (its InternalIPs).
+pub fn node_addrs(stack: Stack, i: usize) -> Vec<IpAddr> {
+    stack.pick(node_addr(i).into(), node_addr6(i).into())
+}
+
+/// The client's addresses in a cluster of `stack`, the primary first.
+pub fn client_addrs(stack: Stack) -> Vec<IpAddr> {
+    stack.pick(CLIENT_ADDR.into(), CLIENT_ADDR6.into())
+}
+
+/// The control plane's addresses in a cluster of `stack`, the primary first (the
+/// API server listens on the primary).
+pub fn cp_addrs(stack: Stack) -> Vec<IpAddr> {
+    stack.pick(CP_ADDR.into(), CP_ADDR6.into())
+}
+
+/// The pod ranges of a cluster of `stack` (`--cluster-cidr`), the primary first.
+pub fn cluster_cidrs(stack: Stack) -> Vec<&'static str> {
+    stack.pick(CLUSTER_CIDR, CLUSTER_CIDR6)
+}
+
+/// The service ranges of a cluster of `stack`, the primary first.
+pub fn service_cidrs(stack: Stack) -> Vec<&'static str> {
+    stack.pick(SERVICE_CIDR, SERVICE_CIDR6)
+}
+
+/// The address of `addrs` in `a`'s family (the same family's gateway, route, …).
+fn same_family(addrs: &[IpAddr], a: &str) -> Option<IpAddr> {
+    let v6 = a.contains(':');
+    addrs.iter().copied().find(|x| x.is_ipv6() == v6)
+}
+
+/// `a` with the segment's prefix length of its family.
+fn on_segment(a: IpAddr) -> String {
+    format!("{a}/{}", if a.is_ipv4() { PREFIX_LEN } else { PREFIX_LEN6 })
 }
 
 /// Node `i`'s name: node-1, node-2, …
@@ -209,6 +269,8 @@ pub struct ClusterSpec {
     pub images: Vec<PathBuf>,
     /// containerd's sandbox ("pause") image: one of `images`.
     pub sandbox_image: String,
+    /// The cluster's families (module docs: Families).
+    pub stack: Stack,
 }
 
 impl Default for ClusterSpec {
@@ -220,6 +282,7 @@ impl Default for ClusterSpec {
             proxy_mode: ProxyMode::Nftables,
             images: vec![images_dir().join(TESTPOD_ARCHIVE), images_dir().join(AGENT_ARCHIVE)],
             sandbox_image: TESTPOD_IMAGE.into(),
+            stack: Stack::V4,
         }
     }
 }
@@ -638,7 +701,10 @@ impl Drop for Reaper {
 /// A worker node: see the module docs.
 pub struct Node {
     pub name: String,
-    pub addr: Ipv4Addr,
+    /// The primary of [`Self::addrs`].
+    pub addr: IpAddr,
+    /// The node's addresses (its InternalIPs), the primary first.
+    pub addrs: Vec<IpAddr>,
     /// The node's network namespace (`eth0` on the segment, `cni0`, the pods' veths).
     pub ns: NetNs,
     dir: PathBuf,
@@ -650,8 +716,9 @@ pub struct Node {
     bin: PathBuf,
     daemons: Daemons,
     holder: Daemons,
-    pod_cidr: OnceLock<String>,
+    pod_cidrs: OnceLock<Vec<String>>,
     proxy_mode: Mutex<ProxyMode>,
+    stack: Stack,
 }
 
 impl Node {
@@ -688,9 +755,14 @@ impl Node {
         self.dir.join(format!("{component}.log"))
     }
 
-    /// The Node's `spec.podCIDR` (set during bring-up).
+    /// The Node's `spec.podCIDR` (set during bring-up): its primary pod range.
     pub fn pod_cidr(&self) -> &str {
-        self.pod_cidr.get().map(String::as_str).unwrap_or_default()
+        self.pod_cidrs().first().map(String::as_str).unwrap_or_default()
+    }
+
+    /// The Node's `spec.podCIDRs`, the primary first.
+    pub fn pod_cidrs(&self) -> &[String] {
+        self.pod_cidrs.get().map(Vec::as_slice).unwrap_or_default()
     }
 
     /// The node's cgroup root in every hierarchy.
@@ -718,7 +790,7 @@ impl Node {
         let args = [
             format!("--config={}", self.dir.join("kubelet.yaml").display()),
             format!("--kubeconfig={}", self.dir.join("kubelet.kubeconfig").display()),
-            format!("--node-ip={}", self.addr),
+            format!("--node-ip={}", self.addrs.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(",")),
             format!("--hostname-override={}", self.name),
             "--v=2".into(),
         ];
@@ -738,8 +810,9 @@ impl Node {
             "mode": mode.as_str(),
             "clientConnection": { "kubeconfig": self.dir.parent().unwrap().join("kube-proxy.kubeconfig") },
             "hostnameOverride": self.name,
-            "clusterCIDR": CLUSTER_CIDR,
-            "healthzBindAddress": format!("0.0.0.0:{PROXY_HEALTHZ_PORT}"),
+            "clusterCIDR": cluster_cidrs(self.stack).join(","),
+            // kube-proxy's default: the wildcard of the primary family.
+            "healthzBindAddress": if self.addr.is_ipv6() { format!("[::]:{PROXY_HEALTHZ_PORT}") } else { format!("0.0.0.0:{PROXY_HEALTHZ_PORT}") },
             "metricsBindAddress": format!("127.0.0.1:{PROXY_METRICS_PORT}"),
             // 0: no machine-wide conntrack sysctl written.
             "conntrack": { "maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s" },
@@ -756,11 +829,10 @@ impl Node {
                 return Ok(None);
             }
             let (_, m) = http_get(&self.ns, metrics, "/metrics")?;
-            // A full sync of the IPv4 rules done (the same metric in both modes).
-            let synced = m.lines().any(|l| {
-                l.strip_prefix(r#"kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"} "#)
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-                    .is_some_and(|n| n >= 1.0)
+            // A full sync of every family's rules done (the same metric in both modes).
+            let synced = self.stack.families().iter().all(|f| {
+                let prefix = format!(r#"kubeproxy_sync_full_proxy_rules_duration_seconds_count{{ip_family="{f}"}} "#);
+                m.lines().any(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse::<f64>().ok()).is_some_and(|n| n >= 1.0))
             });
             Ok(synced.then_some(()))
         })
@@ -832,9 +904,11 @@ impl Node {
             .iter()
             .map(|t| File::open(format!("/proc/{pid}/ns/{t}")).with_context(|| format!("the holder's {t} namespace")))
             .collect::<Result<Vec<_>>>()?;
+        let addrs = node_addrs(spec.stack, i);
         let node = Node {
             name,
-            addr: node_addr(i),
+            addr: addrs[0],
+            addrs,
             ns,
             dir,
             cgroups,
@@ -843,15 +917,23 @@ impl Node {
             bin,
             daemons: Daemons::default(),
             holder: holders,
-            pod_cidr: OnceLock::new(),
+            pod_cidrs: OnceLock::new(),
             proxy_mode: Mutex::new(spec.proxy_mode),
+            stack: spec.stack,
         };
         node.mounts()?;
         node.ns.sysctl("net.ipv4.ip_forward", "1")?;
+        if spec.stack.has_v6() {
+            node.ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        }
         // A ClusterIP the node itself dials needs a route before kube-proxy's DNAT
         // (which comes after the route lookup of a local packet): the service range
         // via cp stands in for a default route (cp forwards nothing).
-        node.ns.ip(&["route", "add", SERVICE_CIDR, "via", &CP_ADDR.to_string(), "dev", "eth0"])?;
+        let cp = cp_addrs(spec.stack);
+        for range in service_cidrs(spec.stack) {
+            let via = same_family(&cp, range).expect("cp has every family").to_string();
+            node.ns.ip(&["route", "add", range, "via", &via, "dev", "eth0"])?;
+        }
         node.start_containerd(&spec.sandbox_image)?;
         node.import_images(&spec.images, &spec.sandbox_image)?;
         Ok(node)
@@ -926,7 +1008,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     }
 
     fn write_kubelet_config(&self, cp_dir: &Path) -> Result<()> {
-        std::fs::write(self.dir.join("resolv.conf"), format!("nameserver {CLUSTER_DNS}\n"))?;
+        let dns = self.stack.pick(IpAddr::from(CLUSTER_DNS), CLUSTER_DNS6.into())[0];
+        std::fs::write(self.dir.join("resolv.conf"), format!("nameserver {dns}\n"))?;
         let cfg = json!({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             // cgroup v1 (hybrid) host, no systemd, one cgroup root per node.
@@ -936,7 +1019,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
             "authentication": { "anonymous": { "enabled": false }, "webhook": { "enabled": true }, "x509": { "clientCAFile": cp_dir.join("ca.crt") } },
             "authorization": { "mode": "Webhook" },
-            "clusterDNS": [CLUSTER_DNS.to_string()],
+            "clusterDNS": [dns.to_string()],
             "clusterDomain": "cluster.local",
             "resolvConf": self.dir.join("resolv.conf"),
             "volumePluginDir": self.dir.join("volume-plugins"),
@@ -956,18 +1039,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         Ok(())
     }
 
-    /// The CNI config for the node's pod CIDR: bridge `cni0` (the pods' gateway,
-    /// hairpin for a Service's own pods) with host-local addresses.
-    fn write_cni(&self, pod_cidr: &str) -> Result<()> {
+    /// The CNI config for the node's pod CIDRs: bridge `cni0` (the pods' gateway,
+    /// hairpin for a Service's own pods) with host-local addresses, one range set
+    /// and one default route per family (a pod gets an address of each).
+    fn write_cni(&self, pod_cidrs: &[String]) -> Result<()> {
+        let ranges: Vec<Value> = pod_cidrs.iter().map(|c| json!([{ "subnet": c }])).collect();
+        let routes: Vec<Value> = pod_cidrs.iter().map(|c| json!({ "dst": if c.contains(':') { "::/0" } else { "0.0.0.0/0" } })).collect();
         let conf = json!({
             "cniVersion": "1.0.0", "name": "vip-cluster",
             "plugins": [{
                 "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-                "ipam": { "type": "host-local", "ranges": [[{ "subnet": pod_cidr }]], "routes": [{ "dst": "0.0.0.0/0" }] }
+                "ipam": { "type": "host-local", "ranges": ranges, "routes": routes }
             }]
         });
         write_atomic(&self.dir.join("cni/10-vip-cluster.conflist"), &serde_json::to_string_pretty(&conf)?)?;
-        let _ = self.pod_cidr.set(pod_cidr.to_owned());
+        let _ = self.pod_cidrs.set(pod_cidrs.to_vec());
         Ok(())
     }
 
@@ -1141,8 +1227,9 @@ impl Cluster {
         let reaper = Reaper::start(&dir, &ns_names, &footprint.cgroups, keep)?;
         std::fs::create_dir_all(dir.join("control-plane"))?;
         eprintln!(
-            "cluster: {} node(s), kube-proxy {}, work directory {}{}",
+            "cluster: {} node(s), {}, kube-proxy {}, work directory {}{}",
             spec.nodes,
+            spec.stack.families().join(" + "),
             spec.proxy_mode.as_str(),
             dir.display(),
             if keep { " (kept)" } else { "" }
@@ -1150,19 +1237,25 @@ impl Cluster {
 
         let keeper = Keeper::new("vip-cluster-keeper")?;
         let segment = Segment::in_ns(NetNs::create(ns_names[0].clone())?)?;
-        let cp = segment.plug(NetNs::create(ns_names[1].clone())?, &format!("{CP_ADDR}/{PREFIX_LEN}"))?;
-        let client = segment.plug(NetNs::create(ns_names[2].clone())?, &format!("{CLIENT_ADDR}/{PREFIX_LEN}"))?;
-        let node_ns: Vec<NetNs> =
-            (0..spec.nodes).map(|i| segment.plug(NetNs::create(ns_names[3 + i].clone())?, &format!("{}/{PREFIX_LEN}", node_addr(i)))).collect::<Result<_>>()?;
+        let plug = |name: &str, addrs: &[IpAddr]| -> Result<NetNs> {
+            let ns = segment.plug(NetNs::create(name.to_owned())?, &on_segment(addrs[0]))?;
+            for a in &addrs[1..] {
+                ns.ip(&["addr", "add", &on_segment(*a), "dev", "eth0", "nodad"])?;
+            }
+            Ok(ns)
+        };
+        let cp = plug(&ns_names[1], &cp_addrs(spec.stack))?;
+        let client = plug(&ns_names[2], &client_addrs(spec.stack))?;
+        let node_ns: Vec<NetNs> = (0..spec.nodes).map(|i| plug(&ns_names[3 + i], &node_addrs(spec.stack, i))).collect::<Result<_>>()?;
         let mut bring_up = BringUp { network: t0.elapsed(), ..Default::default() };
 
         // The API server and the nodes' containerd come up side by side.
         let cp_dir = dir.join("control-plane");
         let opts = Options {
-            host: CP_ADDR.into(),
+            host: cp_addrs(spec.stack)[0],
             netns: Some(cp.path()),
             port: Some(API_PORT),
-            service_cidr: SERVICE_CIDR.into(),
+            service_cidr: service_cidrs(spec.stack).join(","),
             endpoint_reconciler: true,
             extra_args: vec![
                 // logs/exec/port-forward: the API server dials kubelets as admin, at their InternalIP.
@@ -1268,16 +1361,18 @@ impl Cluster {
             format!("--root-ca-file={}", f("ca.crt")),
             format!("--cluster-signing-cert-file={}", f("ca.crt")),
             format!("--cluster-signing-key-file={}", f("ca.key")),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            format!("--service-cluster-ip-range={}", service_cidrs(self.spec.stack).join(",")),
+            format!("--cluster-cidr={}", cluster_cidrs(self.spec.stack).join(",")),
             "--allocate-node-cidrs=true".into(),
             // Its flexvolume prober creates this directory (default under /usr/libexec).
             format!("--flex-volume-plugin-dir={}", f("volume-plugins")),
-            "--node-cidr-mask-size=24".into(),
             format!("--node-monitor-period={}s", NODE_MONITOR_PERIOD.as_secs()),
             format!("--node-monitor-grace-period={}s", NODE_MONITOR_GRACE_PERIOD.as_secs()),
             "--v=1".into(),
         ]);
+        // A flag only for each family present: the controller manager refuses the
+        // other family's on a single-stack cluster.
+        kcm_args.extend(self.spec.stack.pick("--node-cidr-mask-size-ipv4=24", "--node-cidr-mask-size-ipv6=64").into_iter().map(String::from));
         self.spawn_cp("kube-controller-manager", node_bin.join("kube-controller-manager"), &kcm_args)?;
         let mut sched_args: Vec<String> = auth(&sched).into();
         sched_args.extend(["--bind-address=127.0.0.1".into(), "--leader-elect=false".into(), "--v=1".into()]);
@@ -1286,26 +1381,39 @@ impl Cluster {
             n.start_kubelet()?;
         }
 
-        // Pod CIDRs from the controller manager: then the CNI config and the routes.
-        let cidrs: BTreeMap<String, String> = poll("every Node with a spec.podCIDR", Duration::from_secs(90), Duration::from_millis(100), || {
+        // Pod CIDRs from the controller manager (one per family): then the CNI
+        // config and the routes.
+        let families = self.spec.stack.families().len();
+        let cidrs: BTreeMap<String, Vec<String>> = poll("every Node with its spec.podCIDRs", Duration::from_secs(90), Duration::from_millis(100), || {
             self.check_daemons()?;
             let nodes = self.get("/api/v1/nodes")?;
-            let cidrs: BTreeMap<String, String> = nodes["items"]
+            let cidrs: BTreeMap<String, Vec<String>> = nodes["items"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter_map(|n| Some((n["metadata"]["name"].as_str()?.to_owned(), n["spec"]["podCIDR"].as_str()?.to_owned())))
+                .filter_map(|n| {
+                    let list: Vec<String> = n["spec"]["podCIDRs"].as_array()?.iter().filter_map(|c| Some(c.as_str()?.to_owned())).collect();
+                    Some((n["metadata"]["name"].as_str()?.to_owned(), list))
+                })
                 .collect();
-            Ok(self.nodes.iter().all(|n| cidrs.contains_key(&n.name)).then_some(cidrs))
+            Ok(self.nodes.iter().all(|n| cidrs.get(&n.name).is_some_and(|c| c.len() == families)).then_some(cidrs))
         })?;
         for n in &self.nodes {
             n.write_cni(&cidrs[&n.name])?;
         }
+        // Every pod range via its node's address of the same family.
+        let route = |ns: &NetNs, m: &Node| -> Result<()> {
+            for c in m.pod_cidrs() {
+                let via = same_family(&m.addrs, c).with_context(|| format!("{}: no address of {c}'s family", m.name))?.to_string();
+                ns.ip(&["route", "replace", c, "via", &via, "dev", "eth0"])?;
+            }
+            Ok(())
+        };
         for n in &self.nodes {
             for m in self.nodes.iter().filter(|m| m.name != n.name) {
-                n.ns.ip(&["route", "replace", m.pod_cidr(), "via", &m.addr.to_string(), "dev", "eth0"])?;
+                route(&n.ns, m)?;
             }
-            self.cp.ip(&["route", "replace", n.pod_cidr(), "via", &n.addr.to_string(), "dev", "eth0"])?;
+            route(&self.cp, n)?;
         }
         self.bring_up.pod_cidrs = t0.elapsed();
 
@@ -1390,12 +1498,12 @@ impl Cluster {
         self.nodes.iter().find(|n| n.name == name)
     }
 
-    /// The client's namespace (198.18.0.100, no routes beyond the segment).
+    /// The client's namespace ([`client_addrs`], no routes beyond the segment).
     pub fn client(&self) -> &NetNs {
         &self.client
     }
 
-    /// The control plane's namespace (198.18.0.2).
+    /// The control plane's namespace ([`cp_addrs`]).
     pub fn cp(&self) -> &NetNs {
         &self.cp
     }

@@ -75,12 +75,7 @@ impl Shape {
 
     /// Node `i`'s InternalIPs in the lab, the primary first.
     pub fn node_ips(&self, i: usize) -> Vec<IpAddr> {
-        let (v4, v6) = (IpAddr::V4(node_addr(i)), IpAddr::V6(node_addr6(i)));
-        match self.stack {
-            Stack::V4 => vec![v4],
-            Stack::Dual => vec![v4, v6],
-            Stack::V6 => vec![v6],
-        }
+        self.stack.pick(IpAddr::V4(node_addr(i)), IpAddr::V6(node_addr6(i)))
     }
 
     /// Node `i` (of `n`) as it is registered: a worker, or a control-plane node.

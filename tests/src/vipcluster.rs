@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    net::{IpAddr, SocketAddr, TcpStream},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -19,7 +19,7 @@ use serde_json::Value;
 use vip_agent::status::Status;
 
 use crate::{
-    cluster::{http_get, node_addr, Cluster, AGENT_IMAGE, TESTPOD_IMAGE},
+    cluster::{http_get, Cluster, AGENT_IMAGE, TESTPOD_IMAGE},
     kubeapi::deploy_dir,
     mapmem::quantity_bytes,
     netns::NetNs,
@@ -31,6 +31,11 @@ pub const METRICS_PORT: u16 = 9472;
 pub const POOL: &str = "198.18.0.200-198.18.0.219";
 /// A prefix holding [`POOL`] and no other address on the segment.
 pub const POOL_PREFIX: &str = "198.18.0.192/27";
+/// [`POOL`]'s IPv6 twin (IPv6-only and dual-stack clusters).
+pub const POOL6: &str = "2001:2::200-2001:2::21f";
+/// The address of each pool the example's `excludedIPs` names instead of its own.
+const EXCLUDED: &str = "198.18.0.210";
+const EXCLUDED6: &str = "2001:2::210";
 
 /// `kubectl apply -k deploy/` and the DaemonSet's rollout; how long until every
 /// agent pod was Ready.
@@ -42,14 +47,17 @@ pub fn install(c: &Cluster) -> Result<Duration> {
 }
 
 /// deploy/examples/pool.yaml as the README says to use it: only its addresses
-/// replaced by free ones of the segment ([`POOL`]); then waits for its Ready
-/// condition (`kubectl wait --for=condition=Ready vippool/default`).
+/// replaced by free ones of the segment ([`POOL`], [`POOL6`], as the cluster has
+/// each family); then waits for its Ready condition (`kubectl wait
+/// --for=condition=Ready vippool/default`).
 pub fn apply_pool(c: &Cluster) -> Result<()> {
     let example = std::fs::read_to_string(deploy_dir().join("examples/pool.yaml"))?;
-    let (from, to) = ("addresses: [\"192.0.2.100-192.0.2.120\"]", format!("addresses: [\"{POOL}\"]"));
-    let (xfrom, xto) = ("excludedIPs: [\"192.0.2.110\"]", "excludedIPs: [\"198.18.0.210\"]");
+    let stack = c.spec().stack;
+    let list = |v: Vec<&str>| v.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
+    let (from, to) = ("addresses: [\"192.0.2.100-192.0.2.120\"]", format!("addresses: [{}]", list(stack.pick(POOL, POOL6))));
+    let (xfrom, xto) = ("excludedIPs: [\"192.0.2.110\"]", format!("excludedIPs: [{}]", list(stack.pick(EXCLUDED, EXCLUDED6))));
     ensure!(example.contains(from) && example.contains(xfrom), "deploy/examples/pool.yaml no longer has the lines the README tells users to edit");
-    c.apply_yaml(&example.replace(from, &to).replace(xfrom, xto))?;
+    c.apply_yaml(&example.replace(from, &to).replace(xfrom, &xto))?;
     c.kubectl(&["wait", "--for=condition=Ready", "vippool/default", "--timeout=60s"])?;
     Ok(())
 }
@@ -64,6 +72,12 @@ pub fn apply_example_service(c: &Cluster) -> Result<()> {
 /// pods, spread one per node (or all on `node`), and a LoadBalancer Service of the
 /// same name on port 80 with `policy` (Cluster or Local).
 pub fn apply_web(c: &Cluster, name: &str, replicas: usize, policy: &str, node: Option<&str>) -> Result<()> {
+    apply_web_with(c, name, replicas, policy, node, "")
+}
+
+/// [`apply_web`] with more lines of the Service's spec (`extra_spec`: each
+/// indented by two spaces, ending in a newline), e.g. `ipFamilyPolicy`.
+pub fn apply_web_with(c: &Cluster, name: &str, replicas: usize, policy: &str, node: Option<&str>, extra_spec: &str) -> Result<()> {
     apply_deployment(c, name, replicas, node)?;
     c.apply_yaml(&format!(
         r#"apiVersion: v1
@@ -72,7 +86,7 @@ metadata: {{name: {name}, namespace: default}}
 spec:
   type: LoadBalancer
   externalTrafficPolicy: {policy}
-  selector: {{app: {name}}}
+{extra_spec}  selector: {{app: {name}}}
   ports: [{{port: 80, targetPort: 8080, protocol: TCP}}]
 "#
     ))
@@ -100,21 +114,23 @@ spec:
     spec:
       {placement}
 {}"#,
-        serve(6)
+        serve(c, 6)
     ))?;
     c.wait_rollout(&format!("deployment/{name}"), "default", Duration::from_secs(120))
 }
 
 /// The testpod server's container and grace period: the lines of a pod spec,
-/// each indented by `indent` spaces.
-fn serve(indent: usize) -> String {
+/// each indented by `indent` spaces. With IPv6 in the cluster it listens on `::`
+/// (either family; the default `0.0.0.0` is IPv4 only).
+fn serve(c: &Cluster, indent: usize) -> String {
+    let bind = if c.spec().stack.has_v6() { r#""--bind", "::", "# } else { "" };
     let lines = [
         "terminationGracePeriodSeconds: 1".to_owned(),
         "containers:".into(),
         "- name: serve".into(),
         format!("  image: {TESTPOD_IMAGE}"),
         "  imagePullPolicy: IfNotPresent".into(),
-        r#"  command: ["/vip-testpod", "serve", "--port", "8080"]"#.into(),
+        format!(r#"  command: ["/vip-testpod", "serve", {bind}"--port", "8080"]"#),
         "  ports: [{containerPort: 8080}]".into(),
         "  readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}".into(),
     ];
@@ -126,23 +142,30 @@ fn serve(indent: usize) -> String {
 pub fn apply_pod(c: &Cluster, name: &str, app: &str, node: &str) -> Result<()> {
     c.apply_yaml(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: {app}}}}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: {node}}}\n{}",
-        serve(2)
+        serve(c, 2)
     ))?;
     c.kubectl(&["-n", "default", "wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=120s"])?;
     Ok(())
 }
 
 /// The address vip gave Service `name` (waits for it).
-pub fn wait_vip(c: &Cluster, name: &str, limit: Duration) -> Result<Ipv4Addr> {
-    poll(&format!("an address for Service {name}"), limit, || {
+pub fn wait_vip(c: &Cluster, name: &str, limit: Duration) -> Result<IpAddr> {
+    Ok(wait_vips(c, name, 1, limit)?[0])
+}
+
+/// The first `n` addresses vip gave Service `name`, in `status.loadBalancer.ingress`
+/// order (waits until it has `n`).
+pub fn wait_vips(c: &Cluster, name: &str, n: usize, limit: Duration) -> Result<Vec<IpAddr>> {
+    poll(&format!("{n} address(es) for Service {name}"), limit, || {
         let s = c.get(&format!("/api/v1/namespaces/default/services/{name}"))?;
-        Ok(s["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().and_then(|ip| ip.parse().ok()))
+        let ips: Vec<IpAddr> = s["status"]["loadBalancer"]["ingress"].as_array().into_iter().flatten().filter_map(|i| i["ip"].as_str()?.parse().ok()).collect();
+        Ok((ips.len() >= n).then(|| ips[..n].to_vec()))
     })
 }
 
 /// Node `i`'s agent status (its /status, read from the client as a user would).
 pub fn status(c: &Cluster, i: usize) -> Result<Status> {
-    let (code, body) = http_get(c.client(), SocketAddr::from((node_addr(i), METRICS_PORT)), "/status")?;
+    let (code, body) = http_get(c.client(), SocketAddr::from((c.node(i).addr, METRICS_PORT)), "/status")?;
     ensure!(code == 200, "/status of node {i}: HTTP {code}");
     serde_json::from_str(&body).with_context(|| format!("/status of node {i}"))
 }
@@ -150,7 +173,7 @@ pub fn status(c: &Cluster, i: usize) -> Result<Status> {
 /// The sum of the samples of `metric` whose labels contain every `labels` pair
 /// (`reason="forwarded"`), from node `i`'s /metrics.
 pub fn metric(c: &Cluster, i: usize, metric: &str, labels: &[&str]) -> Result<f64> {
-    let (code, body) = http_get(c.client(), SocketAddr::from((node_addr(i), METRICS_PORT)), "/metrics")?;
+    let (code, body) = http_get(c.client(), SocketAddr::from((c.node(i).addr, METRICS_PORT)), "/metrics")?;
     ensure!(code == 200, "/metrics of node {i}: HTTP {code}");
     Ok(body
         .lines()
@@ -161,11 +184,11 @@ pub fn metric(c: &Cluster, i: usize, metric: &str, labels: &[&str]) -> Result<f6
 }
 
 /// The node every agent agrees holds `vip` (waits until they agree).
-pub fn holder(c: &Cluster, vip: Ipv4Addr, limit: Duration) -> Result<String> {
+pub fn holder(c: &Cluster, vip: IpAddr, limit: Duration) -> Result<String> {
     poll(&format!("one owner of {vip} agreed by every agent"), limit, || {
         let mut owners = Vec::new();
         for i in 0..c.nodes().len() {
-            owners.push(status(c, i).ok().and_then(|s| s.owners.get(&vip.into()).cloned()));
+            owners.push(status(c, i).ok().and_then(|s| s.owners.get(&vip).cloned()));
         }
         Ok(match owners.first() {
             Some(Some(o)) if owners.iter().all(|x| x.as_ref() == Some(o)) => Some(o.clone()),
@@ -178,7 +201,7 @@ pub fn holder(c: &Cluster, vip: Ipv4Addr, limit: Duration) -> Result<String> {
 /// it (its next ARP request is answered by the holder alone): the new holder's
 /// gratuitous ARP has reached it, and no connection of a load started now can
 /// begin on one node and go on to another.
-pub fn client_follows(c: &Cluster, vip: Ipv4Addr, holder: &str, limit: Duration) -> Result<()> {
+pub fn client_follows(c: &Cluster, vip: IpAddr, holder: &str, limit: Duration) -> Result<()> {
     let mac = c.node_by_name(holder).with_context(|| format!("no node {holder}"))?.ns.mac("eth0")?;
     let want = mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
     poll(&format!("the client resolving {vip} to {holder} ({want})"), limit, || {
@@ -190,7 +213,7 @@ pub fn client_follows(c: &Cluster, vip: Ipv4Addr, holder: &str, limit: Duration)
 }
 
 /// The client's neighbour entry for `vip` as `ip neigh` shows it (for errors).
-fn client_neigh(c: &Cluster, vip: Ipv4Addr) -> String {
+fn client_neigh(c: &Cluster, vip: IpAddr) -> String {
     match c.client().cmd("ip").args(["neigh", "show", &vip.to_string()]).output() {
         Ok(o) => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
         Err(e) => format!("(ip neigh: {e})"),
@@ -210,7 +233,7 @@ pub fn pod_nodes(c: &Cluster, app: &str) -> Result<BTreeMap<String, String>> {
 
 /// `n` new connections from the client to `vip`:80 (each from its own port);
 /// which pod answered each. Fails on the first that fails.
-pub fn spread(c: &Cluster, vip: Ipv4Addr, n: usize) -> Result<BTreeMap<String, usize>> {
+pub fn spread(c: &Cluster, vip: IpAddr, n: usize) -> Result<BTreeMap<String, usize>> {
     let addr = SocketAddr::from((vip, 80));
     c.client().run(move || -> Result<BTreeMap<String, usize>> {
         let mut seen = BTreeMap::new();
@@ -284,7 +307,7 @@ pub struct Load {
 }
 
 impl Load {
-    pub fn start(client: &NetNs, vip: Ipv4Addr, long_lived: usize) -> Result<Self> {
+    pub fn start(client: &NetNs, vip: IpAddr, long_lived: usize) -> Result<Self> {
         let addr = SocketAddr::from((vip, 80));
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
@@ -462,8 +485,19 @@ impl FaultReport {
     }
 }
 
+impl FaultReport {
+    /// Fails unless some long-lived connection was served by a node the fault
+    /// spared, and none of those broke (`what`: the fault, for the message).
+    pub fn survivors_kept(&self, c: &Cluster, what: &str) -> Result<()> {
+        let (served, broken) = self.long_lived_on(false);
+        ensure!(served > 0, "{what}: no long-lived connection was served by a surviving node: {self:?}");
+        ensure!(broken == 0, "{what}: {broken} long-lived connections served by surviving nodes broke: {self:?}\n{}", agent_logs(c));
+        Ok(())
+    }
+}
+
 /// The holder of `vip` (Service `app`): its index and name, and the Service's pods.
-fn victim(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<(usize, String, BTreeMap<String, String>)> {
+fn victim(c: &Cluster, app: &str, vip: IpAddr) -> Result<(usize, String, BTreeMap<String, String>)> {
     let name = holder(c, vip, Duration::from_secs(30))?;
     let v = c.nodes().iter().position(|x| x.name == name).ok_or_else(|| anyhow!("the holder {name} is not a node"))?;
     Ok((v, name, pod_nodes(c, app)?))
@@ -472,7 +506,7 @@ fn victim(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<(usize, String, BTree
 /// Under a [`Load`] (12 long-lived connections) on `vip`, the holder's vip-agent
 /// container gets SIGKILL (`ctr tasks kill`); the load runs on until the DaemonSet
 /// is whole again (the kubelet restarted the container) and 2 s more.
-pub fn kill_agent_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultReport> {
+pub fn kill_agent_trial(c: &Cluster, app: &str, vip: IpAddr) -> Result<FaultReport> {
     let (v, victim, pod_nodes) = victim(c, app, vip)?;
     let load = Load::start(c.client(), vip, 12)?;
     std::thread::sleep(Duration::from_secs(1));
@@ -493,7 +527,7 @@ pub fn kill_agent_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultRe
 /// the other agents have moved the VIP and 3 s more. The link stays cut: the
 /// caller restores it ([`restore_link`]), after [`wait_cut_node_tainted`] or not.
 /// Fails (after finishing the load) when the VIP did not move within 10 s.
-pub fn cut_link_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultReport> {
+pub fn cut_link_trial(c: &Cluster, app: &str, vip: IpAddr) -> Result<FaultReport> {
     let (v, victim, pod_nodes) = victim(c, app, vip)?;
     let load = Load::start(c.client(), vip, 12)?;
     std::thread::sleep(Duration::from_secs(1));
@@ -501,7 +535,7 @@ pub fn cut_link_trial(c: &Cluster, app: &str, vip: Ipv4Addr) -> Result<FaultRepo
     c.segment().isolate(&c.node(v).ns, true)?;
     let others: Vec<usize> = (0..c.nodes().len()).filter(|i| *i != v).collect();
     let moved = poll("the VIP moved off the cut node", Duration::from_secs(10), || {
-        let owners: Vec<Option<String>> = others.iter().map(|i| status(c, *i).ok().and_then(|s| s.owners.get(&vip.into()).cloned())).collect();
+        let owners: Vec<Option<String>> = others.iter().map(|i| status(c, *i).ok().and_then(|s| s.owners.get(&vip).cloned())).collect();
         Ok(match owners.first() {
             Some(Some(o)) if *o != victim && owners.iter().all(|x| x.as_ref() == Some(o)) => Some(o.clone()),
             _ => None,
@@ -537,7 +571,7 @@ pub struct Rejoin {
 /// Joins the cut node `victim` to the segment again: it is Ready, every agent has
 /// every node in `vip`'s ring again, and new connections reach every pod of the
 /// Service (a pod on each node) again.
-pub fn restore_link(c: &Cluster, victim: &str, vip: Ipv4Addr) -> Result<Rejoin> {
+pub fn restore_link(c: &Cluster, victim: &str, vip: IpAddr) -> Result<Rejoin> {
     let v = c.nodes().iter().position(|x| x.name == victim).ok_or_else(|| anyhow!("{victim} is not a node"))?;
     let t0 = Instant::now();
     c.segment().isolate(&c.node(v).ns, false)?;
@@ -580,7 +614,7 @@ impl Upgrade {
 
 /// Under a [`Load`] (12 long-lived connections) on `vip`, the DaemonSet is
 /// upgraded; the load runs until its rollout is complete and 3 s more.
-pub fn upgrade_under_load(c: &Cluster, vip: Ipv4Addr, upgrade: &Upgrade) -> Result<LoadReport> {
+pub fn upgrade_under_load(c: &Cluster, vip: IpAddr, upgrade: &Upgrade) -> Result<LoadReport> {
     // From a settled VIP: the previous step may have just moved it (a handshake
     // whose SYN the old holder passed to its own stack and whose ACK reaches the
     // new one fails; the upgrade is not what that measures).
@@ -658,8 +692,8 @@ pub fn wait_local_synced(c: &Cluster, name: &str, limit: Duration) -> Result<()>
     poll(&format!("kube-proxy serving the healthCheckNodePort of {name} on every node"), limit, || {
         let svc = c.get(&format!("/api/v1/namespaces/default/services/{name}"))?;
         let Some(port) = svc["spec"]["healthCheckNodePort"].as_u64() else { return Ok(None) };
-        let all = c.nodes().iter().enumerate().all(|(i, n)| {
-            http_get(&n.ns, SocketAddr::from((node_addr(i), port as u16)), "/healthz")
+        let all = c.nodes().iter().all(|n| {
+            http_get(&n.ns, SocketAddr::from((n.addr, port as u16)), "/healthz")
                 .is_ok_and(|(code, body)| (code == 200 || code == 503) && body.contains("localEndpoints"))
         });
         Ok(all.then_some(()))

@@ -57,6 +57,20 @@ async fn passes_until(c: &mut Controller, api: &Backend, what: &str, done: impl 
     panic!("not reached: {what}; addresses {:?}", ingress_ips(api));
 }
 
+/// A restarted agent (or a new leader) starts from the API alone: three passes of
+/// a new controller allocate and release nothing, and the addresses (`now`) stay
+/// `want`.
+async fn restarted_controller_moves_nothing<T: PartialEq + std::fmt::Debug>(client: kube::Client, api: &Backend, want: &T, now: fn(&Backend) -> T) {
+    let (mut c, _changed) = Controller::new(client, "node-2", AgentView::fixed(BTreeMap::new()).1);
+    c.wait_ready().await;
+    for _ in 0..3 {
+        let p = c.pass().await;
+        assert_eq!((p.allocated, p.released), (0, 0), "{p:?}");
+    }
+    assert_eq!(&now(api), want, "nothing moved after the restart");
+    assert!(events(api, "Released").is_empty(), "{:?}", events(api, "Released"));
+}
+
 async fn addresses_metallb_gave_are_kept_and_its_annotations_honoured(api: Backend) {
     let client = api.client().await;
     let pools: Api<VipPool> = Api::all(client.clone());
@@ -127,16 +141,8 @@ async fn addresses_metallb_gave_are_kept_and_its_annotations_honoured(api: Backe
     assert!(warned("asked").iter().any(|e| e.ends_with("metallb.io/loadBalancerIPs is ignored: vip.dev/address is set too and wins")), "{:?}", warned("asked"));
     assert_eq!(c.pass().await.metallb_warnings, 0);
 
-    // A restarted agent (or a new leader) starts from the API alone: nothing moves.
     drop(c);
-    let (mut c, _changed) = Controller::new(client.clone(), "node-2", AgentView::fixed(BTreeMap::new()).1);
-    c.wait_ready().await;
-    for _ in 0..3 {
-        let p = c.pass().await;
-        assert_eq!((p.allocated, p.released), (0, 0), "{p:?}");
-    }
-    assert_eq!(ingress_ips(&api), want, "nothing moved after the restart");
-    assert!(events(&api, "Released").is_empty(), "{:?}", events(&api, "Released"));
+    restarted_controller_moves_nothing(client, &api, &want, ingress_ips).await;
 }
 
 /// MetalLB's sample IPAddressPool (its documentation's first), in test addresses:
@@ -236,16 +242,8 @@ async fn dual_stack_services_keep_both_addresses_metallb_gave(api: Backend) {
     assert!(events(&api, "Released").is_empty(), "{:?}", events(&api, "Released"));
     assert!(events(&api, "AllocationFailed").is_empty(), "{:?}", events(&api, "AllocationFailed"));
 
-    // A restarted agent (or a new leader) starts from the API alone: nothing moves.
     drop(c);
-    let (mut c, _changed) = Controller::new(client.clone(), "node-2", AgentView::fixed(BTreeMap::new()).1);
-    c.wait_ready().await;
-    for _ in 0..3 {
-        let p = c.pass().await;
-        assert_eq!((p.allocated, p.released), (0, 0), "{p:?}");
-    }
-    assert_eq!(ingress_all(&api), want, "nothing moved after the restart");
-    assert!(events(&api, "Released").is_empty(), "{:?}", events(&api, "Released"));
+    restarted_controller_moves_nothing(client, &api, &want, ingress_all).await;
 }
 
 /// MetalLB's configuration as a user may have it (written for this test): a pool

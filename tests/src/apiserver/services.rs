@@ -93,6 +93,20 @@ impl Stack {
             Stack::V6 => &["IPv6"],
         }
     }
+
+    /// `v4` and `v6` as far as the stack has each family, the primary first.
+    pub fn pick<T>(self, v4: T, v6: T) -> Vec<T> {
+        match self {
+            Stack::V4 => vec![v4],
+            Stack::Dual => vec![v4, v6],
+            Stack::V6 => vec![v6],
+        }
+    }
+
+    /// Whether the stack has IPv6 (`Dual` or `V6`).
+    pub fn has_v6(self) -> bool {
+        self != Stack::V4
+    }
 }
 
 const VALID_IP: &str = "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)";
