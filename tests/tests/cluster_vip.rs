@@ -247,9 +247,8 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
         Ok(others
             .iter()
             .all(|i| {
-                vc::status(&c, *i).is_ok_and(|s| {
-                    s.owners.get(&vip).is_some_and(|o| *o != victim) && s.services.iter().any(|x| x.vip == vip && !x.backends.contains(&victim))
-                })
+                vc::status(&c, *i)
+                    .is_ok_and(|s| s.owners.get(&vip).is_some_and(|o| *o != victim) && s.services.iter().any(|x| x.vip == vip && !x.backends.contains(&victim)))
             })
             .then_some(()))
     });

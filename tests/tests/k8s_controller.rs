@@ -280,7 +280,10 @@ async fn vips_no_node_holds_are_reported_on_the_pool_and_the_service(api: Backen
 /// gets its new time.
 async fn arp_conflicts_are_a_condition_and_an_event_and_held_since_survives_a_restart(api: Backend) {
     use std::time::{Duration as D, SystemTime};
-    use vip_agent::{agent::liveness::HeldVip, ha::arpcheck::ArpCheck, k8s::vipstatus};
+    use vip_agent::{
+        ha::{arpcheck::ArpCheck, HeldVip},
+        k8s::vipstatus,
+    };
     let client = api.client().await;
     api.insert("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})).unwrap();
     let pp = PostParams::default();

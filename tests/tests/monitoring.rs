@@ -19,7 +19,7 @@ use promql_parser::{
     util::{walk_expr, ExprVisitor},
 };
 use serde_json::Value;
-use vip_agent::agent::metrics::{reference, MetricDoc};
+use vip_agent::reference::{metrics as reference, MetricDoc};
 use vip_tests::{
     agent::wait_for,
     docs::repo_root,

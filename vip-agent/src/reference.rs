@@ -3,9 +3,22 @@
 //! definitions, the VipPool fields from the CRD schema, the metrics from the
 //! registry, the data path's reasons from vip-common, the status conditions and
 //! Events from `k8s::reports`.
-use std::fmt::Write as _;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::Ipv4Addr,
+    time::Instant,
+};
 
+use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
 use serde_json::Value;
+
+use crate::{
+    ha::heartbeat::PeerLabels,
+    k8s::controller::PoolStateLabels,
+    metrics::{encode_counters, ArpLabels, BackendLabels, HeldLabels, Metrics, Mode, Names, PoolLabels, ResultLabels, ServiceLabels, VipLabels},
+    model::ServiceAddr,
+};
 
 /// Each generated file: its path from the repository root, and its text.
 pub fn files() -> Vec<(&'static str, String)> {
@@ -226,8 +239,7 @@ pub fn vippool_md() -> String {
 
 /// docs/reference/metrics.md: every metric of /metrics, from the registry.
 pub fn metrics_md() -> String {
-    use crate::agent::metrics::Mode;
-    let mut out = header("Metrics reference", "the agent's metrics registry (vip-agent/src/agent/metrics.rs)");
+    let mut out = header("Metrics reference", "the agent's metrics registry (vip-agent/src/metrics/)");
     out.push_str(
         "Served at `/metrics` on `--metrics-addr` (OpenMetrics text). The `vip_xdp_*`, `vip_service_*` and \
          `vip_backend_*` counters are read from the data path's maps at scrape time; the `reason` label takes the \
@@ -237,7 +249,7 @@ pub fn metrics_md() -> String {
          only where the model is read from a file, those marked *Kubernetes* only with `--kubernetes`.\n\n",
     );
     out.push_str("| Metric | Type | Labels | Mode | Description |\n| --- | --- | --- | --- | --- |\n");
-    for m in crate::agent::metrics::reference() {
+    for m in metrics() {
         let labels = m.labels.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", ");
         let mode = match m.only {
             None => "",
@@ -247,6 +259,120 @@ pub fn metrics_md() -> String {
         let _ = writeln!(out, "| `{}` | {} | {labels} | {mode} | {} |", m.name, m.kind, cell(&m.help));
     }
     out
+}
+
+/// One metric as docs/reference/metrics.md lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricDoc {
+    /// The name as scraped (counters end in `_total`; histograms add `_bucket`, `_sum`, `_count`).
+    pub name: String,
+    /// counter, gauge or histogram.
+    pub kind: String,
+    pub labels: Vec<String>,
+    pub help: String,
+    /// The mode it exists in, when only one.
+    pub only: Option<Mode>,
+}
+
+/// Every metric the agent exports, read back from its registry's own exposition
+/// (both modes), each with the mode it is limited to, if any.
+pub fn metrics() -> Vec<MetricDoc> {
+    let names = |modes: &[Mode]| exposition(modes).into_iter().map(|d| d.name).collect::<BTreeSet<_>>();
+    let (file, kube) = (names(&[Mode::File]), names(&[Mode::Kubernetes]));
+    let mut all = exposition(&[Mode::File, Mode::Kubernetes]);
+    for d in &mut all {
+        d.only = match (file.contains(&d.name), kube.contains(&d.name)) {
+            (true, false) => Some(Mode::File),
+            (false, true) => Some(Mode::Kubernetes),
+            _ => None,
+        };
+    }
+    all
+}
+
+/// The exposition of the metrics of `modes`, with one series of each labelled
+/// family made up so that its labels show.
+fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
+    let mut m = Metrics::with_modes(modes);
+    let l = &m.liveness;
+    let s = String::new;
+    l.vip_owner.with(&VipLabels { vip: s(), node: s() }, |_| ());
+    l.vip_held.with(&HeldLabels { vip: s(), pool: s() }, |_| ());
+    for f in [&l.pool_held, &l.pool_unowned] {
+        f.with(&PoolLabels { pool: s() }, |_| ());
+    }
+    l.pool_owner_changes.with(&PoolLabels { pool: s() }, |_| ());
+    l.peer_live.with(&PeerLabels { peer: s() }, |_| ());
+    l.arp_foreign.with(&ArpLabels { vip: s() }, |_| ());
+    l.heartbeat.gaps.track(["x"], Instant::now());
+    let _ = l.heartbeat.rejected.get_or_create(&crate::ha::heartbeat::RejectLabels { reason: s() });
+    m.backend_healthy.with(&BackendLabels { node: s(), check: s() }, |_| ());
+    let svc = ServiceAddr { vip: Ipv4Addr::UNSPECIFIED.into(), port: 0, protocol: crate::model::Protocol::Tcp };
+    for f in [&m.ring_updates, &m.ring_slots_written] {
+        f.with(&ServiceLabels::new("", &svc), |_| ());
+    }
+    m.service_failing_open.with(&ServiceLabels::new("", &svc), |_| ());
+    let _ = m.config_reloads.get_or_create(&ResultLabels { result: s() });
+    if modes.contains(&Mode::Kubernetes) {
+        crate::k8s::register_metrics(&mut m.registry).with(&PoolStateLabels { pool: s(), state: s() }, |_| ());
+    }
+    #[derive(Debug)]
+    struct Sample(ServiceAddr);
+    impl Collector for Sample {
+        fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+            let one = BTreeMap::from([(0, (0, 0))]);
+            let c = crate::dataplane::Counters {
+                reasons: [("x", (0, 0))].into(),
+                services: one.clone(),
+                backends: one,
+                service_addrs: [(0, self.0)].into(),
+                backend_addrs: [(0, Ipv4Addr::UNSPECIFIED)].into(),
+            };
+            let names = Names { services: [(self.0, "x".into())].into(), nodes: [(Ipv4Addr::UNSPECIFIED, "x".into())].into() };
+            encode_counters(&mut enc, &c, &names)
+        }
+    }
+    m.registry.register_collector(Box::new(Sample(svc)));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &m.registry).expect("the registry encodes");
+    parse_exposition(&text)
+}
+
+/// The families of an OpenMetrics text: name, type, help, label names.
+fn parse_exposition(text: &str) -> Vec<MetricDoc> {
+    let mut docs: Vec<MetricDoc> = Vec::new();
+    let mut samples: Vec<(&str, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            docs.push(MetricDoc { name: name.to_owned(), kind: String::new(), labels: Vec::new(), help: help.to_owned(), only: None });
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            let d = docs.iter_mut().find(|d| d.name == name).unwrap_or_else(|| panic!("TYPE before HELP for {name}"));
+            d.kind = kind.to_owned();
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let series = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+            let (name, labels) = match series.split_once('{') {
+                Some((n, l)) => (n, l.trim_end_matches('}').split(',').filter_map(|kv| kv.split_once('=')).map(|(k, _)| k.to_owned()).collect()),
+                None => (series, Vec::new()),
+            };
+            samples.push((name, labels));
+        }
+    }
+    for d in &mut docs {
+        let suffixes: &[&str] = match d.kind.as_str() {
+            "counter" => &["_total"],
+            "histogram" => &["_bucket", "_sum", "_count"],
+            _ => &[""],
+        };
+        let mine: Vec<&(&str, Vec<String>)> = samples.iter().filter(|(n, _)| suffixes.iter().any(|s| *n == format!("{}{s}", d.name))).collect();
+        assert!(!mine.is_empty(), "metric {} has no series: make one up in reference::exposition() so that its labels show", d.name);
+        d.labels = mine.iter().flat_map(|(_, l)| l.iter().cloned()).filter(|l| l != "le").collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        if d.kind == "counter" {
+            d.name.push_str("_total");
+        }
+    }
+    docs
 }
 
 /// docs/reference/reasons.md: every reason the data path counts, from vip-common.
@@ -363,7 +489,7 @@ mod tests {
 
     #[test]
     fn the_metrics_reference_has_every_family_with_its_labels() {
-        let m = crate::agent::metrics::reference();
+        let m = metrics();
         let find = |n: &str| m.iter().find(|d| d.name == n).unwrap_or_else(|| panic!("{n} missing: {m:?}"));
         assert_eq!((find("vip_owner").kind.as_str(), find("vip_owner").labels.clone()), ("gauge", vec!["node".to_owned(), "vip".to_owned()]));
         assert_eq!(find("vip_xdp_packets_total").labels, ["reason"]);
@@ -374,7 +500,6 @@ mod tests {
         assert_eq!(find("vip_backend_bytes_total").labels, ["node"]);
         assert_eq!(find("vip_heartbeat_gap_max_seconds").labels, ["peer"]);
         assert_eq!(find("vip_build_info").labels, ["revision", "version"]);
-        use crate::agent::metrics::Mode;
         assert_eq!(find("vip_config_valid").only, Some(Mode::File));
         assert_eq!(find("vip_pool_addresses").only, Some(Mode::Kubernetes));
         assert_eq!(find("vip_kube_api_reachable").only, Some(Mode::Kubernetes));

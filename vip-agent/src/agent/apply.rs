@@ -5,7 +5,8 @@ use std::{collections::BTreeMap, time::Instant};
 
 use tracing::{error, info, warn};
 
-use super::{desired, metrics, Agent, DesiredService, Observed};
+use super::{desired, Agent, DesiredService, Observed};
+use crate::metrics;
 use crate::{
     dataplane::{self, ServiceAddr},
     health::Target,

@@ -5,7 +5,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::{metrics, Agent};
+use super::Agent;
+use crate::metrics;
 use crate::{
     config,
     model::{Announce, Failover, World},

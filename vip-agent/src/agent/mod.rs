@@ -12,8 +12,8 @@ mod desired;
 mod feed;
 mod interfaces;
 pub mod liveness;
-pub mod metrics;
 mod publish;
+mod record;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -41,6 +41,7 @@ use crate::{
     dataplane::{self, AttachMode, Dataplane, ServiceAddr},
     ha::{self, garp::ArpSender},
     health::{self, HealthChange, Target},
+    metrics,
     model::World,
     preflight,
     status::{ConfigStatus, Status},
@@ -164,7 +165,7 @@ pub async fn run(opts: Options) -> Result<()> {
             let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
             let view = crate::k8s::controller::AgentView {
                 owners: owners_rx,
-                pool_addresses: Some(metrics.pool_addresses.clone()),
+                pool_addresses: Some(crate::k8s::register_metrics(&mut metrics.registry)),
                 unprogrammed: unprogrammed_rx,
                 unheld: unheld_rx,
             };
@@ -185,7 +186,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     let status_json = Arc::new(Mutex::new("{}".to_owned()));
     if let Some(addr) = opts.metrics_addr {
-        let bound = metrics::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
+        let bound = crate::http::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
         info!(%bound, "serving /metrics /healthz /readyz /status");
     }
     // The key text now, and where its changes come from (a rotation).

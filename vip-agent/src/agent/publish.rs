@@ -4,7 +4,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use tracing::warn;
 
-use super::{health_targets, liveness, metrics, Agent};
+use super::{health_targets, liveness, Agent};
+use crate::metrics;
 use crate::{
     spec::Mac,
     status::{check_label, write_atomic, HealthStatus, NodeStatus, ServiceStatus, UnprogrammedStatus},

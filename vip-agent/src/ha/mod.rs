@@ -4,13 +4,15 @@
 //! unsolicited neighbour advertisements on takeover), `groups` (the
 //! solicited-node multicast groups of held IPv6 VIPs) and `loopback` (the VIPs of
 //! `announce: lo` pools on the holder's `lo`); `arpcheck` (peers asking who
-//! answers ARP for the VIPs others hold).
+//! answers ARP for the VIPs others hold); `HeldVip` (a held VIP as its status
+//! shows it).
 pub mod arpcheck;
 pub mod auth;
 pub mod garp;
 pub mod groups;
 pub mod heartbeat;
+mod held;
 pub mod loopback;
-#[cfg(test)]
-mod model_check;
 pub mod ownership;
+
+pub use held::HeldVip;

@@ -53,7 +53,7 @@ pub struct AgentView {
     /// VIP → owner node, as the agent computes it from its live view.
     pub owners: watch::Receiver<BTreeMap<IpAddr, String>>,
     /// `vip_pool_addresses`, set while leading.
-    pub pool_addresses: Option<crate::agent::metrics::Tracked<PoolStateLabels, Gauge>>,
+    pub pool_addresses: Option<crate::metrics::Tracked<PoolStateLabels, Gauge>>,
     /// VIP → its service-ports the agent could not program ("port/proto: why").
     pub unprogrammed: watch::Receiver<BTreeMap<IpAddr, Vec<String>>>,
     /// VIP → why no node holds it (`agent::desired::unheld`).

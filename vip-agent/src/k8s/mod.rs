@@ -136,6 +136,25 @@ pub fn api_health() -> &'static ApiHealth {
     HEALTH.get_or_init(ApiHealth::new)
 }
 
+/// Registers the Kubernetes side's metrics in `registry`: the API's health
+/// ([`api_health`]) and `vip_pool_addresses`, whose handle the controller writes
+/// while it leads (`controller::AgentView::pool_addresses`).
+pub fn register_metrics(registry: &mut prometheus_client::registry::Registry) -> crate::metrics::Tracked<controller::PoolStateLabels, Gauge> {
+    registry.register(
+        "vip_kube_api_reachable",
+        "1 while the Kubernetes API answers this agent's watches and lease requests, 0 while they fail",
+        api_health().reachable.clone(),
+    );
+    registry.register("vip_kube_api_errors", "Failed Kubernetes API requests (watches, lease)", api_health().errors.clone());
+    let pool_addresses = crate::metrics::Tracked::default();
+    registry.register(
+        "vip_pool_addresses",
+        "Addresses of each pool by state (total, allocated, free); exported by the elected leader only",
+        pool_addresses.family(),
+    );
+    pool_addresses
+}
+
 impl ApiHealth {
     fn new() -> Self {
         Self { reachable: Gauge::default(), errors: Counter::default(), state: Mutex::new(HealthState::default()) }
@@ -268,6 +287,16 @@ mod tests {
     }
 
     /// An outage is one WARN (not one per failed request), then one INFO when it ends.
+    #[test]
+    fn the_agent_in_kubernetes_mode_exports_the_api_health_and_pool_addresses() {
+        let mut m = crate::metrics::Metrics::new(crate::metrics::Mode::Kubernetes);
+        register_metrics(&mut m.registry).with(&controller::PoolStateLabels { pool: "p".into(), state: "free".into() }, |g| g.set(3));
+        let mut k = String::new();
+        prometheus_client::encoding::text::encode(&mut k, &m.registry).unwrap();
+        assert!(!k.contains("vip_config_valid") && !k.contains("vip_config_reloads") && k.contains("vip_kube_api_reachable"), "{k}");
+        assert!(k.contains(r#"vip_pool_addresses{pool="p",state="free"} 3"#), "{k}");
+    }
+
     #[test]
     fn api_errors_are_counted_and_logged_once_per_outage() {
         #[derive(Clone, Default)]

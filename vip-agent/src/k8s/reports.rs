@@ -354,7 +354,7 @@ mod tests {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let check =
             |holder_answered: bool, foreign: Vec<[u8; 6]>| crate::ha::arpcheck::ArpCheck { by: "node-b".into(), at: t, holder_answered, foreign, since: t };
-        let held = crate::agent::liveness::HeldVip {
+        let held = crate::ha::HeldVip {
             since: t,
             last_garp: None,
             interface: "eth1".into(),

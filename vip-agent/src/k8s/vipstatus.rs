@@ -35,7 +35,7 @@ use super::{
     reflect,
     reports::{ARP_CONFLICT, HELD},
 };
-use crate::agent::liveness::HeldVip;
+use crate::ha::HeldVip;
 
 /// The shortest time between two writes of one VIP's status by one writer.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(3);

@@ -1,5 +1,6 @@
 //! A model check of membership with fake time. Simulated agents, each with its
-//! own [`PeerTable`] and [`assign`], exchange heartbeats over a simulated network
+//! own [`PeerTable`] and the liveness thread's own decision ([`plan::plan`]),
+//! exchange heartbeats over a simulated network
 //! (delays that reorder, loss, partitions into groups) while a seeded scenario
 //! adds and removes nodes, stops, restarts (new incarnation) and pauses agents,
 //! and changes the timers. Each simulated agent follows the rules of the
@@ -16,26 +17,32 @@
 //!   member is live;
 //! - expiry is checked on every send tick and every receive; after a gap in its
 //!   own running longer than `max(deadAfter/2, 2·interval)` it forgives peers;
-//! - the owners are `assign(VIPs, live members)`; a node holds what it owns.
+//! - it decides with [`plan::plan`] (the owners are `assign(VIPs, live members)`)
+//!   and applies the plan to its `arp_held` as the thread does (released
+//!   entries out, taken ones in); a restarted agent finds the entries it left.
 //!
 //! Whenever nothing has changed for [`bound`] (and no datagram is being lost),
 //! every group of nodes that can hear each other must agree: each running member
 //! in the group sees exactly `assign(VIPs, running members of the group)`, a
 //! running non-member holds nothing, and every VIP has exactly one holder in the
-//! group. A failure names its seed; `VIP_MODEL_SEED=N` replays one seed,
+//! group, by the entries of the nodes' `arp_held`. A failure names its seed; `VIP_MODEL_SEED=N` replays one seed,
 //! `VIP_MODEL_SEEDS=N` sets how many are run.
 use std::{
     cmp::Reverse,
     collections::{BTreeMap, BTreeSet, BinaryHeap},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     time::{Duration, Instant},
 };
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-use super::{
-    heartbeat::{PeerTable, Seen},
-    ownership::assign,
+use super::plan::{self, Held};
+use crate::{
+    ha::{
+        heartbeat::{PeerTable, Seen},
+        ownership::assign,
+    },
+    model::{self, AnnounceMode, Pool, World},
 };
 
 const NODES: usize = 5;
@@ -63,8 +70,38 @@ fn name(i: usize) -> String {
     format!("node-{i}")
 }
 
-fn vips() -> Vec<Ipv4Addr> {
-    (0..VIPS).map(|k| Ipv4Addr::from(0xc612_010a + k)).collect()
+/// Sorted, as a pool's addresses are.
+fn vips() -> Vec<IpAddr> {
+    (0..VIPS).map(|k| Ipv4Addr::from(0xc612_010a + k).into()).collect()
+}
+
+/// The ifindex every simulated node answers its VIPs on.
+const IFINDEX: u32 = 2;
+
+/// The model as the agents' `World`: the members, one pool of every VIP.
+fn world(m: &Model) -> World {
+    World {
+        nodes: m
+            .members
+            .iter()
+            .map(|i| model::Node { name: name(*i), addr: Ipv4Addr::new(198, 18, 0, 10 + *i as u8).into(), mac: None, labels: BTreeMap::new(), taints: vec![] })
+            .collect(),
+        pools: vec![Pool {
+            name: "pool".into(),
+            addresses: vips(),
+            node_selector: BTreeMap::new(),
+            tolerations: vec![],
+            announce: AnnounceMode::Arp,
+            garp: None,
+            interfaces: vec![],
+            vlan: None,
+        }],
+        ..World::default()
+    }
+}
+
+fn index(node: &str) -> usize {
+    node.trim_start_matches("node-").parse().expect("a node name")
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,7 +137,9 @@ struct Node {
     model: Option<Model>,
     hb: Option<Hb>,
     live: BTreeSet<usize>,
-    owners: BTreeMap<Ipv4Addr, usize>,
+    owners: BTreeMap<IpAddr, usize>,
+    /// Its `arp_held` entries held fresh (they outlive the agent).
+    held: Held,
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -156,7 +195,7 @@ struct Sim {
     /// A broken invariant seen while running (reported by `run`).
     broken: Option<String>,
     log: Vec<String>,
-    vips: Vec<Ipv4Addr>,
+    vips: Vec<IpAddr>,
 }
 
 impl Sim {
@@ -212,7 +251,9 @@ impl Sim {
     /// A new process: reads the model, starts heartbeats, decides.
     fn start(&mut self, i: usize) {
         let n = &mut self.nodes[i];
-        *n = Node { running: true, ..Node::default() };
+        // The entries an earlier agent left are still fresh: the new one starts from them.
+        let held = std::mem::take(&mut n.held);
+        *n = Node { running: true, held, ..Node::default() };
         self.apply_model(i);
     }
 
@@ -268,11 +309,15 @@ impl Sim {
         self.decide(i);
     }
 
+    /// The liveness thread's `decide`: the plan, applied to `arp_held`.
     fn decide(&mut self, i: usize) {
+        let n = &self.nodes[i];
+        let world = world(n.model.as_ref().expect("a running node has read the model"));
+        let live: BTreeSet<String> = n.live.iter().map(|l| name(*l)).collect();
+        let p = plan::plan(&world, &name(i), &live, |_| Some(IFINDEX), &n.held, false);
         let n = &mut self.nodes[i];
-        let members = &n.model.as_ref().expect("a running node has read the model").members;
-        let eligible: Vec<String> = n.live.iter().filter(|l| members.contains(l)).map(|l| name(*l)).collect();
-        n.owners = assign(&self.vips, &eligible).into_iter().map(|(v, o)| (v, o.trim_start_matches("node-").parse().expect("a node name"))).collect();
+        n.held = plan::applied(&n.held, &p);
+        n.owners = p.ownership.owners.iter().map(|(v, o)| (*v, index(o))).collect();
     }
 
     /// The heartbeat task's stall check at the start of a turn.
@@ -292,7 +337,7 @@ impl Sim {
         let n = &mut self.nodes[i];
         let Some(h) = n.hb.as_mut() else { return };
         h.table.expire(at);
-        let live: BTreeSet<usize> = h.table.live().iter().map(|s| s.trim_start_matches("node-").parse().expect("a node name")).chain([i]).collect();
+        let live: BTreeSet<usize> = h.table.live().iter().map(|s| index(s)).chain([i]).collect();
         if live != n.live {
             n.live = live;
             self.decide(i);
@@ -509,10 +554,8 @@ impl Sim {
         for g in groups {
             let up: Vec<usize> = (0..NODES).filter(|i| self.side[*i] == g && self.nodes[*i].running && !self.nodes[*i].paused).collect();
             let members: Vec<usize> = up.iter().copied().filter(|i| self.model.members.contains(i)).collect();
-            let want: BTreeMap<Ipv4Addr, usize> = assign(&self.vips, &members.iter().map(|i| name(*i)).collect::<Vec<_>>())
-                .into_iter()
-                .map(|(v, o)| (v, o.trim_start_matches("node-").parse().expect("a node name")))
-                .collect();
+            let want: BTreeMap<IpAddr, usize> =
+                assign(&self.vips, &members.iter().map(|i| name(*i)).collect::<Vec<_>>()).into_iter().map(|(v, o)| (v, index(&o))).collect();
             for &i in &up {
                 let n = &self.nodes[i];
                 if n.model.as_ref() != Some(&self.model) {
@@ -524,7 +567,7 @@ impl Sim {
                 }
             }
             for v in &self.vips {
-                let holders: Vec<usize> = up.iter().copied().filter(|i| self.nodes[*i].owners.get(v) == Some(i)).collect();
+                let holders: Vec<usize> = up.iter().copied().filter(|i| self.nodes[*i].held.contains_key(v)).collect();
                 if holders.len() != usize::from(!members.is_empty()) {
                     return Err(format!("group {g}: {v} held by {holders:?}"));
                 }

@@ -18,7 +18,11 @@ use anyhow::{Context as _, Result};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
-use super::{desired::ownership, metrics};
+use super::{desired::ownership, record::Members};
+
+#[cfg(test)]
+mod model_check;
+pub mod plan;
 use crate::{
     clock::monotonic_ns,
     dataplane::{Announce, HeldVips},
@@ -26,9 +30,10 @@ use crate::{
         self,
         arpcheck::{self, ArpCheck, Finding},
         garp::{FrameTx, Job, Order},
-        heartbeat,
+        heartbeat, HeldVip,
     },
     links::Link,
+    metrics::{self, LivenessMetrics},
     model::{AnnounceMode, World},
 };
 
@@ -50,24 +55,6 @@ pub struct Membership {
     pub owners: BTreeMap<IpAddr, String>,
     pub held: BTreeSet<IpAddr>,
     pub on_lo: BTreeSet<IpAddr>,
-}
-
-/// A VIP this node holds, as its `VipStatus` shows it (`k8s::vipstatus`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeldVip {
-    /// When this agent took it (or found it held, at its start).
-    pub since: SystemTime,
-    /// Its last gratuitous ARP (None: not announced by ARP).
-    pub last_garp: Option<SystemTime>,
-    /// Where it is answered: the interface (a VLAN's parent for a pool's `vlan`), and the VLAN.
-    pub interface: String,
-    pub vlan: Option<u16>,
-    /// Whether this agent found it held at its start (by this node's agent before
-    /// it, without a gap): `since` is then this agent's start, and the VIP's
-    /// status keeps the take-over time it already shows.
-    pub adopted: bool,
-    /// What the last ARP self-check from a peer saw (None: none yet).
-    pub arp: Option<ArpCheck>,
 }
 
 /// Where this node's VIPs live and where it is reached, as resolved by the agent
@@ -110,7 +97,7 @@ pub struct Setup {
     pub held: HeldVips,
     /// The IPv4 VIPs of `announce: lo` pools we hold, for the loopback task.
     pub on_lo: watch::Sender<BTreeSet<IpAddr>>,
-    pub metrics: metrics::Liveness,
+    pub metrics: LivenessMetrics,
     /// Heartbeat keys (None: a trusted segment, unsigned heartbeats).
     pub keys: Option<ha::auth::SharedKeys>,
     /// Set when the agent stops: peers are told, and keep this node a backend
@@ -170,7 +157,7 @@ struct Liveness {
     leaving: BTreeSet<String>,
     /// What is written to `arp_held`: VIP → how it is announced, and the ifindex
     /// it is held under.
-    held: BTreeMap<IpAddr, (Announce, u32)>,
+    held: plan::Held,
     owners: BTreeMap<IpAddr, String>,
     /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
     deadline: u64,
@@ -488,64 +475,38 @@ impl Liveness {
         }
     }
 
-    /// Computes ownership from the pools and the live set and writes the
-    /// difference to `arp_held`: taken VIPs held and announced, lost ones
-    /// released (their pending announcements cancelled), VIPs in no pool
-    /// forgotten. `reassert`: membership changed, so every held VIP is announced
-    /// again (while it was split, others may have taken ours and moved clients).
+    /// Applies the decision ([`plan::plan`]) to `arp_held`: taken VIPs held and
+    /// announced, lost ones released (their pending announcements cancelled),
+    /// VIPs in no pool forgotten; then tells the status, the loopback task, the
+    /// metrics and the programmer. `reassert`: see [`plan::plan`].
     fn decide(&mut self, reassert: bool) {
-        let mut o = ownership(&self.world, &self.s.me, &self.live);
-        // A VIP is held on its pool's interface here; one whose pool has none
-        // (reported in the host problems) cannot be answered, so it is not held.
-        let unplaced: BTreeSet<IpAddr> = o.held.iter().filter(|v| self.link_of(**v).is_none()).copied().collect();
-        for v in unplaced.difference(&self.unplaced) {
+        let (world, uplinks) = (self.world.clone(), self.uplinks.clone());
+        let placed = |v: IpAddr| uplinks.by_pool.get(&world.pool_of(v)?.name).map(|l| l.ifindex);
+        let p = plan::plan(&self.world, &self.s.me, &self.live, placed, &self.held, reassert);
+        for v in p.unplaced.difference(&self.unplaced) {
             error!(vip = %v, "this node owns the VIP but its pool has no interface here: not answered (see the host problems)");
         }
-        o.held.retain(|v| !unplaced.contains(v));
-        self.unplaced = unplaced;
-        let want: BTreeMap<IpAddr, (Announce, u32)> = o
-            .held
-            .iter()
-            .filter_map(|v| {
-                let announce = if o.on_lo.contains(v) { Announce::Lo } else { Announce::Arp };
-                Some((*v, (announce, self.link_of(*v)?.ifindex)))
-            })
-            .collect();
-        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
-        let taken: BTreeSet<IpAddr> = want.iter().filter(|(v, a)| self.held.get(v) != Some(a)).map(|(v, _)| *v).collect();
-        // Released: no longer ours, or now held under another interface.
-        let released: Vec<(IpAddr, u32)> =
-            self.held.iter().filter(|(v, (_, i))| want.get(v).is_none_or(|(_, wi)| wi != i)).map(|(v, (_, i))| (*v, *i)).collect();
-        let gone: BTreeSet<IpAddr> = released.iter().map(|(v, _)| *v).filter(|v| !want.contains_key(v)).collect();
-        if !gone.is_empty() {
-            let _ = self.arp_tx.send(Order::Cancel(gone));
+        if !p.cancel.is_empty() {
+            let _ = self.arp_tx.send(Order::Cancel(p.cancel.clone()));
         }
-        for (vip, ifindex) in &released {
+        for (vip, ifindex) in &p.release {
             match self.s.held.release(*ifindex, *vip) {
                 Ok(()) => info!(%vip, ifindex, "released VIP (its pinned flows keep being forwarded)"),
                 Err(e) => error!(%vip, "releasing VIP: {e:#}"),
             }
         }
-        for vip in &taken {
-            let (announce, ifindex) = want[vip];
+        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
+        for vip in &p.take {
+            let (announce, ifindex) = p.want[vip];
             if let Err(e) = self.s.held.hold(ifindex, *vip, deadline, announce) {
                 error!(%vip, "holding VIP: {e:#}");
             } else {
-                info!(%vip, ifindex, on_lo = o.on_lo.contains(vip), "holding VIP");
+                info!(%vip, ifindex, on_lo = announce == Announce::Lo, "holding VIP");
             }
         }
-        // Entries of VIPs that left every pool (also from before a restart) go
-        // entirely, and so do released entries under an interface the VIP no
-        // longer lives on.
         match self.s.held.entries() {
             Ok(entries) => {
-                let drop: Vec<_> = entries
-                    .into_iter()
-                    .filter(|e| match self.world.pool_of(e.vip) {
-                        None => true,
-                        Some(_) => self.link_of(e.vip).is_some_and(|l| l.ifindex != e.ifindex) && e.deadline_ns == 0,
-                    })
-                    .collect();
+                let drop = plan::forget(&self.world, placed, &entries);
                 if !drop.is_empty() {
                     let gone: Vec<(u32, IpAddr)> = drop.iter().map(|e| (e.ifindex, e.vip)).collect();
                     if let Err(err) = self.s.held.forget_all(&gone) {
@@ -559,25 +520,24 @@ impl Liveness {
             Err(e) => error!("reading arp_held: {e:#}"),
         }
         let now = SystemTime::now();
+        let plan::Plan { ownership: o, unplaced, want, take, announce, .. } = p;
+        self.unplaced = unplaced;
         // A VIP taken (again) is no longer the one found held at start.
-        self.adopted.retain(|v| want.contains_key(v) && !taken.contains(v));
-        self.arp_checks.retain(|v, _| want.contains_key(v) && !taken.contains(v));
+        let kept = |v: &IpAddr| want.contains_key(v) && !take.contains(v);
+        self.adopted.retain(kept);
+        self.arp_checks.retain(|v, _| kept(v));
         self.s.metrics.arp_foreign.retain(|l| l.vip.parse().is_ok_and(|v: IpAddr| self.arp_checks.contains_key(&v)));
-        self.since.retain(|v, _| want.contains_key(v) && !taken.contains(v));
+        self.since.retain(|v, _| kept(v));
         for v in want.keys() {
             self.since.entry(*v).or_insert(now);
         }
         self.held = want;
         self.sync_groups();
-        if reassert {
-            self.announce(self.held.keys().copied().collect(), true);
-        } else {
-            self.announce(taken, true);
-        }
+        self.announce(announce, true);
         self.last_garp.retain(|v, _| o.held.contains(v));
         self.tell_held();
         self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
-        self.s.metrics.record(&self.world, &self.owners, &o, &metrics::Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
+        self.s.metrics.record(&self.world, &self.owners, &o, &Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
         self.owners = o.owners.clone();
         let m = Membership {
             tracked: self.tracked.clone(),
