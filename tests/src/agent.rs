@@ -1,5 +1,6 @@
-//! The real `vip-agent` binary run inside a lab namespace (killed on Drop), and
-//! the single-load-balancer lab the agent tests and benchmarks share.
+//! The real `vip-agent` binary run inside a lab namespace (killed on Drop), the
+//! agent run in-process on a thread in one ([`InProcessAgent`]), and the
+//! single-load-balancer lab the agent tests and benchmarks share.
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, SocketAddr},
@@ -13,6 +14,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+use clap::Parser as _;
 use vip_agent::status::Status;
 
 use crate::{
@@ -106,6 +108,120 @@ impl Drop for AgentProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `vip_agent::agent::run` in this process, on a thread in a lab namespace (the
+/// runtime's threads and the liveness thread it starts inherit it), with the
+/// arguments `vip-agent run` takes (read by the binary's own parser and
+/// `Options::from_args`), stopped by the shutdown future it is given: the
+/// agent as a library, as mini-redis's `run(listener, shutdown)` is tested.
+/// Its logs go to `log`; the process has one log sink, so one in-process agent
+/// logs at a time.
+pub struct InProcessAgent {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+    pub log: PathBuf,
+}
+
+/// Where in-process agents' logs go (the process-wide tracing subscriber writes here).
+static LOG_SINK: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+struct LogSink;
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match LOG_SINK.lock().map_err(|_| std::io::Error::other("log sink poisoned"))?.as_mut() {
+            Some(f) => f.write(buf),
+            None => Ok(buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl InProcessAgent {
+    pub fn start(ns: &NetNs, args: &[&str], log: &Path) -> Result<Self> {
+        let mut argv = vec!["vip-agent", "run"];
+        argv.extend_from_slice(args);
+        if !args.contains(&"--heartbeat-key-file") {
+            argv.push("--trusted-segment");
+        }
+        let cli = vip_agent::cli::Cli::try_parse_from(&argv).context("vip-agent run's arguments")?;
+        let vip_agent::cli::Cmd::Run(r) = cli.cmd else { bail!("not `vip-agent run`") };
+        let opts = vip_agent::agent::Options::from_args(*r, cli.pin_dir)?;
+        *LOG_SINK.lock().map_err(|_| anyhow::anyhow!("log sink poisoned"))? = Some(std::fs::File::create(log)?);
+        // Once per process; later agents log through the same sink.
+        let _ = tracing_subscriber::fmt().with_writer(|| LogSink).with_ansi(false).with_env_filter("info").try_init();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = ns.spawn(move || -> Result<()> {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(vip_agent::agent::run(opts, async {
+                let _ = stopped.await;
+            }))
+        })?;
+        Ok(Self { stop: Some(stop), thread: Some(thread), log: log.to_owned() })
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Completes the agent's shutdown future and waits for `run` to return its result.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| anyhow::anyhow!("the agent's thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+
+    /// Fails (with the log) if `run` has returned.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            let ended = self.stop();
+            bail!("the in-process agent returned ({ended:?}); log:\n{}", self.log_text());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for InProcessAgent {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// How a lab runs its agent.
+pub enum LabAgent {
+    Process(AgentProc),
+    InProcess(InProcessAgent),
+}
+
+impl LabAgent {
+    pub fn log_text(&self) -> String {
+        match self {
+            LabAgent::Process(a) => a.log_text(),
+            LabAgent::InProcess(a) => a.log_text(),
+        }
+    }
+
+    pub fn check_alive(&mut self) -> Result<()> {
+        match self {
+            LabAgent::Process(a) => a.check_alive(),
+            LabAgent::InProcess(a) => a.check_alive(),
+        }
+    }
+
+    fn exited(&mut self) -> bool {
+        match self {
+            LabAgent::Process(a) => a.child.try_wait().ok().flatten().is_some(),
+            LabAgent::InProcess(a) => a.thread.as_ref().is_none_or(|t| t.is_finished()),
+        }
     }
 }
 
@@ -213,7 +329,7 @@ pub fn lb_config(backends: usize, ports: &str, c: Check, extra_node_key: &str) -
 /// (L2 direct server return), a client; all on one bridge. Removed on Drop.
 pub struct LbLab {
     // Field order is drop order: the agent goes first, the namespaces last.
-    pub agent: AgentProc,
+    pub agent: LabAgent,
     pub pins: PinDir,
     pub backends: Vec<Backend>,
     pub client: NetNs,
@@ -225,7 +341,13 @@ pub struct LbLab {
 }
 
 impl LbLab {
+    /// The lab with the agent binary as a process.
     pub fn start(backends: usize, config_text: &str, metrics_port: u16) -> Result<Self> {
+        Self::start_with(backends, config_text, metrics_port, false)
+    }
+
+    /// `in_process`: the agent runs in this process ([`InProcessAgent`]).
+    pub fn start_with(backends: usize, config_text: &str, metrics_port: u16, in_process: bool) -> Result<Self> {
         let tmp = TempDir::new("vip-lb-lab-")?;
         let (config, status_file, log) = (tmp.0.join("vip.yaml"), tmp.0.join("status.json"), tmp.0.join("agent.log"));
         write_atomic(&config, config_text)?;
@@ -262,7 +384,8 @@ impl LbLab {
             "--metrics-addr",
             &metrics,
         ];
-        let agent = AgentProc::start(&lb, &args, &log)?;
+        let agent =
+            if in_process { LabAgent::InProcess(InProcessAgent::start(&lb, &args, &log)?) } else { LabAgent::Process(AgentProc::start(&lb, &args, &log)?) };
         Ok(Self { agent, pins, backends: bs, client, lb, seg, config, status_file, tmp })
     }
 
@@ -283,7 +406,7 @@ impl LbLab {
     pub fn wait_ready(&mut self, limit: Duration) -> Result<()> {
         let n = self.backends.len();
         let ok = wait_for(limit, || {
-            if self.agent.child.try_wait().ok().flatten().is_some() {
+            if self.agent.exited() {
                 return Some(());
             }
             let s = self.status()?;

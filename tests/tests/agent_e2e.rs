@@ -2,7 +2,9 @@
 //! backend namespaces: connections spread over all three; a backend that stops
 //! answering leaves the ring (health checks), comes back after recovery; the
 //! config file is re-read live, a bad file is rejected and the last good state
-//! keeps forwarding. Real packets, real processes, lab addresses only.
+//! keeps forwarding. Real packets, lab addresses only; the first test runs the
+//! agent in this process (`agent::run` with its shutdown future), the second
+//! the binary.
 use std::{
     io::{Read, Write},
     net::TcpStream,
@@ -11,7 +13,7 @@ use std::{
 
 use serde_json::Value;
 use vip_tests::{
-    agent::{agent_bin, lb_config, wait_for, write_atomic, Check, LbLab},
+    agent::{agent_bin, lb_config, wait_for, write_atomic, Check, LabAgent, LbLab},
     netns::{privileged, NetNs},
 };
 
@@ -37,8 +39,7 @@ fn agent_spreads_tracks_health_and_reloads_live() {
     if !privileged() {
         return;
     }
-    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let mut lab = LbLab::start(3, &lb_config(3, "80", CHECK, ""), 9472).unwrap();
+    let mut lab = LbLab::start_with(3, &lb_config(3, "80", CHECK, ""), 9472, true).unwrap();
     // Up: the VIP held, all three backends resolved (MACs from the neighbour table) and in the ring.
     lab.wait_ready(Duration::from_secs(10)).unwrap();
     let seen = lab.spread(40000, 30).unwrap();
@@ -138,6 +139,16 @@ fn agent_spreads_tracks_health_and_reloads_live() {
     let m = http_get(&lab.lb, 9472, "/metrics");
     assert!(!m.contains(r#"port="8080""#) && m.contains(r#"port="80""#), "{m}");
     lab.agent.check_alive().unwrap();
+
+    // Stopped through its shutdown future: `run` returns Ok, having told its
+    // (absent) peers; the data path keeps forwarding on the last state.
+    let LabAgent::InProcess(agent) = &mut lab.agent else { unreachable!("started in-process") };
+    let stop_at = Instant::now();
+    agent.stop().unwrap();
+    eprintln!("run returned {:?} after its shutdown future completed", stop_at.elapsed());
+    assert!(agent.log_text().contains("stopping; the data path keeps running on the last state"), "{}", agent.log_text());
+    let seen = lab.spread(43100, 30).unwrap();
+    assert_eq!(names(&seen), ["b1", "b2", "b3"], "forwarding after the agent stopped: {seen:?}");
 }
 
 /// Every backend's health check fails (it probes a port nothing listens on, as when

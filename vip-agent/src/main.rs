@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use vip_agent::{
     agent,
-    cli::{self, CheckArgs, Cli, Cmd, DetachArgs, ImportFrom, InspectArgs, MetallbImportArgs},
+    cli::{CheckArgs, Cli, Cmd, DetachArgs, ImportFrom, InspectArgs, MetallbImportArgs},
     dataplane::{self, Dataplane},
     inspect, preflight,
 };
@@ -24,46 +24,11 @@ fn main() -> Result<()> {
     init_logs(matches!(&cli.cmd, Cmd::Run(r) if r.log_json));
     match cli.cmd {
         Cmd::Run(r) => {
-            let heartbeat_key = match (r.heartbeat_key_file, r.trusted_segment) {
-                (Some(file), _) => agent::HeartbeatKey::File(file),
-                (None, true) => agent::HeartbeatKey::Trusted,
-                (None, false) if r.kubernetes => agent::HeartbeatKey::Secret(r.heartbeat_secret),
-                (None, false) => anyhow::bail!(
-                    "heartbeats need a cluster key: --heartbeat-key-file FILE (one key of at least 32 bytes per line, the same \
-                     file on every node; make one with `head -c 48 /dev/urandom | base64`), or --trusted-segment to run \
-                     without authentication on a segment you trust"
-                ),
-            };
-            let source = match r.config {
-                Some(path) => agent::Source::File(path),
-                None => {
-                    let (announce, failover) = r.timers.model()?;
-                    agent::Source::Kubernetes { lease_namespace: r.lease_namespace, kubeconfig: r.kubeconfig, announce, failover, sync_timeout: r.sync_timeout }
-                }
-            };
-            let node_name = match r.node_name {
-                Some(n) => n,
-                None => hostname()?,
-            };
-            let metrics_addr = match r.metrics_addr.as_str() {
-                "off" => None,
-                a => Some(cli::metrics_addr(a)?),
-            };
-            let opts = agent::Options {
-                source,
-                node_name,
-                iface: r.iface,
-                attach_mode: r.mode,
-                pin_dir: cli.pin_dir,
-                ring_capacity: r.ring_capacity,
-                metrics_addr,
-                status_file: Some(r.status_file),
-                reload_interval: r.reload_interval,
-                arp_sender: r.arp_sender,
-                arp_check_interval: r.arp_check_interval,
-                heartbeat_key,
-            };
-            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(agent::run(opts))?;
+            let opts = agent::Options::from_args(*r, cli.pin_dir)?;
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(async {
+                let stop = agent::stop_signals()?;
+                agent::run(opts, stop).await
+            })?;
         }
         Cmd::Check(c) => std::process::exit(check(&c)),
         Cmd::Crd => print!("{}", vip_agent::k8s::crd::crd_yaml()),
@@ -264,9 +229,4 @@ fn check(args: &CheckArgs) -> i32 {
     } else {
         2
     }
-}
-
-fn hostname() -> Result<String> {
-    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
-    Ok(h.trim().to_owned())
 }

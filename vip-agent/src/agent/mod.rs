@@ -12,12 +12,14 @@ mod desired;
 mod feed;
 mod interfaces;
 pub mod liveness;
+mod options;
 mod publish;
 mod record;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
+    future::Future,
+    net::IpAddr,
     path::PathBuf,
     sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
@@ -34,11 +36,12 @@ pub use desired::{desired, health_targets, ownership, Desired, DesiredService, O
 pub use feed::Source;
 use feed::{next_world, Feed};
 pub use liveness::{Membership, Uplinks};
+pub use options::{HeartbeatKey, Options};
 
 use crate::{
     clock::monotonic_ns,
     config,
-    dataplane::{self, AttachMode, Dataplane, ServiceAddr},
+    dataplane::{self, Dataplane, ServiceAddr},
     ha::{self, garp::ArpSender},
     health::{self, HealthChange, Target},
     metrics,
@@ -52,45 +55,6 @@ use crate::{
 /// rolling update takes seconds. A node that goes down meanwhile leaves the rings
 /// by its failed health checks.
 pub const LEAVING_STAY: Duration = Duration::from_secs(30);
-
-/// How `run` is set up (the CLI fills it).
-#[derive(Clone, Debug)]
-pub struct Options {
-    pub source: Source,
-    /// This node's name in the config's `nodes`.
-    pub node_name: String,
-    /// The interface of pools that name none, and this node's home (where the
-    /// node is reached); None: each pool's by its addresses, home by the node's.
-    pub iface: Option<String>,
-    pub attach_mode: AttachMode,
-    pub pin_dir: PathBuf,
-    pub ring_capacity: u32,
-    /// /metrics, /healthz, /readyz, /status; None: no HTTP server.
-    pub metrics_addr: Option<SocketAddr>,
-    /// Where the status JSON is written after every change (read by `inspect`).
-    pub status_file: Option<PathBuf>,
-    /// How often the config file is checked for changes.
-    pub reload_interval: Duration,
-    /// How gratuitous ARP and ARP requests leave the node.
-    pub arp_sender: ArpSender,
-    /// How often each VIP held elsewhere and checked here is asked for (the ARP
-    /// self-check, `ha::arpcheck`); zero: never.
-    pub arp_check_interval: Duration,
-    /// Where the cluster's heartbeat key comes from.
-    pub heartbeat_key: HeartbeatKey,
-}
-
-/// Where the cluster's heartbeat key comes from.
-#[derive(Clone, Debug)]
-pub enum HeartbeatKey {
-    /// A key file, re-read every few seconds (rotation).
-    File(PathBuf),
-    /// This Secret in the agent's namespace (Kubernetes), created when absent and
-    /// watched (`k8s::heartbeat_key`).
-    Secret(String),
-    /// None: the segment is trusted and heartbeats go unsigned.
-    Trusted,
-}
 
 struct Agent {
     opts: Options,
@@ -135,7 +99,24 @@ struct Agent {
     status_json: Arc<Mutex<String>>,
 }
 
-pub async fn run(opts: Options) -> Result<()> {
+/// The agent's stop: SIGTERM or SIGINT (registered now, so that a signal
+/// arriving while the agent starts is not lost).
+pub fn stop_signals() -> Result<impl Future<Output = ()>> {
+    let mut term = unix::signal(unix::SignalKind::terminate())?;
+    let mut int = unix::signal(unix::SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// Runs the agent until `shutdown` completes (the binary: [`stop_signals`];
+/// tests that run it in-process: their own), then tells the peers it leaves
+/// and returns, leaving the data path running on the last state.
+pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
     let mut metrics = metrics::Metrics::new(match opts.source {
         Source::File(_) => metrics::Mode::File,
         Source::Kubernetes { .. } => metrics::Mode::Kubernetes,
@@ -241,8 +222,6 @@ pub async fn run(opts: Options) -> Result<()> {
         agent.metrics.config_valid.set(1);
         agent.metrics.config_reloads.get_or_create(&metrics::ResultLabels { result: "ok".into() }).inc();
     }
-    let mut term = unix::signal(unix::SignalKind::terminate())?;
-    let mut int = unix::signal(unix::SignalKind::interrupt())?;
     // The program is attached where the model's pools live before anything is held.
     agent.adopt(world);
     // A node the model leaves out (its Node not Ready, tainted not-ready or
@@ -263,8 +242,7 @@ pub async fn run(opts: Options) -> Result<()> {
             tokio::select! {
                 Some(world) = next_world(&mut feed) => agent.adopt(Arc::new(world)),
                 _ = alive.tick() => agent.metrics.liveness.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed),
-                _ = term.recv() => return Ok(()),
-                _ = int.recv() => return Ok(()),
+                _ = &mut shutdown => return Ok(()),
             }
         }
         agent.metrics.idle.store(false, Ordering::Relaxed);
@@ -357,8 +335,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 agent.check_host();
                 agent.publish();
             }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = &mut shutdown => break,
         }
     }
     // Tell the peers: they take this node's VIPs at once (rather than after
