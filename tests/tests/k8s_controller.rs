@@ -251,9 +251,11 @@ async fn vips_no_node_holds_are_reported_on_the_pool_and_the_service(api: Backen
     // node-1 is excluded: the agent tells no node may hold the pool's addresses
     // (both of them; only the one in use is reported).
     let why = r#"no node may hold VipPool "p"'s addresses: none of the 0 node(s) in use matches its nodeSelector and tolerations; left out: node-1 (labelled node.kubernetes.io/exclude-from-external-load-balancers)"#;
+    let left_out = vec![("node-1".to_owned(), "labelled node.kubernetes.io/exclude-from-external-load-balancers".to_owned())];
+    let no_holder = vip_agent::model::NoHolder::NoEligibleNode { pool: "p".into(), nodes: 0, left_out };
     owners.send_replace(BTreeMap::new());
     let other: std::net::IpAddr = if vip.to_string().ends_with(".10") { "198.18.1.11" } else { "198.18.1.10" }.parse().unwrap();
-    unheld.send_replace(BTreeMap::from([(vip, why.to_owned()), (other, why.to_owned())]));
+    unheld.send_replace(BTreeMap::from([(vip, no_holder.clone()), (other, no_holder)]));
     eventually("not held", || pool_condition(&api, "p", "Held").is_some_and(|c| c.0 == "False")).await;
     assert_eq!(pool_condition(&api, "p", "Held").unwrap().1, format!("1 VIP(s) in use held by no node, not answered: {vip}: {why}"));
     eventually("a Warning", || events(&api, "NotHeld").len() == 1).await;

@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tokio::{
@@ -84,21 +84,38 @@ impl Default for Thresholds {
     }
 }
 
+/// Why a probe failed (the last one is shown in the status's health detail).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("connect {addr}: {source}")]
+    Connect { addr: SocketAddr, source: std::io::Error },
+    #[error("no answer from {addr} within {timeout:?}")]
+    Timeout { addr: SocketAddr, timeout: Duration },
+    #[error("send: {0}")]
+    Send(std::io::Error),
+    #[error("read: {0}")]
+    Read(std::io::Error),
+    #[error("GET {path}: status {code}")]
+    Status { path: String, code: u16 },
+    #[error("GET {path}: not an HTTP response: {line:?}")]
+    NotHttp { path: String, line: String },
+}
+
 /// One probe: Ok, or why it failed.
-pub async fn probe(addr: IpAddr, check: &HealthCheck) -> Result<(), String> {
+pub async fn probe(addr: IpAddr, check: &HealthCheck) -> Result<(), ProbeError> {
     let (port, path) = match &check.probe {
         Probe::Tcp { port } => (*port, None),
         Probe::Http { port, path } => (*port, Some(path.as_str())),
     };
     let sa = SocketAddr::from((addr, port));
     let attempt = async {
-        let mut s = TcpStream::connect(sa).await.map_err(|e| format!("connect {sa}: {e}"))?;
+        let mut s = TcpStream::connect(sa).await.map_err(|source| ProbeError::Connect { addr: sa, source })?;
         let Some(path) = path else { return Ok(()) };
         http_get_status(&mut s, &host_header(sa), path).await
     };
     match tokio::time::timeout(check.timeout, attempt).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer from {sa} within {:?}", check.timeout)),
+        Err(_) => Err(ProbeError::Timeout { addr: sa, timeout: check.timeout }),
     }
 }
 
@@ -114,14 +131,14 @@ fn host_header(sa: SocketAddr) -> String {
 /// HTTP/1.1 GET: success is a 2xx or 3xx status line. Hand-written on purpose: a
 /// probe needs only the status line (no TLS, no body, no redirects followed), and
 /// a client library would add a connection pool whose reuse hides a dead server.
-async fn http_get_status(s: &mut TcpStream, host: &str, path: &str) -> Result<(), String> {
+async fn http_get_status(s: &mut TcpStream, host: &str, path: &str) -> Result<(), ProbeError> {
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: vip-agent\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.map_err(|e| format!("send: {e}"))?;
+    s.write_all(req.as_bytes()).await.map_err(ProbeError::Send)?;
     let mut buf = [0u8; 64];
     let mut n = 0;
     // Up to the end of the status line ("HTTP/1.1 200 OK\r\n").
     while n < buf.len() && !buf[..n].contains(&b'\n') {
-        let r = s.read(&mut buf[n..]).await.map_err(|e| format!("read: {e}"))?;
+        let r = s.read(&mut buf[n..]).await.map_err(ProbeError::Read)?;
         if r == 0 {
             break;
         }
@@ -132,8 +149,8 @@ async fn http_get_status(s: &mut TcpStream, host: &str, path: &str) -> Result<()
     let code = line.strip_prefix("HTTP/1.").and_then(|r| r.get(2..5)).and_then(|c| c.parse::<u16>().ok());
     match code {
         Some(c) if (200..400).contains(&c) => Ok(()),
-        Some(c) => Err(format!("GET {path}: status {c}")),
-        None => Err(format!("GET {path}: not an HTTP response: {line:?}")),
+        Some(code) => Err(ProbeError::Status { path: path.to_owned(), code }),
+        None => Err(ProbeError::NotHttp { path: path.to_owned(), line: line.to_owned() }),
     }
 }
 
@@ -257,10 +274,7 @@ async fn run_target(target: Target, task: u64, joining: bool, tx: mpsc::Unbounde
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        net::{Ipv4Addr, Ipv6Addr},
-        time::Duration,
-    };
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     use super::*;
 
@@ -341,12 +355,12 @@ mod tests {
         assert!(req.starts_with("GET /healthz HTTP/1.1\r\n") && req.contains(&format!("\r\nHost: [::1]:{port}\r\n")), "{req:?}");
         let (port, _) = server_on(lo, "HTTP/1.1 500 Oops\r\n\r\n").await;
         let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
-        assert!(e.contains("status 500"), "{e}");
+        assert!(matches!(e, ProbeError::Status { code: 500, .. }), "{e}");
         let (port, _) = server_on(lo, "").await;
         probe(lo, &check(Probe::Tcp { port })).await.unwrap();
         let closed = std::net::TcpListener::bind((lo, 0)).unwrap().local_addr().unwrap().port();
         let e = probe(lo, &check(Probe::Tcp { port: closed })).await.unwrap_err();
-        assert!(e.contains(&format!("connect [::1]:{closed}")), "{e}");
+        assert!(e.to_string().starts_with(&format!("connect [::1]:{closed}: ")), "{e}");
     }
 
     #[tokio::test]
@@ -358,24 +372,24 @@ mod tests {
         probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap();
         let port = server("HTTP/1.1 503 Service Unavailable\r\n\r\n").await;
         let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
-        assert!(e.contains("status 503"), "{e}");
+        assert_eq!(e.to_string(), "GET /: status 503");
         let port = server("SSH-2.0-OpenSSH\r\n").await;
         let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
-        assert!(e.contains("not an HTTP response"), "{e}");
+        assert_eq!(e.to_string(), r#"GET /: not an HTTP response: "SSH-2.0-OpenSSH""#);
         let port = server("").await;
         probe(lo, &check(Probe::Tcp { port })).await.unwrap();
 
         // Nothing listening: refused.
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let e = probe(lo, &check(Probe::Tcp { port: closed })).await.unwrap_err();
-        assert!(e.contains("connect"), "{e}");
+        assert!(matches!(e, ProbeError::Connect { ref source, .. } if source.kind() == std::io::ErrorKind::ConnectionRefused), "{e}");
 
         // Accepts but never answers: the timeout decides.
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let start = Instant::now();
         let e = probe(lo, &check(Probe::Http { port, path: "/".into() })).await.unwrap_err();
-        assert!(e.contains("no answer"), "{e}");
+        assert!(matches!(e, ProbeError::Timeout { .. }), "{e}");
         assert!(start.elapsed() >= Duration::from_millis(300));
         drop(l);
     }

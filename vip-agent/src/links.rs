@@ -244,14 +244,34 @@ pub fn network_name(ifindex: u32) -> String {
     name(ifindex).unwrap_or_else(|| ifindex.to_string())
 }
 
+/// Why a pool, or the node's home, has no interface here.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("none of its interfaces ({}) is on this node", .0.join(", "))]
+    NoneOfInterfaces(Vec<String>),
+    #[error("the agent's interface {0:?} (--iface) is not on this node")]
+    NoDefault(String),
+    /// `first`: the pool's first address.
+    #[error("no interface of this node has a network containing {first} or the node's address {node}; list the pool's interfaces or set the agent's --iface")]
+    NoNetwork { first: String, node: IpAddr },
+    #[error("no interface of this node holds its address {0}; set the agent's --iface")]
+    NoHome(IpAddr),
+    #[error("the parent {parent:?} of VLAN interface {iface:?} is not on this node")]
+    NoParent { parent: String, iface: String },
+    #[error("{iface:?} is a VLAN on the VLAN interface {parent:?} (stacked tags): QinQ is not supported")]
+    StackedVlan { iface: String, parent: String },
+    #[error("vlan {vlan} contradicts {iface:?}, a sub-interface of VLAN {has}")]
+    VlanContradicts { vlan: u16, iface: String, has: u16 },
+}
+
 /// `l` put on the pool's `vlan`, if it names one: the VLAN of the chosen
 /// interface, a network of its own (see [`vlan_net`]). A VLAN sub-interface of
 /// another VLAN id contradicts it.
-fn on_vlan(l: Link, vlan: Option<u16>) -> Result<Link, String> {
+fn on_vlan(l: Link, vlan: Option<u16>) -> Result<Link, LinkError> {
     match (vlan, l.vlan) {
         (None, _) => Ok(l),
         (Some(v), Some(w)) if v == w => Ok(l),
-        (Some(v), Some(w)) => Err(format!("vlan {v} contradicts {:?}, a sub-interface of VLAN {w}", l.name)),
+        (Some(v), Some(w)) => Err(LinkError::VlanContradicts { vlan: v, iface: l.name, has: w }),
         (Some(v), None) => Ok(Link { name: format!("{}.{v}", l.name), ifindex: vlan_net(l.xdp_ifindex, v), vlan: Some(v), ..l }),
     }
 }
@@ -282,13 +302,9 @@ pub(crate) fn contains((net, len): (IpAddr, u8), a: IpAddr) -> bool {
 }
 
 /// Rules 1 to 5 of [`resolve`].
-fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [HostIface]) -> Result<&'a HostIface, String> {
+fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [HostIface]) -> Result<&'a HostIface, LinkError> {
     if !pool.interfaces.is_empty() {
-        return pool
-            .interfaces
-            .iter()
-            .find_map(|n| find(host, n))
-            .ok_or_else(|| format!("none of its interfaces ({}) is on this node", pool.interfaces.join(", ")));
+        return pool.interfaces.iter().find_map(|n| find(host, n)).ok_or_else(|| LinkError::NoneOfInterfaces(pool.interfaces.clone()));
     }
     if let Some(name) = default_iface {
         return named_default(host, name);
@@ -306,16 +322,13 @@ fn choose<'a>(pool: &Pool, node: &Node, default_iface: Option<&str>, host: &'a [
     }
     holding(host, node.addr).ok_or_else(|| {
         let first = pool.addresses.first().map_or_else(|| "its addresses".to_owned(), |a| a.to_string());
-        format!(
-            "no interface of this node has a network containing {first} or the node's address {}; list the pool's interfaces or set the agent's --iface",
-            node.addr
-        )
+        LinkError::NoNetwork { first, node: node.addr }
     })
 }
 
 /// The agent's `--iface` on `host`, or why not.
-fn named_default<'a>(host: &'a [HostIface], name: &str) -> Result<&'a HostIface, String> {
-    find(host, name).ok_or_else(|| format!("the agent's interface {name:?} (--iface) is not on this node"))
+fn named_default<'a>(host: &'a [HostIface], name: &str) -> Result<&'a HostIface, LinkError> {
+    find(host, name).ok_or_else(|| LinkError::NoDefault(name.to_owned()))
 }
 
 /// The interface holding address `addr`, never `lo`; the first by name if several
@@ -326,23 +339,23 @@ fn holding(host: &[HostIface], addr: IpAddr) -> Option<&HostIface> {
 
 /// Where a node with address `addr` is reached (its home): `default_iface` when
 /// given, else the interface holding `addr`.
-pub fn home(addr: IpAddr, default_iface: Option<&str>, host: &[HostIface]) -> Result<Link, String> {
+pub fn home(addr: IpAddr, default_iface: Option<&str>, host: &[HostIface]) -> Result<Link, LinkError> {
     let found = match default_iface {
         Some(name) => named_default(host, name)?,
-        None => holding(host, addr).ok_or_else(|| format!("no interface of this node holds its address {addr}; set the agent's --iface"))?,
+        None => holding(host, addr).ok_or(LinkError::NoHome(addr))?,
     };
     link(found, host)
 }
 
 /// An interface of `host` as a link: XDP on it, or on its parent if it is an
 /// 802.1Q sub-interface (a VLAN on a VLAN, or a parent not in `host`, is an error).
-pub fn link(i: &HostIface, host: &[HostIface]) -> Result<Link, String> {
+pub fn link(i: &HostIface, host: &[HostIface]) -> Result<Link, LinkError> {
     let (xdp, vlan) = match &i.vlan {
         None => (i, None),
         Some((parent, vid)) => {
-            let p = find(host, parent).ok_or_else(|| format!("the parent {parent:?} of VLAN interface {:?} is not on this node", i.name))?;
+            let p = find(host, parent).ok_or_else(|| LinkError::NoParent { parent: parent.clone(), iface: i.name.clone() })?;
             if p.vlan.is_some() {
-                return Err(format!("{:?} is a VLAN on the VLAN interface {:?} (stacked tags): QinQ is not supported", i.name, p.name));
+                return Err(LinkError::StackedVlan { iface: i.name.clone(), parent: p.name.clone() });
             }
             (p, Some(*vid))
         }
@@ -416,11 +429,13 @@ mod tests {
         assert_eq!(home(ip("198.18.0.11"), None, &host).map(|l| l.name), Ok("eth0".into()));
         assert_eq!(home(ip("2001:2::11"), None, &host).map(|l| l.name), Ok("eth0".into()), "an IPv6 node");
         assert_eq!(home(ip("2001:2:0:3::1"), None, &host).map(|l| (l.xdp_iface, l.vlan)), Ok(("eth0".into(), Some(100))));
-        assert!(home(ip("2001:2:0:77::1"), None, &host).unwrap_err().contains("no interface of this node holds its address 2001:2:0:77::1"));
+        assert_eq!(home(ip("2001:2:0:77::1"), None, &host).unwrap_err(), LinkError::NoHome(ip("2001:2:0:77::1")));
         assert_eq!(home(ip("198.18.0.11"), Some("eth1"), &host).map(|l| l.name), Ok("eth1".into()));
         assert_eq!(home(ip("198.18.3.1"), None, &host).map(|l| (l.xdp_iface, l.vlan)), Ok(("eth0".into(), Some(100))), "a VLAN sub-interface");
-        assert!(home(ip("198.18.7.1"), None, &host).unwrap_err().contains("no interface of this node holds its address 198.18.7.1"));
-        assert!(home(ip("198.18.0.11"), Some("eth9"), &host).unwrap_err().contains("\"eth9\" (--iface) is not on this node"));
+        let no_home = home(ip("198.18.7.1"), None, &host).unwrap_err();
+        assert_eq!(no_home.to_string(), "no interface of this node holds its address 198.18.7.1; set the agent's --iface");
+        let no_iface = home(ip("198.18.0.11"), Some("eth9"), &host).unwrap_err();
+        assert_eq!(no_iface.to_string(), r#"the agent's interface "eth9" (--iface) is not on this node"#);
     }
 
     /// A pool naming a VLAN: on that VLAN of the interface the rules choose, under

@@ -205,7 +205,7 @@ fn check(args: &CheckArgs) -> i32 {
             match vip_agent::links::home(node.addr, default_iface, &host) {
                 Ok(l) => Some(l.name),
                 Err(why) => {
-                    problems.push(why);
+                    problems.push(why.to_string());
                     None
                 }
             }

@@ -254,6 +254,37 @@ pub struct World {
     pub left_out: BTreeMap<String, String>,
 }
 
+/// Why no node holds a VIP: what the agents tell the elected controller, which
+/// groups a pool's unheld VIPs by it (its `Held=False` message, VipStatus).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, thiserror::Error)]
+pub enum NoHolder {
+    /// No node of the model may hold the pool's addresses.
+    #[error(
+        "no node may hold VipPool {pool:?}'s addresses: none of the {nodes} node(s) in use matches its nodeSelector and tolerations{}",
+        left_out_note(left_out)
+    )]
+    NoEligibleNode {
+        pool: String,
+        /// Nodes in the model.
+        nodes: usize,
+        /// Cluster nodes not in the model, with why (`World::left_out`).
+        left_out: Vec<(String, String)>,
+    },
+    /// The pool's eligible nodes are all silent, as a live member hears it.
+    #[error("none of VipPool {pool:?}'s eligible nodes ({}) is alive: no heartbeats heard", eligible.join(", "))]
+    NoneAlive { pool: String, eligible: Vec<String> },
+}
+
+/// The first five left-out nodes, for [`NoHolder::NoEligibleNode`]'s message.
+fn left_out_note(left_out: &[(String, String)]) -> String {
+    if left_out.is_empty() {
+        return String::new();
+    }
+    let some: Vec<String> = left_out.iter().take(5).map(|(n, r)| format!("{n} ({r})")).collect();
+    let more = left_out.len().saturating_sub(5);
+    format!("; left out: {}{}", some.join(", "), if more > 0 { format!(" and {more} more") } else { String::new() })
+}
+
 impl World {
     pub fn node(&self, name: &str) -> Option<&Node> {
         self.nodes.iter().find(|n| n.name == name)

@@ -9,7 +9,7 @@ use std::{
 use crate::{
     dataplane::{BackendSpec, ServiceAddr, ServiceSpec},
     health::Target,
-    model::{NoHealthyBackend, World},
+    model::{NoHealthyBackend, NoHolder, World},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,24 +58,15 @@ pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership 
 /// admit none; nodes excluded from load balancers or not ready are not in the
 /// model) is known to every agent; one whose eligible nodes are all dead is said
 /// only by a live member (a node cut off sees every peer dead).
-pub fn unheld(world: &World, me: &str, live: &BTreeSet<String>, owners: &BTreeMap<IpAddr, String>) -> BTreeMap<IpAddr, String> {
+pub fn unheld(world: &World, me: &str, live: &BTreeSet<String>, owners: &BTreeMap<IpAddr, String>) -> BTreeMap<IpAddr, NoHolder> {
     let mut out = BTreeMap::new();
     for pool in &world.pools {
-        let eligible: Vec<&str> = world.eligible(pool).into_iter().map(|n| n.name.as_str()).collect();
+        let eligible: Vec<String> = world.eligible(pool).into_iter().map(|n| n.name.clone()).collect();
         let why = if eligible.is_empty() {
-            let mut why = format!(
-                "no node may hold VipPool {:?}'s addresses: none of the {} node(s) in use matches its nodeSelector and tolerations",
-                pool.name,
-                world.nodes.len()
-            );
-            if !world.left_out.is_empty() {
-                let some: Vec<String> = world.left_out.iter().take(5).map(|(n, r)| format!("{n} ({r})")).collect();
-                let more = world.left_out.len().saturating_sub(5);
-                why += &format!("; left out: {}{}", some.join(", "), if more > 0 { format!(" and {more} more") } else { String::new() });
-            }
-            why
+            let left_out = world.left_out.iter().map(|(n, r)| (n.clone(), r.clone())).collect();
+            NoHolder::NoEligibleNode { pool: pool.name.clone(), nodes: world.nodes.len(), left_out }
         } else if live.contains(me) {
-            format!("none of VipPool {:?}'s eligible nodes ({}) is alive: no heartbeats heard", pool.name, eligible.join(", "))
+            NoHolder::NoneAlive { pool: pool.name.clone(), eligible }
         } else {
             continue;
         };
@@ -318,7 +309,7 @@ services:
         let o = ownership(&w, "b1", &only_b1);
         let u = unheld(&w, "b1", &only_b1, &o.owners);
         assert_eq!(u.len(), 4);
-        assert_eq!(u[&"198.18.1.1".parse().unwrap()], r#"none of VipPool "p"'s eligible nodes (lb1, lb2) is alive: no heartbeats heard"#);
+        assert_eq!(u[&"198.18.1.1".parse().unwrap()].to_string(), r#"none of VipPool "p"'s eligible nodes (lb1, lb2) is alive: no heartbeats heard"#);
         // A node that is no member cannot tell dead from cut off: it says nothing...
         assert!(unheld(&w, "b1", &BTreeSet::new(), &BTreeMap::new()).is_empty());
         // ...but a pool no node of the model may hold is known to everyone.
@@ -327,7 +318,7 @@ services:
         let u = unheld(&w, "b1", &BTreeSet::new(), &BTreeMap::new());
         assert_eq!(u.len(), 4);
         assert_eq!(
-            u[&"198.18.1.4".parse().unwrap()],
+            u[&"198.18.1.4".parse().unwrap()].to_string(),
             r#"no node may hold VipPool "p"'s addresses: none of the 2 node(s) in use matches its nodeSelector and tolerations; left out: lb1 (labelled node.kubernetes.io/exclude-from-external-load-balancers)"#
         );
     }

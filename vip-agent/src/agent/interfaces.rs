@@ -70,7 +70,7 @@ impl Interfaces {
         let home = match home {
             Some(Ok(l)) => Some(l),
             Some(Err(why)) => {
-                problems.push(why);
+                problems.push(why.to_string());
                 None
             }
             None => None,

@@ -45,7 +45,7 @@ use crate::{
     ha::{self, garp::ArpSender},
     health::{self, HealthChange, Target},
     metrics,
-    model::World,
+    model::{NoHolder, World},
     preflight,
     status::{ConfigStatus, Status},
 };
@@ -83,7 +83,7 @@ struct Agent {
     /// VIP → its service-ports not programmed, for the controller (pool condition, Events).
     unprogrammed_tx: watch::Sender<BTreeMap<IpAddr, Vec<String>>>,
     /// VIP → why no node holds it, for the controller (pool condition, Events).
-    unheld_tx: watch::Sender<BTreeMap<IpAddr, String>>,
+    unheld_tx: watch::Sender<BTreeMap<IpAddr, NoHolder>>,
     /// VIP → the nodes its rings spread to, for the VipStatus of the VIPs held here.
     backends_tx: watch::Sender<BTreeMap<IpAddr, Vec<String>>>,
     /// The VIPs and the interfaces they arrive on, for the routing rule that

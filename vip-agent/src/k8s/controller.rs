@@ -39,6 +39,7 @@ use super::{
     reports::{EventReason, ARP_CONFLICT, HELD},
     vipstatus,
 };
+use crate::model::NoHolder;
 
 /// Labels of `vip_pool_addresses`, which the elected controller writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,7 +58,7 @@ pub struct AgentView {
     /// VIP → its service-ports the agent could not program ("port/proto: why").
     pub unprogrammed: watch::Receiver<BTreeMap<IpAddr, Vec<String>>>,
     /// VIP → why no node holds it (`agent::desired::unheld`).
-    pub unheld: watch::Receiver<BTreeMap<IpAddr, String>>,
+    pub unheld: watch::Receiver<BTreeMap<IpAddr, NoHolder>>,
 }
 
 impl AgentView {
@@ -88,7 +89,7 @@ struct PoolProblems<'a> {
     /// Services keeping an address its selectors no longer admit.
     stale: &'a [String],
     /// Its VIPs in use that no node holds, with why.
-    unheld: BTreeMap<IpAddr, &'a String>,
+    unheld: BTreeMap<IpAddr, &'a NoHolder>,
 }
 
 /// What one pass did (for logs and tests).
@@ -130,7 +131,7 @@ pub struct Controller {
     /// Unprogrammed service-ports already reported (Events), by VIP.
     reported_unprogrammed: BTreeMap<IpAddr, Vec<String>>,
     /// VIPs in use held by no node, already reported (Events), with why.
-    reported_unheld: BTreeMap<IpAddr, String>,
+    reported_unheld: BTreeMap<IpAddr, NoHolder>,
     /// VIPs whose `ArpConflict` episode was reported (a Warning), by the time it
     /// started; started from the VipStatuses, so a new leader does not repeat it.
     reported_arp: Option<BTreeMap<IpAddr, Time>>,
@@ -243,7 +244,8 @@ impl Controller {
         let unprogrammed: BTreeMap<IpAddr, Vec<String>> =
             self.view.unprogrammed.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, e)| (*v, e.clone())).collect();
         self.report_unprogrammed(&unprogrammed, &by_vip).await;
-        let unheld: BTreeMap<IpAddr, String> = self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
+        let unheld: BTreeMap<IpAddr, NoHolder> =
+            self.view.unheld.borrow().iter().filter(|(v, _)| by_vip.contains_key(v)).map(|(v, w)| (*v, w.clone())).collect();
         out.unheld_events = self.report_unheld(&unheld, &owners, &by_vip).await;
         out.vip_statuses = self.sync_vip_statuses(&views, &by_vip, &unheld).await;
         out.arp_events = self.report_arp_conflicts(&by_vip).await;
@@ -259,7 +261,7 @@ impl Controller {
                 None => Vec::new(),
             };
             let stale = stale.get(&c.name).map_or(&[][..], Vec::as_slice);
-            let not_held: BTreeMap<IpAddr, &String> = match &c.valid {
+            let not_held: BTreeMap<IpAddr, &NoHolder> = match &c.valid {
                 Some(v) => unheld.iter().filter(|(a, _)| v.addresses.contains(**a)).map(|(a, w)| (*a, w)).collect(),
                 None => BTreeMap::new(),
             };
@@ -313,7 +315,7 @@ impl Controller {
     /// One VipStatus per VIP of a valid pool in use: missing ones created, those of
     /// VIPs no longer in use deleted; `Held=False` written on those no node holds
     /// (those in `unheld`). Returns how many writes succeeded.
-    async fn sync_vip_statuses(&mut self, pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>, unheld: &BTreeMap<IpAddr, String>) -> usize {
+    async fn sync_vip_statuses(&mut self, pools: &[PoolView], by_vip: &BTreeMap<IpAddr, Vec<&Service>>, unheld: &BTreeMap<IpAddr, NoHolder>) -> usize {
         let in_use: BTreeMap<String, IpAddr> =
             by_vip.keys().filter(|v| pools.iter().any(|p| p.addresses.contains(**v))).map(|v| (vip_status_name(*v), *v)).collect();
         let seen: BTreeMap<String, Option<crate::k8s::crd::VipState>> = self.vip_statuses.state().iter().map(|o| (o.name_any(), o.status.clone())).collect();
@@ -400,7 +402,7 @@ impl Controller {
     /// holds (its address is not answered), when that starts or its reason
     /// changes, and a `Held` Event once a node holds it again; returns how many
     /// were recorded.
-    async fn report_unheld(&mut self, now: &BTreeMap<IpAddr, String>, owners: &BTreeMap<IpAddr, String>, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> usize {
+    async fn report_unheld(&mut self, now: &BTreeMap<IpAddr, NoHolder>, owners: &BTreeMap<IpAddr, String>, by_vip: &BTreeMap<IpAddr, Vec<&Service>>) -> usize {
         let mut events = Vec::new();
         for (vip, why) in now {
             if self.reported_unheld.get(vip) != Some(why) {
@@ -509,16 +511,17 @@ impl Controller {
             Decision::Allocate { addr, pool, ingress, .. } => (ingress, EventReason::Allocated.event(format!("{addr} from VipPool {pool}"))),
             Decision::Release { addr, why, ingress, .. } => (ingress, EventReason::Released.event(format!("{addr}: {why}"))),
             // Nothing to write: a Warning, once per message.
-            Decision::Pending { why, .. } | Decision::Stale { why, .. } => {
-                let (said, reason) = match d {
-                    Decision::Pending { .. } => (&mut self.pending, EventReason::AllocationFailed),
-                    _ => (&mut self.stale, EventReason::StaleAllocation),
+            Decision::Pending { .. } | Decision::Stale { .. } => {
+                let (said, reason, why) = match d {
+                    Decision::Pending { why, .. } => (&mut self.pending, EventReason::AllocationFailed, why.to_string()),
+                    Decision::Stale { why, .. } => (&mut self.stale, EventReason::StaleAllocation, why.clone()),
+                    _ => unreachable!("matched above"),
                 };
-                if said.get(&key) == Some(why) {
+                if said.get(&key) == Some(&why) {
                     return Ok(false);
                 }
                 said.insert(key.clone(), why.clone());
-                let ev = reason.event(why.clone());
+                let ev = reason.event(why);
                 self.publish(&ev, svc).await;
                 return Ok(true);
             }
@@ -604,7 +607,7 @@ impl Controller {
 /// The pool's `Held` condition: whether every VIP of it in use has a node that
 /// answers it, and if not which VIPs and why (grouped by reason).
 pub(crate) fn held_condition(
-    unheld: &BTreeMap<IpAddr, &String>,
+    unheld: &BTreeMap<IpAddr, &NoHolder>,
     generation: Option<i64>,
     previous: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     now: &Time,
@@ -612,9 +615,9 @@ pub(crate) fn held_condition(
     if unheld.is_empty() {
         return pools::condition(HELD, "True", "AllHeld", "every VIP of the pool in use is held by a node".into(), generation, previous, now);
     }
-    let mut by_why: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut by_why: BTreeMap<&NoHolder, Vec<String>> = BTreeMap::new();
     for (vip, why) in unheld {
-        by_why.entry(why.as_str()).or_default().push(vip.to_string());
+        by_why.entry(*why).or_default().push(vip.to_string());
     }
     let groups: Vec<String> = by_why.into_iter().map(|(why, vips)| format!("{}: {why}", vips.join(", "))).collect();
     let msg = format!("{} VIP(s) in use held by no node, not answered: {}", unheld.len(), pools::some_of(&groups));
@@ -663,5 +666,29 @@ pub async fn run(client: Client, identity: String, mut leader: watch::Receiver<b
             r = unheld.changed(), if unheld_open => unheld_open = r.is_ok(),
             _ = tokio::time::sleep(resync) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    /// A pool's unheld VIPs are grouped by why, one group per reason, each
+    /// naming its VIPs.
+    #[test]
+    fn held_false_groups_vips_by_reason() {
+        let dead = NoHolder::NoneAlive { pool: "p".into(), eligible: vec!["n1".into(), "n2".into()] };
+        let none = NoHolder::NoEligibleNode { pool: "p".into(), nodes: 3, left_out: vec![("cp".into(), "tainted".into())] };
+        let unheld: BTreeMap<IpAddr, &NoHolder> =
+            [("198.18.1.1".parse().unwrap(), &dead), ("198.18.1.2".parse().unwrap(), &none), ("198.18.1.3".parse().unwrap(), &dead)].into();
+        let c = held_condition(&unheld, Some(2), &[], &Time(Timestamp::from_second(1_700_000_000).unwrap()));
+        assert_eq!((c.type_.as_str(), c.status.as_str(), c.reason.as_str()), (HELD, "False", "NoHolder"));
+        assert_eq!(
+            c.message,
+            r#"3 VIP(s) in use held by no node, not answered: 198.18.1.2: no node may hold VipPool "p"'s addresses: none of the 3 node(s) in use matches its nodeSelector and tolerations; left out: cp (tainted); 198.18.1.1, 198.18.1.3: none of VipPool "p"'s eligible nodes (n1, n2) is alive: no heartbeats heard"#
+        );
+        assert_eq!(held_condition(&BTreeMap::new(), Some(2), &[], &c.last_transition_time).reason, "AllHeld");
     }
 }

@@ -338,8 +338,8 @@ mod tests {
                 assert!(got.contains(&(READY.to_owned(), "False".to_owned(), reason.clone())), "{reason}");
             }
         }
-        let why = "no eligible node alive".to_owned();
-        let unheld: BTreeMap<IpAddr, &String> = [("198.18.1.10".parse().unwrap(), &why)].into();
+        let why = crate::model::NoHolder::NoneAlive { pool: "a".into(), eligible: vec!["n1".into()] };
+        let unheld: BTreeMap<IpAddr, &crate::model::NoHolder> = [("198.18.1.10".parse().unwrap(), &why)].into();
         got.insert(written([crate::k8s::controller::held_condition(&BTreeMap::new(), Some(1), &[], &now)]).pop_first().unwrap());
         got.insert(written([crate::k8s::controller::held_condition(&unheld, Some(1), &[], &now)]).pop_first().unwrap());
         assert_eq!(got, defined(Object::VipPool));
