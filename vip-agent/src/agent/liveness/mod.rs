@@ -9,7 +9,7 @@
 //! input it takes from the rest is the model (a `watch`, never blocking).
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     sync::{atomic::Ordering, Arc},
     time::{Duration, Instant, SystemTime},
 };
@@ -23,17 +23,17 @@ use super::{desired::ownership, record::Members};
 #[cfg(test)]
 mod model_check;
 pub mod plan;
+mod selfcheck;
 use crate::{
     clock::monotonic_ns,
     dataplane::{Announce, HeldVips},
     ha::{
-        self,
-        arpcheck::{self, ArpCheck, Finding},
+        self, arpcheck,
         garp::{FrameTx, Job, Order},
         heartbeat, HeldVip,
     },
     links::Link,
-    metrics::{self, LivenessMetrics},
+    metrics::LivenessMetrics,
     model::{AnnounceMode, World},
 };
 
@@ -73,6 +73,11 @@ impl Uplinks {
     /// the links, their parents, and home.
     pub fn watched(&self) -> BTreeSet<u32> {
         self.by_pool.values().chain(&self.home).flat_map(|l| [l.ifindex, l.xdp_ifindex]).filter(|i| !crate::links::is_vlan_net(*i)).collect()
+    }
+
+    /// Where `vip` is answered on this node: its pool's link.
+    pub fn link_of(&self, world: &World, vip: IpAddr) -> Option<&Link> {
+        self.by_pool.get(&world.pool_of(vip)?.name)
     }
 
     /// The `arp_held` ifindices VIPs are held under.
@@ -178,24 +183,8 @@ struct Liveness {
     groups: ha::groups::Groups,
     /// Held VIPs found held at start (see [`HeldVip::adopted`]).
     adopted: BTreeSet<IpAddr>,
-    /// The ARP self-check, as a checker: the VIPs of other nodes this node checks
-    /// (→ their holder), when each is due, and the requests awaiting answers.
-    arp_mine: BTreeMap<Ipv4Addr, String>,
-    arp_schedule: arpcheck::Schedule,
-    arp_inflight: Vec<InFlight>,
-    /// ... and as a holder: findings from the checkers (by heartbeat), and the last
-    /// check of each held VIP.
-    arp_link: heartbeat::ArpLink,
-    arp_reports: mpsc::UnboundedReceiver<(String, Vec<Finding>)>,
-    arp_checks: BTreeMap<IpAddr, ArpCheck>,
-}
-
-/// An ARP self-check request sent, awaiting answers.
-struct InFlight {
-    vip: Ipv4Addr,
-    ifindex: u32,
-    holder: String,
-    sent: Instant,
+    /// The ARP self-check, as checker and as holder.
+    arp: selfcheck::SelfCheck,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -208,8 +197,7 @@ pub fn hold_refresh(w: &World) -> tokio::time::Interval {
 impl Liveness {
     fn new(s: Setup, mut inputs: watch::Receiver<Inputs>, out: watch::Sender<Membership>, arp_tx: mpsc::UnboundedSender<Order>) -> Self {
         let Inputs { world, uplinks } = inputs.borrow_and_update().clone();
-        let (reports, arp_reports) = mpsc::unbounded_channel();
-        let arp_schedule = arpcheck::Schedule::new(s.arp_check);
+        let arp = selfcheck::SelfCheck::new(s.arp_check);
         Self {
             s,
             inputs,
@@ -232,18 +220,13 @@ impl Liveness {
             unplaced: BTreeSet::new(),
             groups: ha::groups::Groups::default(),
             adopted: BTreeSet::new(),
-            arp_mine: BTreeMap::new(),
-            arp_schedule,
-            arp_inflight: Vec::new(),
-            arp_link: heartbeat::ArpLink { outbox: Default::default(), reports },
-            arp_reports,
-            arp_checks: BTreeMap::new(),
+            arp,
         }
     }
 
     /// Where `vip` is answered on this node: its pool's link.
     fn link_of(&self, vip: IpAddr) -> Option<&Link> {
-        self.uplinks.by_pool.get(&self.world.pool_of(vip)?.name)
+        self.uplinks.link_of(&self.world, vip)
     }
 
     /// Whether every watched interface is up with a carrier.
@@ -357,8 +340,8 @@ impl Liveness {
                 }
                 _ = garp_refresh.tick() => self.refresh_garp(),
                 _ = watch_conflicts.tick() => self.watch_conflicts(),
-                _ = arp_check.tick(), if !self.s.arp_check.is_zero() => self.arp_check(),
-                Some((from, findings)) = self.arp_reports.recv() => self.arp_findings(&from, findings),
+                _ = arp_check.tick(), if self.arp.enabled() => self.arp_check(),
+                Some((from, findings)) = self.arp.report() => self.arp_findings(&from, findings),
             }
         }
         info!("liveness thread stopping; VIPs still held stay answered until their deadline");
@@ -438,7 +421,7 @@ impl Liveness {
             metrics: Some(self.s.metrics.heartbeat.clone()),
             keys: self.s.keys.clone(),
             leave: Some(self.s.leave.clone()),
-            arp: Some(self.arp_link.clone()),
+            arp: Some(self.arp.link()),
         };
         let same =
             |a: &heartbeat::Options, b: &heartbeat::Options| (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after);
@@ -525,8 +508,7 @@ impl Liveness {
         // A VIP taken (again) is no longer the one found held at start.
         let kept = |v: &IpAddr| want.contains_key(v) && !take.contains(v);
         self.adopted.retain(kept);
-        self.arp_checks.retain(|v, _| kept(v));
-        self.s.metrics.arp_foreign.retain(|l| l.vip.parse().is_ok_and(|v: IpAddr| self.arp_checks.contains_key(&v)));
+        self.arp.keep(kept, &self.s.metrics);
         self.since.retain(|v, _| kept(v));
         for v in want.keys() {
             self.since.entry(*v).or_insert(now);
@@ -549,7 +531,10 @@ impl Liveness {
         };
         self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
         // Last: O(VIPs × nodes) hashing, after everything a failover waits for.
-        self.arp_mine = self.arp_checked_here();
+        if self.arp.enabled() {
+            let mine = selfcheck::checked_here(&self.world, &self.s.me, &self.live, &self.owners, |p| self.uplinks.by_pool.contains_key(p));
+            self.arp.check_for(mine);
+        }
     }
 
     /// Joins the solicited-node group of every IPv6 VIP answered here on the
@@ -640,7 +625,7 @@ impl Liveness {
                         interface,
                         vlan: l.vlan,
                         adopted: self.adopted.contains(v),
-                        arp: self.arp_checks.get(v).cloned(),
+                        arp: self.arp.check_of(v),
                     },
                 ))
             })
@@ -683,117 +668,22 @@ impl Liveness {
         }
     }
 
-    /// The IPv4 VIPs of ARP pools that other nodes hold and this node checks
-    /// (`arpcheck::checker`), with their holder: none while this node is no live
-    /// member, or where the VIP's pool has no interface here.
-    fn arp_checked_here(&self) -> BTreeMap<Ipv4Addr, String> {
-        let me = self.s.me.as_str();
-        if self.s.arp_check.is_zero() || !self.live.contains(me) {
-            return BTreeMap::new();
-        }
-        let mut out = BTreeMap::new();
-        for pool in self.world.pools.iter().filter(|p| p.announce == AnnounceMode::Arp && self.uplinks.by_pool.contains_key(&p.name)) {
-            let live: Vec<&str> = self.world.eligible(pool).into_iter().map(|n| n.name.as_str()).filter(|n| self.live.contains(*n)).collect();
-            if !live.contains(&me) || live.len() < 2 {
-                continue;
-            }
-            for v in pool.addresses.iter() {
-                let (IpAddr::V4(v4), Some(holder)) = (v, self.owners.get(v)) else { continue };
-                if holder != me && arpcheck::checker(*v4, holder, live.iter().copied()) == Some(me) {
-                    out.insert(*v4, holder.clone());
-                }
-            }
-        }
-        out
-    }
-
-    /// One turn of the ARP self-check as a checker: the answers to requests sent
-    /// [`arpcheck::WAIT`] ago go to their holders (next heartbeat), and the VIP
-    /// most overdue is asked for: an `arp_watch` entry, then a broadcast request
-    /// from this node's MAC and address on the VIP's network (0.0.0.0, an ARP
-    /// probe, where it has none), through the frame sender.
+    /// One turn of the ARP self-check as a checker ([`selfcheck::SelfCheck::turn`]).
     fn arp_check(&mut self) {
-        let now = Instant::now();
-        let (done, waiting): (Vec<InFlight>, Vec<InFlight>) = std::mem::take(&mut self.arp_inflight).into_iter().partition(|p| now >= p.sent + arpcheck::WAIT);
-        self.arp_inflight = waiting;
-        for p in done {
-            match self.s.held.take_arp_watch(p.ifindex, p.vip) {
-                Ok(Some((macs, _))) => {
-                    let f = Finding { vip: p.vip, macs: macs.iter().map(arpcheck::mac_text).collect() };
-                    tracing::debug!(vip = %p.vip, holder = %p.holder, macs = ?f.macs, "ARP self-check: answers seen");
-                    self.arp_link.outbox.push(&p.holder, f);
-                }
-                Ok(None) => {}
-                Err(e) => warn!(vip = %p.vip, "ARP self-check: {e:#}"),
-            }
-        }
-        // Checks this node's holder sent long ago (its checker left) are forgotten.
-        let before = self.arp_checks.len();
-        self.arp_checks.retain(|_, c| c.at.elapsed().unwrap_or_default() < arpcheck::FORGET_AFTER);
-        if self.arp_checks.len() != before {
-            self.s.metrics.arp_foreign.retain(|l| l.vip.parse().is_ok_and(|v: IpAddr| self.arp_checks.contains_key(&v)));
+        let (world, uplinks) = (self.world.clone(), self.uplinks.clone());
+        let link_of = |v: IpAddr| uplinks.link_of(&world, v).cloned();
+        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, link_of: &link_of };
+        if self.arp.turn(&mut cx) {
             self.tell_held();
         }
-        let mine: BTreeSet<Ipv4Addr> = self.arp_mine.keys().copied().collect();
-        for vip in self.arp_schedule.next(&mine, now, 1) {
-            if self.arp_inflight.iter().any(|p| p.vip == vip) {
-                continue;
-            }
-            let Some(l) = self.link_of(vip.into()).cloned() else { continue };
-            let src = crate::links::read_host()
-                .ok()
-                .and_then(|host| {
-                    let nets = host.into_iter().find(|i| i.ifindex == l.ifindex)?.nets;
-                    let v4 = || nets.iter().filter_map(|&(a, len)| if let IpAddr::V4(a) = a { Some((a, len)) } else { None });
-                    v4().find(|&(a, len)| crate::links::contains((a.into(), len), vip.into())).or(v4().next()).map(|(a, _)| a)
-                })
-                .unwrap_or(Ipv4Addr::UNSPECIFIED);
-            if let Err(e) = self.s.held.watch_arp(l.ifindex, vip) {
-                warn!(%vip, "ARP self-check: {e:#}");
-                continue;
-            }
-            let frame = ha::garp::tagged(&ha::garp::arp_request_frame(l.mac, src, vip), l.vlan);
-            let _ = self.arp_tx.send(Order::Send(Job {
-                frames: vec![(vip.into(), l.xdp_ifindex, frame)],
-                rounds: 1,
-                gap: Duration::ZERO,
-                what: "ARP self-check request",
-            }));
-            self.s.metrics.arp_checks.inc();
-            self.arp_inflight.push(InFlight { vip, ifindex: l.ifindex, holder: self.arp_mine[&vip].clone(), sent: now });
-        }
     }
 
-    /// Findings of a checker (`from`) for VIPs this node holds: compared with our
-    /// MAC there, they become each VIP's ARP check (its status condition), the
-    /// metric `vip_arp_foreign_answers` and, when a foreign MAC appears or goes, a
-    /// log line. Findings for VIPs no longer held here are dropped.
-    fn arp_findings(&mut self, from: &str, findings: Vec<Finding>) {
-        let now = SystemTime::now();
-        let mut changed = false;
-        for f in findings {
-            let vip = IpAddr::V4(f.vip);
-            // Not ours any more, or just taken (see arpcheck::SETTLE).
-            if !self.held.contains_key(&vip) || self.since.get(&vip).is_some_and(|t| t.elapsed().unwrap_or_default() < arpcheck::SETTLE) {
-                continue;
-            }
-            let Some(mine) = self.link_of(vip).map(|l| l.mac) else { continue };
-            let prev = self.arp_checks.get(&vip);
-            let Some(c) = ArpCheck::update(prev, &f, mine, from, now) else {
-                warn!(%vip, node = %from, macs = ?f.macs, "ARP self-check: a finding with a malformed MAC, ignored");
-                continue;
-            };
-            let was = prev.map(|p| p.foreign.clone()).unwrap_or_default();
-            if !c.foreign.is_empty() && c.foreign != was {
-                warn!(%vip, node = %from, foreign = %c.foreign_text(), holder_answered = c.holder_answered, "ARP self-check: another MAC answers ARP for a VIP this node holds (a second responder on the segment, or a switch or proxy answering from a stale cache); clients may be sent there");
-            } else if c.foreign.is_empty() && !was.is_empty() {
-                info!(%vip, node = %from, "ARP self-check: only this node answers ARP for the VIP again");
-            }
-            self.s.metrics.arp_foreign.with(&metrics::ArpLabels { vip: vip.to_string() }, |g| g.set(c.foreign.len() as i64));
-            changed |= prev != Some(&c);
-            self.arp_checks.insert(vip, c);
-        }
-        if changed {
+    /// A checker's findings for VIPs this node holds ([`selfcheck::SelfCheck::findings`]).
+    fn arp_findings(&mut self, from: &str, findings: Vec<arpcheck::Finding>) {
+        let (world, uplinks) = (self.world.clone(), self.uplinks.clone());
+        let link_of = |v: IpAddr| uplinks.link_of(&world, v).cloned();
+        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, link_of: &link_of };
+        if self.arp.findings(from, findings, &self.held, &self.since, &mut cx) {
             self.tell_held();
         }
     }
