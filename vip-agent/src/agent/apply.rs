@@ -23,7 +23,7 @@ impl Agent {
 
     pub(super) fn reconcile_now(&mut self, since: Option<Instant>) {
         // One read of the neighbour table for every node whose MAC the model lacks.
-        let unknown: Vec<&crate::model::Node> = self.world.nodes.iter().filter(|n| n.mac.is_none() && n.name != self.opts.node_name).collect();
+        let unknown: Vec<&crate::model::Node> = self.world.nodes.iter().filter(|n| n.mac.is_none() && n.name != self.me).collect();
         let table = if unknown.is_empty() { neighbour::Table::new() } else { neighbour::table() };
         for n in unknown {
             match table.get(&n.addr) {
@@ -38,15 +38,7 @@ impl Agent {
         let m = &self.membership;
         let want = desired(
             &self.world,
-            &Observed {
-                me: &self.opts.node_name,
-                tracked: &m.tracked,
-                live: &m.live,
-                leaving: &m.leaving,
-                health: &health,
-                joining: &self.joining,
-                macs: &self.macs,
-            },
+            &Observed { me: &self.me, tracked: &m.tracked, live: &m.live, leaving: &m.leaving, health: &health, joining: &self.joining, macs: &self.macs },
         );
         self.unresolved = want.unresolved;
         for (a, d) in &want.services {

@@ -11,6 +11,7 @@ mod apply;
 mod desired;
 mod feed;
 mod interfaces;
+mod keys;
 pub mod liveness;
 mod options;
 mod publish;
@@ -20,7 +21,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     future::Future,
     net::IpAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -33,8 +34,8 @@ use tokio::{
 use tracing::{info, warn};
 
 pub use desired::{desired, health_targets, ownership, Desired, DesiredService, Observed, Ownership};
+use feed::next_world;
 pub use feed::Source;
-use feed::{next_world, Feed};
 pub use liveness::{Membership, Uplinks};
 pub use options::{HeartbeatKey, Options};
 
@@ -57,7 +58,14 @@ use crate::{
 pub const LEAVING_STAY: Duration = Duration::from_secs(30);
 
 struct Agent {
-    opts: Options,
+    /// This node's name.
+    me: String,
+    /// The config file (file source): re-read on change and on SIGHUP.
+    config_file: Option<PathBuf>,
+    /// How VIP traffic is taken in on this node's backends (the host check).
+    intake: preflight::Intake,
+    /// Where the status JSON is written after every change (read by `inspect`).
+    status_file: Option<PathBuf>,
     dp: Dataplane,
     /// Where pools' VIPs are answered here; the program attached there.
     interfaces: interfaces::Interfaces,
@@ -117,48 +125,33 @@ pub fn stop_signals() -> Result<impl Future<Output = ()>> {
 /// and returns, leaving the data path running on the last state.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut metrics = metrics::Metrics::new(match opts.source {
-        Source::File(_) => metrics::Mode::File,
-        Source::Kubernetes { .. } => metrics::Mode::Kubernetes,
-    });
-    let (owners_tx, owners_rx) = watch::channel(BTreeMap::new());
-    let (unprogrammed_tx, unprogrammed_rx) = watch::channel(BTreeMap::new());
-    let (unheld_tx, unheld_rx) = watch::channel(BTreeMap::new());
-    let (backends_tx, backends_rx) = watch::channel(BTreeMap::new());
-    let (held_vips, held_vips_rx) = watch::channel(BTreeMap::new());
-    let mut api_client = None;
-    let (world, text, mut feed, source_name) = match &opts.source {
-        Source::File(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let world = config::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            if world.node(&opts.node_name).is_none() {
-                bail!("{}: nodes: this node ({:?}) is not listed; set --node-name to one of the listed names", path.display(), opts.node_name);
-            }
-            (world, Some(text), Feed::File, path.clone())
-        }
-        Source::Kubernetes { lease_namespace, kubeconfig, announce, failover, sync_timeout } => {
-            let client = crate::k8s::kube_client(kubeconfig.as_deref()).await?;
-            api_client = Some((client.clone(), lease_namespace.clone()));
-            info!("watching Nodes, VipPools, Services and EndpointSlices");
-            let base = World { announce: announce.clone(), failover: failover.clone(), ..World::default() };
-            let rx = crate::k8s::source::watch_world(client.clone(), base, *sync_timeout).await?;
-            let world = rx.borrow().clone();
-            let leading = crate::k8s::leader::spawn(client.clone(), crate::k8s::leader::LeaderConfig::new(lease_namespace, &opts.node_name));
-            let view = crate::k8s::controller::AgentView {
-                owners: owners_rx,
-                pool_addresses: Some(crate::k8s::register_metrics(&mut metrics.registry)),
-                unprogrammed: unprogrammed_rx,
-                unheld: unheld_rx,
-            };
-            tokio::spawn(crate::k8s::controller::run(client.clone(), opts.node_name.clone(), leading, Duration::from_secs(30), view));
-            tokio::spawn(crate::k8s::vipstatus::run_holder(client, opts.node_name.clone(), held_vips_rx, backends_rx));
-            (world, None, Feed::Kubernetes(rx), PathBuf::from("kubernetes"))
-        }
-    };
+    // Consumed here: each part goes to what uses it.
+    let Options {
+        source,
+        node_name: me,
+        iface,
+        attach_mode,
+        pin_dir,
+        ring_capacity,
+        metrics_addr,
+        status_file,
+        reload_interval,
+        arp_sender,
+        arp_check_interval,
+        heartbeat_key,
+    } = opts;
+    let mut metrics = metrics::Metrics::new(source.mode());
+    let (owners_tx, owners) = watch::channel(BTreeMap::new());
+    let (unprogrammed_tx, unprogrammed) = watch::channel(BTreeMap::new());
+    let (unheld_tx, unheld) = watch::channel(BTreeMap::new());
+    let (backends_tx, backends) = watch::channel(BTreeMap::new());
+    let (held_vips_tx, held_vips) = watch::channel(BTreeMap::new());
+    let to_controller = feed::ControllerInputs { owners, unprogrammed, unheld, held_vips, backends };
+    let feed::Started { world, text, mut feed, api } = feed::start(source, &me, &mut metrics, to_controller).await?;
     for w in config::warnings(&world) {
         warn!("{w}");
     }
-    let dp = Dataplane::load(&opts.pin_dir, opts.ring_capacity)?;
+    let dp = Dataplane::load(&pin_dir, ring_capacity)?;
     let (on_lo, on_lo_rx) = watch::channel(BTreeSet::new());
     ha::loopback::spawn(on_lo_rx)?;
     let (guard_tx, guard_rx) = watch::channel(crate::route_guard::Guard::default());
@@ -166,39 +159,24 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     let status_json = Arc::new(Mutex::new("{}".to_owned()));
-    if let Some(addr) = opts.metrics_addr {
-        let bound = crate::http::serve(addr, &mut metrics, opts.pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
+    if let Some(addr) = metrics_addr {
+        let bound = crate::http::serve(addr, &mut metrics, pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
         info!(%bound, "serving /metrics /healthz /readyz /status");
     }
-    // The key text now, and where its changes come from (a rotation).
-    let (mut keys, mut key_updates) = match &opts.heartbeat_key {
-        HeartbeatKey::File(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading the heartbeat key file {}", path.display()))?;
-            let keys = ha::auth::KeyText::new(text).with_context(|| format!("heartbeat key file {}", path.display()))?;
-            (Some(keys), KeyUpdates::File(path.clone()))
-        }
-        HeartbeatKey::Secret(name) => {
-            let Some((client, ns)) = api_client.clone() else { bail!("a heartbeat key Secret needs the Kubernetes source (--kubernetes)") };
-            let text = crate::k8s::heartbeat_key::ensure(&client, &ns, name).await?;
-            let keys = ha::auth::KeyText::new(text.clone()).with_context(|| format!("the heartbeat key Secret {ns}/{name}"))?;
-            info!(secret = %format!("{ns}/{name}"), "heartbeat keys read from the Secret");
-            (Some(keys), KeyUpdates::Secret(crate::k8s::heartbeat_key::watch_keys(client, ns, name.clone(), text)))
-        }
-        HeartbeatKey::Trusted => {
-            warn!("heartbeats are not authenticated (--trusted-segment): anyone on the segment can forge them");
-            (None, KeyUpdates::None)
-        }
-    };
+    let (mut keys, mut key_updates) = keys::start(heartbeat_key, api.as_ref()).await?;
     let world = Arc::new(world);
     let held = dp.held_handle()?;
     let (liveness_tx, liveness_rx) = watch::channel(liveness::Inputs::default());
     let mut agent = Agent {
-        interfaces: interfaces::Interfaces::new(opts.iface.clone(), opts.attach_mode),
+        interfaces: interfaces::Interfaces::new(iface, attach_mode),
         liveness_tx,
         iface_problems: Vec::new(),
         backed: BTreeSet::new(),
-        status: Status { node: opts.node_name.clone(), config: ConfigStatus { path: source_name, generation: 1, error: None }, ..Default::default() },
-        opts,
+        status: Status { node: me.clone(), config: ConfigStatus { path: feed.origin(), generation: 1, error: None }, ..Default::default() },
+        me,
+        config_file: feed.file().map(Path::to_path_buf),
+        intake: feed.intake(),
+        status_file,
         dp,
         world: Arc::new(World::default()),
         config_text: text,
@@ -229,9 +207,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     // registered yet) has nowhere to attach to yet: it waits to be let in. Exiting
     // would crash-loop a DaemonSet's pod, whose back-off then delays it for minutes
     // once the Node is Ready. (The file source refuses an unlisted node above.)
-    let left_out = |a: &Agent| a.interfaces.attached_count() == 0 && a.world.node(&a.opts.node_name).is_none();
+    let left_out = |a: &Agent| a.interfaces.attached_count() == 0 && a.world.node(&a.me).is_none();
     if left_out(&agent) {
-        info!(node = %agent.opts.node_name, "this node is not in the cluster's model (its Node not Ready, tainted, excluded from load balancers, or not registered yet): waiting for it");
+        info!(node = %agent.me, "this node is not in the cluster's model (its Node not Ready, tainted, excluded from load balancers, or not registered yet): waiting for it");
         // Alive meanwhile (/healthz: a liveness probe must not restart it) and
         // ready as idle (/readyz): `kubectl rollout status` and a rolling update
         // must not wait on a node vip does not serve, such as kubeadm's and kind's
@@ -251,12 +229,12 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     if agent.interfaces.attached_count() == 0 {
         bail!("the XDP program is attached to no interface: {}", agent.iface_problems.join("; "));
     }
-    let sender = match agent.opts.arp_sender {
+    let sender = match arp_sender {
         ArpSender::Auto if agent.interfaces.all_native(&agent.dp) => ArpSender::Xdp,
         ArpSender::Auto => ArpSender::Packet,
         s => s,
     };
-    let frame_tx = ha::garp::FrameTx::open(sender, &agent.opts.pin_dir)
+    let frame_tx = ha::garp::FrameTx::open(sender, &pin_dir)
         .with_context(|| format!("opening the ARP sender ({sender:?}; --arp-sender xdp needs a native attachment, packet needs CAP_NET_RAW)"))?;
     info!(?sender, "gratuitous ARP and ARP requests go out through this sender");
     // Heartbeats first: a restarted agent must be heard again within deadAfter of
@@ -267,14 +245,14 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     // heartbeats say otherwise.
     let (leave_tx, leave_rx) = watch::channel(None);
     let setup = liveness::Setup {
-        me: agent.opts.node_name.clone(),
+        me: agent.me.clone(),
         held,
         on_lo,
         metrics: agent.metrics.liveness.clone(),
         keys: keys.as_ref().map(|k| k.keys.clone()),
         leave: leave_rx,
-        held_vips,
-        arp_check: agent.opts.arp_check_interval,
+        held_vips: held_vips_tx,
+        arp_check: arp_check_interval,
     };
     let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
     agent.membership = members.borrow_and_update().clone();
@@ -287,7 +265,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut resolve = tokio::time::interval(Duration::from_millis(250));
     resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reload = tokio::time::interval(agent.opts.reload_interval);
+    let mut reload = tokio::time::interval(reload_interval);
     // The key file (a mounted Secret is updated in place) is re-read for rotations.
     let mut rekey = tokio::time::interval(Duration::from_secs(5));
     // The host may be set up (or broken) after the agent starts. The status is
@@ -317,8 +295,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 agent.adopt(Arc::new(world));
                 agent.reconcile(None);
             }
-            _ = reload.tick(), if matches!(feed, Feed::File) => agent.reload(false),
-            _ = hup.recv(), if matches!(feed, Feed::File) => agent.reload(true),
+            _ = reload.tick(), if agent.config_file.is_some() => agent.reload(false),
+            _ = hup.recv(), if agent.config_file.is_some() => agent.reload(true),
             _ = resolve.tick(), if !agent.unresolved.is_empty() => agent.reconcile(None),
             _ = retry.tick(), if !agent.failed.is_empty() => agent.reconcile(None),
             Some(text) = key_updates.next(&mut rekey) => {
@@ -355,46 +333,6 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     Ok(())
 }
 
-/// Where new heartbeat key text comes from while the agent runs.
-enum KeyUpdates {
-    /// Re-read on every tick (a mounted Secret is updated in place).
-    File(PathBuf),
-    /// The watched Secret's key text.
-    Secret(watch::Receiver<String>),
-    None,
-}
-
-impl KeyUpdates {
-    /// The next key text to consider; pending forever when there is none.
-    async fn next(&mut self, tick: &mut tokio::time::Interval) -> Option<String> {
-        match self {
-            KeyUpdates::File(path) => {
-                tick.tick().await;
-                match std::fs::read_to_string(&*path) {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        warn!("reading the heartbeat key file {}: {e}; keeping the keys read before", path.display());
-                        None
-                    }
-                }
-            }
-            KeyUpdates::Secret(rx) => match rx.changed().await {
-                Ok(()) => Some(rx.borrow_and_update().clone()),
-                Err(_) => std::future::pending().await,
-            },
-            KeyUpdates::None => std::future::pending().await,
-        }
-    }
-
-    fn origin(&self) -> String {
-        match self {
-            KeyUpdates::File(p) => format!("the key file {}", p.display()),
-            KeyUpdates::Secret(_) => "the heartbeat key Secret".to_owned(),
-            KeyUpdates::None => String::new(),
-        }
-    }
-}
-
 impl Agent {
     /// Records a probe task's health change; when it counted, the moment it
     /// happened (a stopped task's is dropped, see [`health::Monitor::current`]).
@@ -419,7 +357,7 @@ impl Agent {
             self.joining.insert(t);
         }
         let before = std::mem::replace(&mut self.world, world.clone());
-        let me = self.opts.node_name.clone();
+        let me = self.me.clone();
         // Where pools live depends on the pools and this node alone, not on the
         // services and endpoints that change far more often. Interfaces first: the
         // liveness thread then finds the new pools placed.
@@ -445,15 +383,15 @@ impl Agent {
         // Out of the model, the last decision's live set and owners are stale: it
         // hears no one, and a pool no node may hold is held by none.
         let stale = (BTreeSet::new(), BTreeMap::new());
-        let (live, owners) = if self.world.node(&self.opts.node_name).is_some() { (&m.live, &m.owners) } else { (&stale.0, &stale.1) };
-        let now = desired::unheld(&self.world, &self.opts.node_name, live, owners);
+        let (live, owners) = if self.world.node(&self.me).is_some() { (&m.live, &m.owners) } else { (&stale.0, &stale.1) };
+        let now = desired::unheld(&self.world, &self.me, live, owners);
         self.unheld_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &now));
     }
 
     /// Resolves where this node's pools live and attaches the program there
     /// (`interfaces::place`): the uplinks for the current model.
     fn placement(&mut self) -> Arc<Uplinks> {
-        let placed = self.interfaces.place(&mut self.dp, &self.world, &self.opts.node_name);
+        let placed = self.interfaces.place(&mut self.dp, &self.world, &self.me);
         self.iface_problems = placed.problems;
         placed.uplinks
     }
@@ -475,10 +413,7 @@ impl Agent {
     /// VIPs' intake) when that changes (it never stops the agent: the node may be
     /// set up after it starts).
     fn check_host(&mut self) {
-        let intake = match self.opts.source {
-            Source::File(_) => preflight::Intake::VipOnLo,
-            Source::Kubernetes { .. } => preflight::Intake::KubeProxy,
-        };
+        let intake = self.intake;
         // ARP sysctls matter where the node is reached (its home interface).
         let home = self.liveness_tx.borrow().uplinks.home.as_ref().map_or_else(|| "all".to_owned(), |l| l.name.clone());
         let facts = preflight::HostFacts::read(&home, self.backed.iter().copied());

@@ -98,7 +98,7 @@ impl Agent {
         });
         self.status.updated_unix_ms = crate::status::unix_ms_now();
         let json = serde_json::to_string(&self.status).unwrap_or_default();
-        if let Some(path) = &self.opts.status_file {
+        if let Some(path) = &self.status_file {
             if let Err(e) = write_atomic(path, &json) {
                 warn!("writing status file {}: {e:#}", path.display());
             }
