@@ -13,7 +13,7 @@ use std::{
 };
 
 use vip_tests::{
-    agent::agent_bin,
+    agent::{agent_bin, wait_for},
     halab::{ask, metric, vip, FailoverWatch, HaLab, HaSpec, LongConn, Naming},
     netns::privileged,
 };
@@ -529,7 +529,7 @@ fn forged_and_replayed_heartbeats_change_nothing_and_keys_rotate_without_a_move(
             .unwrap();
     };
     let hb = |node: &str, incarnation: u64, seq: u64| {
-        Heartbeat { v: Heartbeat::VERSION, node: node.into(), incarnation, seq, sent_ms: 0, leaving_ms: 0, arp: vec![] }.encode()
+        Heartbeat { v: Heartbeat::VERSION, node: node.into(), incarnation, seq, sent_ms: 0, leaving_ms: 0, arp: vec![], settings: String::new() }.encode()
     };
     let far_future = u64::MAX / 2;
     let changes = |lab: &HaLab| lab.agent_logs().matches("peer liveness changed").count();
@@ -731,5 +731,53 @@ fn a_second_responder_is_found_by_a_peers_arp_check() {
     for (other, owner) in owners.iter().filter(|(o, _)| **o != v) {
         let series = format!(r#"vip_arp_foreign_answers{{vip="{other}"}}"#);
         assert_ne!(metric(&lab.metrics(lab.index_of(owner)), &series), Some(1.0), "{other}");
+    }
+}
+
+/// An agent set apart from its peers (here its file's `garpRefresh`; in
+/// Kubernetes a flag set on one DaemonSet pod only) is reported by every agent:
+/// each peer's status and `vip_settings_mismatched_peers` name it and the
+/// setting, and it names them. Restarted with the shared settings, all agree
+/// again and the reports clear.
+#[test]
+fn agents_whose_cluster_settings_differ_are_reported_until_they_agree() {
+    let Some((_g, mut lab, owners)) = setup(HaSpec::default()) else { return };
+    let shared = std::fs::read_to_string(&lab.config).unwrap();
+    assert!(shared.contains("garpInterval: 50ms\n") && !shared.contains("garpRefresh"), "{shared}");
+    let apart = lab.dir.join("apart.yaml");
+    std::fs::write(&apart, shared.replace("garpInterval: 50ms\n", "garpInterval: 50ms\n  garpRefresh: 20s\n")).unwrap();
+    let mismatch = |lab: &HaLab, i: usize| lab.status(i).map(|s| s.settings_mismatch).unwrap_or_default();
+    for i in 0..3 {
+        assert!(mismatch(&lab, i).is_empty(), "node {i} before: {:?}", mismatch(&lab, i));
+    }
+    lab.signal_agent(2, libc::SIGTERM);
+    if let Some(mut old) = lab.nodes[2].agent.take() {
+        let _ = old.child.wait();
+    }
+    lab.start_agent_with(2, &apart).unwrap();
+    let want = |i: usize| -> Vec<String> {
+        match i {
+            2 => vec!["node-1: garpRefresh 30s there, 20s here".into(), "node-2: garpRefresh 30s there, 20s here".into()],
+            _ => vec!["node-3: garpRefresh 20s there, 30s here".into()],
+        }
+    };
+    // Settings ride in every 20th heartbeat: within a second at the lab's interval.
+    for i in 0..3 {
+        wait_for(Duration::from_secs(5), || (mismatch(&lab, i) == want(i)).then_some(()))
+            .unwrap_or_else(|| panic!("node {i}: {:?}, want {:?}\n{}", mismatch(&lab, i), want(i), lab.agent_logs()));
+        assert_eq!(metric(&lab.metrics(i), "vip_settings_mismatched_peers"), Some(want(i).len() as f64), "node {i}");
+    }
+    assert!(std::fs::read_to_string(&lab.nodes[0].log).unwrap().contains("a peer's cluster-wide settings differ from this node's"));
+    // A different garpRefresh changes no owner.
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners);
+    lab.signal_agent(2, libc::SIGTERM);
+    if let Some(mut old) = lab.nodes[2].agent.take() {
+        let _ = old.child.wait();
+    }
+    lab.start_agent(2).unwrap();
+    for i in 0..3 {
+        wait_for(Duration::from_secs(5), || mismatch(&lab, i).is_empty().then_some(()))
+            .unwrap_or_else(|| panic!("node {i} after the shared settings came back: {:?}", mismatch(&lab, i)));
+        assert_eq!(metric(&lab.metrics(i), "vip_settings_mismatched_peers"), Some(0.0), "node {i}");
     }
 }

@@ -98,6 +98,8 @@ pub struct AgentSection {
     pub unprogrammed: Vec<crate::status::UnprogrammedStatus>,
     /// What this host lacks for the VIP traffic it backs (see `vip-agent check`).
     pub host_problems: Vec<String>,
+    /// Peers whose cluster-wide settings differ from this node's.
+    pub settings_mismatch: Vec<String>,
     pub usage: crate::dataplane::Usage,
 }
 
@@ -304,6 +306,7 @@ fn agent_section(r: &Report, st: Status) -> AgentSection {
         backends,
         unprogrammed: st.unprogrammed,
         host_problems: st.host_problems,
+        settings_mismatch: st.settings_mismatch,
         usage: st.usage,
     }
 }
@@ -565,6 +568,12 @@ pub fn render(r: &Report, verbose: bool) -> String {
                 let _ = writeln!(s, "  {p}");
             }
         }
+        if !a.settings_mismatch.is_empty() {
+            let _ = writeln!(s, "\nCLUSTER SETTINGS DIFFER (every agent must be set alike)");
+            for p in &a.settings_mismatch {
+                let _ = writeln!(s, "  {p}");
+            }
+        }
     }
     let _ = writeln!(s, "\nCOUNTERS (flows in table: {})", r.flows);
     // No header: `reason  N pkts  M bytes`, the numbers right-aligned.
@@ -765,6 +774,7 @@ mod tests {
                     error: "lb4_ring is full".into(),
                 }],
                 host_problems: vec![],
+                settings_mismatch: vec!["n2: deadAfter 1s there, 300ms here".into()],
                 usage: Default::default(),
             }),
         }
@@ -829,6 +839,10 @@ mod tests {
                 &["SERVICE", "VIP:PORT/PROTO", "ERROR"],
                 &[strings(&["shop/big6", &format!("[{VIP6}]:8443/tcp"), "lb4_ring is full"])],
                 &[],
+            );
+            assert!(
+                text.contains("\nCLUSTER SETTINGS DIFFER (every agent must be set alike)\n  n2: deadAfter 1s there, 300ms here\n"),
+                "the peers whose settings differ:\n{text}"
             );
             // No address:port without brackets, and no trailing spaces.
             assert!(!text.contains(&format!("{VIP6}:")), "an IPv6 VIP:PORT without brackets:\n{text}");

@@ -254,6 +254,39 @@ pub struct World {
     pub left_out: BTreeMap<String, String>,
 }
 
+/// The settings every agent of a cluster must share: the failover timers,
+/// gratuitous ARP defaults and the Maglev seed (Kubernetes: each agent's flags;
+/// file: the file each node reads). Agents that disagree split: a node with
+/// another `deadAfter` declares peers dead at another time, another seed builds
+/// other rings. Each agent sends these to its peers in its heartbeats
+/// (`ha::heartbeat`), and reports those of a peer that differ
+/// ([`settings_differing`]).
+pub fn cluster_settings(w: &World) -> String {
+    let (a, f) = (&w.announce, &w.failover);
+    [
+        ("holdTime", format!("{:?}", a.hold_time)),
+        ("garpCount", a.garp.count.to_string()),
+        ("garpInterval", format!("{:?}", a.garp.interval)),
+        ("garpRefresh", format!("{:?}", a.garp.refresh)),
+        ("heartbeatPort", f.heartbeat_port.to_string()),
+        ("heartbeatInterval", format!("{:?}", f.heartbeat_interval)),
+        ("deadAfter", format!("{:?}", f.dead_after)),
+        ("maglevSeed", w.maglev_seed.to_string()),
+    ]
+    .map(|(k, v)| format!("{k}={v}"))
+    .join(" ")
+}
+
+/// The settings of [`cluster_settings`] texts that differ, as (name, here,
+/// there): only those both name, so that an agent of another version, with more
+/// or fewer settings, is compared on what both have.
+pub fn settings_differing(here: &str, there: &str) -> Vec<(String, String, String)> {
+    let words =
+        |t: &str| -> BTreeMap<String, String> { t.split_whitespace().filter_map(|w| w.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect() };
+    let (here, there) = (words(here), words(there));
+    here.into_iter().filter_map(|(k, h)| there.get(&k).filter(|t| **t != h).map(|t| (k, h, t.clone()))).collect()
+}
+
 /// Why no node holds a VIP: what the agents tell the elected controller, which
 /// groups a pool's unheld VIPs by it (its `Held=False` message, VipStatus).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, thiserror::Error)]
@@ -318,5 +351,31 @@ impl World {
     /// Candidate backends of `svc` (before health), in name order.
     pub fn backend_candidates(&self, svc: &Service) -> Vec<&Node> {
         self.nodes.iter().filter(|n| selects(&svc.backend_selector, &n.labels) && svc.backend_nodes.as_ref().is_none_or(|b| b.contains(&n.name))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_settings_name_each_shared_setting_and_differences_are_found_by_name() {
+        let w = World::default();
+        let here = cluster_settings(&w);
+        assert_eq!(
+            here,
+            "holdTime=200ms garpCount=3 garpInterval=100ms garpRefresh=30s heartbeatPort=7473 heartbeatInterval=50ms deadAfter=300ms maglevSeed=0"
+        );
+        assert!(settings_differing(&here, &here).is_empty());
+        let mut other = w.clone();
+        other.failover.dead_after = Duration::from_millis(1500);
+        other.maglev_seed = 7;
+        assert_eq!(
+            settings_differing(&here, &cluster_settings(&other)),
+            [("deadAfter".into(), "300ms".into(), "1.5s".into()), ("maglevSeed".into(), "0".into(), "7".into())]
+        );
+        // Another version's settings: compared on the names both have.
+        assert_eq!(settings_differing(&here, "deadAfter=300ms newSetting=x maglevSeed=1"), [("maglevSeed".into(), "0".into(), "1".into())]);
+        assert!(settings_differing(&here, "").is_empty(), "an agent that sends none");
     }
 }

@@ -37,6 +37,11 @@ pub struct Status {
     /// loose ARP sysctls); empty when ready. See `vip-agent check`.
     #[serde(default)]
     pub host_problems: Vec<String>,
+    /// Peers whose cluster-wide settings differ from this agent's, each with
+    /// the settings that do ("node-2: deadAfter 1s there, 300ms here"); empty
+    /// when all agree (`model::cluster_settings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings_mismatch: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

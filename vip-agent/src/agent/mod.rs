@@ -105,6 +105,8 @@ struct Agent {
     metrics: metrics::Metrics,
     status: Status,
     status_json: Arc<Mutex<String>>,
+    /// Each peer's cluster-wide settings, as its heartbeats last carried them.
+    peer_settings: BTreeMap<String, String>,
 }
 
 /// The agent's stop: SIGTERM or SIGINT (registered now, so that a signal
@@ -195,6 +197,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         unresolved: BTreeSet::new(),
         metrics,
         status_json,
+        peer_settings: BTreeMap::new(),
     };
     if agent.config_text.is_some() {
         agent.metrics.config_valid.set(1);
@@ -244,6 +247,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     // no agent ran go, with their rings), with every node presumed alive until the
     // heartbeats say otherwise.
     let (leave_tx, leave_rx) = watch::channel(None);
+    let (peer_settings_tx, mut peer_settings) = watch::channel(BTreeMap::new());
     let setup = liveness::Setup {
         me: agent.me.clone(),
         held,
@@ -253,6 +257,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         leave: leave_rx,
         held_vips: held_vips_tx,
         arp_check: arp_check_interval,
+        peer_settings: peer_settings_tx,
     };
     let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
     agent.membership = members.borrow_and_update().clone();
@@ -284,6 +289,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 if let Some(at) = at {
                     agent.reconcile(Some(at));
                 }
+            }
+            Ok(()) = peer_settings.changed() => {
+                agent.peer_settings = peer_settings.borrow_and_update().clone();
+                agent.check_settings();
             }
             Ok(()) = members.changed() => {
                 let m = members.borrow_and_update().clone();
@@ -374,6 +383,30 @@ impl Agent {
         // nothing), but it may be the elected controller: it tells from the model.
         if self.world.node(&me).is_none() {
             self.tell_unheld();
+        }
+        self.check_settings();
+    }
+
+    /// Reports the peers whose cluster-wide settings differ from this node's
+    /// (`model::cluster_settings`): in the status, `vip_settings_mismatched_peers`
+    /// and a warning when a difference appears. Only peers of the model count.
+    fn check_settings(&mut self) {
+        let here = crate::model::cluster_settings(&self.world);
+        let mut found = Vec::new();
+        for (peer, there) in self.peer_settings.iter().filter(|(p, _)| self.world.node(p).is_some()) {
+            let differ = crate::model::settings_differing(&here, there);
+            if !differ.is_empty() {
+                let each: Vec<String> = differ.iter().map(|(name, here, there)| format!("{name} {there} there, {here} here")).collect();
+                found.push(format!("{peer}: {}", each.join(", ")));
+            }
+        }
+        for f in found.iter().filter(|f| !self.status.settings_mismatch.contains(f)) {
+            warn!("a peer's cluster-wide settings differ from this node's; every agent must be set alike, or nodes disagree on who is alive and where flows go: {f}");
+        }
+        if found != self.status.settings_mismatch {
+            self.metrics.settings_mismatched_peers.set(found.len() as i64);
+            self.status.settings_mismatch = found;
+            self.publish();
         }
     }
 

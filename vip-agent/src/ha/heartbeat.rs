@@ -46,7 +46,16 @@ pub struct Heartbeat {
     /// before ignore the field (unknown fields are skipped when decoding).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub arp: Vec<super::arpcheck::Finding>,
+    /// The sender's cluster-wide settings (`model::cluster_settings`), in every
+    /// [`SETTINGS_EVERY`]th heartbeat (the first among them), absent in the
+    /// others; agents of before ignore it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub settings: String,
 }
+
+/// One heartbeat in this many carries the sender's settings: a second's worth at
+/// the default interval, so that they cost little beside the heartbeats.
+pub const SETTINGS_EVERY: u64 = 20;
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
@@ -276,6 +285,18 @@ pub struct Options {
     /// The ARP self-check's findings: those to send (by holder), and where the
     /// findings received go (with their sender's name).
     pub arp: Option<ArpLink>,
+    /// This agent's cluster-wide settings to send, and where the peers' go.
+    pub settings: Option<SettingsLink>,
+}
+
+/// How the cluster-wide settings ride on heartbeats ([`Heartbeat::settings`]).
+#[derive(Clone, Debug)]
+pub struct SettingsLink {
+    /// This agent's (`model::cluster_settings`), as they are now.
+    pub ours: watch::Receiver<String>,
+    /// Each configured peer's, as last heard (peers no longer configured are
+    /// dropped when a task starts).
+    pub peers: watch::Sender<BTreeMap<String, String>>,
 }
 
 /// How the ARP self-check rides on heartbeats ([`Heartbeat::arp`]).
@@ -421,6 +442,13 @@ pub async fn run(o: Options) -> io::Result<watch::Receiver<PeerSets>> {
     for (name, _) in o.peers.iter().filter(|(n, _)| !o.dead.contains(n)) {
         table.presume(name, now);
     }
+    if let Some(l) = &o.settings {
+        l.peers.send_if_modified(|m| {
+            let before = m.len();
+            m.retain(|n, _| o.peers.iter().any(|(p, _)| p == n));
+            m.len() != before
+        });
+    }
     let (tx, rx) = watch::channel(table.peer_sets(&o.me));
     tokio::spawn(heartbeat_loop(sock, o, table, tx));
     Ok(rx)
@@ -509,7 +537,7 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 // the peers a dead_after with our VIPs unanswered.
                 for _ in 0..3 {
                     seq += 1;
-                    let hb = seal(Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: stay.as_millis() as u64, arp: Vec::new() });
+                    let hb = seal(Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: stay.as_millis() as u64, arp: Vec::new(), settings: String::new() });
                     for (_, p) in &peers {
                         let _ = sock.send_to(&hb, p).await;
                     }
@@ -528,7 +556,11 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                 last_turn = now;
                 if gate_open(&gate) {
                     seq += 1;
-                    let plain = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: 0, arp: Vec::new() };
+                    let settings = match &o.settings {
+                        Some(l) if seq % SETTINGS_EVERY == 1 => l.ours.borrow().clone(),
+                        _ => String::new(),
+                    };
+                    let plain = Heartbeat { v: Heartbeat::VERSION, node: me.clone(), incarnation, seq, sent_ms: unix_ms(), leaving_ms: 0, arp: Vec::new(), settings };
                     let hb = seal(plain.clone());
                     for (name, p) in &peers {
                         // A peer whose VIPs this node checked gets its findings.
@@ -571,6 +603,15 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                             Seen::Fresh(e) => {
                                 if let Some(m) = &metrics {
                                     m.gaps.heard(&hb.node, hb.incarnation, now);
+                                }
+                                if let (false, Some(l)) = (hb.settings.is_empty(), &o.settings) {
+                                    l.peers.send_if_modified(|m| {
+                                        let changed = m.get(&hb.node) != Some(&hb.settings);
+                                        if changed {
+                                            m.insert(hb.node.clone(), hb.settings.clone());
+                                        }
+                                        changed
+                                    });
                                 }
                                 if let (false, Some(a)) = (hb.arp.is_empty(), &o.arp) {
                                     let _ = a.reports.send((hb.node.clone(), hb.arp));
@@ -750,7 +791,9 @@ mod tests {
         let a: SocketAddr = "198.18.0.11:7473".parse().unwrap();
         let b: SocketAddr = "198.18.0.12:7473".parse().unwrap();
         let known: HashMap<SocketAddr, String> = [(a, "n1".to_owned()), (b, "n2".to_owned())].into();
-        let hb = |node: &str| Heartbeat { v: 1, node: node.into(), incarnation: 5, seq: 1, sent_ms: 0, leaving_ms: 0, arp: vec![] }.encode();
+        let hb = |node: &str| {
+            Heartbeat { v: 1, node: node.into(), incarnation: 5, seq: 1, sent_ms: 0, leaving_ms: 0, arp: vec![], settings: String::new() }.encode()
+        };
         assert_eq!(accept(&keys.seal(&hb("n1")), a, &known, Some(&keys)).map(|h| h.node), Ok("n1".to_owned()));
         assert_eq!(accept(&keys.seal(&hb("n1")), "198.18.0.99:7473".parse().unwrap(), &known, Some(&keys)).err(), Some(Rejected::UnknownSender));
         assert_eq!(accept(&hb("n1"), a, &known, Some(&keys)).err(), Some(Rejected::Malformed));
@@ -775,7 +818,16 @@ mod tests {
 
     #[test]
     fn wire_format_round_trips_and_rejects_others() {
-        let hb = Heartbeat { v: 1, node: "node-1".into(), incarnation: u64::MAX, seq: 3, sent_ms: 1_700_000_000_000, leaving_ms: 0, arp: vec![] };
+        let hb = Heartbeat {
+            v: 1,
+            node: "node-1".into(),
+            incarnation: u64::MAX,
+            seq: 3,
+            sent_ms: 1_700_000_000_000,
+            leaving_ms: 0,
+            arp: vec![],
+            settings: String::new(),
+        };
         assert_eq!(Heartbeat::decode(&hb.encode()), Some(hb.clone()));
         // Only a leaving heartbeat carries leaving_ms: others are what agents of
         // before send and read.
@@ -787,8 +839,9 @@ mod tests {
         assert_ne!(new_incarnation(), new_incarnation());
     }
 
-    /// Rolling upgrade: an agent of before (its Heartbeat, without `arp`) takes a
-    /// new agent's heartbeat that carries findings (unknown fields are skipped),
+    /// Rolling upgrade: an agent of before (its Heartbeat, without `arp` and
+    /// `settings`) takes a new agent's heartbeat that carries findings and
+    /// settings (unknown fields are skipped),
     /// and a new agent takes the old one's. A full heartbeat, sealed, fits the
     /// receive buffer.
     #[test]
@@ -808,7 +861,12 @@ mod tests {
         let findings: Vec<Finding> =
             (0..PER_HEARTBEAT).map(|i| Finding { vip: std::net::Ipv4Addr::new(255, 255, 255, i as u8), macs: vec![mac.clone(); 4] }).collect();
         let node = "n".repeat(63);
-        let new = Heartbeat { v: 1, node: node.clone(), incarnation: u64::MAX, seq: u64::MAX, sent_ms: u64::MAX, leaving_ms: 0, arp: findings };
+        // The longest settings too (they ride with findings once every SETTINGS_EVERY).
+        let mut w = crate::model::World { maglev_seed: u64::MAX, ..Default::default() };
+        w.announce.hold_time = Duration::from_nanos(u64::MAX - 1);
+        w.failover.dead_after = w.announce.hold_time;
+        let settings = crate::model::cluster_settings(&w);
+        let new = Heartbeat { v: 1, node: node.clone(), incarnation: u64::MAX, seq: u64::MAX, sent_ms: u64::MAX, leaving_ms: 0, arp: findings, settings };
         let old: Before = serde_json::from_slice(&new.encode()).expect("an agent of before decodes it");
         assert_eq!(old, Before { v: 1, node: node.clone(), incarnation: u64::MAX, seq: u64::MAX, sent_ms: u64::MAX, leaving_ms: 0 });
         let from_old = Heartbeat::decode(&serde_json::to_vec(&old).unwrap()).expect("a new agent decodes an old one's");
@@ -848,6 +906,35 @@ mod tests {
         assert!(r2.try_recv().is_err(), "n2 holds nothing n1 checked");
     }
 
+    /// Each agent's cluster-wide settings reach its peers (in the first
+    /// heartbeat, then every SETTINGS_EVERY), a change within SETTINGS_EVERY
+    /// intervals; a peer no longer configured is dropped when a task starts.
+    #[tokio::test]
+    async fn settings_reach_the_peers_and_follow_a_change() {
+        let addrs = free_addrs(2);
+        let link = |ours: &str| {
+            let (tx, rx) = watch::channel(ours.to_owned());
+            let (peers, heard) = watch::channel(BTreeMap::from([("gone".to_owned(), "deadAfter=1s".to_owned())]));
+            (tx, SettingsLink { ours: rx, peers }, heard)
+        };
+        let (_ours0, l0, mut heard0) = link("deadAfter=300ms");
+        let (ours1, l1, heard1) = link("deadAfter=1s");
+        let _a = run(Options { settings: Some(l0), ..opts(&addrs, 0) }).await.unwrap();
+        assert!(!heard0.borrow().contains_key("gone"), "not a configured peer");
+        let _b = run(Options { settings: Some(l1), ..opts(&addrs, 1) }).await.unwrap();
+        let until = |heard: &mut watch::Receiver<BTreeMap<String, String>>, want: &'static str| {
+            let mut heard = heard.clone();
+            async move {
+                let wait = heard.wait_for(|m| m.get("n1").is_some_and(|s| s == want));
+                tokio::time::timeout(INTERVAL * SETTINGS_EVERY as u32 * 3, wait).await.map(|_| ()).map_err(|_| heard.borrow().clone())
+            }
+        };
+        until(&mut heard0, "deadAfter=1s").await.expect("n1's settings heard by n0");
+        assert!(heard1.borrow().get("n0").is_none_or(|s| s == "deadAfter=300ms"));
+        ours1.send_replace("deadAfter=300ms".into());
+        until(&mut heard0, "deadAfter=300ms").await.expect("n1's changed settings heard by n0");
+    }
+
     /// Free 127.0.0.1 ports: bound, then released for the tasks to bind.
     fn free_addrs(n: usize) -> Vec<SocketAddr> {
         free_addrs_on("127.0.0.1".parse().unwrap(), n).unwrap()
@@ -876,6 +963,7 @@ mod tests {
             keys: None,
             leave: None,
             arp: None,
+            settings: None,
         }
     }
 
@@ -992,7 +1080,16 @@ mod tests {
         wait_for(&mut b, &["n0", "n1"], Duration::from_secs(2)).await;
         // n0's heartbeat from [::1] at a port no peer has: an unknown sender.
         let stranger = std::net::UdpSocket::bind(addrs[2]).unwrap();
-        let hb = Heartbeat { v: Heartbeat::VERSION, node: "n0".into(), incarnation: u64::MAX, seq: 1, sent_ms: 0, leaving_ms: 0, arp: Vec::new() };
+        let hb = Heartbeat {
+            v: Heartbeat::VERSION,
+            node: "n0".into(),
+            incarnation: u64::MAX,
+            seq: 1,
+            sent_ms: 0,
+            leaving_ms: 0,
+            arp: Vec::new(),
+            settings: String::new(),
+        };
         stranger.send_to(&keys.read().unwrap().seal(&hb.encode()), addrs[1]).unwrap();
         let unknown = || metrics.rejected.get_or_create(&RejectLabels { reason: Rejected::UnknownSender.name().into() }).get();
         let t0 = Instant::now();

@@ -231,6 +231,7 @@ pub struct Metrics {
     pub ring_slots_capacity: Gauge,
     pub rings: Gauge,
     pub host_problems: Gauge,
+    pub settings_mismatched_peers: Gauge,
     /// What the data path's counters are labelled with (updated by `publish`).
     pub names: Arc<RwLock<Names>>,
     pub ready: Arc<AtomicBool>,
@@ -282,6 +283,7 @@ impl Metrics {
             ring_slots_capacity: Gauge::default(),
             rings: Gauge::default(),
             host_problems: Gauge::default(),
+            settings_mismatched_peers: Gauge::default(),
             names: Arc::default(),
             ready: Arc::new(AtomicBool::new(false)),
             idle: Arc::new(AtomicBool::new(false)),
@@ -383,6 +385,11 @@ impl Metrics {
             "vip_host_problems",
             "Problems of this host that keep it from taking its VIP traffic (listed in /status and vip-agent inspect)",
             m.host_problems.clone(),
+        );
+        registry.register(
+            "vip_settings_mismatched_peers",
+            "Peers whose cluster-wide settings (failover timers, gratuitous ARP defaults, Maglev seed) differ from this agent's, as their heartbeats tell (listed in /status and vip-agent inspect)",
+            m.settings_mismatched_peers.clone(),
         );
         Self { registry, ..m }
     }

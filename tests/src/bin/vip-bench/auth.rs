@@ -23,6 +23,7 @@ pub fn section() -> Result<Section> {
         sent_ms: 1_795_391_020_187,
         leaving_ms: 0,
         arp: Vec::new(),
+        settings: String::new(),
     }
     .encode();
     let n = 100_000u32;

@@ -114,6 +114,8 @@ pub struct Setup {
     /// How often each VIP held by another node and checked by this one is asked
     /// for (`run --arp-check-interval`); zero: no ARP self-check.
     pub arp_check: Duration,
+    /// Where the peers' cluster-wide settings go, as their heartbeats carry them.
+    pub peer_settings: watch::Sender<BTreeMap<String, String>>,
 }
 
 /// Starts the thread, which first sweeps `arp_held` (entries of VIPs this node
@@ -185,6 +187,8 @@ struct Liveness {
     adopted: BTreeSet<IpAddr>,
     /// The ARP self-check, as checker and as holder.
     arp: selfcheck::SelfCheck,
+    /// This node's cluster-wide settings, for its heartbeats.
+    settings: watch::Sender<String>,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -221,6 +225,7 @@ impl Liveness {
             groups: ha::groups::Groups::default(),
             adopted: BTreeSet::new(),
             arp,
+            settings: watch::channel(String::new()).0,
         }
     }
 
@@ -402,6 +407,7 @@ impl Liveness {
             self.live = BTreeSet::new();
             return;
         };
+        self.settings.send_if_modified(|cur| replace_if_changed(cur, &crate::model::cluster_settings(&self.world)));
         let peers: Vec<(String, SocketAddr)> =
             self.world.holders().into_iter().filter(|n| n.name != me).map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port)))).collect();
         // Peers the running task has seen go down stay down in its replacement
@@ -422,6 +428,7 @@ impl Liveness {
             keys: self.s.keys.clone(),
             leave: Some(self.s.leave.clone()),
             arp: Some(self.arp.link()),
+            settings: Some(heartbeat::SettingsLink { ours: self.settings.subscribe(), peers: self.s.peer_settings.clone() }),
         };
         let same =
             |a: &heartbeat::Options, b: &heartbeat::Options| (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after);
