@@ -12,10 +12,10 @@ use vip_common::{ArpHeldKey, ArpHeldVip, ArpWatch, Reason, ARP_WATCH_MACS, HELD_
 use crate::{
     maps::{arp_conflicts, arp_held, arp_watch, held4_slot, lookup_at, Scratch},
     parse::{frame_len, ptr_at, verdict_pack, Verdict},
+    proto::ETH_P_IP,
 };
 
 const ARPHRD_ETHER: u16 = 1;
-const ETH_P_IP: u16 = 0x0800;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 

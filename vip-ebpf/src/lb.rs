@@ -1,13 +1,13 @@
-//! What IPv4 (lb4.rs) and IPv6 (lb6.rs) balancing share: everything past a
-//! flow's service and held-VIP lookups (first packet, second packet, flow table,
-//! ring, backend, home, counters, the rewrite), the flow cache's answer, and where
-//! an ICMP error about a flow goes. The families differ only in their keys and
-//! tables ([`Flows`]).
+//! What IPv4 (lb4.rs) and IPv6 (lb6.rs) balancing share: the flow cache's
+//! lookup and answer, the service and held-VIP lookups, everything past them
+//! (first packet, second packet, flow table, ring, backend, home, counters, the
+//! rewrite), and where an ICMP error about a flow goes. The families differ only
+//! in their keys and tables ([`Flows`]).
 use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 
 use aya_ebpf::{
     bindings::xdp_action,
-    helpers::{bpf_redirect, bpf_xdp_adjust_head},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_load_bytes},
     maps::{Array, PerCpuArray},
     programs::XdpContext,
 };
@@ -20,36 +20,273 @@ use crate::{
         lb_key0, lb_nodes, lookup_at, Scratch,
     },
     parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
+    proto::{TCP_ACK, TCP_FLAGS, TCP_SYN},
     stats,
 };
 
-/// A family's flow tables, keyed by the flow in the scratch.
+/// A family's keys and tables, keyed by the flow in the scratch: what the
+/// generic paths below look up for it. Each is inlined where it is used, so the
+/// verifier sees the same code as from a family's own function.
 pub trait Flows {
+    /// Its per-CPU flow-cache entry (`Lb4FlowCacheEntry`, `Lb6FlowCacheEntry`):
+    /// the key's [`Flows::WORDS`] words, then the answer.
+    type CacheEntry;
+    /// Its first-packet record (`Lb4FirstPacket`, `Lb6FirstPacket`).
+    type FirstPacket;
+    /// The flow key's words in the scratch (`words`, `words6`).
+    const WORDS: usize;
+    /// The scratch's key words.
+    fn key(s: *const Scratch) -> *const u64;
+    /// The key folded to the two words its flow-cache and first-packet slots
+    /// are hashed from (and checked by, `first_packet_check`).
+    fn folded(s: *const Scratch) -> (u64, u64);
     /// The flow's hash on its service's ring.
     fn ring_hash(s: *const Scratch) -> u32;
-    /// Records the flow's first packet, whose backend [`lb_ring_backend`] put in
-    /// the scratch, in its first-packet slot.
-    fn record_first(s: *mut Scratch);
-    /// Whether the flow's first packet was recorded and its backend still exists
-    /// (then in the scratch); the record is cleared.
-    fn second_packet(s: *mut Scratch) -> bool;
+    /// Writes the flow's key words to its first-packet record `p` ([`lb_record_first`]).
+    fn record_key(p: *mut u64, s: *const Scratch);
+    /// A first-packet record's backend and check words.
+    fn first_fields(p: *mut Self::FirstPacket) -> (*mut u32, *mut u32);
     /// The flow's keyed hash in `lb_flows` ([`lb_flow_hash`] of its family and words).
     fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64;
     /// The `vip_filter_bit` of the flow's VIP.
     fn filter_bit(s: *const Scratch) -> u32;
-    /// Loads the flow's first-packet slot (see [`lb_touch_early`]).
-    fn first_touch(s: *mut Scratch);
-    /// Drops this CPU's cached answer for the flow, if any.
-    fn cache_forget(s: *mut Scratch);
-    /// The flow's cache slot with its key written, for [`lb_answer_store`].
-    fn cache_claim(s: *mut Scratch) -> Option<*mut FlowAnswer>;
+    /// The flow-cache entry at the scratch's `key`.
+    fn cache_at(s: *mut Scratch) -> Option<*mut Self::CacheEntry>;
+    /// The answer of a flow-cache entry.
+    fn cache_answer(e: *mut Self::CacheEntry) -> *mut FlowAnswer;
+    /// The first-packet record at the scratch's `key`.
+    fn first_at(s: *mut Scratch) -> Option<*mut Self::FirstPacket>;
+    /// The flow's service: its service key (VIP, dport, proto) built in the
+    /// scratch and looked up ([`lb_service`] with the family's cache).
+    fn service(s: *mut Scratch) -> Option<*mut Lb4Service>;
+    /// Writes the held-VIP key of the flow's VIP on its network to the scratch
+    /// (`held`, `held6`).
+    fn held_key(s: *mut Scratch);
+    /// The key's copy in its held slot (maps::held4_slot, maps::held6_slot).
+    fn held_slot(s: *mut Scratch) -> Option<*const ArpHeldVip>;
+    /// The key's entry in the family's held table (`arp_held`, `ndp_held`).
+    fn held_table(s: *mut Scratch) -> Option<*mut ArpHeldVip>;
+}
+
+/// The [`Flows`] items that only name a family's key and tables, written once
+/// for both: `key` the scratch field of its key words (`words: N` of them,
+/// `flow` the key type they are, `ring` its ring hash and `family` its
+/// `lb_flows` family), `cache` and `first` its flow-cache and first-packet maps
+/// with their value types, `held` its held table and scratch key field after
+/// the slot `slot` gives.
+macro_rules! lb_tables {
+    (
+        key: $key:ident, words: $words:literal, flow: $flow:ty, ring: $ring:path, family: $family:expr,
+        cache: $cache:ident<$entry:ty>, first: $first:ident<$record:ty>, held: $held:ident at $hkey:ident, slot: $slot:path $(,)?
+    ) => {
+        type CacheEntry = $entry;
+        type FirstPacket = $record;
+        const WORDS: usize = $words;
+
+        #[inline(always)]
+        fn key(s: *const $crate::maps::Scratch) -> *const u64 {
+            unsafe { (&raw const (*s).$key).cast() }
+        }
+
+        #[inline(always)]
+        fn ring_hash(s: *const $crate::maps::Scratch) -> u32 {
+            let k: $flow = unsafe { core::mem::transmute((*s).$key) };
+            $ring(k.src, k.dst, k.sport, k.dport, k.proto)
+        }
+
+        #[inline(always)]
+        fn flow_hash(seed: &[u64; 2], s: *const $crate::maps::Scratch) -> u64 {
+            vip_common::lb_flow_hash(seed, $family, unsafe { &(*s).$key })
+        }
+
+        #[inline(always)]
+        fn cache_at(s: *mut $crate::maps::Scratch) -> Option<*mut $entry> {
+            $crate::maps::lookup_at::<_, $entry>(&$cache, s.cast())
+        }
+
+        #[inline(always)]
+        fn cache_answer(e: *mut $entry) -> *mut vip_common::FlowAnswer {
+            unsafe { &raw mut (*e).answer }
+        }
+
+        #[inline(always)]
+        fn first_at(s: *mut $crate::maps::Scratch) -> Option<*mut $record> {
+            $crate::maps::lookup_at::<_, $record>(&$first, s.cast())
+        }
+
+        #[inline(always)]
+        fn first_fields(p: *mut $record) -> (*mut u32, *mut u32) {
+            unsafe { (&raw mut (*p).backend, &raw mut (*p).check) }
+        }
+
+        #[inline(always)]
+        fn held_slot(s: *mut $crate::maps::Scratch) -> Option<*const vip_common::ArpHeldVip> {
+            $slot(s)
+        }
+
+        #[inline(always)]
+        fn held_table(s: *mut $crate::maps::Scratch) -> Option<*mut vip_common::ArpHeldVip> {
+            $crate::maps::lookup_at::<_, vip_common::ArpHeldVip>(&$held, unsafe { &raw const (*s).$hkey }.cast())
+        }
+    };
+}
+pub(crate) use lb_tables;
+
+/// Whether the `F::WORDS` words at `p` are the flow's key in `s`.
+#[inline(always)]
+fn lb_key_is<F: Flows>(p: *const u64, s: *const Scratch) -> bool {
+    let k = F::key(s);
+    for i in 0..F::WORDS {
+        if unsafe { *p.add(i) != *k.add(i) } {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether the TCP or UDP header at `off` (a constant: a packet pointer takes no
+/// variable offset without CAP_PERFMON) is a TCP SYN without ACK: a new connection.
+#[inline(always)]
+pub fn lb_syn_at(ctx: &XdpContext, off: usize, proto: u8) -> bool {
+    proto == PROTO_TCP && matches!(ptr_at::<u8>(ctx, off + TCP_FLAGS), Ok(f) if unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN)
+}
+
+/// The ports word of the TCP or UDP header at `off`, a variable offset (past IP
+/// options or IPv6 extension headers, rare), and whether it is a TCP SYN without
+/// ACK: copied by a helper, which takes the variable offset the verifier refuses
+/// on a packet pointer.
+#[inline(always)]
+pub fn lb_ports_at(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u32, bool), ()> {
+    let mut ports = 0u32;
+    if unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, (&mut ports as *mut u32).cast(), 4) } != 0 {
+        return Err(());
+    }
+    let mut flags = 0u8;
+    let syn = proto == PROTO_TCP
+        && unsafe { bpf_xdp_load_bytes(ctx.ctx, (off + TCP_FLAGS) as u32, (&mut flags as *mut u8).cast(), 1) } == 0
+        && flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    Ok((ports, syn))
+}
+
+/// The flow cache first (the flow's key and SYN flag in the scratch `s`): a hit
+/// is the whole answer, with no map helper call (array lookups are inlined by
+/// the verifier). On a miss (None) the flow-table line starts coming before the
+/// family's call into its slow path ([`lb_touch_early`]), which [`lb_miss`] is.
+#[inline(always)]
+pub fn lb_cache<F: Flows>(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
+    if let Some(e) = lb_cache_lookup::<F>(s) {
+        // A SYN skips it: its flow may be a reused 5-tuple whose cached answer is
+        // stale (the flag read back from the scratch, not kept in a register). So
+        // does a frame to a group MAC, which only the VIP's fresh holder may handle.
+        if unsafe { read_volatile(&(*s).syn) } == 0 && !lb_group(ctx)? && lb_key_is::<F>(e.cast(), s) && lb_answer_hit(F::cache_answer(e), s) {
+            return lb_cached(ctx, F::cache_answer(e), s).map(Some);
+        }
+    }
+    lb_touch_early::<F>(s);
+    Ok(None)
+}
+
+/// This CPU's flow-cache slot for the flow in `s` (its slot and the current
+/// epoch recorded in `s`).
+#[inline(always)]
+fn lb_cache_lookup<F: Flows>(s: *mut Scratch) -> Option<*mut F::CacheEntry> {
+    let ctl = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
+    unsafe {
+        (*s).epoch = ctl.epoch;
+        let (h0, h1) = F::folded(s);
+        (*s).key = flow_cache_slot(h0, h1) & ctl.slot_mask;
+        (*s).cache_slot = (*s).key;
+    }
+    F::cache_at(s)
+}
+
+/// This CPU's flow-cache slot for the flow in `s`, found again past the hit path
+/// (an inlined array lookup) rather than kept in a register.
+#[inline(always)]
+fn lb_cache_slot<F: Flows>(s: *mut Scratch) -> Option<*mut F::CacheEntry> {
+    unsafe { (*s).key = (*s).cache_slot };
+    F::cache_at(s)
+}
+
+/// Drops this CPU's cached answer for the flow in `s`, if any.
+#[inline(always)]
+fn lb_cache_forget<F: Flows>(s: *mut Scratch) {
+    let Some(e) = lb_cache_slot::<F>(s) else { return };
+    let w = e as *mut u64;
+    if lb_key_is::<F>(w, s) {
+        for i in 0..F::WORDS {
+            lb_zero(unsafe { w.add(i) });
+        }
+    }
+}
+
+/// The flow's cache slot with its key written (as words, see [`lb_copy_words`]),
+/// for [`lb_answer_store`].
+#[inline(always)]
+fn lb_cache_claim<F: Flows>(s: *mut Scratch) -> Option<*mut FlowAnswer> {
+    let e = lb_cache_slot::<F>(s)?;
+    let (w, k) = (e as *mut u64, F::key(s));
+    for i in 0..F::WORDS {
+        unsafe { write_volatile(w.add(i), read_volatile(k.add(i))) };
+    }
+    Some(F::cache_answer(e))
+}
+
+/// The first-packet slot of the flow in `s` (the key in `s`).
+#[inline(always)]
+fn lb_first_slot<F: Flows>(s: *mut Scratch) -> Option<*mut F::FirstPacket> {
+    let (h0, h1) = F::folded(s);
+    unsafe { (*s).key = first_packet_slot(h0, h1) };
+    F::first_at(s)
+}
+
+/// Records the flow's first packet, whose backend [`lb_ring_backend`] put in
+/// the scratch, in its first-packet slot: its key, the backend, and the check
+/// of both (see `Lb4FirstPacket`).
+#[inline(always)]
+fn lb_record_first<F: Flows>(s: *mut Scratch) {
+    let Some(p) = lb_first_slot::<F>(s) else { return };
+    // Folded before the key is written: the record's stores may alias the scratch.
+    let (h0, h1) = F::folded(s);
+    F::record_key(p.cast(), s);
+    let (backend, check) = F::first_fields(p);
+    unsafe {
+        *backend = (*s).backend_id;
+        *check = first_packet_check(h0, h1, (*s).backend_id);
+    }
+}
+
+/// Whether the flow's first packet was recorded (the record checked whole) and
+/// its backend still exists (then in the scratch); the record is cleared.
+#[inline(always)]
+fn lb_second_packet<F: Flows>(s: *mut Scratch) -> bool {
+    let Some(p) = lb_first_slot::<F>(s) else { return false };
+    let (backend, check) = F::first_fields(p);
+    unsafe {
+        let (h0, h1) = F::folded(s);
+        if !lb_key_is::<F>(p.cast(), s) || *check != first_packet_check(h0, h1, *backend) {
+            return false;
+        }
+        let w = p as *mut u64;
+        for i in 0..F::WORDS {
+            lb_zero(w.add(i));
+        }
+        lb_present_backend(s, *backend)
+    }
+}
+
+/// Clears a word of a record. Volatile: two plain zero stores become a memset,
+/// whose pointer arithmetic the verifier refuses without CAP_PERFMON.
+#[inline(always)]
+fn lb_zero(w: *mut u64) {
+    unsafe { write_volatile(w, 0) };
 }
 
 /// Whether the frame goes to a broadcast or multicast MAC: it reaches every node,
 /// so only the VIP's fresh holder may handle it, or every node's stack would
 /// answer it too.
 #[inline(always)]
-pub fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
+fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     Ok(unsafe { (*eth).dst_addr[0] } & 1 != 0)
 }
@@ -129,12 +366,54 @@ fn lb_bit_clear(map: &Array<[u32; VIP_FILTER_WORDS as usize]>, bit: u32) -> Resu
     Ok(unsafe { (*words)[(bit / 32) as usize & (VIP_FILTER_WORDS as usize - 1)] } & (1 << (bit % 32)) == 0)
 }
 
+/// The family's path past the flow cache (its slow path, a function of its own:
+/// lb4::lb4_slow, lb6::lb6_slow): the held-VIP and service lookups, then
+/// [`lb_balance`]. Only `ctx` and `s` live across its map lookups: what a later
+/// step needs goes to the scratch (the service, the held entry's MAC and
+/// freshness, the backend), and every key is built there. A value kept in a
+/// register across a lookup is spilled to the stack once more than four are live,
+/// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
+#[inline(always)]
+pub fn lb_miss<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    let held = lb_held::<F>(s);
+    lb_touch_if::<F>(s, held);
+    match F::service(s) {
+        Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
+        None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
+        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
+    }
+    lb_balance::<F, L2>(ctx, s, held)
+}
+
+/// Whether this node has a held entry (`arp_held`, `ndp_held`) for the flow's
+/// VIP on its network (its MAC and freshness then in the scratch): its held slot
+/// first, then the table. An entry whose deadline has passed means the agent
+/// stopped vouching for it (fencing, or released after the VIP moved): not
+/// balanced for new flows. The coarse clock costs a few ns where
+/// `bpf_ktime_get_ns` costs ~25; it lags by up to a tick, which the agent covers
+/// by storing deadlines two ticks early. It is read first, so that the entry's
+/// pointer does not live across the call.
+#[inline(always)]
+fn lb_held<F: Flows>(s: *mut Scratch) -> bool {
+    unsafe { write_volatile(&raw mut (*s).now, bpf_ktime_get_coarse_ns()) };
+    F::held_key(s);
+    if let Some(h) = F::held_slot(s) {
+        lb_held_entry(s, h);
+        return true;
+    }
+    let Some(h) = F::held_table(s) else {
+        return false;
+    };
+    lb_held_entry(s, h);
+    true
+}
+
 /// The flow in `s`, of a service found (in the scratch) and of a VIP this node
 /// holds on its network (`held`; its MAC and freshness in the scratch): the
 /// flow-table and ring decisions, then the counters and the rewrite. Only `ctx`
 /// and `s` live across its map lookups (see maps::Scratch).
 #[inline(always)]
-pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool) -> Result<Verdict, ()> {
+fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool) -> Result<Verdict, ()> {
     if !held {
         return lb_not_held(ctx);
     }
@@ -145,12 +424,12 @@ pub fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, 
     let established = if unsafe { (*s).syn } != 0 {
         // A new connection, also on a reused 5-tuple whose pin is stale: the ring
         // decides, and its next packet pins that choice over any old one.
-        F::cache_forget(s);
+        lb_cache_forget::<F>(s);
         if !lb_first_packet::<F>(s) {
             return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
         }
         false
-    } else if F::second_packet(s) {
+    } else if lb_second_packet::<F>(s) {
         // Its second packet: the flow is pinned to where its first went.
         lb_flow_insert(s);
         true
@@ -201,7 +480,7 @@ fn lb_stale(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
 /// A held entry found (`arp_held`, `ndp_held` or a copy in a held slot): whether
 /// it is fresh, against the clock read before, and its MAC, to the scratch.
 #[inline(always)]
-pub fn lb_held_entry(s: *mut Scratch, h: *const ArpHeldVip) {
+fn lb_held_entry(s: *mut Scratch, h: *const ArpHeldVip) {
     unsafe {
         (*s).fresh = ((*s).now <= (*h).deadline_ns) as u32;
         lb_copy_mac(&raw mut (*s).mac, &raw const (*h).mac);
@@ -216,15 +495,17 @@ fn lb_not_held(ctx: &XdpContext) -> Result<Verdict, ()> {
 }
 
 /// An ICMP error about the flow in `s` (its key as the flow's own packets give
-/// it, its service found), to a VIP held here or not (`held`): to the backend
-/// that serves the flow, which answers the client directly and so must hear of
-/// the path's MTU. The flow's pin in `lb_flows`, else the ring's choice; nothing
-/// is recorded, pinned, memoised or refreshed (the error is no packet of the
-/// flow, and may be forged). `pass` is the family's reason for ICMP it leaves to
-/// the stack, given when the ring has no backend.
+/// it), of a service, to a VIP held here or not: to the backend that serves the
+/// flow, which answers the client directly and so must hear of the path's MTU.
+/// The flow's pin in `lb_flows`, else the ring's choice; nothing is recorded,
+/// pinned, memoised or refreshed (the error is no packet of the flow, and may be
+/// forged). `pass` is the family's reason for ICMP it leaves to the stack, given
+/// when the flow has no service or the ring no backend.
 #[inline(always)]
-pub fn lb_icmp_error<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool, pass: Reason) -> Result<Verdict, ()> {
-    if !held {
+pub fn lb_icmp_error<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, pass: Reason) -> Result<Verdict, ()> {
+    let Some(svc) = F::service(s) else { return Ok((xdp_action::XDP_PASS, pass)) };
+    lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), svc.cast());
+    if !lb_held::<F>(s) {
         return lb_not_held(ctx);
     }
     lb_flow_touch::<F>(s);
@@ -260,7 +541,7 @@ fn lb_deliver<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, esta
     // the frame's own network and local deliveries only). Not for a stale entry,
     // whose every frame must meet lb_stale (the cache answers before it).
     if established && !home && unsafe { read_volatile(&(*s).fresh) } != 0 {
-        if let Some(a) = F::cache_claim(s) {
+        if let Some(a) = lb_cache_claim::<F>(s) {
             lb_answer_store(a, s);
         }
     }
@@ -326,7 +607,7 @@ pub fn lb_flow_backend(s: *mut Scratch, refresh: bool) -> bool {
 /// lookup (a bit set for another VIP only costs a line loaded for nothing).
 /// Whether it loaded them goes to the scratch for [`lb_touch_if`].
 #[inline(always)]
-pub fn lb_touch_early<F: Flows>(s: *mut Scratch) {
+fn lb_touch_early<F: Flows>(s: *mut Scratch) {
     let hinted = unsafe { read_volatile(&(*s).syn) } == 0 && matches!(lb_bit_clear(&lb_held_filter, F::filter_bit(s)), Ok(false));
     unsafe { write_volatile(&raw mut (*s).touched, hinted as u32) };
     if hinted {
@@ -338,7 +619,7 @@ pub fn lb_touch_early<F: Flows>(s: *mut Scratch) {
 /// packet past its first, as the filter is only a hint (a VIP held under pins
 /// an older agent wrote has no bit). The flow's hash is needed past here.
 #[inline(always)]
-pub fn lb_touch_if<F: Flows>(s: *mut Scratch, held: bool) {
+fn lb_touch_if<F: Flows>(s: *mut Scratch, held: bool) {
     if held && unsafe { read_volatile(&(*s).syn) } == 0 && unsafe { read_volatile(&(*s).touched) } == 0 {
         lb_touch::<F>(s);
     }
@@ -348,7 +629,10 @@ pub fn lb_touch_if<F: Flows>(s: *mut Scratch, held: bool) {
 #[inline(always)]
 fn lb_touch<F: Flows>(s: *mut Scratch) {
     lb_flow_touch::<F>(s);
-    F::first_touch(s);
+    if let Some(p) = lb_first_slot::<F>(s) {
+        // Volatile: kept though its value is not used.
+        let _ = unsafe { read_volatile(p as *const u64) };
+    }
 }
 
 /// Computes the flow's keyed hash (to the scratch; the key from `lb_flows_ctl`,
@@ -432,7 +716,7 @@ fn lb_first_packet<F: Flows>(s: *mut Scratch) -> bool {
     if !lb_ring_backend(s, F::ring_hash(s)) {
         return false;
     }
-    F::record_first(s);
+    lb_record_first::<F>(s);
     true
 }
 
@@ -475,7 +759,7 @@ fn lb_answer_store(a: *mut FlowAnswer, s: *const Scratch) {
 /// Whether the cached answer `a` (its key matched) is current for the frame's
 /// interface and not due for its periodic recheck (which counts this hit).
 #[inline(always)]
-pub fn lb_answer_hit(a: *mut FlowAnswer, s: *const Scratch) -> bool {
+fn lb_answer_hit(a: *mut FlowAnswer, s: *const Scratch) -> bool {
     unsafe {
         if (*a).epoch != (*s).epoch || (*a).ifindex != (*s).ifindex {
             return false;
@@ -493,7 +777,7 @@ pub fn lb_answer_hit(a: *mut FlowAnswer, s: *const Scratch) -> bool {
 /// The counters' keys are copied to the scratch first, so that only the scratch
 /// and the verdict live across their lookups (not the entry, a fifth register).
 #[inline(always)]
-pub fn lb_cached(ctx: &XdpContext, a: *const FlowAnswer, s: *mut Scratch) -> Result<Verdict, ()> {
+fn lb_cached(ctx: &XdpContext, a: *const FlowAnswer, s: *mut Scratch) -> Result<Verdict, ()> {
     let a = unsafe { &*a };
     unsafe {
         (*s).key = a.service;
@@ -569,7 +853,7 @@ fn lb_copy_macs(dst: *mut u8, to: &[u8; 6], ours: &[u8; 6]) {
 /// Whether backend `id` exists (then it and its id in the scratch); counts a
 /// re-hash when it does not.
 #[inline(always)]
-pub fn lb_present_backend(s: *mut Scratch, id: u32) -> bool {
+fn lb_present_backend(s: *mut Scratch, id: u32) -> bool {
     if lb_backend(s, id) {
         return true;
     }

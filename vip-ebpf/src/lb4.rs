@@ -2,38 +2,22 @@
 //! then L2 direct server return.
 use core::{
     mem::offset_of,
-    ptr::{read_unaligned, read_volatile, write_volatile},
+    ptr::{read_unaligned, write_volatile},
 };
 
 use aya_ebpf::{
     bindings::{xdp_action, xdp_md},
-    helpers::{bpf_ktime_get_coarse_ns, bpf_xdp_load_bytes},
     programs::XdpContext,
 };
 use network_types::ip::Ipv4Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{
-        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_service,
-        lb_touch_early, lb_touch_if, Flows,
-    },
-    maps::{arp_held, held4_slot, lb4_first_packets, lb4_flow_cache, lb4_flow_cache_ctl, lb4_service_cache, lb4_services, lb_key0, lookup_at, Scratch},
-    parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
+    lb::{lb_cache, lb_icmp_error, lb_miss, lb_not_vip, lb_ports_at, lb_service, lb_syn_at, lb_tables, Flows},
+    maps::{arp_held, held4_slot, lb4_first_packets, lb4_flow_cache, lb4_service_cache, lb4_services, lookup_at, Scratch},
+    parse::{ptr_at, verdict_call, verdict_unpack, Verdict},
+    proto::{ICMP_DEST_UNREACH, ICMP_HDR_LEN, IPPROTO_ICMP, IP_MF_OFFSET, IP_OFFSET},
 };
-
-const IPPROTO_ICMP: u8 = 1;
-/// The flags byte's offset in the TCP header, and the flags that tell a SYN.
-const TCP_FLAGS: usize = 13;
-const TCP_SYN: u8 = 0x02;
-const TCP_ACK: u8 = 0x10;
-/// More-fragments flag and fragment offset, in the host-order `frags` word.
-const IP_MF_OFFSET: u16 = 0x3fff;
-const IP_OFFSET: u16 = 0x1fff;
-/// ICMP's destination unreachable (every code: fragmentation needed is 4), and
-/// the header before the quoted packet.
-const ICMP_DEST_UNREACH: u8 = 3;
-const ICMP_HDR_LEN: usize = 8;
 
 // Keys are assembled from packet words in little-endian order (bpfel).
 const _: () = assert!(cfg!(target_endian = "little"));
@@ -85,77 +69,39 @@ pub fn lb4_handle<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u
         (0, false)
     } else if ihl == Ipv4Hdr::LEN {
         let p: *const u32 = ptr_at(ctx, L2 + Ipv4Hdr::LEN)?;
-        let syn = proto == PROTO_TCP && matches!(ptr_at::<u8>(ctx, L2 + Ipv4Hdr::LEN + TCP_FLAGS), Ok(f) if unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
+        let syn = lb_syn_at(ctx, L2 + Ipv4Hdr::LEN, proto);
         (unsafe { read_unaligned(p) }, syn)
     } else {
-        lb4_ports_past_options(ctx, L2 + ihl, proto)?
+        // IP options (rare): a variable offset.
+        lb_ports_at(ctx, L2 + ihl, proto)?
     };
     unsafe {
         write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports, proto));
         write_volatile(&raw mut (*s).syn, syn as u32);
     }
 
-    // The flow cache first: a hit is the whole answer, with no map helper call
-    // (array lookups are inlined by the verifier).
-    let cached = lb4_cache_lookup(s);
-    if let Some(p) = cached {
-        // A SYN skips it: its flow may be a reused 5-tuple whose cached answer is
-        // stale (the flag read back from the scratch, not kept in a register). So
-        // does a frame to a group MAC, which only the VIP's fresh holder may handle.
-        if unsafe { read_volatile(&(*s).syn) } == 0 && !lb_group(ctx)? && lb4_cache_hit(p, s) {
-            return lb_cached(ctx, unsafe { &raw const (*p).answer }, s);
-        }
+    // The flow cache first (lb::lb_cache), else the call.
+    if let Some(v) = lb_cache::<V4>(ctx, s)? {
+        return Ok(v);
     }
-    // Its flow-table line starts coming before the call (lb::lb_touch_early).
-    lb_touch_early::<V4>(s);
     Ok(verdict_unpack(lb4_slow::<L2>(ctx.ctx, s)))
 }
 
-/// Everything past the flow cache: new flows, the flow table, the held-VIP and
-/// service lookups, forwards out of home. A function of its own, called (BPF to
-/// BPF) rather than inlined: inlined, its many live values made the compiler spill
-/// registers on the hot paths too. The verdict packed in one register
-/// (parse::verdict_pack).
+/// Everything past the flow cache (lb::lb_miss): new flows, the flow table, the
+/// held-VIP and service lookups, forwards out of home. A function of its own,
+/// called (BPF to BPF) rather than inlined: inlined, its many live values made
+/// the compiler spill registers on the hot paths too. The verdict packed in one
+/// register (parse::verdict_pack).
 #[inline(never)]
 fn lb4_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
-    let ctx = XdpContext::new(ctx);
-    verdict_pack_or_malformed(&ctx, s, lb4_miss::<L2>(&ctx, s))
-}
-
-/// [`lb4_slow`]'s path. Only `ctx` and `s` live across its map lookups: what a
-/// later step needs goes to the scratch (the service, the held entry's MAC and
-/// freshness, the backend), and every key is built there. A value kept in a
-/// register across a lookup is spilled to the stack once more than four are live,
-/// each spill a speculation barrier without CAP_PERFMON (see maps::LB_KEY0).
-#[inline(always)]
-fn lb4_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    let held = lb4_held(s);
-    lb_touch_if::<V4>(s, held);
-    match lb4_service(s) {
-        Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
-        None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
-        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
-    }
-    lb_balance::<V4, L2>(ctx, s, held)
-}
-
-/// The service of the flow in `s`: its Lb4ServiceKey (VIP, dport, proto) as one
-/// word, looked up.
-#[inline(always)]
-fn lb4_service(s: *mut Scratch) -> Option<*mut Lb4Service> {
-    unsafe {
-        let (w0, w1) = ((*s).words[0], (*s).words[1]);
-        write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
-    }
-    lb_service::<1, { offset_of!(Scratch, svc) }>(s, &lb4_service_cache, |key| lookup_at::<_, Lb4Service>(&lb4_services, key.cast()))
+    verdict_call!(ctx, s, lb_miss::<V4, L2>)
 }
 
 /// ICMP to a VIP ([`lb4_icmp`]), a function of its own (BPF to BPF) as
 /// [`lb4_slow`]: the hot paths are allocated without it.
 #[inline(never)]
 fn lb4_icmp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
-    let ctx = XdpContext::new(ctx);
-    verdict_pack_or_malformed(&ctx, s, lb4_icmp::<L2>(&ctx, s))
+    verdict_call!(ctx, s, lb4_icmp::<L2>)
 }
 
 /// ICMP to a VIP: a destination unreachable (fragmentation needed among them)
@@ -189,34 +135,7 @@ fn lb4_icmp<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
         write_volatile(&raw mut (*s).words[0], addrs.rotate_left(32));
         write_volatile(&raw mut (*s).words[1], lb4_ports_proto(ports.rotate_left(16), proto));
     }
-    let Some(svc) = lb4_service(s) else { return Ok(PASS) };
-    lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), svc.cast());
-    lb_icmp_error::<V4, L2>(ctx, s, lb4_held(s), Reason::PassedIcmp)
-}
-
-/// Whether this node has an `arp_held` entry for the flow's VIP on its network
-/// (its MAC and freshness then in the scratch). An entry whose deadline has
-/// passed means the agent stopped vouching for it (fencing, or released after
-/// the VIP moved): not balanced for new flows. The coarse clock costs a few ns
-/// where `bpf_ktime_get_ns` costs ~25; it lags by up to a tick, which the agent
-/// covers by storing deadlines two ticks early. It is read first, so that the
-/// entry's pointer does not live across the call.
-#[inline(always)]
-fn lb4_held(s: *mut Scratch) -> bool {
-    unsafe {
-        write_volatile(&raw mut (*s).now, bpf_ktime_get_coarse_ns());
-        (*s).held = ArpHeldKey { ifindex: (*s).ifindex, vip: (((*s).words[0] >> 32) as u32).to_ne_bytes() };
-        // Its slot first (lb4_held_slots), then arp_held.
-        if let Some(h) = held4_slot(s) {
-            lb_held_entry(s, h);
-            return true;
-        }
-        let Some(h) = lookup_at::<_, ArpHeldVip>(&arp_held, (&raw const (*s).held).cast()) else {
-            return false;
-        };
-        lb_held_entry(s, h);
-    }
-    true
+    lb_icmp_error::<V4, L2>(ctx, s, PASS.1)
 }
 
 /// The Lb4FlowKey's second word as loaded: the ports word (sport, dport) and the
@@ -226,89 +145,25 @@ fn lb4_ports_proto(ports: u32, proto: u8) -> u64 {
     u64::from(ports) | u64::from(proto) << 32
 }
 
-/// This CPU's flow-cache slot for the flow in `s` (its key and the current epoch
-/// recorded in `s`).
-#[inline(always)]
-fn lb4_cache_lookup(s: *mut Scratch) -> Option<*mut Lb4FlowCacheEntry> {
-    let ctl = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
-    unsafe {
-        (*s).epoch = ctl.epoch;
-        (*s).key = flow_cache_slot((*s).words[0], (*s).words[1]) & ctl.slot_mask;
-        (*s).cache_slot = (*s).key;
-        lookup_at::<_, Lb4FlowCacheEntry>(&lb4_flow_cache, s.cast())
-    }
-}
-
-/// Whether the cached answer `p` is for the flow in `s`, current, and not due for
-/// its periodic recheck.
-#[inline(always)]
-fn lb4_cache_hit(p: *mut Lb4FlowCacheEntry, s: *const Scratch) -> bool {
-    let w = p as *const u64;
-    unsafe { *w == (*s).words[0] && *w.add(1) == (*s).words[1] && lb_answer_hit(&raw mut (*p).answer, s) }
-}
-
-/// The ports word of a packet with IP options (rare), and whether it is a TCP SYN
-/// without ACK: copied by a helper, which takes the variable offset the verifier
-/// refuses on a packet pointer.
-#[inline(always)]
-fn lb4_ports_past_options(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u32, bool), ()> {
-    let mut ports = 0u32;
-    let r = unsafe { bpf_xdp_load_bytes(ctx.ctx, off as u32, (&mut ports as *mut u32).cast(), 4) };
-    if r != 0 {
-        return Err(());
-    }
-    let mut flags = 0u8;
-    let syn = proto == PROTO_TCP
-        && unsafe { bpf_xdp_load_bytes(ctx.ctx, (off + TCP_FLAGS) as u32, (&mut flags as *mut u8).cast(), 1) } == 0
-        && flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    Ok((ports, syn))
-}
-
-/// IPv4's tables: `lb4_first_packets`, `lb4_flow_cache`; its flows in `lb_flows`.
+/// IPv4's keys and tables: the flow as two words (`words`), `lb4_first_packets`,
+/// `lb4_flow_cache`, `lb4_services` through `lb4_service_cache`, `arp_held`
+/// after `lb4_held_slots`; its flows in `lb_flows`.
 struct V4;
 
 impl Flows for V4 {
+    /// The two words themselves.
     #[inline(always)]
-    fn ring_hash(s: *const Scratch) -> u32 {
-        let k: Lb4FlowKey = unsafe { core::mem::transmute((*s).words) };
-        flow_hash(k.src, k.dst, k.sport, k.dport, k.proto)
+    fn folded(s: *const Scratch) -> (u64, u64) {
+        unsafe { ((*s).words[0], (*s).words[1]) }
     }
 
+    /// As two plain stores (no memset: not zeros).
     #[inline(always)]
-    fn record_first(s: *mut Scratch) {
-        if let Some(p) = lb4_first_packet_slot(s) {
-            unsafe {
-                let (w0, w1) = ((*s).words[0], (*s).words[1]);
-                let w = p as *mut u64;
-                *w = w0;
-                *w.add(1) = w1;
-                (*p).backend = (*s).backend_id;
-                (*p).check = first_packet_check(w0, w1, (*s).backend_id);
-            }
-        }
-    }
-
-    /// The record is checked whole (see [`Lb4FirstPacket`]).
-    #[inline(always)]
-    fn second_packet(s: *mut Scratch) -> bool {
-        let Some(p) = lb4_first_packet_slot(s) else { return false };
+    fn record_key(p: *mut u64, s: *const Scratch) {
         unsafe {
-            let (w0, w1) = ((*s).words[0], (*s).words[1]);
-            let w = p as *mut u64;
-            if *w != w0 || *w.add(1) != w1 || (*p).check != first_packet_check(w0, w1, (*p).backend) {
-                return false;
-            }
-            // Volatile: two plain zero stores become a memset, whose pointer
-            // arithmetic the verifier refuses without CAP_PERFMON.
-            write_volatile(w, 0);
-            write_volatile(w.add(1), 0);
-            lb_present_backend(s, (*p).backend)
+            *p = (*s).words[0];
+            *p.add(1) = (*s).words[1];
         }
-    }
-
-    #[inline(always)]
-    fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64 {
-        lb_flow_hash(seed, FLOW_FAMILY_V4, unsafe { &(*s).words })
     }
 
     #[inline(always)]
@@ -316,50 +171,23 @@ impl Flows for V4 {
         unsafe { vip_filter_bit_word(((*s).words[0] >> 32) as u32) }
     }
 
+    /// Its Lb4ServiceKey (VIP, dport, proto) as one word.
     #[inline(always)]
-    fn first_touch(s: *mut Scratch) {
-        if let Some(p) = lb4_first_packet_slot(s) {
-            // Volatile: kept though its value is not used.
-            let _ = unsafe { read_volatile(p as *const u64) };
-        }
-    }
-
-    #[inline(always)]
-    fn cache_forget(s: *mut Scratch) {
-        let Some(e) = lb4_cache_slot(s) else { return };
-        let w = e as *mut u64;
+    fn service(s: *mut Scratch) -> Option<*mut Lb4Service> {
         unsafe {
-            if *w == (*s).words[0] && *w.add(1) == (*s).words[1] {
-                write_volatile(w, 0); // volatile: see second_packet
-                write_volatile(w.add(1), 0);
-            }
+            let (w0, w1) = ((*s).words[0], (*s).words[1]);
+            write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
         }
+        lb_service::<1, { offset_of!(Scratch, svc) }>(s, &lb4_service_cache, |key| lookup_at::<_, Lb4Service>(&lb4_services, key.cast()))
     }
 
-    /// The key as words (see [`lb_copy_words`]).
     #[inline(always)]
-    fn cache_claim(s: *mut Scratch) -> Option<*mut FlowAnswer> {
-        let e = lb4_cache_slot(s)?;
-        lb_copy_words::<2>(e.cast(), unsafe { &raw const (*s).words }.cast());
-        Some(unsafe { &raw mut (*e).answer })
+    fn held_key(s: *mut Scratch) {
+        unsafe { (*s).held = ArpHeldKey { ifindex: (*s).ifindex, vip: (((*s).words[0] >> 32) as u32).to_ne_bytes() } };
     }
-}
 
-/// The `lb4_first_packets` slot of the flow in `s` (the key in `s`).
-#[inline(always)]
-fn lb4_first_packet_slot(s: *mut Scratch) -> Option<*mut Lb4FirstPacket> {
-    unsafe {
-        (*s).key = first_packet_slot((*s).words[0], (*s).words[1]);
-        lookup_at::<_, Lb4FirstPacket>(&lb4_first_packets, s.cast())
-    }
-}
-
-/// This CPU's flow-cache slot for the flow in `s`, found again past the hit path
-/// (an inlined array lookup) rather than kept in a register.
-#[inline(always)]
-fn lb4_cache_slot(s: *mut Scratch) -> Option<*mut Lb4FlowCacheEntry> {
-    unsafe {
-        (*s).key = (*s).cache_slot;
-        lookup_at::<_, Lb4FlowCacheEntry>(&lb4_flow_cache, s.cast())
+    lb_tables! {
+        key: words, words: 2, flow: Lb4FlowKey, ring: flow_hash, family: FLOW_FAMILY_V4,
+        cache: lb4_flow_cache<Lb4FlowCacheEntry>, first: lb4_first_packets<Lb4FirstPacket>, held: arp_held at held, slot: held4_slot,
     }
 }

@@ -5,42 +5,26 @@
 use core::{
     ffi::c_void,
     mem::offset_of,
-    ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile},
+    ptr::{read_unaligned, write_unaligned, write_volatile},
 };
 
 use aya_ebpf::{
     bindings::{xdp_action, xdp_md},
-    helpers::{bpf_ktime_get_coarse_ns, bpf_xdp_load_bytes},
+    helpers::bpf_xdp_load_bytes,
     programs::XdpContext,
 };
 use network_types::ip::Ipv6Hdr;
 use vip_common::*;
 
 use crate::{
-    lb::{
-        lb_answer_hit, lb_balance, lb_cached, lb_copy_words, lb_group, lb_held_entry, lb_icmp_error, lb_not_vip, lb_present_backend, lb_service,
-        lb_touch_early, lb_touch_if, Flows,
-    },
-    maps::{held6_slot, lb4_flow_cache_ctl, lb6_first_packets, lb6_flow_cache, lb6_service_cache, lb6_services, lb_key0, lookup_at, ndp_held, Scratch},
-    parse::{ptr_at, verdict_pack_or_malformed, verdict_unpack, Verdict},
+    lb::{lb_cache, lb_copy_words, lb_icmp_error, lb_miss, lb_not_vip, lb_ports_at, lb_service, lb_syn_at, lb_tables, Flows},
+    maps::{held6_slot, lb6_first_packets, lb6_flow_cache, lb6_service_cache, lb6_services, lookup_at, ndp_held, Scratch},
+    parse::{ptr_at, verdict_call, verdict_unpack, Verdict},
+    proto::{ICMP6_DST_UNREACH, ICMP6_HDR_LEN, ICMP6_PACKET_TOO_BIG, IP6, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT, IPPROTO_HOPOPTS, IPPROTO_ICMPV6, IPPROTO_ROUTING},
 };
 
-const IP6: usize = Ipv6Hdr::LEN;
-const IPPROTO_HOPOPTS: u8 = 0;
-const IPPROTO_ROUTING: u8 = 43;
-const IPPROTO_FRAGMENT: u8 = 44;
-const IPPROTO_ICMPV6: u8 = 58;
-const IPPROTO_DSTOPTS: u8 = 60;
-/// ICMPv6 errors about a flow (RFC 4443), and the header before the quoted packet.
-const ICMP6_DST_UNREACH: u8 = 1;
-const ICMP6_PACKET_TOO_BIG: u8 = 2;
-const ICMP6_HDR_LEN: usize = 8;
 /// Extension headers walked at most before the upper layer; more pass, counted.
 const MAX_EXT_HEADERS: usize = 6;
-/// The flags byte's offset in the TCP header, and the flags that tell a SYN.
-const TCP_FLAGS: usize = 13;
-const TCP_SYN: u8 = 0x02;
-const TCP_ACK: u8 = 0x10;
 
 /// Where the entry sends an IPv6 packet ([`lb6_route`]).
 pub enum Lb6Route {
@@ -86,8 +70,7 @@ pub fn lb6_route<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u3
 /// An ICMPv6 error ([`lb6_icmp`]), a function of its own as [`lb6_slow`].
 #[inline(never)]
 pub fn lb6_icmp_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
-    let ctx = XdpContext::new(ctx);
-    verdict_pack_or_malformed(&ctx, s, lb6_icmp::<L2>(&ctx, s))
+    verdict_call!(ctx, s, lb6_icmp::<L2>)
 }
 
 /// An ICMPv6 destination unreachable or packet too big (its type checked; the
@@ -120,9 +103,7 @@ fn lb6_icmp<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdic
         let ports = read_unaligned(inner.add(IP6) as *const u32);
         write_volatile(&raw mut (*s).words6[4], u64::from(ports.rotate_left(16)) | u64::from(proto) << 32);
     }
-    let Some(svc) = lb6_service(s) else { return Ok(PASS) };
-    lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), svc.cast());
-    lb_icmp_error::<V6, L2>(ctx, s, lb6_held(s), Reason::PassedOther)
+    lb_icmp_error::<V6, L2>(ctx, s, PASS.1)
 }
 
 /// Where a flow's upper-layer header is, past the extension headers.
@@ -155,7 +136,7 @@ pub fn lb6_flow<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Ve
     }
     lb6_key_words(ip, s, false);
     let p: *const u32 = ptr_at(ctx, L2 + IP6)?;
-    let syn = proto == PROTO_TCP && matches!(ptr_at::<u8>(ctx, L2 + IP6 + TCP_FLAGS), Ok(f) if unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
+    let syn = lb_syn_at(ctx, L2 + IP6, proto);
     lb6_lookup::<L2>(ctx, s, unsafe { read_unaligned(p) }, proto, syn)
 }
 
@@ -181,23 +162,17 @@ fn lb6_lookup<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ports: u32, pr
         write_volatile(&raw mut (*s).words6[4], u64::from(ports) | u64::from(proto) << 32);
         write_volatile(&raw mut (*s).syn, syn as u32);
     }
-    if let Some(p) = lb6_cache_lookup(s) {
-        // As in IPv4: a SYN and a frame to a group MAC skip the cache.
-        if unsafe { read_volatile(&(*s).syn) } == 0 && !lb_group(ctx)? && lb6_cache_hit(p, s) {
-            return lb_cached(ctx, unsafe { &raw const (*p).answer }, s);
-        }
+    match lb_cache::<V6>(ctx, s)? {
+        Some(v) => Ok(v),
+        None => Ok(verdict_unpack(lb6_slow::<L2>(ctx.ctx, s))),
     }
-    // Its flow-table line starts coming before the call (lb::lb_touch_early).
-    lb_touch_early::<V6>(s);
-    Ok(verdict_unpack(lb6_slow::<L2>(ctx.ctx, s)))
 }
 
 /// A packet to a VIP whose IPv6 header is followed by an extension header, or by
 /// an upper layer other than TCP and UDP ([`lb6_ext`]), as a function of its own.
 #[inline(never)]
 fn lb6_ext_call<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
-    let ctx = XdpContext::new(ctx);
-    verdict_pack_or_malformed(&ctx, s, lb6_ext::<L2>(&ctx, s))
+    verdict_call!(ctx, s, lb6_ext::<L2>)
 }
 
 /// [`lb6_ext_call`]'s path: the extension headers walked to the flow's ports.
@@ -212,7 +187,7 @@ fn lb6_ext<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict
         Upper::Unwalked => return Ok((xdp_action::XDP_PASS, Reason::PassedIpv6Ext)),
     };
     lb6_key_words(ptr_at(ctx, L2)?, s, fragment);
-    let (ports, syn) = if fragment { (0, false) } else { lb6_ports_at::<L2>(ctx, off, proto)? };
+    let (ports, syn) = if fragment { (0, false) } else { lb_ports_at(ctx, L2 + off, proto)? };
     lb6_lookup::<L2>(ctx, s, ports, proto, syn)
 }
 
@@ -265,146 +240,29 @@ fn lb6_known_upper(next: u8) -> bool {
     matches!(next, 59 | 4 | 41 | 47 | 132 | 1)
 }
 
-/// The ports word at `off` (past extension headers) and whether it is a TCP SYN
-/// without ACK, copied by a helper (a variable offset, see [`lb6_walk`]).
-#[inline(always)]
-fn lb6_ports_at<const L2: usize>(ctx: &XdpContext, off: usize, proto: u8) -> Result<(u32, bool), ()> {
-    let mut ports = 0u32;
-    if unsafe { bpf_xdp_load_bytes(ctx.ctx, (L2 + off) as u32, (&mut ports as *mut u32).cast(), 4) } != 0 {
-        return Err(());
-    }
-    let mut flags = 0u8;
-    let syn = proto == PROTO_TCP
-        && unsafe { bpf_xdp_load_bytes(ctx.ctx, (L2 + off + TCP_FLAGS) as u32, (&mut flags as *mut u8).cast(), 1) } == 0
-        && flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    Ok((ports, syn))
-}
-
-/// This CPU's `lb6_flow_cache` slot for the flow in `s` (with the epoch, as
-/// lb4's, in `s`).
-#[inline(always)]
-fn lb6_cache_lookup(s: *mut Scratch) -> Option<*mut Lb6FlowCacheEntry> {
-    let ctl = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
-    unsafe {
-        (*s).epoch = ctl.epoch;
-        let (h0, h1) = fold_words6(&(*s).words6);
-        (*s).key = flow_cache_slot(h0, h1) & ctl.slot_mask;
-        (*s).cache_slot = (*s).key;
-        lookup_at::<_, Lb6FlowCacheEntry>(&lb6_flow_cache, s.cast())
-    }
-}
-
-/// Whether the five words at `p` are the flow's in `s`.
-#[inline(always)]
-fn lb6_key_is(p: *const u64, s: *const Scratch) -> bool {
-    unsafe {
-        let w = &(*s).words6;
-        *p == w[0] && *p.add(1) == w[1] && *p.add(2) == w[2] && *p.add(3) == w[3] && *p.add(4) == w[4]
-    }
-}
-
-#[inline(always)]
-fn lb6_cache_hit(p: *mut Lb6FlowCacheEntry, s: *const Scratch) -> bool {
-    lb6_key_is(p.cast(), s) && lb_answer_hit(unsafe { &raw mut (*p).answer }, s)
-}
-
 /// Everything past the flow cache, as lb4::lb4_slow.
 #[inline(never)]
 fn lb6_slow<const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
-    let ctx = XdpContext::new(ctx);
-    verdict_pack_or_malformed(&ctx, s, lb6_miss::<L2>(&ctx, s))
+    verdict_call!(ctx, s, lb_miss::<V6, L2>)
 }
 
-/// [`lb6_slow`]'s path: the service and held-VIP lookups, then lb::lb_balance.
-#[inline(always)]
-fn lb6_miss<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
-    let held = lb6_held(s);
-    lb_touch_if::<V6>(s, held);
-    match lb6_service(s) {
-        Some(p) => lb_copy_words::<2>(unsafe { &raw mut (*s).service }.cast(), p.cast()),
-        None if unsafe { (*s).fragment } != 0 => return Ok((xdp_action::XDP_PASS, Reason::PassedFragmentNoService)),
-        None => return Ok((xdp_action::XDP_PASS, Reason::PassedNotVip)),
-    }
-    lb_balance::<V6, L2>(ctx, s, held)
-}
-
-/// The service of the flow in `s`: its Lb6ServiceKey (VIP, dport, proto) in
-/// three words, looked up.
-#[inline(always)]
-fn lb6_service(s: *mut Scratch) -> Option<*mut Lb4Service> {
-    unsafe {
-        let w = (*s).words6;
-        write_volatile(&raw mut (*s).svc6[0], w[2]);
-        write_volatile(&raw mut (*s).svc6[1], w[3]);
-        write_volatile(&raw mut (*s).svc6[2], (w[4] >> 16 & 0xffff) | (w[4] >> 32 & 0xff) << 16);
-    }
-    lb_service::<3, { offset_of!(Scratch, svc6) }>(s, &lb6_service_cache, |key| lookup_at::<_, Lb4Service>(&lb6_services, key.cast()))
-}
-
-/// Whether this node has an `ndp_held` entry for the flow's VIP on its network
-/// (its MAC and freshness then in the scratch), as lb4::lb4_held.
-#[inline(always)]
-fn lb6_held(s: *mut Scratch) -> bool {
-    unsafe {
-        write_volatile(&raw mut (*s).now, bpf_ktime_get_coarse_ns());
-        (*s).held6.ifindex = (*s).ifindex;
-        let k = (&raw mut (*s).held6.vip) as *mut u8;
-        write_unaligned(k as *mut u64, (*s).words6[2]);
-        write_unaligned(k.add(8) as *mut u64, (*s).words6[3]);
-        // Its slot first (lb6_held_slots), then ndp_held.
-        if let Some(h) = held6_slot(s) {
-            lb_held_entry(s, h);
-            return true;
-        }
-        let Some(h) = lookup_at::<_, ArpHeldVip>(&ndp_held, (&raw const (*s).held6).cast()) else {
-            return false;
-        };
-        lb_held_entry(s, h);
-    }
-    true
-}
-
-/// IPv6's tables: `lb6_first_packets`, `lb6_flow_cache`; its flows in `lb_flows` too.
+/// IPv6's keys and tables, as IPv4's: the flow as five words (`words6`),
+/// `lb6_first_packets`, `lb6_flow_cache`, `lb6_services` through
+/// `lb6_service_cache`, `ndp_held` after `lb6_held_slots`; its flows in
+/// `lb_flows` too.
 struct V6;
 
 impl Flows for V6 {
+    /// The five words folded ([`fold_words6`]).
     #[inline(always)]
-    fn ring_hash(s: *const Scratch) -> u32 {
-        let k: Lb6FlowKey = unsafe { core::mem::transmute((*s).words6) };
-        flow_hash6(k.src, k.dst, k.sport, k.dport, k.proto)
+    fn folded(s: *const Scratch) -> (u64, u64) {
+        fold_words6(unsafe { &(*s).words6 })
     }
 
+    /// As words (see [`lb_copy_words`]).
     #[inline(always)]
-    fn record_first(s: *mut Scratch) {
-        if let Some(p) = lb6_first_packet_slot(s) {
-            lb_copy_words::<5>(p.cast(), unsafe { &raw const (*s).words6 }.cast());
-            unsafe {
-                let (h0, h1) = fold_words6(&(*s).words6);
-                (*p).backend = (*s).backend_id;
-                (*p).check = first_packet_check(h0, h1, (*s).backend_id);
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn second_packet(s: *mut Scratch) -> bool {
-        let Some(p) = lb6_first_packet_slot(s) else { return false };
-        unsafe {
-            let (h0, h1) = fold_words6(&(*s).words6);
-            if !lb6_key_is(p.cast(), s) || (*p).check != first_packet_check(h0, h1, (*p).backend) {
-                return false;
-            }
-            let w = p as *mut u64;
-            for i in 0..5 {
-                write_volatile(w.add(i), 0); // volatile: see lb4's
-            }
-            lb_present_backend(s, (*p).backend)
-        }
-    }
-
-    #[inline(always)]
-    fn flow_hash(seed: &[u64; 2], s: *const Scratch) -> u64 {
-        lb_flow_hash(seed, FLOW_FAMILY_V6, unsafe { &(*s).words6 })
+    fn record_key(p: *mut u64, s: *const Scratch) {
+        lb_copy_words::<5>(p, unsafe { &raw const (*s).words6 }.cast());
     }
 
     #[inline(always)]
@@ -412,48 +270,30 @@ impl Flows for V6 {
         unsafe { vip_filter_bit_word(fold6_words((*s).words6[2], (*s).words6[3])) }
     }
 
+    /// Its Lb6ServiceKey (VIP, dport, proto) in three words.
     #[inline(always)]
-    fn first_touch(s: *mut Scratch) {
-        if let Some(p) = lb6_first_packet_slot(s) {
-            // Volatile: kept though its value is not used.
-            let _ = unsafe { read_volatile(p as *const u64) };
+    fn service(s: *mut Scratch) -> Option<*mut Lb4Service> {
+        unsafe {
+            let w = (*s).words6;
+            write_volatile(&raw mut (*s).svc6[0], w[2]);
+            write_volatile(&raw mut (*s).svc6[1], w[3]);
+            write_volatile(&raw mut (*s).svc6[2], (w[4] >> 16 & 0xffff) | (w[4] >> 32 & 0xff) << 16);
+        }
+        lb_service::<3, { offset_of!(Scratch, svc6) }>(s, &lb6_service_cache, |key| lookup_at::<_, Lb4Service>(&lb6_services, key.cast()))
+    }
+
+    #[inline(always)]
+    fn held_key(s: *mut Scratch) {
+        unsafe {
+            (*s).held6.ifindex = (*s).ifindex;
+            let k = (&raw mut (*s).held6.vip) as *mut u8;
+            write_unaligned(k as *mut u64, (*s).words6[2]);
+            write_unaligned(k.add(8) as *mut u64, (*s).words6[3]);
         }
     }
 
-    #[inline(always)]
-    fn cache_forget(s: *mut Scratch) {
-        let Some(e) = lb6_cache_slot(s) else { return };
-        if lb6_key_is(e.cast(), s) {
-            let w = e as *mut u64;
-            for i in 0..5 {
-                unsafe { write_volatile(w.add(i), 0) }; // volatile: see lb4's
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn cache_claim(s: *mut Scratch) -> Option<*mut FlowAnswer> {
-        let e = lb6_cache_slot(s)?;
-        lb_copy_words::<5>(e.cast(), unsafe { &raw const (*s).words6 }.cast());
-        Some(unsafe { &raw mut (*e).answer })
-    }
-}
-
-/// The `lb6_first_packets` slot of the flow in `s`.
-#[inline(always)]
-fn lb6_first_packet_slot(s: *mut Scratch) -> Option<*mut Lb6FirstPacket> {
-    unsafe {
-        let (h0, h1) = fold_words6(&(*s).words6);
-        (*s).key = first_packet_slot(h0, h1);
-        lookup_at::<_, Lb6FirstPacket>(&lb6_first_packets, s.cast())
-    }
-}
-
-/// This CPU's `lb6_flow_cache` slot for the flow in `s`, found again.
-#[inline(always)]
-fn lb6_cache_slot(s: *mut Scratch) -> Option<*mut Lb6FlowCacheEntry> {
-    unsafe {
-        (*s).key = (*s).cache_slot;
-        lookup_at::<_, Lb6FlowCacheEntry>(&lb6_flow_cache, s.cast())
+    lb_tables! {
+        key: words6, words: 5, flow: Lb6FlowKey, ring: flow_hash6, family: FLOW_FAMILY_V6,
+        cache: lb6_flow_cache<Lb6FlowCacheEntry>, first: lb6_first_packets<Lb6FirstPacket>, held: ndp_held at held6, slot: held6_slot,
     }
 }

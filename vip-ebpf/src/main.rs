@@ -11,6 +11,7 @@ mod lb6;
 mod maps;
 mod ndp;
 mod parse;
+mod proto;
 mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};

@@ -18,13 +18,10 @@ use crate::{
     lb::lb_copy_mac,
     maps::{held6_slot, lookup_at, ndp_conflicts, ndp_held, Scratch},
     parse::{frame_len, ptr_at, verdict_pack_or_malformed, Verdict},
+    proto::{IP6, IPPROTO_ICMPV6, ND_NEIGHBOR_ADVERT, ND_NEIGHBOR_SOLICIT, ND_REDIRECT, ND_ROUTER_SOLICIT},
 };
 
-pub const IPPROTO_ICMPV6: u8 = 58;
-const ND_ROUTER_SOLICIT: u8 = 133;
-const ND_NEIGHBOR_SOLICIT: u8 = 135;
-const ND_NEIGHBOR_ADVERT: u8 = 136;
-const ND_REDIRECT: u8 = 137;
+/// Neighbour discovery's link-layer address options (RFC 4861, 4.6.1).
 const ND_OPT_SOURCE_LL_ADDR: u8 = 1;
 const ND_OPT_TARGET_LL_ADDR: u8 = 2;
 /// Type, code, checksum, flags/reserved, target: Neighbor Solicitation and
@@ -37,7 +34,6 @@ const NA_FLAG_OVERRIDE: u8 = 0x20;
 /// Options walked at most (a solicitation carries one or two: source
 /// link-layer address, nonce); more is taken as malformed.
 const ND_MAX_OPTIONS: usize = 8;
-const IP6: usize = Ipv6Hdr::LEN;
 
 /// What the options of a message say, as one word (0: malformed): these bits,
 /// and the target link-layer address option's MAC in the top six bytes.

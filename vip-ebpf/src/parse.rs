@@ -5,7 +5,10 @@ use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_get_buff_len, programs::Xd
 use network_types::{eth::EthHdr, vlan::VlanHdr};
 use vip_common::{Reason, ETH_P_ARP};
 
-use crate::maps::Scratch;
+use crate::{
+    maps::Scratch,
+    proto::{ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6},
+};
 
 /// What the program returns, and the counter that says why.
 pub type Verdict = (u32, Reason);
@@ -30,16 +33,23 @@ pub fn verdict_pack_or_malformed(ctx: &XdpContext, s: *mut Scratch, r: Result<Ve
     })
 }
 
+/// The body of a function the program calls (BPF to BPF) rather than inlines:
+/// the path `$f` on the frame at `$ctx`, its verdict packed
+/// ([`verdict_pack_or_malformed`]). A macro: the same body through a closure or
+/// a function pointer compiles to a verdict in two registers, packed at the end.
+macro_rules! verdict_call {
+    ($ctx:ident, $s:ident, $f:expr) => {{
+        let ctx = aya_ebpf::programs::XdpContext::new($ctx);
+        $crate::parse::verdict_pack_or_malformed(&ctx, $s, $f(&ctx, $s))
+    }};
+}
+pub(crate) use verdict_call;
+
 #[inline(always)]
 pub fn verdict_unpack(v: u64) -> Verdict {
     // Made by verdict_pack from a Reason.
     ((v >> 32) as u32, unsafe { core::mem::transmute::<u32, Reason>(v as u32) })
 }
-
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88A8;
 
 /// A pointer to a `T` at `offset` in the packet, or `Err` if the packet is too short.
 #[inline(always)]
