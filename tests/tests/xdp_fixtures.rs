@@ -79,10 +79,10 @@ fn world() -> World {
         dp.hold_vip(IFINDEX, v, hour).unwrap();
     }
     dp.hold_vip(IFINDEX, VIP_STALE, 1).unwrap();
-    dp.held().hold(IFINDEX, VIP_LO.into(), hour, vip_agent::dataplane::Announce::Lo).unwrap();
+    dp.held().hold(IFINDEX, VIP_LO.into(), hour, vip_agent::dataplane::HeldMode::Lo).unwrap();
     dp.hold_vip(IFINDEX, VIP6, hour).unwrap();
     dp.hold_vip(IFINDEX, VIP6_STALE, 1).unwrap();
-    dp.held().hold(IFINDEX, VIP6_LO.into(), hour, vip_agent::dataplane::Announce::Lo).unwrap();
+    dp.held().hold(IFINDEX, VIP6_LO.into(), hour, vip_agent::dataplane::HeldMode::Lo).unwrap();
     dp.set_iface(VLAN_IFINDEX, VLAN_MAC).unwrap();
     dp.set_vlan(IFINDEX, VLAN, VLAN_IFINDEX).unwrap();
     dp.hold_vip(VLAN_IFINDEX, VIP_VLAN, hour).unwrap();

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::{
     addrs::host_port,
     clock::monotonic_ns,
-    dataplane::{Announce, Dataplane},
+    dataplane::{Dataplane, HeldMode},
     spec::Mac,
     status::{Status, REFRESH_INTERVAL},
 };
@@ -192,9 +192,9 @@ pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -
         .into_iter()
         .map(|e| {
             let announce = match (e.announce, e.vip) {
-                (Announce::Lo, _) => "lo",
-                (Announce::Arp, std::net::IpAddr::V4(_)) => "arp",
-                (Announce::Arp, std::net::IpAddr::V6(_)) => "ndp",
+                (HeldMode::Lo, _) => "lo",
+                (HeldMode::Arp, std::net::IpAddr::V4(_)) => "arp",
+                (HeldMode::Arp, std::net::IpAddr::V6(_)) => "ndp",
             };
             HeldRow {
                 ifindex: e.ifindex,

@@ -18,7 +18,7 @@ use super::{batch, coarse_slack_ns, counters::sum, filter_bits, flow_cache, igno
 
 /// How a held VIP is announced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Announce {
+pub enum HeldMode {
     /// Answer ARP (IPv6: neighbour solicitations) for it, and announce it on
     /// takeover (gratuitous ARP, unsolicited neighbour advertisements).
     #[default]
@@ -27,19 +27,19 @@ pub enum Announce {
     Lo,
 }
 
-impl Announce {
+impl HeldMode {
     fn flags(self) -> u8 {
         match self {
-            Announce::Arp => 0,
-            Announce::Lo => HELD_NO_ARP,
+            HeldMode::Arp => 0,
+            HeldMode::Lo => HELD_NO_ARP,
         }
     }
 
     fn from_flags(f: u8) -> Self {
         if f & HELD_NO_ARP != 0 {
-            Announce::Lo
+            HeldMode::Lo
         } else {
-            Announce::Arp
+            HeldMode::Arp
         }
     }
 }
@@ -51,7 +51,7 @@ pub struct HeldEntry {
     pub vip: IpAddr,
     /// The deadline the data path applies ([`coarse_slack_ns`] before the one asked for).
     pub deadline_ns: u64,
-    pub announce: Announce,
+    pub announce: HeldMode,
 }
 
 pub struct HeldVips {
@@ -184,13 +184,13 @@ impl HeldVips {
     /// first. No flow-cache epoch bump (this runs on every refresh): cached answers
     /// are only for pinned flows, which are forwarded whatever the deadline, and the
     /// MAC only changes through `write_iface`.
-    pub fn hold(&mut self, ifindex: u32, vip: IpAddr, deadline_ns: u64, announce: Announce) -> Result<()> {
+    pub fn hold(&mut self, ifindex: u32, vip: IpAddr, deadline_ns: u64, announce: HeldMode) -> Result<()> {
         self.hold_all(ifindex, &[(vip, announce)], deadline_ns)
     }
 
     /// [`Self::hold`] for many VIPs in one system call per family (the refresh
     /// of every held VIP).
-    pub fn hold_all(&mut self, ifindex: u32, vips: &[(IpAddr, Announce)], deadline_ns: u64) -> Result<()> {
+    pub fn hold_all(&mut self, ifindex: u32, vips: &[(IpAddr, HeldMode)], deadline_ns: u64) -> Result<()> {
         let mac = match self.ifaces.get(&ifindex, 0) {
             Ok(cfg) => cfg.mac,
             Err(aya::maps::MapError::KeyNotFound) => {
@@ -199,7 +199,7 @@ impl HeldVips {
             Err(e) => return Err(e).context("reading lb_ifaces"),
         };
         let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
-        let value = |a: &Announce| ArpHeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 };
+        let value = |a: &HeldMode| ArpHeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 };
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for (vip, a) in vips {
             match key(ifindex, *vip) {
@@ -337,7 +337,7 @@ impl HeldVips {
 
     /// Every held-VIP entry of both families, sorted (one batched read each).
     pub fn entries(&self) -> Result<Vec<HeldEntry>> {
-        let entry = |ifindex, vip, h: ArpHeldVip| HeldEntry { ifindex, vip, deadline_ns: h.deadline_ns, announce: Announce::from_flags(h.flags) };
+        let entry = |ifindex, vip, h: ArpHeldVip| HeldEntry { ifindex, vip, deadline_ns: h.deadline_ns, announce: HeldMode::from_flags(h.flags) };
         let v4 = batch::lookup_all::<ArpHeldKey, ArpHeldVip>(self.held.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv4Addr::from(k.vip).into(), h));
         let v6 = batch::lookup_all::<NdpHeldKey, ArpHeldVip>(self.held6.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv6Addr::from(k.vip).into(), h));
         let mut v: Vec<HeldEntry> = v4.chain(v6).collect();

@@ -35,7 +35,7 @@ use aya::{
 };
 pub use counters::Counters;
 pub use error::DataplaneError;
-pub use held::{Announce, HeldEntry, HeldVips};
+pub use held::{HeldEntry, HeldMode, HeldVips};
 pub use services::{backend_key, Applied, BackendSpec, RingUpdate, ServiceSpec, Sweep, Usage};
 use services::{service_addr, service_addr6};
 use vip_common::{map_names as names, *};
@@ -299,7 +299,7 @@ impl Dataplane {
 
     /// [`HeldVips::hold`], answered by ARP.
     pub fn hold_vip(&mut self, ifindex: u32, vip: impl Into<IpAddr>, deadline_ns: u64) -> Result<()> {
-        self.held.hold(ifindex, vip.into(), deadline_ns, Announce::Arp)
+        self.held.hold(ifindex, vip.into(), deadline_ns, HeldMode::Arp)
     }
 
     /// [`HeldVips::release`].

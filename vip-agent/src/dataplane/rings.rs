@@ -12,7 +12,7 @@ use super::{ring_alloc::RingAlloc, DataplaneError, ServiceAddr};
 
 /// One region of `lb4_ring`.
 #[derive(Debug)]
-pub struct Ring {
+pub struct RingRegion {
     /// Backend id of each slot (`NO_BACKEND` for an empty service).
     pub slots: Vec<u32>,
     /// The distinct backend ids in `slots`.
@@ -21,7 +21,7 @@ pub struct Ring {
     pub users: BTreeSet<ServiceAddr>,
 }
 
-impl Ring {
+impl RingRegion {
     pub fn size(&self) -> u32 {
         self.slots.len() as u32
     }
@@ -30,7 +30,7 @@ impl Ring {
 /// The rings in use, by offset and by content.
 pub struct Rings {
     alloc: RingAlloc,
-    by_offset: BTreeMap<u32, Ring>,
+    by_offset: BTreeMap<u32, RingRegion>,
     by_content: HashMap<Vec<u32>, u32>,
 }
 
@@ -52,7 +52,7 @@ impl Rings {
         self.by_offset.len()
     }
 
-    pub fn get(&self, offset: u32) -> Option<&Ring> {
+    pub fn get(&self, offset: u32) -> Option<&RingRegion> {
         self.by_offset.get(&offset)
     }
 
@@ -67,7 +67,7 @@ impl Rings {
         }
         let members = slots.iter().copied().filter(|&b| b != vip_common::NO_BACKEND).collect();
         self.by_content.insert(slots.clone(), offset);
-        self.by_offset.insert(offset, Ring { slots, members, users: BTreeSet::new() });
+        self.by_offset.insert(offset, RingRegion { slots, members, users: BTreeSet::new() });
         Ok(())
     }
 

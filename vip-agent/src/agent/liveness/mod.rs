@@ -26,7 +26,7 @@ pub mod plan;
 mod selfcheck;
 use crate::{
     clock::monotonic_ns,
-    dataplane::{Announce, HeldVips},
+    dataplane::{HeldMode, HeldVips},
     ha::{
         self, arpcheck,
         garp::{FrameTx, Job, Order},
@@ -491,7 +491,7 @@ impl Liveness {
             if let Err(e) = self.s.held.hold(ifindex, *vip, deadline, announce) {
                 error!(%vip, "holding VIP: {e:#}");
             } else {
-                info!(%vip, ifindex, on_lo = announce == Announce::Lo, "holding VIP");
+                info!(%vip, ifindex, on_lo = announce == HeldMode::Lo, "holding VIP");
             }
         }
         match self.s.held.entries() {
@@ -551,7 +551,7 @@ impl Liveness {
         let want: BTreeSet<(u32, std::net::Ipv6Addr)> = self
             .held
             .iter()
-            .filter(|(_, (a, _))| *a == Announce::Arp)
+            .filter(|(_, (a, _))| *a == HeldMode::Arp)
             .filter_map(|(v, _)| match v {
                 IpAddr::V6(v6) => Some((self.link_of(*v)?.xdp_ifindex, *v6)),
                 IpAddr::V4(_) => None,
@@ -568,7 +568,7 @@ impl Liveness {
         let last = self.deadline;
         let lapsed = last != 0 && now > last;
         let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
-        let mut by_ifindex: BTreeMap<u32, Vec<(IpAddr, Announce)>> = BTreeMap::new();
+        let mut by_ifindex: BTreeMap<u32, Vec<(IpAddr, HeldMode)>> = BTreeMap::new();
         for (v, (a, i)) in &self.held {
             by_ifindex.entry(*i).or_default().push((*v, *a));
         }

@@ -10,13 +10,13 @@ use std::{
 
 use crate::{
     agent::desired::{ownership, Ownership},
-    dataplane::{Announce, HeldEntry},
+    dataplane::{HeldEntry, HeldMode},
     model::World,
 };
 
 /// What `arp_held` holds for this node: VIP → how it is announced, and the
 /// ifindex it is held under.
-pub type Held = BTreeMap<IpAddr, (Announce, u32)>;
+pub type Held = BTreeMap<IpAddr, (HeldMode, u32)>;
 
 /// One decision: the changes that take `arp_held` from what it holds to `want`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub fn plan(world: &World, me: &str, live: &BTreeSet<String>, placed: impl Fn(Ip
         .held
         .iter()
         .filter_map(|v| {
-            let announce = if ownership.on_lo.contains(v) { Announce::Lo } else { Announce::Arp };
+            let announce = if ownership.on_lo.contains(v) { HeldMode::Lo } else { HeldMode::Arp };
             Some((*v, (announce, placed(*v)?)))
         })
         .collect();
@@ -144,7 +144,7 @@ mod tests {
         let w = world(&["a", "b"], vec![pool("p", 1, 4, AnnounceMode::Arp)]);
         let p = checked(&w, "a", &set(&["a"]), everywhere, &Held::new(), false);
         assert_eq!(p.want.len(), 4);
-        assert!(p.want.values().all(|a| *a == (Announce::Arp, 7)));
+        assert!(p.want.values().all(|a| *a == (HeldMode::Arp, 7)));
         assert_eq!(p.take, p.want.keys().copied().collect());
         assert_eq!(p.announce, p.take);
         assert!(p.release.is_empty() && p.cancel.is_empty());
@@ -192,7 +192,7 @@ mod tests {
         let mut w = world(&["a"], vec![pool("p", 1, 1, AnnounceMode::Lo)]);
         let lo = checked(&w, "a", &set(&["a"]), everywhere, &Held::new(), false);
         assert_eq!(lo.ownership.on_lo.len(), 1);
-        assert!(lo.want.values().all(|(a, _)| *a == Announce::Lo));
+        assert!(lo.want.values().all(|(a, _)| *a == HeldMode::Lo));
         w.pools[0].announce = AnnounceMode::Arp;
         let arp = checked(&w, "a", &set(&["a"]), everywhere, &lo.want, false);
         assert_eq!(arp.take.len(), 1, "the entry is written again with its new announcement");
@@ -214,10 +214,10 @@ mod tests {
         let [v1, v2] = [w.pools[0].addresses[0], w.pools[0].addresses[1]];
         let stray = IpAddr::from(Ipv4Addr::new(198, 19, 9, 9));
         let entries = [
-            HeldEntry { vip: stray, ifindex: 3, deadline_ns: 5, announce: Announce::Arp },
-            HeldEntry { vip: v1, ifindex: 3, deadline_ns: 0, announce: Announce::Arp },
-            HeldEntry { vip: v1, ifindex: 4, deadline_ns: 5, announce: Announce::Arp },
-            HeldEntry { vip: v2, ifindex: 3, deadline_ns: 5, announce: Announce::Arp },
+            HeldEntry { vip: stray, ifindex: 3, deadline_ns: 5, announce: HeldMode::Arp },
+            HeldEntry { vip: v1, ifindex: 3, deadline_ns: 0, announce: HeldMode::Arp },
+            HeldEntry { vip: v1, ifindex: 4, deadline_ns: 5, announce: HeldMode::Arp },
+            HeldEntry { vip: v2, ifindex: 3, deadline_ns: 5, announce: HeldMode::Arp },
         ];
         let gone = forget(&w, |_| Some(4), &entries);
         // v2 under 3 is still fresh: released first (by a plan), forgotten at the next pass.
