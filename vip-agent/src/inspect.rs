@@ -562,16 +562,12 @@ pub fn render(r: &Report, verbose: bool) -> String {
             }
             t.write(&mut s);
         }
-        if !a.host_problems.is_empty() {
-            let _ = writeln!(s, "\nHOST NOT READY");
-            for p in &a.host_problems {
-                let _ = writeln!(s, "  {p}");
-            }
-        }
-        if !a.settings_mismatch.is_empty() {
-            let _ = writeln!(s, "\nCLUSTER SETTINGS DIFFER (every agent must be set alike)");
-            for p in &a.settings_mismatch {
-                let _ = writeln!(s, "  {p}");
+        for (title, lines) in [("HOST NOT READY", &a.host_problems), ("CLUSTER SETTINGS DIFFER (every agent must be set alike)", &a.settings_mismatch)] {
+            if !lines.is_empty() {
+                let _ = writeln!(s, "\n{title}");
+                for l in lines {
+                    let _ = writeln!(s, "  {l}");
+                }
             }
         }
     }

@@ -392,8 +392,10 @@ impl Agent {
     /// and a warning when a difference appears. Only peers of the model count.
     fn check_settings(&mut self) {
         let here = crate::model::cluster_settings(&self.world);
+        // Called on every model change: one set, not a scan of the nodes per peer.
+        let nodes: BTreeSet<&str> = self.world.nodes.iter().map(|n| n.name.as_str()).collect();
         let mut found = Vec::new();
-        for (peer, there) in self.peer_settings.iter().filter(|(p, _)| self.world.node(p).is_some()) {
+        for (peer, there) in self.peer_settings.iter().filter(|(p, _)| nodes.contains(p.as_str())) {
             let differ = crate::model::settings_differing(&here, there);
             if !differ.is_empty() {
                 let each: Vec<String> = differ.iter().map(|(name, here, there)| format!("{name} {there} there, {here} here")).collect();

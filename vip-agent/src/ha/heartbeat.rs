@@ -443,9 +443,11 @@ pub async fn run(o: Options) -> io::Result<watch::Receiver<PeerSets>> {
         table.presume(name, now);
     }
     if let Some(l) = &o.settings {
+        // A set: a scan of the peers per entry would be quadratic in the cluster's size.
+        let configured: std::collections::HashSet<&str> = o.peers.iter().map(|(n, _)| n.as_str()).collect();
         l.peers.send_if_modified(|m| {
             let before = m.len();
-            m.retain(|n, _| o.peers.iter().any(|(p, _)| p == n));
+            m.retain(|n, _| configured.contains(n.as_str()));
             m.len() != before
         });
     }

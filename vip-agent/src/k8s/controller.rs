@@ -511,20 +511,8 @@ impl Controller {
             Decision::Allocate { addr, pool, ingress, .. } => (ingress, EventReason::Allocated.event(format!("{addr} from VipPool {pool}"))),
             Decision::Release { addr, why, ingress, .. } => (ingress, EventReason::Released.event(format!("{addr}: {why}"))),
             // Nothing to write: a Warning, once per message.
-            Decision::Pending { .. } | Decision::Stale { .. } => {
-                let (said, reason, why) = match d {
-                    Decision::Pending { why, .. } => (&mut self.pending, EventReason::AllocationFailed, why.to_string()),
-                    Decision::Stale { why, .. } => (&mut self.stale, EventReason::StaleAllocation, why.clone()),
-                    _ => unreachable!("matched above"),
-                };
-                if said.get(&key) == Some(&why) {
-                    return Ok(false);
-                }
-                said.insert(key.clone(), why.clone());
-                let ev = reason.event(why);
-                self.publish(&ev, svc).await;
-                return Ok(true);
-            }
+            Decision::Pending { why, .. } => return Ok(self.warn_once(|c| &mut c.pending, EventReason::AllocationFailed, &key, why.to_string(), svc).await),
+            Decision::Stale { why, .. } => return Ok(self.warn_once(|c| &mut c.stale, EventReason::StaleAllocation, &key, why.clone(), svc).await),
         };
         match written.get(&key) {
             Some(false) => return Ok(false),
@@ -544,6 +532,18 @@ impl Controller {
         }
         self.publish(&event, svc).await;
         Ok(true)
+    }
+
+    /// A Warning on `svc` with `why`, unless `said` (this controller's last
+    /// message per Service of that kind) already holds it; whether one was sent.
+    async fn warn_once(&mut self, said: fn(&mut Self) -> &mut BTreeMap<String, String>, reason: EventReason, key: &str, why: String, svc: &Service) -> bool {
+        let said = said(self);
+        if said.get(key) == Some(&why) {
+            return false;
+        }
+        said.insert(key.to_owned(), why.clone());
+        self.publish(&reason.event(why), svc).await;
+        true
     }
 
     /// Records `ev` about `obj` as a new Event. A fresh Recorder each time: a kept

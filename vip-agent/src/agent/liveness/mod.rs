@@ -677,9 +677,7 @@ impl Liveness {
 
     /// One turn of the ARP self-check as a checker ([`selfcheck::SelfCheck::turn`]).
     fn arp_check(&mut self) {
-        let (world, uplinks) = (self.world.clone(), self.uplinks.clone());
-        let link_of = |v: IpAddr| uplinks.link_of(&world, v).cloned();
-        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, link_of: &link_of };
+        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, world: &self.world, uplinks: &self.uplinks };
         if self.arp.turn(&mut cx) {
             self.tell_held();
         }
@@ -687,9 +685,7 @@ impl Liveness {
 
     /// A checker's findings for VIPs this node holds ([`selfcheck::SelfCheck::findings`]).
     fn arp_findings(&mut self, from: &str, findings: Vec<arpcheck::Finding>) {
-        let (world, uplinks) = (self.world.clone(), self.uplinks.clone());
-        let link_of = |v: IpAddr| uplinks.link_of(&world, v).cloned();
-        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, link_of: &link_of };
+        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, world: &self.world, uplinks: &self.uplinks };
         if self.arp.findings(from, findings, &self.held, &self.since, &mut cx) {
             self.tell_held();
         }

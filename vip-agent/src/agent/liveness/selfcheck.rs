@@ -14,7 +14,7 @@ use std::{
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::plan::Held;
+use super::{plan::Held, Uplinks};
 use crate::{
     dataplane::HeldVips,
     ha::{
@@ -56,8 +56,15 @@ pub(super) struct Ctx<'a> {
     pub held: &'a mut HeldVips,
     pub metrics: &'a LivenessMetrics,
     pub frames: &'a mpsc::UnboundedSender<Order>,
-    /// Where a VIP is answered on this node (its pool's link).
-    pub link_of: &'a dyn Fn(IpAddr) -> Option<Link>,
+    pub world: &'a World,
+    pub uplinks: &'a Uplinks,
+}
+
+impl Ctx<'_> {
+    /// Where `vip` is answered on this node: its pool's link.
+    fn link_of(&self, vip: IpAddr) -> Option<Link> {
+        self.uplinks.link_of(self.world, vip).cloned()
+    }
 }
 
 impl SelfCheck {
@@ -141,7 +148,7 @@ impl SelfCheck {
             if self.inflight.iter().any(|p| p.vip == vip) {
                 continue;
             }
-            let Some(l) = (cx.link_of)(vip.into()) else { continue };
+            let Some(l) = cx.link_of(vip.into()) else { continue };
             if let Err(e) = cx.held.watch_arp(l.ifindex, vip) {
                 warn!(%vip, "ARP self-check: {e:#}");
                 continue;
@@ -172,7 +179,7 @@ impl SelfCheck {
             if !held.contains_key(&vip) || since.get(&vip).is_some_and(|t| t.elapsed().unwrap_or_default() < arpcheck::SETTLE) {
                 continue;
             }
-            let Some(mine) = (cx.link_of)(vip).map(|l| l.mac) else { continue };
+            let Some(mine) = cx.link_of(vip).map(|l| l.mac) else { continue };
             let prev = self.checks.get(&vip);
             let Some(c) = ArpCheck::update(prev, &f, mine, from, now) else {
                 warn!(%vip, node = %from, macs = ?f.macs, "ARP self-check: a finding with a malformed MAC, ignored");
