@@ -10,7 +10,7 @@ use vip_agent::{
 };
 use vip_common::{
     flow_cache_slot, flow_cache_slots_for, flow_hash, flow_hash6, held_slot, map_names, vip_filter_bit, vip_filter_bit6, vip_filter_bit_of, ArpHeldKey,
-    ArpHeldVip, Lb4FlowCacheEntry, Lb4FlowKey, Lb4HeldSlot, Lb6HeldSlot, NdpHeldKey, HELD_SLOTS, PROTO_TCP, PROTO_UDP, VIP_FILTER_WORDS,
+    HeldVip, Lb4FlowCacheEntry, Lb4FlowKey, Lb4HeldSlot, Lb6HeldSlot, NdpHeldKey, HELD_SLOTS, PROTO_TCP, PROTO_UDP, VIP_FILTER_WORDS,
 };
 use vip_tests::{
     frames::{self, Ip4, Mac},
@@ -818,11 +818,11 @@ fn rewrite_held_slots(w: &World, f: impl Fn(u64) -> u64) {
     for i in 0..HELD_SLOTS {
         let s = v4.get(&i, 0).unwrap();
         if s != Lb4HeldSlot::default() {
-            v4.set(i, Lb4HeldSlot { held: ArpHeldVip { deadline_ns: f(s.held.deadline_ns), ..s.held }, ..s }, 0).unwrap();
+            v4.set(i, Lb4HeldSlot { held: HeldVip { deadline_ns: f(s.held.deadline_ns), ..s.held }, ..s }, 0).unwrap();
         }
         let s = v6.get(&i, 0).unwrap();
         if s != Lb6HeldSlot::default() {
-            v6.set(i, Lb6HeldSlot { held: ArpHeldVip { deadline_ns: f(s.held.deadline_ns), ..s.held }, ..s }, 0).unwrap();
+            v6.set(i, Lb6HeldSlot { held: HeldVip { deadline_ns: f(s.held.deadline_ns), ..s.held }, ..s }, 0).unwrap();
         }
     }
 }
@@ -865,8 +865,8 @@ fn a_held_vip_is_found_in_its_slot_alone() {
     }
     let mut w = world();
     let open = |name| aya::maps::Map::HashMap(aya::maps::MapData::from_pin(w.pins.path.join(name)).unwrap());
-    let mut held4: aya::maps::HashMap<_, ArpHeldKey, ArpHeldVip> = open(map_names::HELD).try_into().unwrap();
-    let mut held6: aya::maps::HashMap<_, NdpHeldKey, ArpHeldVip> = open(map_names::HELD6).try_into().unwrap();
+    let mut held4: aya::maps::HashMap<_, ArpHeldKey, HeldVip> = open(map_names::HELD).try_into().unwrap();
+    let mut held6: aya::maps::HashMap<_, NdpHeldKey, HeldVip> = open(map_names::HELD6).try_into().unwrap();
     held4.remove(&ArpHeldKey { ifindex: IFINDEX, vip: VIP.octets() }).unwrap();
     held6.remove(&NdpHeldKey { ifindex: IFINDEX, vip: VIP6.octets() }).unwrap();
     let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
@@ -958,16 +958,16 @@ fn rewrite_entry_deadline(w: &World, ifindex: u32, vip: IpAddr, deadline_ns: u64
     let open = |name| aya::maps::Map::HashMap(aya::maps::MapData::from_pin(w.pins.path.join(name)).unwrap());
     match vip {
         IpAddr::V4(v) => {
-            let mut m: aya::maps::HashMap<_, ArpHeldKey, ArpHeldVip> = open(map_names::HELD).try_into().unwrap();
+            let mut m: aya::maps::HashMap<_, ArpHeldKey, HeldVip> = open(map_names::HELD).try_into().unwrap();
             let k = ArpHeldKey { ifindex, vip: v.octets() };
             let h = m.get(&k, 0).unwrap();
-            m.insert(k, ArpHeldVip { deadline_ns, ..h }, 0).unwrap();
+            m.insert(k, HeldVip { deadline_ns, ..h }, 0).unwrap();
         }
         IpAddr::V6(v) => {
-            let mut m: aya::maps::HashMap<_, NdpHeldKey, ArpHeldVip> = open(map_names::HELD6).try_into().unwrap();
+            let mut m: aya::maps::HashMap<_, NdpHeldKey, HeldVip> = open(map_names::HELD6).try_into().unwrap();
             let k = NdpHeldKey { ifindex, vip: v.octets() };
             let h = m.get(&k, 0).unwrap();
-            m.insert(k, ArpHeldVip { deadline_ns, ..h }, 0).unwrap();
+            m.insert(k, HeldVip { deadline_ns, ..h }, 0).unwrap();
         }
     }
 }

@@ -207,7 +207,7 @@ pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -
         .collect();
     // A backend's node: the one with its key, and its MAC where two IPv6 nodes share a key.
     let nodes: Vec<_> = status.iter().flat_map(|s| s.nodes.iter()).collect();
-    let node_of = |b: &vip_common::Lb4Backend| {
+    let node_of = |b: &vip_common::LbBackend| {
         let keyed = || nodes.iter().filter(|n| crate::dataplane::backend_key(n.addr).octets() == b.addr);
         let mac = Mac(b.mac).to_string();
         keyed().find(|n| n.mac.as_deref() == Some(mac.as_str())).or_else(|| keyed().next()).map(|n| (n.node.as_str(), n.addr))

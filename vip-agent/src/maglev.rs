@@ -281,4 +281,36 @@ mod tests {
         assert_eq!(changed_slots(&[], &[4, 4]), vec![(0, 4), (1, 4)]);
         assert!(changed_slots(&[1, 2], &[1, 2]).is_empty());
     }
+
+    /// FNV-1a of a ring's slots: one number for a whole table.
+    fn digest(r: &Ring) -> u64 {
+        r.slots.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &s| (h ^ u64::from(s)).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// The rings every agent builds, held to fixed outputs. Agents of two
+    /// releases build rings side by side during an upgrade, and a flow that
+    /// moves between them (the VIP moves, a router rehashes) keeps its backend
+    /// only if both build the same ring: a change to the permutation, the hash
+    /// (SipHash-1-3 of the node name) or the fill order fails this on purpose. It
+    /// may change only with a changelog entry saying that established flows move
+    /// while versions are mixed.
+    #[test]
+    fn rings_are_fixed_outputs_of_their_members() {
+        let three = members(3);
+        let plain = build(&three, 251, 0).unwrap();
+        let weighted = build(&[Member { id: "node-a".into(), weight: 3 }, Member::new("node-b")], 257, 0).unwrap();
+        let without = build_without(&three[..2], &three[2..], 251, 0).unwrap();
+        let seeded = build(&members(10), 16381, 7).unwrap();
+        let fixed: [(&Ring, [u32; 16], &[u32], u64); 4] = [
+            (&plain, [2, 1, 1, 2, 1, 1, 1, 1, 0, 2, 2, 2, 1, 0, 1, 1], &[84, 84, 83], 0x53a0_9129_529c_8ba5),
+            (&weighted, [0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0], &[193, 64], 0x6dbd_4b76_7b66_464f),
+            (&without, [1, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1], &[123, 128], 0xacb1_c648_5847_e883),
+            (&seeded, [8, 7, 3, 0, 3, 3, 3, 9, 7, 0, 8, 6, 0, 5, 4, 9], &[1639, 1638, 1638, 1638, 1638, 1638, 1638, 1638, 1638, 1638], 0x45d7_d29a_b13c_a9fb),
+        ];
+        for (i, (ring, first, shares, whole)) in fixed.into_iter().enumerate() {
+            assert_eq!(ring.slots[..16], first, "ring {i}: its first slots");
+            assert_eq!(ring.shares(), shares, "ring {i}: each member's slots");
+            assert_eq!(digest(ring), whole, "ring {i}: the whole table");
+        }
+    }
 }

@@ -7,7 +7,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use network_types::arp::ArpHdr;
-use vip_common::{ArpHeldKey, ArpHeldVip, ArpWatch, Reason, ARP_WATCH_MACS, HELD_NO_ARP};
+use vip_common::{ArpHeldKey, HeldVip, ArpWatch, Reason, ARP_WATCH_MACS, HELD_NO_ARP};
 
 use crate::{
     maps::{arp_conflicts, arp_held, arp_watch, held4_slot, lookup_at, Scratch},
@@ -23,13 +23,13 @@ const ARPOP_REPLY: u16 = 2;
 /// `arp_held`'s, its key built in this CPU's scratch `s` rather than on the stack
 /// (see maps::LB_KEY0; `arp_watch_record` reads it there too).
 #[inline(always)]
-fn arp_held_get(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<*const ArpHeldVip> {
+fn arp_held_get(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<*const HeldVip> {
     unsafe {
         (*s).held = ArpHeldKey { ifindex, vip };
         if let Some(h) = held4_slot(s) {
             return Some(h);
         }
-        lookup_at::<_, ArpHeldVip>(&arp_held, (&raw const (*s).held).cast()).map(|h| h as *const ArpHeldVip)
+        lookup_at::<_, HeldVip>(&arp_held, (&raw const (*s).held).cast()).map(|h| h as *const HeldVip)
     }
 }
 
@@ -38,7 +38,7 @@ fn arp_held_get(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Option<*const Ar
 /// no pointer has to live on the stack across a helper call (a speculation barrier
 /// each without CAP_PERFMON, see maps::LB_KEY0).
 #[inline(always)]
-fn arp_held_fresh(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Result<*const ArpHeldVip, Reason> {
+fn arp_held_fresh(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Result<*const HeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     held_fresh(now, arp_held_get(s, ifindex, vip), [Reason::ArpNotHeld, Reason::ArpNotAnnounced, Reason::ArpStale])
 }
@@ -47,7 +47,7 @@ fn arp_held_fresh(s: *mut Scratch, ifindex: u32, vip: [u8; 4]) -> Result<*const 
 /// at `now`, else the reason of `why` that says why not: not held, not announced
 /// (`announce: lo`), stale.
 #[inline(always)]
-pub fn held_fresh(now: u64, h: Option<*const ArpHeldVip>, why: [Reason; 3]) -> Result<*const ArpHeldVip, Reason> {
+pub fn held_fresh(now: u64, h: Option<*const HeldVip>, why: [Reason; 3]) -> Result<*const HeldVip, Reason> {
     let h = h.ok_or(why[0])?;
     if unsafe { (*h).flags } & HELD_NO_ARP != 0 {
         return Err(why[1]);

@@ -58,14 +58,14 @@ pub trait Flows {
     fn first_at(s: *mut Scratch) -> Option<*mut Self::FirstPacket>;
     /// The flow's service: its service key (VIP, dport, proto) built in the
     /// scratch and looked up ([`lb_service`] with the family's cache).
-    fn service(s: *mut Scratch) -> Option<*mut Lb4Service>;
+    fn service(s: *mut Scratch) -> Option<*mut LbService>;
     /// Writes the held-VIP key of the flow's VIP on its network to the scratch
     /// (`held`, `held6`).
     fn held_key(s: *mut Scratch);
     /// The key's copy in its held slot (maps::held4_slot, maps::held6_slot).
-    fn held_slot(s: *mut Scratch) -> Option<*const ArpHeldVip>;
+    fn held_slot(s: *mut Scratch) -> Option<*const HeldVip>;
     /// The key's entry in the family's held table (`arp_held`, `ndp_held`).
-    fn held_table(s: *mut Scratch) -> Option<*mut ArpHeldVip>;
+    fn held_table(s: *mut Scratch) -> Option<*mut HeldVip>;
 }
 
 /// The [`Flows`] items that only name a family's key and tables, written once
@@ -120,13 +120,13 @@ macro_rules! lb_tables {
         }
 
         #[inline(always)]
-        fn held_slot(s: *mut $crate::maps::Scratch) -> Option<*const vip_common::ArpHeldVip> {
+        fn held_slot(s: *mut $crate::maps::Scratch) -> Option<*const vip_common::HeldVip> {
             $slot(s)
         }
 
         #[inline(always)]
-        fn held_table(s: *mut $crate::maps::Scratch) -> Option<*mut vip_common::ArpHeldVip> {
-            $crate::maps::lookup_at::<_, vip_common::ArpHeldVip>(&$held, unsafe { &raw const (*s).$hkey }.cast())
+        fn held_table(s: *mut $crate::maps::Scratch) -> Option<*mut vip_common::HeldVip> {
+            $crate::maps::lookup_at::<_, vip_common::HeldVip>(&$held, unsafe { &raw const (*s).$hkey }.cast())
         }
     };
 }
@@ -190,7 +190,7 @@ pub fn lb_cache<F: Flows>(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Ve
 /// epoch recorded in `s`).
 #[inline(always)]
 fn lb_cache_lookup<F: Flows>(s: *mut Scratch) -> Option<*mut F::CacheEntry> {
-    let ctl = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
+    let ctl = lookup_at::<_, FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()).map(|c| unsafe { *c }).unwrap_or_default();
     unsafe {
         (*s).epoch = ctl.epoch;
         let (h0, h1) = F::folded(s);
@@ -303,10 +303,10 @@ fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
 pub fn lb_service<const W: usize, const OFF: usize>(
     s: *mut Scratch,
     cache: &PerCpuArray<ServiceCacheEntry<W>>,
-    lookup: impl FnOnce(*const u8) -> Option<*mut Lb4Service>,
-) -> Option<*mut Lb4Service> {
+    lookup: impl FnOnce(*const u8) -> Option<*mut LbService>,
+) -> Option<*mut LbService> {
     let key = |s: *mut Scratch, i: usize| unsafe { *(s as *const u8).add(OFF).cast::<u64>().add(i) };
-    let Some(ctl) = lookup_at::<_, Lb4FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()) else {
+    let Some(ctl) = lookup_at::<_, FlowCacheCtl>(&lb4_flow_cache_ctl, lb_key0()) else {
         return lookup(unsafe { (s as *const u8).add(OFF) });
     };
     unsafe {
@@ -480,7 +480,7 @@ fn lb_stale(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
 /// A held entry found (`arp_held`, `ndp_held` or a copy in a held slot): whether
 /// it is fresh, against the clock read before, and its MAC, to the scratch.
 #[inline(always)]
-fn lb_held_entry(s: *mut Scratch, h: *const ArpHeldVip) {
+fn lb_held_entry(s: *mut Scratch, h: *const HeldVip) {
     unsafe {
         (*s).fresh = ((*s).now <= (*h).deadline_ns) as u32;
         lb_copy_mac(&raw mut (*s).mac, &raw const (*h).mac);
@@ -867,7 +867,7 @@ fn lb_backend(s: *mut Scratch, id: u32) -> bool {
     unsafe {
         (*s).backend_id = id;
         (*s).key = id;
-        match lookup_at::<_, Lb4Backend>(&lb4_backends, s.cast()) {
+        match lookup_at::<_, LbBackend>(&lb4_backends, s.cast()) {
             Some(b) if (*b).flags & BACKEND_PRESENT != 0 => {
                 lb_copy_words::<2>((&raw mut (*s).backend).cast(), b.cast());
                 true

@@ -173,12 +173,12 @@ impl Flows for V4 {
 
     /// Its Lb4ServiceKey (VIP, dport, proto) as one word.
     #[inline(always)]
-    fn service(s: *mut Scratch) -> Option<*mut Lb4Service> {
+    fn service(s: *mut Scratch) -> Option<*mut LbService> {
         unsafe {
             let (w0, w1) = ((*s).words[0], (*s).words[1]);
             write_volatile(&raw mut (*s).svc, (w0 >> 32) | (w1 >> 16 & 0xffff) << 32 | (w1 >> 32 & 0xff) << 48);
         }
-        lb_service::<1, { offset_of!(Scratch, svc) }>(s, &lb4_service_cache, |key| lookup_at::<_, Lb4Service>(&lb4_services, key.cast()))
+        lb_service::<1, { offset_of!(Scratch, svc) }>(s, &lb4_service_cache, |key| lookup_at::<_, LbService>(&lb4_services, key.cast()))
     }
 
     #[inline(always)]

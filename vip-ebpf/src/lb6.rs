@@ -272,14 +272,14 @@ impl Flows for V6 {
 
     /// Its Lb6ServiceKey (VIP, dport, proto) in three words.
     #[inline(always)]
-    fn service(s: *mut Scratch) -> Option<*mut Lb4Service> {
+    fn service(s: *mut Scratch) -> Option<*mut LbService> {
         unsafe {
             let w = (*s).words6;
             write_volatile(&raw mut (*s).svc6[0], w[2]);
             write_volatile(&raw mut (*s).svc6[1], w[3]);
             write_volatile(&raw mut (*s).svc6[2], (w[4] >> 16 & 0xffff) | (w[4] >> 32 & 0xff) << 16);
         }
-        lb_service::<3, { offset_of!(Scratch, svc6) }>(s, &lb6_service_cache, |key| lookup_at::<_, Lb4Service>(&lb6_services, key.cast()))
+        lb_service::<3, { offset_of!(Scratch, svc6) }>(s, &lb6_service_cache, |key| lookup_at::<_, LbService>(&lb6_services, key.cast()))
     }
 
     #[inline(always)]

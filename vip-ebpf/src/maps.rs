@@ -29,7 +29,7 @@ pub static lb_home: Array<LbHome> = Array::pinned(1, 0);
 
 /// (ifindex, VIP) → deadline until which this node answers ARP for and balances the VIP.
 #[map]
-pub static arp_held: HashMap<ArpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD, 0);
+pub static arp_held: HashMap<ArpHeldKey, HeldVip> = HashMap::pinned(MAX_HELD, 0);
 
 /// (ifindex, VIP) → ARP replies or gratuitous ARP seen from another MAC claiming
 /// a VIP we hold there (`arp_conflict`): the agent re-announces those VIPs alone.
@@ -45,7 +45,7 @@ pub static arp_watch: HashMap<ArpHeldKey, ArpWatch> = HashMap::pinned(MAX_ARP_WA
 /// (ifindex, IPv6 VIP) → as `arp_held`, for the IPv6 VIPs this node answers
 /// Neighbor Solicitations for (a map of its own: the IPv4 key stays 8 bytes).
 #[map]
-pub static ndp_held: HashMap<NdpHeldKey, ArpHeldVip> = HashMap::pinned(MAX_HELD, 0);
+pub static ndp_held: HashMap<NdpHeldKey, HeldVip> = HashMap::pinned(MAX_HELD, 0);
 
 /// (ifindex, IPv6 VIP) → Neighbor Advertisements seen from another MAC claiming
 /// a VIP we hold there (`ndp_conflict`), as `arp_conflicts`.
@@ -54,7 +54,7 @@ pub static ndp_conflicts: LruHashMap<NdpHeldKey, u64> = LruHashMap::pinned(MAX_H
 
 /// (VIP, port, protocol) → the service's id and its ring's place in `lb4_ring`.
 #[map]
-pub static lb4_services: HashMap<Lb4ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
+pub static lb4_services: HashMap<Lb4ServiceKey, LbService> = HashMap::pinned(MAX_SERVICES, 0);
 
 /// node_mac_key(MAC) of every backend node → 1: a stale holder never forwards
 /// a frame again that one of them sent (see lb::lb_stale).
@@ -64,7 +64,7 @@ pub static lb_nodes: HashMap<u64, u32> = HashMap::pinned(MAX_NODES, 0);
 /// backend id → backend node MAC, address and flags (BACKEND_PRESENT: slot in use,
 /// BACKEND_LOCAL: pass to the stack). An array: the verifier inlines its lookups.
 #[map]
-pub static lb4_backends: Array<Lb4Backend> = Array::pinned(MAX_BACKENDS, 0);
+pub static lb4_backends: Array<LbBackend> = Array::pinned(MAX_BACKENDS, 0);
 
 /// ring slot (service ring_offset + index) → backend id; all services' Maglev rings.
 #[map]
@@ -123,7 +123,7 @@ pub static lb6_held_slots: Array<Lb6HeldSlot> = Array::pinned(HELD_SLOTS, 0);
 /// (IPv6 VIP, port, protocol) → the service's id and its ring's place in
 /// `lb4_ring`, which serves both families (as do `lb4_backends` and the counters).
 #[map]
-pub static lb6_services: HashMap<Lb6ServiceKey, Lb4Service> = HashMap::pinned(MAX_SERVICES, 0);
+pub static lb6_services: HashMap<Lb6ServiceKey, LbService> = HashMap::pinned(MAX_SERVICES, 0);
 
 /// IPv6 flows seen once, as `lb4_first_packets`.
 #[map]
@@ -165,7 +165,7 @@ pub static lb4_flow_cache: PerCpuArray<Lb4FlowCacheEntry> = PerCpuArray::pinned(
 /// 0 → the flow cache's epoch and slot mask. The agent bumps the epoch after any
 /// change that could make a cached answer wrong, which invalidates them all.
 #[map]
-pub static lb4_flow_cache_ctl: Array<Lb4FlowCacheCtl> = Array::pinned(1, 0);
+pub static lb4_flow_cache_ctl: Array<FlowCacheCtl> = Array::pinned(1, 0);
 
 // Without CAP_PERFMON the verifier puts a speculation barrier (lfence, Spectre v4)
 // after every stack store to a slot not fully written before and after every
@@ -184,69 +184,90 @@ pub fn lb_key0() -> *const u32 {
     &raw const LB_KEY0
 }
 
-/// Per-CPU working memory of one packet: what the IPv4 path needs after its map
-/// lookups is kept here rather than in registers the compiler would spill to the
-/// stack (see above), and computed keys go here. Per CPU is enough: a run of the
-/// program is not interleaved with another on the same CPU (XDP runs with
-/// preemption off, BPF_PROG_TEST_RUN too).
+/// Per-CPU working memory of one packet, and the one place state passes between
+/// the program's functions: what a step finds out and a later step needs is
+/// written here rather than returned or kept in registers the compiler would
+/// spill to the stack (see above), and computed map keys are built here. Per CPU
+/// is enough: a run of the program is not interleaved with another on the same
+/// CPU (XDP runs with preemption off, BPF_PROG_TEST_RUN too). The fields are
+/// grouped by the step that writes them; each group says who reads it.
 #[repr(C)]
 pub struct Scratch {
+    // Lookup keys: each written just before its map lookup by the function
+    // that makes it, and read by the helper through its address (LB_KEY0).
     /// The key of the hot paths' lookups, first: its address is the scratch's own,
     /// not another pointer for the compiler to keep (and spill).
     pub key: u32,
     /// The next value of `key`, for a lookup after one at `key`.
     pub key2: u32,
-    /// The `arp_held` key being looked up.
-    pub held: ArpHeldKey,
-    /// The `ndp_held` key being looked up.
-    pub held6: NdpHeldKey,
-    /// The `lb_vlans` key being looked up.
-    pub vlan: LbVlanKey,
-    pub ifindex: u32,
-    /// The Lb4FlowKey as two words (see lb4_handle).
-    pub words: [u64; 2],
-    /// The Lb6FlowKey as five words (see lb6_handle).
-    pub words6: [u64; 5],
-    /// The `lb6_services` key being looked up (an Lb6ServiceKey in three words).
+    /// The `lb4_services` key (an Lb4ServiceKey as a word; lb4.rs).
+    pub svc: u64,
+    /// The `lb6_services` key (an Lb6ServiceKey in three words; lb6.rs).
     pub svc6: [u64; 3],
-    pub epoch: u64,
+    /// The `arp_held` key (arp.rs, lb4.rs).
+    pub held: ArpHeldKey,
+    /// The `lb_vlans` key (maps::lb_vlan_ifindex).
+    pub vlan: LbVlanKey,
+    /// The `ndp_held` key (ndp.rs, lb6.rs).
+    pub held6: NdpHeldKey,
+    pub _pad0: u32,
+    /// The `lb_nodes` key: the frame's source MAC (lb.rs).
+    pub node: u64,
+
+    // The frame, as parsed (main.rs, lb4.rs, lb6.rs, ndp.rs); read by every
+    // later step and by the counters.
+    /// The receiving network: the interface, or its VLAN sub-interface.
+    pub ifindex: u32,
+    /// The bytes a verdict counts: the layer-2 header, then the IP header's length.
     pub bytes: u32,
     pub fragment: u32,
     /// A TCP SYN without ACK: a new connection.
     pub syn: u32,
-    /// The bytes a reason counter is bumped by (`stats::count_reason`; not
-    /// `bytes`, which holds the packet's until its verdict).
-    pub counted: u32,
-    /// The `lb4_services` key being looked up (an Lb4ServiceKey as a word).
-    pub svc: u64,
+    /// The Lb4FlowKey as two words (see lb4_handle).
+    pub words: [u64; 2],
+    /// The Lb6FlowKey as five words (see lb6_handle).
+    pub words6: [u64; 5],
+    /// A neighbour discovery message's checksum sum while its options are
+    /// walked (ndp.rs): kept here, not in a register across the walk.
+    pub csum: u64,
+
+    // The service and the flow's backend (lb.rs: the service lookup, the flow
+    // cache, the flow table, the ring); read by delivery and the counters.
     /// The flow-cache epoch read before the service lookup (lb::lb_service).
     pub svc_epoch: u64,
+    /// The flow cache's epoch at its lookup: an entry of another is not used, and
+    /// an answer written is stamped with it.
+    pub epoch: u64,
     /// This flow's flow-cache slot (found again past the hit path).
     pub cache_slot: u32,
-    /// Whether the VIP's `arp_held` entry is fresh; its MAC (ours) in `mac`.
-    pub fresh: u32,
-    /// The coarse clock, read before the `arp_held` lookup.
-    pub now: u64,
-    pub mac: [u8; 6],
-    pub _pad: [u8; 2],
-    /// The flow's service and the backend chosen for it, with its id.
-    pub service: Lb4Service,
-    pub backend: Lb4Backend,
-    pub backend_id: u32,
+    /// Whether lb::lb_touch_early computed `fhash` and loaded the flow's lines.
+    pub touched: u32,
     /// The flow's `lb_flows` hash (lb_flow_hash) and tag (lb_flow_tag), for its
     /// lookup or insert.
     pub fhash: u64,
     pub ftag: u64,
-    /// Whether lb::lb_touch_early computed `fhash` and loaded the flow's lines.
-    pub touched: u32,
-    pub _pad2: u32,
-    /// A neighbour discovery message's checksum sum while its options are
-    /// walked (ndp.rs): kept here, not in a register across the walk.
-    pub csum: u64,
-    /// The home interface, when the frame leaves by it.
+    /// The flow's service and the backend chosen for it, with its id.
+    pub service: LbService,
+    pub backend: LbBackend,
+    pub backend_id: u32,
+
+    // The held VIP (arp.rs, ndp.rs, lb.rs: is it ours, fresh, here); read by
+    // the answer and by delivery, which writes our MAC as the source.
+    /// Whether the VIP's `arp_held` entry is fresh; its MAC (ours) in `mac`.
+    pub fresh: u32,
+    /// The coarse clock, read before the `arp_held` lookup.
+    pub now: u64,
+    /// Our MAC on the receiving network; for a Neighbor Advertisement, the MAC
+    /// it claims.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// The home interface, when the frame leaves by it (lb.rs, delivery).
     pub home: LbHome,
-    /// The `lb_nodes` key being looked up: the frame's source MAC.
-    pub node: u64,
+
+    // The verdict (stats.rs).
+    /// The bytes a reason counter is bumped by (`stats::count_reason`; not
+    /// `bytes`, which holds the packet's until its verdict).
+    pub counted: u32,
 }
 
 /// 0 → this CPU's Scratch.
@@ -278,7 +299,7 @@ pub fn lookup_at<M, T>(map: &M, key: *const u32) -> Option<*mut T> {
 /// lookup's key, and the key is read back from the scratch after the lookup, so
 /// that no value is kept in a register across it (see LB_KEY0).
 #[inline(always)]
-pub fn held4_slot(s: *mut Scratch) -> Option<*const ArpHeldVip> {
+pub fn held4_slot(s: *mut Scratch) -> Option<*const HeldVip> {
     unsafe {
         (*s).key = held_slot(vip_filter_bit((*s).held.vip));
         let e = lookup_at::<_, Lb4HeldSlot>(&lb4_held_slots, s.cast())?;
@@ -290,7 +311,7 @@ pub fn held4_slot(s: *mut Scratch) -> Option<*const ArpHeldVip> {
 
 /// As [`held4_slot`], for the `ndp_held` key in the scratch (`held6`) and `lb6_held_slots`.
 #[inline(always)]
-pub fn held6_slot(s: *mut Scratch) -> Option<*const ArpHeldVip> {
+pub fn held6_slot(s: *mut Scratch) -> Option<*const HeldVip> {
     unsafe {
         let v = (&raw const (*s).held6.vip) as *const u8;
         (*s).key = held_slot(vip_filter_bit_word(fold6_words(read_unaligned(v as *const u64), read_unaligned(v.add(8) as *const u64))));

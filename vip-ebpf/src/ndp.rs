@@ -10,8 +10,8 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_coarse_ns, bpf_xdp_adjust_tail, bpf_xdp_load_bytes},
     programs::XdpContext,
 };
-use network_types::ip::Ipv6Hdr;
-use vip_common::{ArpHeldVip, NdpHeldKey, Reason};
+use network_types::{eth::EthHdr, icmp::Icmpv6Hdr, ip::Ipv6Hdr};
+use vip_common::{HeldVip, NdpHeldKey, Reason};
 
 use crate::{
     arp::held_fresh,
@@ -24,9 +24,25 @@ use crate::{
 /// Neighbour discovery's link-layer address options (RFC 4861, 4.6.1).
 const ND_OPT_SOURCE_LL_ADDR: u8 = 1;
 const ND_OPT_TARGET_LL_ADDR: u8 = 2;
-/// Type, code, checksum, flags/reserved, target: Neighbor Solicitation and
-/// Advertisement alike, options after.
-const ND_LEN: usize = 24;
+/// A Neighbor Solicitation or Advertisement (RFC 4861 4.3, 4.4) after its IPv6
+/// header: the ICMPv6 header, whose four data bytes are the advertisement's
+/// flags and reserved (the solicitation's reserved), then the target address;
+/// options follow.
+#[repr(C)]
+struct NdMsg {
+    icmp: Icmpv6Hdr,
+    target: [u8; 16],
+}
+
+/// The IPv6 header and the message, read and written at fixed offsets.
+#[repr(C)]
+struct NdPacket {
+    ip: Ipv6Hdr,
+    nd: NdMsg,
+}
+
+/// The message before its options: 24 bytes.
+const ND_LEN: usize = core::mem::size_of::<NdMsg>();
 /// The advertisement sent: ND_LEN and one target link-layer address option.
 const NA_LEN: usize = ND_LEN + 8;
 const NA_FLAG_SOLICITED: u8 = 0x40;
@@ -166,12 +182,12 @@ fn csum_fold(sum: u64) -> u16 {
 /// CPU's scratch (`held6`, see maps::LB_KEY0) if it holds it now (fresh) and
 /// announces it, else why not.
 #[inline(always)]
-fn ndp_held_fresh(s: *mut Scratch) -> Result<*const ArpHeldVip, Reason> {
+fn ndp_held_fresh(s: *mut Scratch) -> Result<*const HeldVip, Reason> {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // Its copy in `lb6_held_slots` first, as arp::arp_held_get.
     let h = match held6_slot(s) {
         Some(h) => Some(h),
-        None => lookup_at::<_, ArpHeldVip>(&ndp_held, unsafe { (&raw const (*s).held6).cast() }).map(|h| h as *const ArpHeldVip),
+        None => lookup_at::<_, HeldVip>(&ndp_held, unsafe { (&raw const (*s).held6).cast() }).map(|h| h as *const HeldVip),
     };
     held_fresh(now, h, [Reason::NdpNotHeld, Reason::NdpNotAnnounced, Reason::NdpStale])
 }
@@ -190,10 +206,45 @@ fn ndp_conflict_record(s: *mut Scratch) {
     }
 }
 
-/// The 16 bytes at `p` as two words.
+/// The address at `a` as two words.
 #[inline(always)]
-fn addr_words(p: *const u8) -> (u64, u64) {
-    unsafe { (read_unaligned(p as *const u64), read_unaligned(p.add(8) as *const u64)) }
+fn addr_words(a: *const [u8; 16]) -> (u64, u64) {
+    let w = a.cast::<u64>();
+    unsafe { (read_unaligned(w), read_unaligned(w.add(1))) }
+}
+
+/// A MAC at `m` as a word and a half-word.
+#[inline(always)]
+fn mac_words(m: *const [u8; 6]) -> (u32, u16) {
+    let m = m.cast::<u8>();
+    unsafe { (read_unaligned(m.cast::<u32>()), read_unaligned(m.add(4).cast::<u16>())) }
+}
+
+/// Writes a MAC's two words ([`mac_words`]) at `m`.
+#[inline(always)]
+fn mac_write(m: *mut [u8; 6], (lo, hi): (u32, u16)) {
+    let m = m.cast::<u8>();
+    unsafe {
+        write_unaligned(m.cast::<u32>(), lo);
+        write_unaligned(m.add(4).cast::<u16>(), hi);
+    }
+}
+
+/// The Ethernet header `L2` bytes before the IPv6 header at `p` (a VLAN tag, if
+/// any, sits between them), checked with `p`.
+#[inline(always)]
+fn eth_of<const L2: usize>(p: *const NdPacket) -> *mut EthHdr {
+    unsafe { p.cast::<u8>().sub(L2).cast::<EthHdr>().cast_mut() }
+}
+
+/// Writes the two words of an address ([`addr_words`]) at `a`.
+#[inline(always)]
+fn addr_write(a: *mut [u8; 16], (w0, w1): (u64, u64)) {
+    let w = a.cast::<u64>();
+    unsafe {
+        write_unaligned(w, w0);
+        write_unaligned(w.add(1), w1);
+    }
 }
 
 /// [`ndp_handle`] as a function of its own (BPF to BPF), as arp::arp_call, its
@@ -271,18 +322,17 @@ fn nd_parse<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) ->
         let nd = (ND_ROUTER_SOLICIT..=ND_REDIRECT).contains(&icmp_type);
         return Ok(Err(if nd { Reason::NdpOther } else { Reason::PassedOther }));
     }
-    let Ok(p) = ptr_at::<[u8; IP6 + ND_LEN]>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
-    let p = p as *const u8;
-    let nd = unsafe { p.add(IP6) };
-    if hop_limit != 255 || unsafe { *nd.add(1) } != 0 || payload_len < ND_LEN || unsafe { *nd.add(8) } == 0xff {
+    let Ok(p) = ptr_at::<NdPacket>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
+    if hop_limit != 255 || unsafe { (*p).nd.icmp.code } != 0 || payload_len < ND_LEN || unsafe { (*p).nd.target[0] } == 0xff {
         return Ok(Err(Reason::NdpInvalid));
     }
     // The pseudo-header (both addresses, the length and next header) and the
-    // message, summed for the checksum.
+    // message, summed for the checksum: the words from the source address on.
     unsafe { (*s).held6.ifindex = ifindex };
     let mut sum = csum_start(payload_len as u32);
+    let from = unsafe { (&raw const (*p).ip.src_addr).cast::<u64>() };
     for i in 0..(32 + ND_LEN) / 8 {
-        sum = csum_add(sum, unsafe { read_unaligned(p.add(8 + 8 * i) as *const u64) });
+        sum = csum_add(sum, unsafe { read_unaligned(from.add(i)) });
     }
     unsafe { (*s).csum = sum };
     let o = nd_options::<L2>(ctx.ctx, s, payload_len - ND_LEN);
@@ -293,18 +343,12 @@ fn nd_parse<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) ->
     // the walk, and after the stores below too: a store to the scratch
     // may alias the packet, so the compiler reloads, and few words are live at
     // a time. The target to the `ndp_held` key.
-    let Ok(p) = ptr_at::<[u8; IP6 + ND_LEN]>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
-    let p = p as *const u8;
-    let nd = unsafe { p.add(IP6) };
-    let (t0, t1) = addr_words(unsafe { nd.add(8) });
-    unsafe {
-        let k = (&raw mut (*s).held6.vip) as *mut u8;
-        write_unaligned(k as *mut u64, t0);
-        write_unaligned(k.add(8) as *mut u64, t1);
-    }
-    if unsafe { *nd } == ND_NEIGHBOR_ADVERT {
+    let Ok(p) = ptr_at::<NdPacket>(ctx, L2) else { return Ok(Err(Reason::NdpInvalid)) };
+    let (t0, t1) = addr_words(unsafe { &raw const (*p).nd.target });
+    addr_write(unsafe { &raw mut (*s).held6.vip }, (t0, t1));
+    if unsafe { (*p).nd.icmp.type_ } == ND_NEIGHBOR_ADVERT {
         // 7.1.2: an advertisement to a multicast group is never solicited.
-        if unsafe { *p.add(24) == 0xff && *nd.add(4) & NA_FLAG_SOLICITED != 0 } {
+        if unsafe { (*p).ip.dst_addr[0] == 0xff && (*p).nd.icmp.data[0] & NA_FLAG_SOLICITED != 0 } {
             return Ok(Err(Reason::NdpInvalid));
         }
         // What it claims: the target link-layer address option's MAC, else the
@@ -312,25 +356,20 @@ fn nd_parse<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) ->
         let (lo, hi) = if o & OPT_TLLA != 0 {
             ((o >> 16) as u32, (o >> 48) as u16)
         } else {
-            let eth = unsafe { p.sub(L2) };
-            unsafe { (read_unaligned(eth.add(6) as *const u32), read_unaligned(eth.add(10) as *const u16)) }
+            mac_words(unsafe { &raw const (*eth_of::<L2>(p)).src_addr })
         };
-        unsafe {
-            let m = (&raw mut (*s).mac) as *mut u8;
-            write_unaligned(m as *mut u32, lo);
-            write_unaligned(m.add(4) as *mut u16, hi);
-        }
+        mac_write(unsafe { &raw mut (*s).mac }, (lo, hi));
         return Ok(Ok(true));
     }
     // 7.1.1: no source link-layer option from the unspecified address, whose
     // solicitation goes to the solicited-node group. Ours also: the destination
     // is that group or the target itself (a unicast probe of an entry).
-    let (s0, s1) = addr_words(unsafe { p.add(8) });
+    let (s0, s1) = addr_words(unsafe { &raw const (*p).ip.src_addr });
     let dad = s0 | s1 == 0;
     if dad && o & OPT_SLLA != 0 {
         return Ok(Err(Reason::NdpInvalid));
     }
-    let (d0, d1) = addr_words(unsafe { p.add(24) });
+    let (d0, d1) = addr_words(unsafe { &raw const (*p).ip.dst_addr });
     let to_target = !dad && d0 == t0 && d1 == t1;
     if !to_target && !(d0 == SN0 && d1 & !LOW24 == SN1 && (d1 ^ t1) & LOW24 == 0) {
         return Ok(Err(Reason::NdpInvalid));
@@ -353,55 +392,47 @@ fn ndp_advertise<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<V
             return Ok((xdp_action::XDP_PASS, Reason::NdpOther));
         }
     }
-    let p: *mut [u8; LEN] = ptr_at(ctx, L2)?;
+    // The whole advertisement lies in the frame: the message and its option.
+    let p = ptr_at::<[u8; LEN]>(ctx, L2)?.cast::<NdPacket>();
+    let eth = eth_of::<L2>(p);
     unsafe {
-        let p = p as *mut u8;
-        let eth = p.sub(L2);
-        let mac = (&raw const (*s).mac) as *const u8;
-        let (s0, s1) = addr_words(p.add(8));
-        let t = addr_words(p.add(IP6 + 8));
-        let dad = s0 == 0 && s1 == 0;
+        let src = addr_words(&raw const (*p).ip.src_addr);
+        let t = addr_words(&raw const (*p).nd.target);
+        let dad = src == (0, 0);
         // Ethernet and IPv6 destinations: the solicitation's source, or all-nodes
         // (33:33:00:00:00:01, ff02::1) for duplicate address detection (7.2.4).
-        if dad {
-            write_unaligned(eth as *mut u32, u32::from_ne_bytes([0x33, 0x33, 0, 0]));
-            write_unaligned(eth.add(4) as *mut u16, u16::from_ne_bytes([0, 1]));
-            write_unaligned(p.add(24) as *mut u64, u64::from_ne_bytes([0xff, 0x02, 0, 0, 0, 0, 0, 0]));
-            write_unaligned(p.add(32) as *mut u64, u64::from_ne_bytes([0, 0, 0, 0, 0, 0, 0, 1]));
+        let dst = if dad {
+            mac_write(&raw mut (*eth).dst_addr, (u32::from_ne_bytes([0x33, 0x33, 0, 0]), u16::from_ne_bytes([0, 1])));
+            (u64::from_ne_bytes([0xff, 0x02, 0, 0, 0, 0, 0, 0]), u64::from_ne_bytes([0, 0, 0, 0, 0, 0, 0, 1]))
         } else {
-            let src_lo = read_unaligned(eth.add(6) as *const u32);
-            let src_hi = read_unaligned(eth.add(10) as *const u16);
-            write_unaligned(eth as *mut u32, src_lo);
-            write_unaligned(eth.add(4) as *mut u16, src_hi);
-            write_unaligned(p.add(24) as *mut u64, s0);
-            write_unaligned(p.add(32) as *mut u64, s1);
-        }
+            mac_write(&raw mut (*eth).dst_addr, mac_words(&raw const (*eth).src_addr));
+            src
+        };
+        addr_write(&raw mut (*p).ip.dst_addr, dst);
         // Our MAC: the frame's source and the target link-layer address option.
-        let mac_lo = read_unaligned(mac as *const u32);
-        let mac_hi = read_unaligned(mac.add(4) as *const u16);
-        write_unaligned(eth.add(6) as *mut u32, mac_lo);
-        write_unaligned(eth.add(10) as *mut u16, mac_hi);
+        let mac = mac_words(&raw const (*s).mac);
+        mac_write(&raw mut (*eth).src_addr, mac);
         // From the target (the VIP), which stays in place in the message.
-        write_unaligned(p.add(8) as *mut u64, t.0);
-        write_unaligned(p.add(16) as *mut u64, t.1);
-        write_unaligned(p as *mut u32, u32::from_ne_bytes([0x60, 0, 0, 0]));
-        write_unaligned(p.add(4) as *mut u32, u32::from_ne_bytes([0, NA_LEN as u8, IPPROTO_ICMPV6, 255]));
+        addr_write(&raw mut (*p).ip.src_addr, t);
+        let ip = p.cast::<u8>();
+        write_unaligned(ip as *mut u32, u32::from_ne_bytes([0x60, 0, 0, 0]));
+        write_unaligned(ip.add(4) as *mut u32, u32::from_ne_bytes([0, NA_LEN as u8, IPPROTO_ICMPV6, 255]));
         let flags = if dad { NA_FLAG_OVERRIDE } else { NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE };
-        let icmp = p.add(IP6);
+        let icmp = (&raw mut (*p).nd.icmp).cast::<u8>();
         write_unaligned(icmp as *mut u32, u32::from_ne_bytes([ND_NEIGHBOR_ADVERT, 0, 0, 0]));
         write_unaligned(icmp.add(4) as *mut u32, u32::from_ne_bytes([flags, 0, 0, 0]));
-        write_unaligned(icmp.add(ND_LEN) as *mut u16, u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1]));
-        write_unaligned(icmp.add(ND_LEN + 2) as *mut u32, mac_lo);
-        write_unaligned(icmp.add(ND_LEN + 6) as *mut u16, mac_hi);
+        // The target link-layer address option, right after the message.
+        let opt = p.add(1).cast::<u8>();
+        write_unaligned(opt as *mut u16, u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1]));
+        mac_write(opt.add(2).cast::<[u8; 6]>(), mac);
         // The checksum, summed from the words just written rather than read back:
         // the pseudo-header (the target as source, the destination, the length
         // and next header), then the message.
-        let (d0, d1) = addr_words(p.add(24));
         let mut sum = csum_start(NA_LEN as u32);
-        sum = csum_add(csum_add(csum_add(csum_add(sum, t.0), t.1), d0), d1);
+        sum = csum_add(csum_add(csum_add(csum_add(sum, t.0), t.1), dst.0), dst.1);
         sum += u64::from(u32::from_ne_bytes([ND_NEIGHBOR_ADVERT, 0, 0, 0])) + u64::from(u32::from_ne_bytes([flags, 0, 0, 0]));
         sum = csum_add(csum_add(sum, t.0), t.1);
-        sum += u64::from(u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1])) + u64::from(mac_lo) + u64::from(mac_hi);
+        sum += u64::from(u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1])) + u64::from(mac.0) + u64::from(mac.1);
         write_unaligned(icmp.add(2) as *mut u16, !csum_fold(sum));
     }
     Ok((xdp_action::XDP_TX, Reason::NdpAnswered))

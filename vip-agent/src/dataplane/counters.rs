@@ -35,8 +35,8 @@ impl Dataplane {
         // endpoint, inspect) sees services another handle programmed since. Two
         // batched reads, then one read per id.
         let mut ids = BTreeSet::new();
-        let v4 = batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?.into_iter().map(|(k, s)| (service_addr(&k), s));
-        let v6 = batch::lookup_all::<Lb6ServiceKey, Lb4Service>(self.services6.map())?.into_iter().map(|(k, s)| (service_addr6(&k), s));
+        let v4 = batch::lookup_all::<Lb4ServiceKey, LbService>(self.services.map())?.into_iter().map(|(k, s)| (service_addr(&k), s));
+        let v6 = batch::lookup_all::<Lb6ServiceKey, LbService>(self.services6.map())?.into_iter().map(|(k, s)| (service_addr6(&k), s));
         for (a, s) in v4.chain(v6) {
             ids.insert(s.id);
             if let Some(a) = a.filter(|a| a.port != 0) {
@@ -46,7 +46,7 @@ impl Dataplane {
         for id in ids {
             c.services.insert(id, sum(&self.service_stats, id)?);
         }
-        for (id, b) in batch::lookup_all::<u32, Lb4Backend>(self.backends.map())? {
+        for (id, b) in batch::lookup_all::<u32, LbBackend>(self.backends.map())? {
             if b.flags & BACKEND_PRESENT != 0 {
                 c.backends.insert(id, sum(&self.backend_stats, id)?);
                 c.backend_addrs.insert(id, Ipv4Addr::from(b.addr));

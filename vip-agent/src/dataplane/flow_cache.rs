@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, MapData};
-use vip_common::{flow_cache_slots_for, Lb4FlowCacheCtl};
+use vip_common::{flow_cache_slots_for, FlowCacheCtl};
 
 /// The flow-cache slots this machine uses ([`flow_cache_slots_for`] its possible CPUs).
 pub(super) fn slots() -> Result<u32> {
@@ -24,14 +24,14 @@ pub(super) fn slots() -> Result<u32> {
 }
 
 #[derive(Clone)]
-pub(super) struct Ctl(Arc<Mutex<Array<MapData, Lb4FlowCacheCtl>>>);
+pub(super) struct Ctl(Arc<Mutex<Array<MapData, FlowCacheCtl>>>);
 
 impl Ctl {
-    pub(super) fn new(map: Array<MapData, Lb4FlowCacheCtl>) -> Self {
+    pub(super) fn new(map: Array<MapData, FlowCacheCtl>) -> Self {
         Self(Arc::new(Mutex::new(map)))
     }
 
-    fn update(&self, f: impl FnOnce(Lb4FlowCacheCtl) -> Option<Lb4FlowCacheCtl>) -> Result<()> {
+    fn update(&self, f: impl FnOnce(FlowCacheCtl) -> Option<FlowCacheCtl>) -> Result<()> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let c = map.get(&0, 0).context("reading lb4_flow_cache_ctl")?;
         if let Some(n) = f(c) {
@@ -42,13 +42,13 @@ impl Ctl {
 
     /// Invalidates every cached answer on every CPU.
     pub(super) fn bump(&self) -> Result<()> {
-        self.update(|c| Some(Lb4FlowCacheCtl { epoch: c.epoch.wrapping_add(1), ..c }))
+        self.update(|c| Some(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), ..c }))
     }
 
     /// Sizes the cache for this machine's CPUs (see [`flow_cache_slots_for`]).
     pub(super) fn configure(&self) -> Result<()> {
         let mask = slots()? - 1;
-        self.update(|c| (c.slot_mask != mask).then_some(Lb4FlowCacheCtl { epoch: c.epoch.wrapping_add(1), slot_mask: mask, _pad: 0 }))
+        self.update(|c| (c.slot_mask != mask).then_some(FlowCacheCtl { epoch: c.epoch.wrapping_add(1), slot_mask: mask, _pad: 0 }))
     }
 
     pub(super) fn epoch(&self) -> Result<u64> {

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use aya::maps::{Array, HashMap, IterableMap as _, MapData, PerCpuArray};
 use vip_common::{
-    held_slot, map_names as names, vip_filter_bit, vip_filter_bit6, ArpHeldKey, ArpHeldVip, ArpWatch, Counter, Lb4HeldSlot, Lb6HeldSlot, LbHome, LbIface,
+    held_slot, map_names as names, vip_filter_bit, vip_filter_bit6, ArpHeldKey, ArpWatch, Counter, HeldVip, Lb4HeldSlot, Lb6HeldSlot, LbHome, LbIface,
     LbVlanKey, NdpHeldKey, Reason, ARP_WATCH_MACS, HELD_NO_ARP, IFACE_NATIVE, VIP_FILTER_WORDS,
 };
 
@@ -60,8 +60,8 @@ pub struct HeldVips {
     vlans: HashMap<MapData, LbVlanKey, u32>,
     /// 0 → the home interface (frames to VIPs of other networks leave there).
     home: Array<MapData, LbHome>,
-    held: HashMap<MapData, ArpHeldKey, ArpHeldVip>,
-    held6: HashMap<MapData, NdpHeldKey, ArpHeldVip>,
+    held: HashMap<MapData, ArpHeldKey, HeldVip>,
+    held6: HashMap<MapData, NdpHeldKey, HeldVip>,
     /// `lb_held_filter`: the bits of the VIPs with an entry in either (a superset),
     /// and what this handle last wrote there. The data path takes it as a hint
     /// only (a flow's packet loads its flow-table line before the held-VIP
@@ -117,18 +117,18 @@ impl HeldVips {
     pub(super) fn write_iface(&mut self, ifindex: u32, mac: [u8; 6], flags: Option<u8>) -> Result<()> {
         let flags = flags.unwrap_or_else(|| self.ifaces.get(&ifindex, 0).map_or(0, |c| c.flags));
         self.ifaces.insert(ifindex, LbIface { mac, flags, _pad: 0 }, 0)?;
-        let stale: Vec<(ArpHeldKey, ArpHeldVip)> = self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
-        let stale6: Vec<(NdpHeldKey, ArpHeldVip)> = self.held6.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        let stale: Vec<(ArpHeldKey, HeldVip)> = self.held.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
+        let stale6: Vec<(NdpHeldKey, HeldVip)> = self.held6.iter().filter_map(|kv| kv.ok()).filter(|(k, h)| k.ifindex == ifindex && h.mac != mac).collect();
         let changed = !stale.is_empty() || !stale6.is_empty();
         // Their slots carry the old MAC: emptied first, filled again by the next refresh.
         for k in stale.iter().map(|(k, _)| Key::V4(*k)).chain(stale6.iter().map(|(k, _)| Key::V6(*k))) {
             self.clear_slot(&k)?;
         }
         for (k, h) in stale {
-            self.held.insert(k, ArpHeldVip { mac, ..h }, 0)?;
+            self.held.insert(k, HeldVip { mac, ..h }, 0)?;
         }
         for (k, h) in stale6 {
-            self.held6.insert(k, ArpHeldVip { mac, ..h }, 0)?;
+            self.held6.insert(k, HeldVip { mac, ..h }, 0)?;
         }
         if changed {
             self.epoch.bump()?; // cached answers carry the old MAC
@@ -199,7 +199,7 @@ impl HeldVips {
             Err(e) => return Err(e).context("reading lb_ifaces"),
         };
         let deadline_ns = deadline_ns.saturating_sub(coarse_slack_ns());
-        let value = |a: &HeldMode| ArpHeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 };
+        let value = |a: &HeldMode| HeldVip { deadline_ns, mac, flags: a.flags(), _pad: 0 };
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for (vip, a) in vips {
             match key(ifindex, *vip) {
@@ -230,8 +230,8 @@ impl HeldVips {
         // Its slot first, which would say fresh until the old deadline.
         self.clear_slot(&key(ifindex, vip))?;
         let found = match key(ifindex, vip) {
-            Key::V4(k) => self.held.get(&k, 0).and_then(|h| self.held.insert(k, ArpHeldVip { deadline_ns: 0, ..h }, 0)),
-            Key::V6(k) => self.held6.get(&k, 0).and_then(|h| self.held6.insert(k, ArpHeldVip { deadline_ns: 0, ..h }, 0)),
+            Key::V4(k) => self.held.get(&k, 0).and_then(|h| self.held.insert(k, HeldVip { deadline_ns: 0, ..h }, 0)),
+            Key::V6(k) => self.held6.get(&k, 0).and_then(|h| self.held6.insert(k, HeldVip { deadline_ns: 0, ..h }, 0)),
         };
         match found {
             Ok(()) => {
@@ -337,9 +337,9 @@ impl HeldVips {
 
     /// Every held-VIP entry of both families, sorted (one batched read each).
     pub fn entries(&self) -> Result<Vec<HeldEntry>> {
-        let entry = |ifindex, vip, h: ArpHeldVip| HeldEntry { ifindex, vip, deadline_ns: h.deadline_ns, announce: HeldMode::from_flags(h.flags) };
-        let v4 = batch::lookup_all::<ArpHeldKey, ArpHeldVip>(self.held.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv4Addr::from(k.vip).into(), h));
-        let v6 = batch::lookup_all::<NdpHeldKey, ArpHeldVip>(self.held6.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv6Addr::from(k.vip).into(), h));
+        let entry = |ifindex, vip, h: HeldVip| HeldEntry { ifindex, vip, deadline_ns: h.deadline_ns, announce: HeldMode::from_flags(h.flags) };
+        let v4 = batch::lookup_all::<ArpHeldKey, HeldVip>(self.held.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv4Addr::from(k.vip).into(), h));
+        let v6 = batch::lookup_all::<NdpHeldKey, HeldVip>(self.held6.map())?.into_iter().map(|(k, h)| entry(k.ifindex, Ipv6Addr::from(k.vip).into(), h));
         let mut v: Vec<HeldEntry> = v4.chain(v6).collect();
         v.sort_by_key(|e| (e.ifindex, e.vip));
         Ok(v)
@@ -434,7 +434,7 @@ impl HeldSlots {
     }
 
     /// Copies these entries, just written, to their slots (one system call per family).
-    fn write(&mut self, v4: &[(ArpHeldKey, ArpHeldVip)], v6: &[(NdpHeldKey, ArpHeldVip)]) -> Result<()> {
+    fn write(&mut self, v4: &[(ArpHeldKey, HeldVip)], v6: &[(NdpHeldKey, HeldVip)]) -> Result<()> {
         let out4 = claim(&mut self.mine4, v4, |k| held_slot(vip_filter_bit(k.vip)), Lb4HeldSlot::new);
         let out6 = claim(&mut self.mine6, v6, |k| held_slot(vip_filter_bit6(k.vip)), Lb6HeldSlot::new);
         if !out4.is_empty() {
@@ -465,9 +465,9 @@ impl HeldSlots {
 /// already in `mine`, claimed there.
 fn claim<K: Copy + PartialEq, S>(
     mine: &mut BTreeMap<u32, K>,
-    entries: &[(K, ArpHeldVip)],
+    entries: &[(K, HeldVip)],
     slot: impl Fn(&K) -> u32,
-    make: impl Fn(K, ArpHeldVip) -> S,
+    make: impl Fn(K, HeldVip) -> S,
 ) -> Vec<(u32, S)> {
     entries.iter().filter(|(k, _)| *mine.entry(slot(k)).or_insert(*k) == *k).map(|(k, h)| (slot(k), make(*k, *h))).collect()
 }

@@ -14,6 +14,8 @@ mod error;
 mod flow_cache;
 mod flows;
 mod held;
+#[cfg(test)]
+mod pin_abi;
 mod ring_alloc;
 mod rings;
 mod services;
@@ -61,10 +63,10 @@ pub struct Dataplane {
     /// Present when this process loaded the object (attach, tests, bench).
     ebpf: Option<Ebpf>,
     held: HeldVips,
-    services: HashMap<MapData, Lb4ServiceKey, Lb4Service>,
+    services: HashMap<MapData, Lb4ServiceKey, LbService>,
     /// IPv6 services (their ids, rings and backends shared with IPv4's).
-    services6: HashMap<MapData, Lb6ServiceKey, Lb4Service>,
-    backends: Array<MapData, Lb4Backend>,
+    services6: HashMap<MapData, Lb6ServiceKey, LbService>,
+    backends: Array<MapData, LbBackend>,
     ring: Array<MapData, u32>,
     flows: flows::FlowTable,
     first_packets: Array<MapData, Lb4FirstPacket>,
@@ -85,7 +87,7 @@ pub struct Dataplane {
     /// Service ids in use.
     ids: BTreeSet<u32>,
     /// The slots of lb4_backends in use (a mirror of the array, rebuilt on open).
-    backend_slots: BTreeMap<u32, Lb4Backend>,
+    backend_slots: BTreeMap<u32, LbBackend>,
     /// The backends' MACs (`lb_nodes`), as `node_mac_key`s, and their mirror.
     nodes: HashMap<MapData, u64, u32>,
     node_keys: BTreeSet<u64>,
@@ -142,8 +144,8 @@ macro_rules! maps_from {
 }
 
 type MapSet = (
-    HashMap<MapData, Lb4ServiceKey, Lb4Service>,
-    Array<MapData, Lb4Backend>,
+    HashMap<MapData, Lb4ServiceKey, LbService>,
+    Array<MapData, LbBackend>,
     Array<MapData, u32>,
     Array<MapData, LbFlowSet>,
     Array<MapData, LbFlowsCtl>,
@@ -152,7 +154,7 @@ type MapSet = (
     PerCpuArray<MapData, Counter>,
     PerCpuArray<MapData, Counter>,
     Array<MapData, [u32; VIP_FILTER_WORDS as usize]>,
-    HashMap<MapData, Lb6ServiceKey, Lb4Service>,
+    HashMap<MapData, Lb6ServiceKey, LbService>,
     Array<MapData, Lb6FirstPacket>,
     HashMap<MapData, u64, u32>,
 );
@@ -229,16 +231,16 @@ impl Dataplane {
     /// maps with batched reads, so that a restarted agent diffs against what
     /// packets see now.
     fn recover(&mut self) -> Result<()> {
-        for (id, b) in batch::lookup_all::<u32, Lb4Backend>(self.backends.map())? {
+        for (id, b) in batch::lookup_all::<u32, LbBackend>(self.backends.map())? {
             if b.flags & BACKEND_PRESENT != 0 {
                 self.backend_slots.insert(id, b);
             }
         }
-        let mut entries: Vec<(Option<ServiceAddr>, Lb4Service)> =
-            batch::lookup_all::<Lb4ServiceKey, Lb4Service>(self.services.map())?.into_iter().map(|(k, s)| (service_addr(&k), s)).collect();
-        entries.extend(batch::lookup_all::<Lb6ServiceKey, Lb4Service>(self.services6.map())?.into_iter().map(|(k, s)| (service_addr6(&k), s)));
+        let mut entries: Vec<(Option<ServiceAddr>, LbService)> =
+            batch::lookup_all::<Lb4ServiceKey, LbService>(self.services.map())?.into_iter().map(|(k, s)| (service_addr(&k), s)).collect();
+        entries.extend(batch::lookup_all::<Lb6ServiceKey, LbService>(self.services6.map())?.into_iter().map(|(k, s)| (service_addr6(&k), s)));
         // Fragment aliases (port 0) share their service's entry.
-        let entries: Vec<(ServiceAddr, Lb4Service)> = entries.into_iter().filter_map(|(a, s)| Some((a.filter(|a| a.port != 0)?, s))).collect();
+        let entries: Vec<(ServiceAddr, LbService)> = entries.into_iter().filter_map(|(a, s)| Some((a.filter(|a| a.port != 0)?, s))).collect();
         let regions: BTreeSet<(u32, u32)> = entries.iter().filter(|(_, s)| s.ring_size != 0).map(|(_, s)| (s.ring_offset, s.ring_size)).collect();
         // Only the regions in use are read (shared rings: usually a few).
         for (off, size) in regions {

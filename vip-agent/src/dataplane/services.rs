@@ -119,13 +119,13 @@ pub struct Usage {
 
 impl Dataplane {
     /// Services as (address, entry, ring) for inspection, from the mirrors.
-    pub fn services(&self) -> Result<Vec<(ServiceAddr, Lb4Service, Vec<u32>)>> {
+    pub fn services(&self) -> Result<Vec<(ServiceAddr, LbService, Vec<u32>)>> {
         Ok(self
             .programmed
             .iter()
             .map(|(a, p)| {
                 let ring = self.rings.get(p.ring).map(|r| r.slots.clone()).unwrap_or_default();
-                (*a, Lb4Service { id: p.id, ring_offset: p.ring, ring_size: ring.len() as u32, _pad: 0 }, ring)
+                (*a, LbService { id: p.id, ring_offset: p.ring, ring_size: ring.len() as u32, _pad: 0 }, ring)
             })
             .collect())
     }
@@ -136,7 +136,7 @@ impl Dataplane {
     }
 
     /// Backends in use (slots of `lb4_backends` with `BACKEND_PRESENT`), by id.
-    pub fn backends(&self) -> Result<BTreeMap<u32, Lb4Backend>> {
+    pub fn backends(&self) -> Result<BTreeMap<u32, LbBackend>> {
         Ok(self.backend_slots.clone())
     }
 
@@ -251,7 +251,7 @@ impl Dataplane {
                         }
                     },
                 };
-                let entry = Lb4Service { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
+                let entry = LbService { id, ring_offset: offset, ring_size: slots.len() as u32, _pad: 0 };
                 if let Err((map, e)) = self.write_service(&addr, entry) {
                     out.failed.insert(addr, DataplaneError::kernel(map, e));
                     continue;
@@ -376,7 +376,7 @@ impl Dataplane {
     /// slot of `lb4_backends`.
     pub(super) fn backend_id(&mut self, spec: &BackendSpec) -> Result<u32, DataplaneError> {
         let flags = BACKEND_PRESENT | if spec.local { BACKEND_LOCAL } else { 0 };
-        let want = Lb4Backend { mac: spec.mac, _pad: [0; 2], addr: backend_key(spec.addr).octets(), flags };
+        let want = LbBackend { mac: spec.mac, _pad: [0; 2], addr: backend_key(spec.addr).octets(), flags };
         let existing = &self.backend_slots;
         let id = match existing.iter().find(|(_, b)| b.addr == want.addr && (spec.addr.is_ipv4() || b.mac == want.mac)) {
             Some((&id, _)) => id,
@@ -401,7 +401,7 @@ impl Dataplane {
         match first {
             Some(p) => {
                 let size = self.rings.get(p.ring).map_or(0, |r| r.size());
-                self.write_service(&alias, Lb4Service { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }).map_err(|(_, e)| e)?;
+                self.write_service(&alias, LbService { id: p.id, ring_offset: p.ring, ring_size: size, _pad: 0 }).map_err(|(_, e)| e)?;
             }
             None => self.remove_service_entry(&alias)?,
         }
@@ -418,7 +418,7 @@ impl Dataplane {
     }
 
     /// Writes a service's entry to its family's map (the map's name with the error).
-    fn write_service(&mut self, a: &ServiceAddr, entry: Lb4Service) -> Result<(), (&'static str, aya::maps::MapError)> {
+    fn write_service(&mut self, a: &ServiceAddr, entry: LbService) -> Result<(), (&'static str, aya::maps::MapError)> {
         let (port, proto) = (a.port.to_be_bytes(), a.protocol.number());
         match a.vip {
             IpAddr::V4(v) => self.services.insert(Lb4ServiceKey { vip: v.octets(), port, proto, _pad: 0 }, entry, 0).map_err(|e| ("lb4_services", e)),
@@ -457,7 +457,7 @@ impl Dataplane {
         let gone: BTreeSet<u32> = self.backend_slots.keys().copied().filter(|id| !used.contains(id)).collect();
         for id in &gone {
             // A zeroed slot (no BACKEND_PRESENT) is no backend: flows to it re-hash.
-            self.backends.set(*id, Lb4Backend::default(), 0)?;
+            self.backends.set(*id, LbBackend::default(), 0)?;
             self.backend_slots.remove(id);
             reset_counter(&mut self.backend_stats, *id)?;
         }

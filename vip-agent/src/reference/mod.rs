@@ -1,8 +1,10 @@
 //! The references in docs/reference/, generated from the code (`cargo xtask docs`;
 //! a test fails when a committed file differs): the command line from the clap
 //! definitions, the VipPool fields from the CRD schema, the metrics from the
-//! registry, the data path's reasons from vip-common, the status conditions and
+//! registry, the data path's reasons from vip-common (their meaning in `reasons.rs`), the status conditions and
 //! Events from `k8s::reports`.
+mod reasons;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
@@ -377,7 +379,7 @@ fn parse_exposition(text: &str) -> Vec<MetricDoc> {
 
 /// docs/reference/reasons.md: every reason the data path counts, from vip-common.
 pub fn reasons_md() -> String {
-    let mut out = header("Data path reasons", "`Reason` in vip-common/src/lib.rs");
+    let mut out = header("Data path reasons", "`Reason` in vip-common/src/reason.rs, its meaning in vip-agent/src/reference/reasons.rs");
     out.push_str(
         "Every frame the XDP program sees is counted under one reason (packets and bytes, per CPU, summed by the \
          agent): `vip-agent inspect` shows them under COUNTERS, and /metrics as `vip_xdp_packets_total{reason=...}` \
@@ -385,7 +387,7 @@ pub fn reasons_md() -> String {
     );
     out.push_str("| Reason | Verdict | Meaning |\n| --- | --- | --- |\n");
     for r in vip_common::Reason::ALL {
-        let _ = writeln!(out, "| `{}` | {} | {} |", r.name(), r.verdict(), cell(r.describe()));
+        let _ = writeln!(out, "| `{}` | {} | {} |", r.name(), r.verdict(), cell(reasons::meaning(r)));
     }
     out
 }
@@ -528,7 +530,7 @@ mod tests {
     fn every_reason_is_described() {
         let md = reasons_md();
         for r in vip_common::Reason::ALL {
-            assert!(!r.describe().is_empty() && md.contains(&format!("| `{}` |", r.name())), "{}", r.name());
+            assert!(!reasons::meaning(r).is_empty() && md.contains(&format!("| `{}` |", r.name())), "{}", r.name());
         }
     }
 }
