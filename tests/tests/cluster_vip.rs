@@ -32,12 +32,20 @@
 //!    VIP moves off it and a rolling restart completes; removed, it is a backend
 //!    again;
 //! 6. uninstall: `kubectl delete -k deploy/` and deploy/cleanup/ leave no XDP
-//!    program attached and no pins on any node.
-use std::{collections::BTreeSet, time::Duration};
+//!    program attached and no pins on any node;
+//! 7. teardown of the harness leaves nothing: processes, network namespaces,
+//!    cgroups, the work directory, firewall rules or paths in the root
+//!    namespace, sysctls.
+//!
+//! Before 1, the harness is checked (`the_harness_holds`): one real cluster
+//! serves the whole scenario, rather than a second one booted to check itself.
+use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
 
+use http::Method;
+use serde_json::Value;
 use vip_tests::{
-    cluster::{self, Cluster, ClusterSpec, ProxyMode},
-    kubeapi::deploy_dir,
+    cluster::{self, node_addr, Cluster, ClusterSpec, ProxyMode, CLUSTER_CIDR, CP_ADDR, KUBERNETES_SERVICE_IP},
+    kubeapi::{client_from_kubeconfig, deploy_dir, raw},
     vipcluster::{self as vc, Load},
 };
 
@@ -63,6 +71,71 @@ fn agent_caps(c: &Cluster, i: usize) -> u64 {
     u64::from_str_radix(hex, 16).unwrap()
 }
 
+fn in_cidr(ip: &str, cidr: &str) -> bool {
+    let (Ok(ip), Some((net, len))) = (ip.parse::<Ipv4Addr>(), cidr.split_once('/')) else { return false };
+    let (Ok(net), Ok(len)) = (net.parse::<Ipv4Addr>(), len.parse::<u32>()) else { return false };
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    u32::from(ip) & mask == u32::from(net) & mask
+}
+
+fn items(v: &Value) -> Vec<Value> {
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// Connects to `addr` from `ns` until every pod in `want` has answered (its name
+/// as the first line, then an echo), 100 connections at most: kube-proxy applies
+/// changes at most once a second, so the first answers may all come from one pod.
+/// The harness itself, before vip is installed: every Node Ready with its
+/// address, a pod CIDR of the cluster's and no start-up taint; the `kubernetes`
+/// Service with the API server as its endpoint, answering TLS on its ClusterIP
+/// from every node (kube-proxy's DNAT), which is how installed agents reach it.
+fn the_harness_holds(c: &Cluster) {
+    // Nodes: Ready, their address, a pod CIDR of the cluster's, no start-up taint.
+    let nodes = items(&c.get("/api/v1/nodes").unwrap());
+    assert_eq!(nodes.len(), c.nodes().len(), "{nodes:?}");
+    for (i, n) in c.nodes().iter().enumerate() {
+        let obj = nodes.iter().find(|o| o["metadata"]["name"] == n.name.as_str()).unwrap_or_else(|| panic!("no Node {}", n.name));
+        assert_eq!(c.node_ready(&n.name).unwrap(), "True");
+        let internal = obj["status"]["addresses"].as_array().unwrap().iter().find(|a| a["type"] == "InternalIP").unwrap()["address"].clone();
+        assert_eq!(internal, node_addr(i).to_string(), "{}", n.name);
+        let cidr = obj["spec"]["podCIDR"].as_str().unwrap();
+        assert_eq!(cidr, n.pod_cidr());
+        assert!(in_cidr(cidr.split('/').next().unwrap(), CLUSTER_CIDR) && cidr.ends_with("/24"), "{cidr}");
+        let taints = obj["spec"]["taints"].as_array().cloned().unwrap_or_default();
+        assert!(taints.is_empty(), "{}: {taints:?}", n.name);
+    }
+
+    // The kubernetes Service: the API server's address as its endpoint, TLS through
+    // the ClusterIP from every node (kube-proxy's DNAT to 198.18.0.2:6443).
+    let svc = c.get("/api/v1/namespaces/default/services/kubernetes").unwrap();
+    assert_eq!(svc["spec"]["clusterIP"], KUBERNETES_SERVICE_IP.to_string());
+    let slices = items(&c.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io/service-name%3Dkubernetes").unwrap());
+    let endpoints: Vec<(String, i64)> = slices
+        .iter()
+        .flat_map(|s| {
+            let port = s["ports"][0]["port"].as_i64().unwrap_or(0);
+            s["endpoints"].as_array().cloned().unwrap_or_default().into_iter().map(move |e| (e["addresses"][0].as_str().unwrap_or("").to_owned(), port))
+        })
+        .collect();
+    assert_eq!(endpoints, [(CP_ADDR.to_string(), 6443)], "{slices:?}");
+    let in_cluster = c.admin_kubeconfig_text(&format!("https://{KUBERNETES_SERVICE_IP}:443")).unwrap();
+    for n in c.nodes() {
+        let text = in_cluster.clone();
+        let version =
+            n.ns.run(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async move {
+                    let client = client_from_kubeconfig(&text).await?;
+                    raw(&client, Method::GET, "/version", "", None).await?.ok()
+                })
+            })
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: the kubernetes Service at {KUBERNETES_SERVICE_IP}:443: {e:#}", n.name));
+        eprintln!("{}: kubernetes Service answers: {}", n.name, version["gitVersion"]);
+        assert!(version["gitVersion"].as_str().unwrap().starts_with("v1."), "{version}");
+    }
+}
+
 #[test]
 #[cfg_attr(not(real_cluster), ignore = "needs KUBEBUILDER_ASSETS and VIP_KUBE_NODE_ASSETS (a Kubernetes release's binaries; docs/development/tests.md)")]
 fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls() {
@@ -73,6 +146,9 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
     let c = Cluster::start(spec).expect("the cluster");
     eprintln!("cluster up: {:?}", c.bring_up());
     let n = c.nodes().len();
+
+    // 0. The harness: one cluster serves the whole scenario, so it is checked here.
+    the_harness_holds(&c);
 
     // 1. Install.
     let took = vc::install(&c).unwrap_or_else(|e| panic!("{e:#}"));
@@ -331,4 +407,12 @@ fn vip_installed_with_kubectl_apply_k_serves_fails_over_upgrades_and_uninstalls(
         let rules = stdout(&node.exec(&["ip", "rule", "show"]).unwrap()) + &stdout(&node.exec(&["ip", "route", "show", "table", "all"]).unwrap());
         assert!(!rules.contains("7473"), "{}: route_guard's rule or routes left: {rules}", node.name);
     }
+
+    // 7. Teardown: nothing of the harness is left on the machine.
+    let footprint = c.footprint().clone();
+    let t = std::time::Instant::now();
+    drop(c);
+    eprintln!("teardown: {:.1} s", t.elapsed().as_secs_f64());
+    let left = footprint.leftovers();
+    assert!(left.is_empty(), "left after teardown: {left:#?}");
 }
