@@ -10,6 +10,9 @@
 //! carrying that sender's name, with a valid tag under one of the cluster keys
 //! (`auth`), and newer than what this table has seen from that sender (incarnation,
 //! then sequence number); see docs/security.md.
+//!
+//! Here the task; `wire` the datagram and its checks, `table` the [`PeerTable`],
+//! `metrics` what the task measures.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     io,
@@ -18,242 +21,19 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
 use tokio::{net::UdpSocket, sync::watch};
 
-/// Wire format, version 1. `sent_ms` (sender's wall clock, Unix ms) is informational
-/// (logs, skew/latency metrics): clocks are not assumed to agree, so liveness uses
-/// only the receiver's monotonic clock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Heartbeat {
-    pub v: u8,
-    pub node: String,
-    pub incarnation: u64,
-    pub seq: u64,
-    pub sent_ms: u64,
-    /// Sent by an agent that is stopping (SIGTERM: a rolling update, a restart):
-    /// take my VIPs now, but keep this node in the rings for this long, since its
-    /// data path and kube-proxy keep serving the connections they carry while its
-    /// next agent starts. Health checks still take it out if the node itself goes.
-    /// Absent (0) in every other heartbeat; agents of before ignore it.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub leaving_ms: u64,
-    /// ARP self-check findings for VIPs the receiver holds (`super::arpcheck`),
-    /// in the heartbeat to that peer only; absent when there are none. Agents of
-    /// before ignore the field (unknown fields are skipped when decoding).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub arp: Vec<super::arpcheck::Finding>,
-    /// The sender's cluster-wide settings (`model::cluster_settings`), in every
-    /// [`SETTINGS_EVERY`]th heartbeat (the first among them), absent in the
-    /// others; agents of before ignore it.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub settings: String,
-}
+mod metrics;
+mod table;
+mod wire;
 
-/// One heartbeat in this many carries the sender's settings: a second's worth at
-/// the default interval, so that they cost little beside the heartbeats.
-pub const SETTINGS_EVERY: u64 = 20;
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-impl Heartbeat {
-    pub const VERSION: u8 = 1;
-
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a struct of strings and integers serializes")
-    }
-
-    /// `None` for anything that is not a version-1 heartbeat.
-    pub fn decode(b: &[u8]) -> Option<Self> {
-        serde_json::from_slice::<Self>(b).ok().filter(|h| h.v == Self::VERSION)
-    }
-}
-
-/// A liveness change.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// First heartbeat, heartbeat after being dead, or a new incarnation (restart).
-    Up {
-        node: String,
-        incarnation: u64,
-    },
-    Down {
-        node: String,
-    },
-    /// Its agent is stopping and asked to stay a backend until `until` (see
-    /// [`Heartbeat::leaving_ms`]); a later heartbeat of a new incarnation is Up.
-    Leaving {
-        node: String,
-    },
-    /// A leaving node's time as a backend ran out without its next agent heard.
-    Gone {
-        node: String,
-    },
-}
-
-#[derive(Debug)]
-struct Peer {
-    incarnation: u64,
-    seq: u64,
-    last_seen: Instant,
-    alive: bool,
-    /// Left (a stopping agent's last heartbeat): a backend until then.
-    leaving_until: Option<Instant>,
-}
-
-/// Pure liveness state for the other agents. Time is passed in, never read.
-#[derive(Debug)]
-pub struct PeerTable {
-    dead_after: Duration,
-    peers: BTreeMap<String, Peer>,
-}
-
-/// What one heartbeat did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Seen {
-    /// Taken; a liveness change when there was one.
-    Fresh(Option<Event>),
-    /// An older incarnation, or a sequence number not above the last: a replay, a
-    /// duplicate or a datagram overtaken by newer ones. Changes nothing.
-    Stale,
-}
-
-impl PeerTable {
-    pub fn new(dead_after: Duration) -> Self {
-        Self { dead_after, peers: BTreeMap::new() }
-    }
-
-    /// Records a heartbeat received at `now`. Incarnations only go forward (an
-    /// agent's incarnation is its start time): an older one, or the same one with
-    /// a sequence number not above the last, is [`Seen::Stale`] and neither
-    /// refreshes liveness nor produces events.
-    pub fn observe(&mut self, node: &str, incarnation: u64, seq: u64, now: Instant) -> Seen {
-        let up = Some(Event::Up { node: node.to_owned(), incarnation });
-        let Some(p) = self.peers.get_mut(node) else {
-            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true, leaving_until: None });
-            return Seen::Fresh(up);
-        };
-        if incarnation < p.incarnation || (incarnation == p.incarnation && seq <= p.seq) {
-            return Seen::Stale;
-        }
-        if incarnation > p.incarnation {
-            // Restarted: a new incarnation starts its own sequence, reported as Up
-            // below; a peer presumed alive (incarnation 0) that is heard for the
-            // first time is no change.
-            let presumed = p.incarnation == 0 && p.alive;
-            p.incarnation = incarnation;
-            p.alive = presumed;
-        }
-        p.seq = seq;
-        p.last_seen = now;
-        if p.alive {
-            return Seen::Fresh(None);
-        }
-        p.alive = true;
-        p.leaving_until = None;
-        Seen::Fresh(up)
-    }
-
-    /// Records a leaving heartbeat (a stopping agent's last, [`Heartbeat::leaving_ms`]):
-    /// the peer is no longer alive (its VIPs go to others at once) but stays a
-    /// backend for `stay`. Replays are refused as by [`PeerTable::observe`]; a new
-    /// incarnation heard later is Up.
-    pub fn observe_leaving(&mut self, node: &str, incarnation: u64, seq: u64, stay: Duration, now: Instant) -> Seen {
-        let Some(p) = self.peers.get_mut(node) else {
-            // Never heard alive: nothing to hand over, and nothing to keep.
-            return Seen::Fresh(None);
-        };
-        if incarnation < p.incarnation || (incarnation == p.incarnation && seq <= p.seq) {
-            return Seen::Stale;
-        }
-        p.incarnation = incarnation;
-        p.seq = seq;
-        p.last_seen = now;
-        p.alive = false;
-        p.leaving_until = Some(now + stay);
-        Seen::Fresh(Some(Event::Leaving { node: node.to_owned() }))
-    }
-
-    /// Counts `node` alive as of `now` without having heard it: an agent that
-    /// starts presumes its configured peers alive for one `dead_after`, so it does
-    /// not grab their VIPs before their first heartbeats can arrive. Incarnation 0
-    /// is "unknown": the first real heartbeat replaces it.
-    pub fn presume(&mut self, node: &str, now: Instant) {
-        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, leaving_until: None });
-    }
-
-    /// After this agent itself was not running (stopped, starved), silence from
-    /// peers means nothing: every peer alive before gets a fresh `dead_after`
-    /// from `now` instead of being declared dead for our own gap.
-    pub fn forgive(&mut self, now: Instant) {
-        for p in self.peers.values_mut().filter(|p| p.alive) {
-            p.last_seen = p.last_seen.max(now);
-        }
-    }
-
-    /// Marks peers silent for `dead_after` or longer as dead, and leaving peers
-    /// whose time ran out as gone.
-    pub fn expire(&mut self, now: Instant) -> Vec<Event> {
-        let mut events = Vec::new();
-        for (node, p) in &mut self.peers {
-            if p.alive && now.saturating_duration_since(p.last_seen) >= self.dead_after {
-                p.alive = false;
-                events.push(Event::Down { node: node.clone() });
-            }
-            if p.leaving_until.is_some_and(|t| now >= t) {
-                p.leaving_until = None;
-                events.push(Event::Gone { node: node.clone() });
-            }
-        }
-        events
-    }
-
-    /// Names of the peers currently alive.
-    pub fn live(&self) -> BTreeSet<String> {
-        self.peers.iter().filter(|(_, p)| p.alive).map(|(n, _)| n.clone()).collect()
-    }
-
-    /// Names of the peers that left and are still backends.
-    pub fn leaving(&self) -> BTreeSet<String> {
-        self.peers.iter().filter(|(_, p)| p.leaving_until.is_some()).map(|(n, _)| n.clone()).collect()
-    }
-
-    /// What the heartbeat task publishes, with `me` alive.
-    fn peer_sets(&self, me: &str) -> PeerSets {
-        let mut live = self.live();
-        live.insert(me.to_owned());
-        PeerSets { live, leaving: self.leaving() }
-    }
-}
-
-/// What the heartbeat task publishes: who is alive (holds VIPs, backs services),
-/// and who left to restart and still backs services ([`Heartbeat::leaving_ms`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PeerSets {
-    pub live: BTreeSet<String>,
-    pub leaving: BTreeSet<String>,
-}
-
-impl PeerTable {}
-
-/// This agent start's incarnation: the wall clock in nanoseconds, so that a
-/// restarted agent's incarnation is above its last one and a replayed datagram of
-/// an earlier run is recognised as old. (A node whose clock went back across a
-/// restart is taken for a replay by its peers until its clock passes its last
-/// start; its log and `vip_heartbeats_rejected_total{reason="stale"}` on the
-/// peers say so.)
-pub fn new_incarnation() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use metrics::{Gaps, Metrics, PeerLabels, RejectLabels, GAP_WINDOW};
+pub use table::{Event, PeerSets, PeerTable, Seen};
+use wire::{accept, plain, unix_ms};
+pub use wire::{new_incarnation, Heartbeat, Rejected, SETTINGS_EVERY};
 
 /// How one agent's heartbeat task is set up.
 #[derive(Clone, Debug)]
@@ -306,125 +86,6 @@ pub struct ArpLink {
     pub reports: tokio::sync::mpsc::UnboundedSender<(String, Vec<super::arpcheck::Finding>)>,
 }
 
-/// Why a received datagram changed nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Rejected {
-    /// From an address that is no configured peer's.
-    UnknownSender,
-    /// Not a heartbeat (or unsigned where keys are set).
-    Malformed,
-    /// Signed with a key we do not have.
-    UnknownKey,
-    /// A bad tag: forged or altered.
-    BadTag,
-    /// A name that is not the one the model gives the sender's address.
-    WrongName,
-    /// An older incarnation or a sequence number already seen: a replay.
-    Stale,
-}
-
-impl Rejected {
-    pub fn name(self) -> &'static str {
-        match self {
-            Rejected::UnknownSender => "unknown_sender",
-            Rejected::Malformed => "malformed",
-            Rejected::UnknownKey => "unknown_key",
-            Rejected::BadTag => "bad_tag",
-            Rejected::WrongName => "wrong_name",
-            Rejected::Stale => "stale",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct RejectLabels {
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, prometheus_client::encoding::EncodeLabelSet)]
-pub struct PeerLabels {
-    pub peer: String,
-}
-
-/// What the heartbeat task measures.
-#[derive(Clone, Debug, Default)]
-pub struct Metrics {
-    /// Turns on which the gate was shut or this task itself had not run for a
-    /// while: a tripwire that should stay at zero.
-    pub stalls: prometheus_client::metrics::counter::Counter,
-    /// How close each peer came to being declared dead, lately.
-    pub gaps: Gaps,
-    /// Datagrams that changed nothing, by reason.
-    pub rejected: prometheus_client::metrics::family::Family<RejectLabels, prometheus_client::metrics::counter::Counter>,
-}
-
-/// How far back [`Gaps`] looks: longer than a scrape interval (Prometheus' default
-/// is one minute), so that every gap is seen by at least one scrape.
-pub const GAP_WINDOW: Duration = Duration::from_secs(120);
-
-/// The longest time without a heartbeat from each peer over the last
-/// [`GAP_WINDOW`], the current silence included: a rolling maximum, so that one
-/// slow moment long ago does not hide how the peer is doing now, and a peer that
-/// went silent shows at once. Shared by the heartbeat tasks an agent runs in turn.
-#[derive(Clone, Debug, Default)]
-pub struct Gaps(Arc<std::sync::Mutex<BTreeMap<String, PeerGaps>>>);
-
-#[derive(Debug)]
-struct PeerGaps {
-    /// When it was last heard (or first tracked), and by which incarnation (None:
-    /// not heard yet).
-    last: Instant,
-    incarnation: Option<u64>,
-    /// Gaps between heartbeats of one incarnation (a restart is no gap), by end.
-    gaps: std::collections::VecDeque<(Instant, Duration)>,
-}
-
-impl Gaps {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PeerGaps>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The peers heartbeats are exchanged with now: others are forgotten (their
-    /// series go), new ones are counted from `now`.
-    pub fn track<'a>(&self, peers: impl IntoIterator<Item = &'a str>, now: Instant) {
-        let peers: BTreeSet<&str> = peers.into_iter().collect();
-        let mut all = self.lock();
-        all.retain(|p, _| peers.contains(p.as_str()));
-        for p in peers {
-            all.entry(p.to_owned()).or_insert_with(|| PeerGaps { last: now, incarnation: None, gaps: Default::default() });
-        }
-    }
-
-    /// A heartbeat accepted from `peer` at `now` (untracked peers are ignored: a
-    /// task that is being replaced must not bring back a peer that left).
-    pub fn heard(&self, peer: &str, incarnation: u64, now: Instant) {
-        let mut all = self.lock();
-        let Some(p) = all.get_mut(peer) else { return };
-        // Gaps are between heartbeats of one incarnation: the wait for a peer's
-        // first one (its agent starting after ours) and a restart are none; the
-        // silence shows while it lasts all the same (`max_at`).
-        if p.incarnation == Some(incarnation) {
-            p.gaps.push_back((now, now.saturating_duration_since(p.last)));
-        }
-        (p.last, p.incarnation) = (now, Some(incarnation));
-        while p.gaps.front().is_some_and(|(end, _)| now.saturating_duration_since(*end) > GAP_WINDOW) {
-            p.gaps.pop_front();
-        }
-    }
-
-    /// Each tracked peer's longest gap in the window ending at `now`, in seconds.
-    pub fn max_at(&self, now: Instant) -> BTreeMap<String, f64> {
-        self.lock()
-            .iter()
-            .map(|(name, p)| {
-                let silence = now.saturating_duration_since(p.last);
-                let recent = p.gaps.iter().filter(|(end, _)| now.saturating_duration_since(*end) <= GAP_WINDOW).map(|(_, g)| *g);
-                (name.clone(), recent.fold(silence, Duration::max).as_secs_f64())
-            })
-            .collect()
-    }
-}
-
 /// Binds `bind` and spawns the heartbeat task on the current tokio runtime. The
 /// receiver holds the live set (always including `me`; peers presumed alive until
 /// `dead_after` passes without a heartbeat) and changes only when the set does.
@@ -464,32 +125,6 @@ fn gate_open(gate: &Option<(Arc<AtomicU64>, Duration)>) -> bool {
             Duration::from_nanos(age) <= *max_age
         }
     }
-}
-
-/// The heartbeat in a datagram from `from`, if it is one we take: from a known
-/// peer's address, signed with one of our keys (when we have keys), carrying
-/// the name the model gives that address.
-fn accept(datagram: &[u8], from: SocketAddr, known: &HashMap<SocketAddr, String>, keys: Option<&super::auth::Keys>) -> Result<Heartbeat, Rejected> {
-    let name = known.get(&plain(from)).ok_or(Rejected::UnknownSender)?;
-    let payload = match keys {
-        Some(k) => k.open(datagram).map_err(|r| match r {
-            super::auth::Reject::Malformed => Rejected::Malformed,
-            super::auth::Reject::UnknownKey => Rejected::UnknownKey,
-            super::auth::Reject::BadTag => Rejected::BadTag,
-        })?,
-        None => datagram,
-    };
-    let hb = Heartbeat::decode(payload).ok_or(Rejected::Malformed)?;
-    if hb.node != *name {
-        return Err(Rejected::WrongName);
-    }
-    Ok(hb)
-}
-
-/// An address and port alone: an IPv6 sender's flow label and scope id (set by the
-/// kernel or not) do not make it another peer.
-fn plain(a: SocketAddr) -> SocketAddr {
-    SocketAddr::new(a.ip(), a.port())
 }
 
 async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: watch::Sender<PeerSets>) {

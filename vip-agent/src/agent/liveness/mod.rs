@@ -7,39 +7,43 @@
 //! ([`crate::dataplane::HeldVips`]). So a takeover, a refresh or a heartbeat
 //! never waits behind a map write, however many services there are; the only
 //! input it takes from the rest is the model (a `watch`, never blocking).
+//!
+//! Here the thread and its loop; `plan` decides, `apply` carries a decision out
+//! (`arp_held`, announcements), `heartbeats` runs the heartbeat task, `conflicts`
+//! watches other MACs claiming VIPs, `selfcheck` is the ARP self-check.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
+    net::IpAddr,
     sync::{atomic::Ordering, Arc},
     time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context as _, Result};
 use tokio::sync::{mpsc, watch};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
-use super::{desired::ownership, record::Members};
-
+mod apply;
+mod conflicts;
+mod heartbeats;
 #[cfg(test)]
 mod model_check;
 pub mod plan;
 mod selfcheck;
+
+use heartbeats::next_live;
+
 use crate::{
     clock::monotonic_ns,
-    dataplane::{HeldMode, HeldVips},
+    dataplane::HeldVips,
     ha::{
         self, arpcheck,
-        garp::{FrameTx, Job, Order},
+        garp::{FrameTx, Order},
         heartbeat, HeldVip,
     },
     links::Link,
     metrics::LivenessMetrics,
-    model::{AnnounceMode, World},
+    model::World,
 };
-
-/// How long a stopping agent waits for its leaving heartbeats to be sent before
-/// it releases the VIPs its peers take ([`Liveness::leave`]): 3 datagrams 1 ms apart.
-const LEAVE_SEND_WAIT: Duration = Duration::from_millis(100);
 
 /// What the liveness thread decided, for the programmer (rings follow `live`),
 /// the status and the controller.
@@ -239,11 +243,6 @@ impl Liveness {
         self.uplinks.watched().into_iter().all(crate::dataplane::link_up)
     }
 
-    /// `arp_conflicts` counts on every interface VIPs are held under.
-    fn conflicts_now(&self) -> BTreeMap<IpAddr, u64> {
-        self.uplinks.held_ifindices().into_iter().flat_map(|i| self.s.held.conflicts(i).unwrap_or_default()).collect()
-    }
-
     /// Sweeps what an earlier agent left in `arp_held`, starts heartbeats and
     /// takes the VIPs this node owns.
     async fn start(&mut self) -> Result<()> {
@@ -351,372 +350,6 @@ impl Liveness {
         }
         info!("liveness thread stopping; VIPs still held stay answered until their deadline");
     }
-
-    /// The agent stops: once its leaving heartbeats are out (peers take its VIPs
-    /// at once), the VIPs a live peer takes are released here (stale: no more
-    /// ARP answers; clients still sending here are balanced, frames from other
-    /// nodes passed). Left fresh until their deadline, they would make this node
-    /// and their new holder both fresh holders for that time, and two fresh
-    /// holders whose rings differ on a flow (this node's last state, the
-    /// peer's with this node leaving) forward its frames to each other, with no
-    /// hop limit at layer 2. A VIP no live peer takes stays answered until its
-    /// deadline, for the next agent.
-    async fn leave(&mut self) {
-        if let Some((_, rx)) = self.heartbeat.as_mut() {
-            // The task ends once it has sent them.
-            let sent = tokio::time::timeout(LEAVE_SEND_WAIT, async { while rx.changed().await.is_ok() {} }).await;
-            if sent.is_err() {
-                warn!("leaving heartbeats not sent within {LEAVE_SEND_WAIT:?}; releasing the VIPs peers take anyway");
-            }
-        }
-        let mut peers = self.live.clone();
-        peers.remove(&self.s.me);
-        let taken = ownership(&self.world, &self.s.me, &peers).owners;
-        let released: Vec<(IpAddr, u32)> = self.held.iter().filter(|(v, _)| taken.contains_key(v)).map(|(v, (_, i))| (*v, *i)).collect();
-        let _ = self.arp_tx.send(Order::Cancel(released.iter().map(|(v, _)| *v).collect()));
-        for (vip, ifindex) in &released {
-            match self.s.held.release(*ifindex, *vip) {
-                Ok(()) => info!(%vip, ifindex, new_holder = %taken[vip], "released VIP on leaving (its pinned flows keep being forwarded)"),
-                Err(e) => error!(%vip, "releasing VIP on leaving: {e:#}"),
-            }
-        }
-    }
-
-    /// (Re)starts heartbeats when their settings (our address, the peers eligible
-    /// to hold VIPs, timers) changed. With no peer there are none, and every node
-    /// counts as alive.
-    async fn sync_heartbeat(&mut self) {
-        let me = self.s.me.clone();
-        let f = &self.world.failover;
-        if !self.link_up {
-            // Nothing can be answered or forwarded here: leave the membership
-            // (peers stop hearing us and take our VIPs, and we leave their rings),
-            // whatever network the heartbeats use.
-            self.heartbeat = None;
-            self.tracked = BTreeSet::from([me]);
-            self.live = BTreeSet::new();
-            return;
-        }
-        let Some(my) = self.world.node(&me) else {
-            // Not in the model (removed from the file, Node gone): not a member, so
-            // no heartbeats and no VIP; peers take ours.
-            if self.heartbeat.take().is_some() || !self.live.is_empty() {
-                warn!(node = %me, "this node is not in the model: it sends no heartbeats and holds no VIP");
-            }
-            self.tracked = BTreeSet::from([me]);
-            self.live = BTreeSet::new();
-            return;
-        };
-        self.settings.send_if_modified(|cur| replace_if_changed(cur, &crate::model::cluster_settings(&self.world)));
-        let peers: Vec<(String, SocketAddr)> =
-            self.world.holders().into_iter().filter(|n| n.name != me).map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port)))).collect();
-        // Peers the running task has seen go down stay down in its replacement
-        // until heard (only a new agent presumes every peer alive).
-        let dead = self.heartbeat.as_ref().map_or_else(BTreeSet::new, |(cur, rx)| {
-            let sets = rx.borrow();
-            cur.peers.iter().map(|(n, _)| n).filter(|n| !sets.live.contains(*n)).cloned().collect()
-        });
-        let want = heartbeat::Options {
-            bind: SocketAddr::from((my.addr, f.heartbeat_port)),
-            peers,
-            dead,
-            me: me.clone(),
-            interval: f.heartbeat_interval,
-            dead_after: f.dead_after,
-            gate: Some((self.s.metrics.last_turn_ns.clone(), self.world.announce.hold_time / 2)),
-            metrics: Some(self.s.metrics.heartbeat.clone()),
-            keys: self.s.keys.clone(),
-            leave: Some(self.s.leave.clone()),
-            arp: Some(self.arp.link()),
-            settings: Some(heartbeat::SettingsLink { ours: self.settings.subscribe(), peers: self.s.peer_settings.clone() }),
-        };
-        let same =
-            |a: &heartbeat::Options, b: &heartbeat::Options| (a.bind, &a.peers, a.interval, a.dead_after) == (b.bind, &b.peers, b.interval, b.dead_after);
-        if self.heartbeat.as_ref().is_some_and(|(cur, _)| same(cur, &want)) {
-            return;
-        }
-        // Dropping the receiver stops the old task, which then releases the port.
-        self.heartbeat = None;
-        if want.peers.is_empty() {
-            self.tracked = BTreeSet::from([me]);
-            self.live = self.world.nodes.iter().map(|n| n.name.clone()).collect();
-            return;
-        }
-        self.tracked = want.peers.iter().map(|(n, _)| n.clone()).chain([me]).collect();
-        for attempt in 0..50 {
-            match heartbeat::run(want.clone()).await {
-                Ok(rx) => {
-                    self.live = rx.borrow().live.clone();
-                    self.leaving = rx.borrow().leaving.clone();
-                    info!(bind = %want.bind, peers = want.peers.len(), "heartbeats running");
-                    self.heartbeat = Some((want, rx));
-                    return;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 49 => tokio::time::sleep(Duration::from_millis(20)).await,
-                Err(e) => {
-                    // Peers cannot hear us (the address is not ours, or the port is
-                    // taken): they count us dead and take our VIPs, so we hold none.
-                    // Retried every second.
-                    error!(bind = %want.bind, "cannot start heartbeats: {e}; peers see this node as dead, so it holds no VIP until they can hear it");
-                    self.live = BTreeSet::new();
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Applies the decision ([`plan::plan`]) to `arp_held`: taken VIPs held and
-    /// announced, lost ones released (their pending announcements cancelled),
-    /// VIPs in no pool forgotten; then tells the status, the loopback task, the
-    /// metrics and the programmer. `reassert`: see [`plan::plan`].
-    fn decide(&mut self, reassert: bool) {
-        let (world, uplinks) = (self.world.clone(), self.uplinks.clone());
-        let placed = |v: IpAddr| uplinks.by_pool.get(&world.pool_of(v)?.name).map(|l| l.ifindex);
-        let p = plan::plan(&self.world, &self.s.me, &self.live, placed, &self.held, reassert);
-        for v in p.unplaced.difference(&self.unplaced) {
-            error!(vip = %v, "this node owns the VIP but its pool has no interface here: not answered (see the host problems)");
-        }
-        if !p.cancel.is_empty() {
-            let _ = self.arp_tx.send(Order::Cancel(p.cancel.clone()));
-        }
-        for (vip, ifindex) in &p.release {
-            match self.s.held.release(*ifindex, *vip) {
-                Ok(()) => info!(%vip, ifindex, "released VIP (its pinned flows keep being forwarded)"),
-                Err(e) => error!(%vip, "releasing VIP: {e:#}"),
-            }
-        }
-        let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
-        for vip in &p.take {
-            let (announce, ifindex) = p.want[vip];
-            if let Err(e) = self.s.held.hold(ifindex, *vip, deadline, announce) {
-                error!(%vip, "holding VIP: {e:#}");
-            } else {
-                info!(%vip, ifindex, on_lo = announce == HeldMode::Lo, "holding VIP");
-            }
-        }
-        match self.s.held.entries() {
-            Ok(entries) => {
-                let drop = plan::forget(&self.world, placed, &entries);
-                if !drop.is_empty() {
-                    let gone: Vec<(u32, IpAddr)> = drop.iter().map(|e| (e.ifindex, e.vip)).collect();
-                    if let Err(err) = self.s.held.forget_all(&gone) {
-                        error!("forgetting VIPs: {err:#}");
-                    }
-                    for e in drop {
-                        info!(vip = %e.vip, ifindex = e.ifindex, "forgot VIP (in no pool, or moved to another interface)");
-                    }
-                }
-            }
-            Err(e) => error!("reading arp_held: {e:#}"),
-        }
-        let now = SystemTime::now();
-        let plan::Plan { ownership: o, unplaced, want, take, announce, .. } = p;
-        self.unplaced = unplaced;
-        // A VIP taken (again) is no longer the one found held at start.
-        let kept = |v: &IpAddr| want.contains_key(v) && !take.contains(v);
-        self.adopted.retain(kept);
-        self.arp.keep(kept, &self.s.metrics);
-        self.since.retain(|v, _| kept(v));
-        for v in want.keys() {
-            self.since.entry(*v).or_insert(now);
-        }
-        self.held = want;
-        self.sync_groups();
-        self.announce(announce, true);
-        self.last_garp.retain(|v, _| o.held.contains(v));
-        self.tell_held();
-        self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
-        self.s.metrics.record(&self.world, &self.owners, &o, &Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
-        self.owners = o.owners.clone();
-        let m = Membership {
-            tracked: self.tracked.clone(),
-            live: self.live.clone(),
-            leaving: self.leaving.clone(),
-            owners: o.owners,
-            held: o.held,
-            on_lo: o.on_lo,
-        };
-        self.out.send_if_modified(|cur| replace_if_changed(cur, &m));
-        // Last: O(VIPs × nodes) hashing, after everything a failover waits for.
-        if self.arp.enabled() {
-            let mine = selfcheck::checked_here(&self.world, &self.s.me, &self.live, &self.owners, |p| self.uplinks.by_pool.contains_key(p));
-            self.arp.check_for(mine);
-        }
-    }
-
-    /// Joins the solicited-node group of every IPv6 VIP answered here on the
-    /// interface the program sees its solicitations on, and leaves the others
-    /// (see ha::groups). A failed join is retried at the next refresh.
-    fn sync_groups(&mut self) {
-        let want: BTreeSet<(u32, std::net::Ipv6Addr)> = self
-            .held
-            .iter()
-            .filter(|(_, (a, _))| *a == HeldMode::Arp)
-            .filter_map(|(v, _)| match v {
-                IpAddr::V6(v6) => Some((self.link_of(*v)?.xdp_ifindex, *v6)),
-                IpAddr::V4(_) => None,
-            })
-            .collect();
-        for (ifindex, vip, e) in self.groups.sync(&want) {
-            error!(%vip, ifindex, "joining the VIP's solicited-node multicast group: {e}; solicitations may not reach this node");
-        }
-    }
-
-    /// Re-writes the deadline of every held VIP (fencing: if this stops, they go stale).
-    fn refresh(&mut self) {
-        let now = monotonic_ns();
-        let last = self.deadline;
-        let lapsed = last != 0 && now > last;
-        let deadline = now + self.world.announce.hold_time.as_nanos() as u64;
-        let mut by_ifindex: BTreeMap<u32, Vec<(IpAddr, HeldMode)>> = BTreeMap::new();
-        for (v, (a, i)) in &self.held {
-            by_ifindex.entry(*i).or_default().push((*v, *a));
-        }
-        for (ifindex, all) in by_ifindex {
-            if let Err(e) = self.s.held.hold_all(ifindex, &all, deadline) {
-                error!(ifindex, "refreshing held VIPs: {e:#}");
-            }
-        }
-        self.deadline = deadline;
-        self.sync_groups();
-        if lapsed && !self.held.is_empty() {
-            // We were not running (stopped, starved) and our VIPs went stale; peers
-            // may have taken them and moved clients away. Taking them back is a
-            // takeover like any other: announce it.
-            warn!(stale_ms = (now - last) / 1_000_000, "held VIPs had gone stale; re-announcing them");
-            self.announce(self.held.keys().copied().collect(), true);
-        }
-    }
-
-    /// Gratuitous ARP for those of `vips` announced by ARP, an unsolicited Neighbor
-    /// Advertisement for IPv6 ones (in the background, through the same sender): on
-    /// a `takeover` each pool's count of frames, its interval apart, so switches and
-    /// neighbours learn the new owner at once; else one frame (refresh, conflict).
-    fn announce(&mut self, vips: BTreeSet<IpAddr>, takeover: bool) {
-        let now = (Instant::now(), SystemTime::now());
-        let mut by_settings: BTreeMap<crate::model::Garp, Vec<_>> = BTreeMap::new();
-        for v in vips {
-            if self.world.announce_mode(v) == AnnounceMode::Lo {
-                continue;
-            }
-            let Some(l) = self.link_of(v) else { continue };
-            let frame = ha::garp::tagged(&ha::garp::announcement_frame(l.mac, v), l.vlan);
-            by_settings.entry(self.world.garp(v)).or_default().push((v, l.xdp_ifindex, frame));
-            self.last_garp.insert(v, now);
-        }
-        let announced = !by_settings.is_empty();
-        for (g, frames) in by_settings {
-            let rounds = if takeover { g.count } else { 1 };
-            let _ = self.arp_tx.send(Order::Send(Job { frames, rounds, gap: g.interval, what: "gratuitous ARP or unsolicited neighbour advertisement" }));
-        }
-        if announced {
-            self.tell_held();
-        }
-    }
-
-    /// Sends the held VIPs to their status writer (a `watch`: never waits).
-    fn tell_held(&self) {
-        let vips: BTreeMap<IpAddr, HeldVip> = self
-            .held
-            .iter()
-            .filter_map(|(v, (_, ifindex))| {
-                let l = self.link_of(*v)?;
-                // A pool's `vlan` is no interface of the host: its parent is.
-                let interface = if crate::links::is_vlan_net(*ifindex) { l.xdp_iface.clone() } else { l.name.clone() };
-                let since = *self.since.get(v)?;
-                Some((
-                    *v,
-                    HeldVip {
-                        since,
-                        last_garp: self.last_garp.get(v).map(|(_, t)| *t),
-                        interface,
-                        vlan: l.vlan,
-                        adopted: self.adopted.contains(v),
-                        arp: self.arp.check_of(v),
-                    },
-                ))
-            })
-            .collect();
-        self.s.held_vips.send_if_modified(|cur| replace_if_changed(cur, &vips));
-    }
-
-    /// One gratuitous ARP for each held VIP whose pool's refresh has passed since
-    /// it was last announced (switch FDB and neighbour entries age out).
-    fn refresh_garp(&mut self) {
-        let now = Instant::now();
-        let due: BTreeSet<IpAddr> =
-            self.held.keys().filter(|v| self.last_garp.get(v).is_none_or(|(t, _)| now.duration_since(*t) >= self.world.garp(**v).refresh)).copied().collect();
-        if !due.is_empty() {
-            self.announce(due, false);
-        }
-    }
-
-    /// Asks ARP for the addresses of nodes that just came back. After our link was
-    /// down the kernel's neighbour entries for them sit INCOMPLETE until its next
-    /// retry (up to a second): their heartbeats reach us, ours would not reach them.
-    /// The reply to this request completes the entries at once. IPv6 nodes get a
-    /// datagram instead, which has the kernel solicit them now.
-    fn resolve(&self, addrs: Vec<IpAddr>) {
-        let Some(me) = self.world.node(&self.s.me).map(|n| n.addr) else { return };
-        let Some(home) = &self.uplinks.home else { return };
-        let mut frames = Vec::new();
-        for a in addrs {
-            match (me, a) {
-                (IpAddr::V4(me), IpAddr::V4(a)) => {
-                    frames.push((a.into(), home.xdp_ifindex, ha::garp::tagged(&ha::garp::arp_request_frame(home.mac, me, a), home.vlan)))
-                }
-                (_, IpAddr::V6(_)) => crate::neighbour::solicit(a),
-                // An IPv4 peer of an IPv6 node: no address of ours to ask from.
-                (IpAddr::V6(_), IpAddr::V4(_)) => {}
-            }
-        }
-        if !frames.is_empty() {
-            let _ = self.arp_tx.send(Order::Send(Job { frames, rounds: 1, gap: Duration::ZERO, what: "ARP request" }));
-        }
-    }
-
-    /// One turn of the ARP self-check as a checker ([`selfcheck::SelfCheck::turn`]).
-    fn arp_check(&mut self) {
-        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, world: &self.world, uplinks: &self.uplinks };
-        if self.arp.turn(&mut cx) {
-            self.tell_held();
-        }
-    }
-
-    /// A checker's findings for VIPs this node holds ([`selfcheck::SelfCheck::findings`]).
-    fn arp_findings(&mut self, from: &str, findings: Vec<arpcheck::Finding>) {
-        let mut cx = selfcheck::Ctx { held: &mut self.s.held, metrics: &self.s.metrics, frames: &self.arp_tx, world: &self.world, uplinks: &self.uplinks };
-        if self.arp.findings(from, findings, &self.held, &self.since, &mut cx) {
-            self.tell_held();
-        }
-    }
-
-    /// Conflicting claims the data path counted: `arp_conflict` and `ndp_conflict`.
-    fn conflict_count(&self) -> Result<u64> {
-        let arp = self.s.held.reason_count(vip_common::Reason::ArpConflict)?.0;
-        Ok(arp + self.s.held.reason_count(vip_common::Reason::NdpConflict)?.0)
-    }
-
-    /// Logs and counts ARP replies, gratuitous ARP or Neighbor Advertisements from
-    /// another MAC claiming a VIP we hold (counted by the data path as
-    /// `arp_conflict`, `ndp_conflict`).
-    fn watch_conflicts(&mut self) {
-        let Ok(n) = self.conflict_count() else { return };
-        if n > self.conflicts {
-            self.s.metrics.arp_conflicts.inc_by(n - self.conflicts);
-            // Which VIPs: those whose count in arp_conflicts went up (a new entry
-            // counts from 0). Whoever claimed them (a partitioned node, a node that
-            // woke up) may have pulled clients away; the holder's announcement of
-            // those VIPs, and only those, brings them back.
-            let now = self.conflicts_now();
-            let contested: BTreeSet<IpAddr> =
-                now.iter().filter(|(v, c)| **c > self.contested.get(v).copied().unwrap_or(0) && self.held.contains_key(v)).map(|(v, _)| *v).collect();
-            warn!(new = n - self.conflicts, vips = ?contested, "ARP conflict: another MAC claims a VIP this node holds; re-announcing it");
-            self.contested = now;
-            self.announce(contested, false);
-        }
-        self.conflicts = n;
-    }
 }
 
 /// Sets `cur` to `want` when they differ (cloning only then); whether it did.
@@ -726,15 +359,4 @@ pub fn replace_if_changed<T: Clone + PartialEq>(cur: &mut T, want: &T) -> bool {
         cur.clone_from(want);
     }
     changed
-}
-
-/// The next live set from the heartbeat task (pending forever without one).
-async fn next_live(hb: &mut Option<(heartbeat::Options, watch::Receiver<heartbeat::PeerSets>)>) -> Option<heartbeat::PeerSets> {
-    match hb {
-        Some((_, rx)) => match rx.changed().await {
-            Ok(()) => Some(rx.borrow_and_update().clone()),
-            Err(_) => std::future::pending().await,
-        },
-        None => std::future::pending().await,
-    }
 }

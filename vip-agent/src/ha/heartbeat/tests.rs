@@ -1,3 +1,5 @@
+use serde::{Deserialize, Serialize};
+
 use super::*;
 
 const DEAD: Duration = Duration::from_secs(3);

@@ -1,6 +1,7 @@
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
+use crate::k8s::reports::HELD;
 
 /// A pool's unheld VIPs are grouped by why, one group per reason, each
 /// naming its VIPs.

@@ -1,6 +1,17 @@
 //! The inputs cover the fields MetalLB's documentation shows in its examples
 //! (written here, with addresses of 198.18.0.0/15).
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
 use super::*;
+use crate::{
+    k8s::{
+        allocate::label_selector_matches,
+        crd::{validate, VipPoolSpec},
+    },
+    model::AnnounceMode,
+};
 
 fn run(yaml: &str) -> Import {
     import(&documents(yaml).unwrap())
