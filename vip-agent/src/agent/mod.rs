@@ -3,10 +3,13 @@
 //! Kubernetes API). Two loops share the work:
 //! - the liveness thread (`liveness`): heartbeats, VIP ownership, held deadlines,
 //!   gratuitous ARP, on a thread and runtime of its own that nothing else blocks;
-//! - the programmer (`run` below): health checks and the live set change what
-//!   the service maps should hold; it writes the difference as one batch per
-//!   change, each service succeeding or failing on its own, and keeps the last
-//!   good state on bad input.
+//! - the programmer (the agent loop, `serve`): health checks and the live set
+//!   change what the service maps should hold; it writes the difference as one
+//!   batch per change, each service succeeding or failing on its own, and keeps
+//!   the last good state on bad input.
+//!
+//! [`run`] builds everything once (the source, the data path, the tasks, the
+//! liveness thread) and hands the `Agent` to that loop.
 mod apply;
 mod desired;
 mod feed;
@@ -16,6 +19,7 @@ pub mod liveness;
 mod options;
 mod publish;
 mod record;
+mod serve;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -34,13 +38,11 @@ use tokio::{
 use tracing::{info, warn};
 
 pub use desired::{desired, health_targets, ownership, Desired, DesiredService, Observed, Ownership};
-use feed::next_world;
 pub use feed::Source;
 pub use liveness::{Membership, Uplinks};
 pub use options::{HeartbeatKey, Options};
 
 use crate::{
-    clock::monotonic_ns,
     config,
     dataplane::{self, Dataplane, ServiceAddr},
     ha::{self, garp::ArpSender},
@@ -122,9 +124,10 @@ pub fn stop_signals() -> Result<impl Future<Output = ()>> {
     })
 }
 
-/// Runs the agent until `shutdown` completes (the binary: [`stop_signals`];
-/// tests that run it in-process: their own), then tells the peers it leaves
-/// and returns, leaving the data path running on the last state.
+/// Builds the agent and runs it (`Agent::serve`) until `shutdown` completes
+/// (the binary: [`stop_signals`]; tests that run it in-process: their own), then
+/// tells the peers it leaves and returns, leaving the data path running on the
+/// last state.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
     // Consumed here: each part goes to what uses it.
@@ -159,13 +162,13 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     let (guard_tx, guard_rx) = watch::channel(crate::route_guard::Guard::default());
     crate::route_guard::spawn(guard_rx)?;
 
-    let (health_tx, mut health_rx) = mpsc::unbounded_channel();
+    let (health_tx, health) = mpsc::unbounded_channel();
     let status_json = Arc::new(Mutex::new("{}".to_owned()));
     if let Some(addr) = metrics_addr {
         let bound = crate::http::serve(addr, &mut metrics, pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
         info!(%bound, "serving /metrics /healthz /readyz /status");
     }
-    let (mut keys, mut key_updates) = keys::start(heartbeat_key, api.as_ref()).await?;
+    let (keys, key_updates) = keys::start(heartbeat_key, api.as_ref()).await?;
     let world = Arc::new(world);
     let held = dp.held_handle()?;
     let (liveness_tx, liveness_rx) = watch::channel(liveness::Inputs::default());
@@ -205,29 +208,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     }
     // The program is attached where the model's pools live before anything is held.
     agent.adopt(world);
-    // A node the model leaves out (its Node not Ready, tainted not-ready or
-    // network-unavailable, labelled exclude-from-external-load-balancers, or not
-    // registered yet) has nowhere to attach to yet: it waits to be let in. Exiting
-    // would crash-loop a DaemonSet's pod, whose back-off then delays it for minutes
-    // once the Node is Ready. (The file source refuses an unlisted node above.)
-    let left_out = |a: &Agent| a.interfaces.attached_count() == 0 && a.world.node(&a.me).is_none();
-    if left_out(&agent) {
-        info!(node = %agent.me, "this node is not in the cluster's model (its Node not Ready, tainted, excluded from load balancers, or not registered yet): waiting for it");
-        // Alive meanwhile (/healthz: a liveness probe must not restart it) and
-        // ready as idle (/readyz): `kubectl rollout status` and a rolling update
-        // must not wait on a node vip does not serve, such as kubeadm's and kind's
-        // control planes, which are labelled exclude-from-external-load-balancers.
-        let mut alive = tokio::time::interval(Duration::from_secs(1));
-        agent.metrics.idle.store(true, Ordering::Relaxed);
-        while left_out(&agent) {
-            tokio::select! {
-                Some(world) = next_world(&mut feed) => agent.adopt(Arc::new(world)),
-                _ = alive.tick() => agent.metrics.liveness.last_turn_ns.store(monotonic_ns(), Ordering::Relaxed),
-                _ = &mut shutdown => return Ok(()),
-            }
-        }
-        agent.metrics.idle.store(false, Ordering::Relaxed);
-        info!("this node is in the cluster's model now");
+    if !agent.wait_until_in_model(&mut feed, shutdown.as_mut()).await {
+        return Ok(());
     }
     if agent.interfaces.attached_count() == 0 {
         bail!("the XDP program is attached to no interface: {}", agent.iface_problems.join("; "));
@@ -247,7 +229,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     // no agent ran go, with their rings), with every node presumed alive until the
     // heartbeats say otherwise.
     let (leave_tx, leave_rx) = watch::channel(None);
-    let (peer_settings_tx, mut peer_settings) = watch::channel(BTreeMap::new());
+    let (peer_settings_tx, peer_settings) = watch::channel(BTreeMap::new());
     let setup = liveness::Setup {
         me: agent.me.clone(),
         held,
@@ -264,82 +246,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     agent.owners_tx.send_replace(agent.membership.owners.clone());
     agent.reconcile(None);
     agent.metrics.ready.store(true, Ordering::Relaxed);
-
-    // Backends without a known MAC and services that did not fit are retried.
-    let mut retry = tokio::time::interval(Duration::from_secs(1));
-    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut resolve = tokio::time::interval(Duration::from_millis(250));
-    resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reload = tokio::time::interval(reload_interval);
-    // The key file (a mounted Secret is updated in place) is re-read for rotations.
-    let mut rekey = tokio::time::interval(Duration::from_secs(5));
-    // The host may be set up (or broken) after the agent starts. The status is
-    // rewritten then too: its timestamp tells `inspect` the agent is alive.
-    let mut host_check = tokio::time::interval(crate::status::REFRESH_INTERVAL);
-    let mut hup = unix::signal(unix::SignalKind::hangup())?;
-    loop {
-        tokio::select! {
-            Some(ev) = health_rx.recv() => {
-                // Drain what else is queued: one map update for a burst of changes,
-                // timed from the first change that counted.
-                let mut at = agent.take_health(ev);
-                while let Ok(more) = health_rx.try_recv() {
-                    at = at.or(agent.take_health(more));
-                }
-                if let Some(at) = at {
-                    agent.reconcile(Some(at));
-                }
-            }
-            Ok(()) = peer_settings.changed() => {
-                agent.peer_settings = peer_settings.borrow_and_update().clone();
-                agent.check_settings();
-            }
-            Ok(()) = members.changed() => {
-                let m = members.borrow_and_update().clone();
-                agent.take_membership(m);
-            }
-            Some(world) = next_world(&mut feed) => {
-                info!("the cluster's model changed; applying");
-                agent.status.config.generation += 1;
-                agent.adopt(Arc::new(world));
-                agent.reconcile(None);
-            }
-            _ = reload.tick(), if agent.config_file.is_some() => agent.reload(false),
-            _ = hup.recv(), if agent.config_file.is_some() => agent.reload(true),
-            _ = resolve.tick(), if !agent.unresolved.is_empty() => agent.reconcile(None),
-            _ = retry.tick(), if !agent.failed.is_empty() => agent.reconcile(None),
-            Some(text) = key_updates.next(&mut rekey) => {
-                if let Some(k) = keys.as_mut() {
-                    match k.update(text) {
-                        Ok(true) => info!("heartbeat keys changed: {}", key_updates.origin()),
-                        Ok(false) => {}
-                        Err(e) => warn!("heartbeat keys from {}: {e:#}; keeping the keys read before", key_updates.origin()),
-                    }
-                }
-            }
-            _ = host_check.tick() => {
-                agent.place();
-                agent.check_host();
-                agent.publish();
-            }
-            _ = &mut shutdown => break,
-        }
-    }
-    // Tell the peers: they take this node's VIPs at once (rather than after
-    // deadAfter of silence) and keep it a backend while the next agent starts, so
-    // that a rolling update breaks none of the connections it carries.
-    leave_tx.send_replace(Some(LEAVING_STAY));
-    // The liveness thread sends them, releases the VIPs peers take, and ends
-    // (its membership sender dropped): bounded, a stop must not hang.
-    let ended = tokio::time::timeout(Duration::from_millis(500), async { while members.changed().await.is_ok() {} }).await;
-    if ended.is_err() {
-        warn!("the liveness thread did not end within 500 ms of the stop");
-    }
-    // Program and maps stay: VIPs no peer took keep being answered until their
-    // deadline, so that an agent restarted within the hold time takes over
-    // without a gap; released ones keep balancing clients that still send here.
-    info!("stopping; the data path keeps running on the last state");
-    Ok(())
+    let inputs = serve::Inputs { feed, health, members, peer_settings, keys, key_updates, reload_interval, leave: leave_tx };
+    agent.serve(inputs, shutdown).await
 }
 
 impl Agent {
