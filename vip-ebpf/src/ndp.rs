@@ -43,6 +43,12 @@ struct NdPacket {
 
 /// The message before its options: 24 bytes.
 const ND_LEN: usize = core::mem::size_of::<NdMsg>();
+/// Where the answer's fields are, from the IPv6 header on (the Ethernet
+/// header's from its start).
+const SRC: usize = core::mem::offset_of!(Ipv6Hdr, src_addr);
+const DST: usize = core::mem::offset_of!(Ipv6Hdr, dst_addr);
+const TARGET: usize = IP6 + core::mem::offset_of!(NdMsg, target);
+const ETH_SRC: usize = core::mem::offset_of!(EthHdr, src_addr);
 /// The advertisement sent: ND_LEN and one target link-layer address option.
 const NA_LEN: usize = ND_LEN + 8;
 const NA_FLAG_SOLICITED: u8 = 0x40;
@@ -393,46 +399,57 @@ fn ndp_advertise<const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<V
         }
     }
     // The whole advertisement lies in the frame: the message and its option.
-    let p = ptr_at::<[u8; LEN]>(ctx, L2)?.cast::<NdPacket>();
-    let eth = eth_of::<L2>(p);
+    // Written at the headers' offsets as raw words: typed field writes let the
+    // compiler merge the two branches' stores and spill what they keep.
+    let p: *mut [u8; LEN] = ptr_at(ctx, L2)?;
     unsafe {
-        let src = addr_words(&raw const (*p).ip.src_addr);
-        let t = addr_words(&raw const (*p).nd.target);
-        let dad = src == (0, 0);
+        let p = p as *mut u8;
+        let eth = p.sub(L2);
+        let mac = (&raw const (*s).mac) as *const u8;
+        let (s0, s1) = addr_words(p.add(SRC).cast());
+        let t = addr_words(p.add(TARGET).cast());
+        let dad = s0 == 0 && s1 == 0;
         // Ethernet and IPv6 destinations: the solicitation's source, or all-nodes
         // (33:33:00:00:00:01, ff02::1) for duplicate address detection (7.2.4).
-        let dst = if dad {
-            mac_write(&raw mut (*eth).dst_addr, (u32::from_ne_bytes([0x33, 0x33, 0, 0]), u16::from_ne_bytes([0, 1])));
-            (u64::from_ne_bytes([0xff, 0x02, 0, 0, 0, 0, 0, 0]), u64::from_ne_bytes([0, 0, 0, 0, 0, 0, 0, 1]))
+        if dad {
+            write_unaligned(eth as *mut u32, u32::from_ne_bytes([0x33, 0x33, 0, 0]));
+            write_unaligned(eth.add(4) as *mut u16, u16::from_ne_bytes([0, 1]));
+            write_unaligned(p.add(DST) as *mut u64, u64::from_ne_bytes([0xff, 0x02, 0, 0, 0, 0, 0, 0]));
+            write_unaligned(p.add(DST + 8) as *mut u64, u64::from_ne_bytes([0, 0, 0, 0, 0, 0, 0, 1]));
         } else {
-            mac_write(&raw mut (*eth).dst_addr, mac_words(&raw const (*eth).src_addr));
-            src
-        };
-        addr_write(&raw mut (*p).ip.dst_addr, dst);
+            let src_lo = read_unaligned(eth.add(ETH_SRC) as *const u32);
+            let src_hi = read_unaligned(eth.add(ETH_SRC + 4) as *const u16);
+            write_unaligned(eth as *mut u32, src_lo);
+            write_unaligned(eth.add(4) as *mut u16, src_hi);
+            write_unaligned(p.add(DST) as *mut u64, s0);
+            write_unaligned(p.add(DST + 8) as *mut u64, s1);
+        }
         // Our MAC: the frame's source and the target link-layer address option.
-        let mac = mac_words(&raw const (*s).mac);
-        mac_write(&raw mut (*eth).src_addr, mac);
+        let mac_lo = read_unaligned(mac as *const u32);
+        let mac_hi = read_unaligned(mac.add(4) as *const u16);
+        write_unaligned(eth.add(ETH_SRC) as *mut u32, mac_lo);
+        write_unaligned(eth.add(ETH_SRC + 4) as *mut u16, mac_hi);
         // From the target (the VIP), which stays in place in the message.
-        addr_write(&raw mut (*p).ip.src_addr, t);
-        let ip = p.cast::<u8>();
-        write_unaligned(ip as *mut u32, u32::from_ne_bytes([0x60, 0, 0, 0]));
-        write_unaligned(ip.add(4) as *mut u32, u32::from_ne_bytes([0, NA_LEN as u8, IPPROTO_ICMPV6, 255]));
+        write_unaligned(p.add(SRC) as *mut u64, t.0);
+        write_unaligned(p.add(SRC + 8) as *mut u64, t.1);
+        write_unaligned(p as *mut u32, u32::from_ne_bytes([0x60, 0, 0, 0]));
+        write_unaligned(p.add(4) as *mut u32, u32::from_ne_bytes([0, NA_LEN as u8, IPPROTO_ICMPV6, 255]));
         let flags = if dad { NA_FLAG_OVERRIDE } else { NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE };
-        let icmp = (&raw mut (*p).nd.icmp).cast::<u8>();
+        let icmp = p.add(IP6);
         write_unaligned(icmp as *mut u32, u32::from_ne_bytes([ND_NEIGHBOR_ADVERT, 0, 0, 0]));
         write_unaligned(icmp.add(4) as *mut u32, u32::from_ne_bytes([flags, 0, 0, 0]));
-        // The target link-layer address option, right after the message.
-        let opt = p.add(1).cast::<u8>();
-        write_unaligned(opt as *mut u16, u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1]));
-        mac_write(opt.add(2).cast::<[u8; 6]>(), mac);
+        write_unaligned(icmp.add(ND_LEN) as *mut u16, u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1]));
+        write_unaligned(icmp.add(ND_LEN + 2) as *mut u32, mac_lo);
+        write_unaligned(icmp.add(ND_LEN + 6) as *mut u16, mac_hi);
         // The checksum, summed from the words just written rather than read back:
         // the pseudo-header (the target as source, the destination, the length
         // and next header), then the message.
+        let (d0, d1) = addr_words(p.add(DST).cast());
         let mut sum = csum_start(NA_LEN as u32);
-        sum = csum_add(csum_add(csum_add(csum_add(sum, t.0), t.1), dst.0), dst.1);
+        sum = csum_add(csum_add(csum_add(csum_add(sum, t.0), t.1), d0), d1);
         sum += u64::from(u32::from_ne_bytes([ND_NEIGHBOR_ADVERT, 0, 0, 0])) + u64::from(u32::from_ne_bytes([flags, 0, 0, 0]));
         sum = csum_add(csum_add(sum, t.0), t.1);
-        sum += u64::from(u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1])) + u64::from(mac.0) + u64::from(mac.1);
+        sum += u64::from(u16::from_ne_bytes([ND_OPT_TARGET_LL_ADDR, 1])) + u64::from(mac_lo) + u64::from(mac_hi);
         write_unaligned(icmp.add(2) as *mut u16, !csum_fold(sum));
     }
     Ok((xdp_action::XDP_TX, Reason::NdpAnswered))
