@@ -393,6 +393,68 @@ fn a_dead_node_leaves_every_ring_without_a_health_check() {
     lab.wait_rings_full(&all(&lab), Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
 }
 
+/// An agent SIGKILLed (a crash, an OOM kill, a container in back-off) leaves its
+/// node serving: the peers ask its health target once it is late, keep it a
+/// backend when that answers (its VIPs move all the same), and the connections
+/// it serves through VIPs other nodes hold live on, new ones still reach it.
+/// Its cable pulled then, it leaves every ring; back with its agent, a cable
+/// pulled while the agent runs takes it out as fast as before.
+#[test]
+fn a_killed_agents_node_stays_a_backend_while_it_serves_and_a_cut_one_leaves() {
+    let spec = HaSpec::default();
+    let dead_after = Duration::from_millis(spec.dead_after_ms);
+    let Some((_g, mut lab, owners)) = setup(spec) else { return };
+    let d = 2;
+    let name = lab.nodes[d].name.clone();
+    let rest = [0, 1];
+    // Connections d serves, through the VIPs the others hold.
+    let mut served = Vec::new();
+    for (k, v) in (0..3).map(|k| (k as u16, vip(k))) {
+        if owners[&v] == name {
+            continue;
+        }
+        for p in 0..12 {
+            let c = LongConn::open(&lab.client, v, 46000 + k * 100 + p, Duration::from_secs(2)).unwrap();
+            if c.backend == name {
+                served.push(c);
+            }
+        }
+    }
+    assert!(served.len() >= 3, "too few connections served by {name}: {}", served.len());
+    let before: Vec<Option<usize>> = rest.iter().map(|&i| services_with_backend(&lab, i, &name)).collect();
+    assert!(before.iter().all(|n| n.is_some_and(|n| n > 0)), "{before:?}");
+
+    lab.kill_agent(d);
+    let moved = lab.wait_converged(&rest, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert!(moved.values().all(|o| *o != name), "{name}'s VIPs did not move: {moved:?}");
+    std::thread::sleep(dead_after * 2);
+    let during: Vec<Option<usize>> = rest.iter().map(|&i| services_with_backend(&lab, i, &name)).collect();
+    assert_eq!(during, before, "{name} left rings while its node serves\n{}", lab.agent_logs());
+    ping_all(&mut served, "with its agent killed");
+    let reached = (0..30u16)
+        .filter(|&p| ask(&lab.client, vip((p % 3) as usize), 47000 + p, Duration::from_secs(2)).unwrap_or_else(|e| panic!("connection failed: {e:#}")) == name)
+        .count();
+    assert!(reached > 0, "no new connection reached {name}");
+
+    // Really gone now: out of every ring.
+    lab.seg.cable(&lab.nodes[d].ns, false).unwrap();
+    let left = vip_tests::halab::time_until(Duration::from_secs(3), || rest.iter().all(|&i| services_with_backend(&lab, i, &name) == Some(0)));
+    let took = left.unwrap_or_else(|| panic!("{name} still in rings 3 s after its cable was pulled\n{}", lab.agent_logs()));
+    eprintln!("{name} (agent killed, node serving) left every ring {took:?} after its cable was pulled");
+
+    lab.seg.cable(&lab.nodes[d].ns, true).unwrap();
+    lab.start_agent(d).unwrap();
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(5)).unwrap(), owners);
+    lab.wait_rings_full(&all(&lab), Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    // Its agent running, a pulled cable takes it out at deadAfter, asked or not.
+    lab.seg.cable(&lab.nodes[d].ns, false).unwrap();
+    let left = vip_tests::halab::time_until(Duration::from_secs(3), || rest.iter().all(|&i| services_with_backend(&lab, i, &name) == Some(0)));
+    let took = left.unwrap_or_else(|| panic!("{name} still in rings 3 s after its cable was pulled\n{}", lab.agent_logs()));
+    eprintln!("{name} (agent running) left every ring {took:?} after its cable was pulled (deadAfter {dead_after:?})");
+    assert!(took <= dead_after + Duration::from_millis(500), "took {took:?}");
+    lab.seg.cable(&lab.nodes[d].ns, true).unwrap();
+}
+
 #[test]
 fn a_restarted_agent_sweeps_services_deleted_while_it_was_down() {
     let Some((_g, mut lab, _)) = setup(HaSpec { vips: 6, ..Default::default() }) else { return };

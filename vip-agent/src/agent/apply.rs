@@ -38,7 +38,16 @@ impl Agent {
         let m = &self.membership;
         let want = desired(
             &self.world,
-            &Observed { me: &self.me, tracked: &m.tracked, live: &m.live, leaving: &m.leaving, health: &health, joining: &self.joining, macs: &self.macs },
+            &Observed {
+                me: &self.me,
+                tracked: &m.tracked,
+                live: &m.live,
+                leaving: &m.leaving,
+                serving: &self.serving,
+                health: &health,
+                joining: &self.joining,
+                macs: &self.macs,
+            },
         );
         self.unresolved = want.unresolved;
         for (a, d) in &want.services {

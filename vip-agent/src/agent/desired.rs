@@ -95,8 +95,11 @@ pub struct Observed<'a> {
     /// health check or not: its agent is gone, and so, most likely, the node...
     pub live: &'a BTreeSet<String>,
     /// ...unless its agent said it was leaving to restart: it stays a backend
-    /// (as its health check says) while its next agent starts.
+    /// (as its health check says) while its next agent starts...
     pub leaving: &'a BTreeSet<String>,
+    /// ...or its agent went silent while its node still answers its health
+    /// targets (`agent::silent`): crashed, killed or in back-off, not gone.
+    pub serving: &'a BTreeSet<String>,
     /// Probe state of each health target; absent = not probed yet = up.
     pub health: &'a BTreeMap<Target, bool>,
     /// Those down because they are joining (see `health::Thresholds`).
@@ -111,7 +114,8 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
         let (mut backends, mut absent, mut down) = (Vec::new(), Vec::new(), Vec::new());
         let mut all_joining = true;
         for node in world.backend_candidates(svc) {
-            if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) && !seen.leaving.contains(&node.name) {
+            let kept = seen.leaving.contains(&node.name) || seen.serving.contains(&node.name);
+            if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) && !kept {
                 absent.push(node.name.clone());
                 continue;
             }
@@ -261,8 +265,20 @@ services:
         // lb2's agent is dead: out in any case.
         let alive: BTreeSet<String> = live.iter().filter(|n| *n != "lb2").cloned().collect();
         let seen = |health: &BTreeMap<Target, bool>| {
-            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health, joining: &BTreeSet::new(), macs: &macs })
-                .services
+            desired(
+                &w,
+                &Observed {
+                    me: "lb1",
+                    tracked: &tracked,
+                    live: &alive,
+                    leaving: &BTreeSet::new(),
+                    serving: &BTreeSet::new(),
+                    health,
+                    joining: &BTreeSet::new(),
+                    macs: &macs,
+                },
+            )
+            .services
         };
         let web = seen(&health).into_values().next().unwrap();
         assert!(web.failing_open);
@@ -272,7 +288,20 @@ services:
         // the same backends, and no failure. One truly down among them: failing open.
         let targets: BTreeSet<Target> = health.keys().cloned().collect();
         let joined = |joining: &BTreeSet<Target>| {
-            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health: &health, joining, macs: &macs }).services
+            desired(
+                &w,
+                &Observed {
+                    me: "lb1",
+                    tracked: &tracked,
+                    live: &alive,
+                    leaving: &BTreeSet::new(),
+                    serving: &BTreeSet::new(),
+                    health: &health,
+                    joining,
+                    macs: &macs,
+                },
+            )
+            .services
         };
         let web = joined(&targets).into_values().next().unwrap();
         assert!(!web.failing_open);
@@ -290,7 +319,16 @@ services:
         w.services[0].no_healthy_backend = NoHealthyBackend::Drop;
         let seen = desired(
             &w,
-            &Observed { me: "lb1", tracked: &tracked, live: &alive, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+            &Observed {
+                me: "lb1",
+                tracked: &tracked,
+                live: &alive,
+                leaving: &BTreeSet::new(),
+                serving: &BTreeSet::new(),
+                health: &health,
+                joining: &BTreeSet::new(),
+                macs: &macs,
+            },
         )
         .services;
         let web = seen.into_values().next().unwrap();
@@ -341,7 +379,16 @@ services:
         assert_eq!(o.held, o.owners.iter().filter(|(_, o)| *o == "lb1").map(|(v, _)| *v).collect());
         let d = desired(
             &w,
-            &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+            &Observed {
+                me: "lb1",
+                tracked: &tracked,
+                live: &live,
+                leaving: &BTreeSet::new(),
+                serving: &BTreeSet::new(),
+                health: &health,
+                joining: &BTreeSet::new(),
+                macs: &macs,
+            },
         );
         assert_eq!(d.services.len(), 2, "one per port");
         let web = d.services.values().next().unwrap();
@@ -355,7 +402,16 @@ services:
         health.insert(Target { node: "b1".into(), addr: "198.18.0.11".parse().unwrap(), check }, false);
         let d = desired(
             &w,
-            &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+            &Observed {
+                me: "lb1",
+                tracked: &tracked,
+                live: &live,
+                leaving: &BTreeSet::new(),
+                serving: &BTreeSet::new(),
+                health: &health,
+                joining: &BTreeSet::new(),
+                macs: &macs,
+            },
         );
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
 
@@ -365,21 +421,36 @@ services:
         assert_eq!(ownership(&w, "lb1", &live).held.len(), 4);
         let d = desired(
             &w,
-            &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &BTreeSet::new(), health: &health, joining: &BTreeSet::new(), macs: &macs },
+            &Observed {
+                me: "lb1",
+                tracked: &tracked,
+                live: &live,
+                leaving: &BTreeSet::new(),
+                serving: &BTreeSet::new(),
+                health: &health,
+                joining: &BTreeSet::new(),
+                macs: &macs,
+            },
         );
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
         assert_eq!(health_targets(&w).len(), 4, "every candidate of the checked service");
 
         // lb2's agent left to restart: lb1 still owns every VIP, lb2 stays a
         // backend, unless its health check fails.
-        let leaving: BTreeSet<String> = ["lb2".to_owned()].into();
-        let d =
-            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, joining: &BTreeSet::new(), macs: &macs });
-        assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
-        let check = w.services[0].health.clone().unwrap();
-        health.insert(Target { node: "lb2".into(), addr: w.node("lb2").unwrap().addr, check }, false);
-        let d =
-            desired(&w, &Observed { me: "lb1", tracked: &tracked, live: &live, leaving: &leaving, health: &health, joining: &BTreeSet::new(), macs: &macs });
-        assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
+        // So does a silent one whose node still answers its health targets
+        // (crashed, killed, in back-off): the same two cases.
+        let lb2: BTreeSet<String> = ["lb2".to_owned()].into();
+        let none = BTreeSet::new();
+        for (leaving, serving) in [(&lb2, &none), (&none, &lb2)] {
+            let mut health = health.clone();
+            let seen = |health: &BTreeMap<Target, bool>| -> Vec<String> {
+                let o = Observed { me: "lb1", tracked: &tracked, live: &live, leaving, serving, health, joining: &BTreeSet::new(), macs: &macs };
+                names(desired(&w, &o).services.values().next().unwrap()).into_iter().map(str::to_owned).collect()
+            };
+            assert_eq!(seen(&health), ["b2", "lb1", "lb2"], "leaving {leaving:?}, serving {serving:?}");
+            let check = w.services[0].health.clone().unwrap();
+            health.insert(Target { node: "lb2".into(), addr: w.node("lb2").unwrap().addr, check }, false);
+            assert_eq!(seen(&health), ["b2", "lb1"], "leaving {leaving:?}, serving {serving:?}, its check down");
+        }
     }
 }

@@ -20,6 +20,7 @@ mod options;
 mod publish;
 mod record;
 mod serve;
+mod silent;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -88,6 +89,10 @@ struct Agent {
     macs: BTreeMap<String, [u8; 6]>,
     /// The liveness thread's latest decision (live set, owners, held VIPs).
     membership: Membership,
+    /// Asks silent peers' health targets whether their nodes still serve.
+    silent: silent::SilentChecks,
+    /// Silent peers whose nodes answered: backends still (see `silent`).
+    serving: BTreeSet<String>,
     /// VIP → owner as this node sees it, for the controller (pool status, Events).
     owners_tx: watch::Sender<BTreeMap<IpAddr, String>>,
     /// VIP → its service-ports not programmed, for the controller (pool condition, Events).
@@ -163,6 +168,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     crate::route_guard::spawn(guard_rx)?;
 
     let (health_tx, health) = mpsc::unbounded_channel();
+    let (serving_tx, serving) = mpsc::unbounded_channel();
     let status_json = Arc::new(Mutex::new("{}".to_owned()));
     if let Some(addr) = metrics_addr {
         let bound = crate::http::serve(addr, &mut metrics, pin_dir.clone(), status_json.clone(), Duration::from_secs(10)).await?;
@@ -190,6 +196,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         monitor: health::Monitor::new(health_tx),
         macs: BTreeMap::new(),
         membership: Membership::default(),
+        silent: silent::SilentChecks::new(serving_tx),
+        serving: BTreeSet::new(),
         owners_tx,
         unprogrammed_tx,
         unheld_tx,
@@ -246,13 +254,31 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     agent.owners_tx.send_replace(agent.membership.owners.clone());
     agent.reconcile(None);
     agent.metrics.ready.store(true, Ordering::Relaxed);
-    let inputs = serve::Inputs { feed, health, members, peer_settings, keys, key_updates, reload_interval, leave: leave_tx };
+    let inputs = serve::Inputs { feed, health, serving, members, peer_settings, keys, key_updates, reload_interval, leave: leave_tx };
     agent.serve(inputs, shutdown).await
 }
 
 impl Agent {
     /// Records a probe task's health change; when it counted, the moment it
     /// happened (a stopped task's is dropped, see [`health::Monitor::current`]).
+    /// A silent peer's node answered its health targets, or stopped answering:
+    /// it stays a backend, or leaves the rings (see `silent`).
+    fn take_serving(&mut self, a: silent::Answer) {
+        // A late answer about a peer heard again since is moot.
+        if !self.membership.silent.contains(&a.node) {
+            return;
+        }
+        let changed = if a.serving { self.serving.insert(a.node.clone()) } else { self.serving.remove(&a.node) };
+        if changed {
+            if a.serving {
+                info!(node = %a.node, "silent peer's node answers its health targets: it stays a backend while its agent is away");
+            } else {
+                warn!(node = %a.node, "silent peer's node no longer answers its health targets");
+            }
+            self.reconcile(None);
+        }
+    }
+
     fn take_health(&mut self, ev: HealthChange) -> Option<Instant> {
         if !self.monitor.current(&ev) {
             return None;
@@ -376,9 +402,14 @@ impl Agent {
     fn take_membership(&mut self, m: Membership) {
         let live_changed = (&m.tracked, &m.live) != (&self.membership.tracked, &self.membership.live);
         self.owners_tx.send_if_modified(|cur| liveness::replace_if_changed(cur, &m.owners));
+        self.silent.sync(&m.silent, &self.world);
+        // A peer heard again is alive, or leaving: asked no more.
+        let was = self.serving.len();
+        self.serving.retain(|n| m.silent.contains(n));
+        let serving_changed = self.serving.len() != was;
         self.membership = m;
         self.tell_unheld();
-        if live_changed {
+        if live_changed || serving_changed {
             self.reconcile(None);
         } else {
             self.publish();

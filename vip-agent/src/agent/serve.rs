@@ -29,6 +29,8 @@ pub(super) struct Inputs {
     pub(super) feed: Feed,
     /// The probe tasks' health changes.
     pub(super) health: mpsc::UnboundedReceiver<HealthChange>,
+    /// What silent peers' health targets answered (`silent`).
+    pub(super) serving: mpsc::UnboundedReceiver<super::silent::Answer>,
     /// The liveness thread's decisions; closed once it has ended.
     pub(super) members: watch::Receiver<Membership>,
     /// Each peer's cluster-wide settings, as its heartbeats carry them.
@@ -83,7 +85,7 @@ impl Agent {
     /// completes, then tells the peers this node leaves and returns, leaving the
     /// data path running on the last state.
     pub(super) async fn serve(mut self, inputs: Inputs, mut shutdown: Pin<&mut impl Future<Output = ()>>) -> Result<()> {
-        let Inputs { mut feed, mut health, mut members, mut peer_settings, mut keys, mut key_updates, reload_interval, leave } = inputs;
+        let Inputs { mut feed, mut health, mut serving, mut members, mut peer_settings, mut keys, mut key_updates, reload_interval, leave } = inputs;
         // Backends without a known MAC and services that did not fit are retried.
         let mut retry = tokio::time::interval(Duration::from_secs(1));
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -109,6 +111,7 @@ impl Agent {
                         self.reconcile(Some(at));
                     }
                 }
+                Some(a) = serving.recv() => self.take_serving(a),
                 Ok(()) = peer_settings.changed() => {
                     self.peer_settings = peer_settings.borrow_and_update().clone();
                     self.check_settings();

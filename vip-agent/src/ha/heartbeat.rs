@@ -219,7 +219,10 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                     tracing::warn!("liveness loop stalled: not sending heartbeats");
                     stalled();
                 }
-                table.expire(Instant::now())
+                let now = Instant::now();
+                let mut ev = table.expire(now);
+                ev.extend(table.mark_late(now));
+                ev
             }
             r = sock.recv_from(&mut buf) => {
                 let now = Instant::now();
@@ -261,6 +264,7 @@ async fn heartbeat_loop(sock: UdpSocket, o: Options, mut table: PeerTable, tx: w
                     Err(e) => tracing::debug!(error = %e, "heartbeat receive error"),
                 }
                 ev.extend(table.expire(now));
+                ev.extend(table.mark_late(now));
                 ev
             }
         };

@@ -90,6 +90,7 @@ impl Liveness {
             tracked: self.tracked.clone(),
             live: self.live.clone(),
             leaving: self.leaving.clone(),
+            silent: self.silent.clone(),
             owners: o.owners,
             held: o.held,
             on_lo: o.on_lo,

@@ -116,6 +116,7 @@ impl Liveness {
                 Ok(rx) => {
                     self.live = rx.borrow().live.clone();
                     self.leaving = rx.borrow().leaving.clone();
+                    self.silent = rx.borrow().silent.clone();
                     info!(bind = %want.bind, peers = want.peers.len(), "heartbeats running");
                     self.heartbeat = Some((want, rx));
                     return;

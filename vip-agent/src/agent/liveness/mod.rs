@@ -56,6 +56,10 @@ pub struct Membership {
     /// Those of `tracked` whose agent left to restart: not alive (their VIPs went
     /// to others), still backends for a while (`heartbeat::Heartbeat::leaving_ms`).
     pub leaving: BTreeSet<String>,
+    /// Those of `tracked` silent without having said they leave, alive or not
+    /// (`heartbeat::PeerSets::silent`): whether their node still serves is asked
+    /// of their health targets (`agent::silent`).
+    pub silent: BTreeSet<String>,
     pub owners: BTreeMap<IpAddr, String>,
     pub held: BTreeSet<IpAddr>,
     pub on_lo: BTreeSet<IpAddr>,
@@ -166,6 +170,7 @@ struct Liveness {
     tracked: BTreeSet<String>,
     live: BTreeSet<String>,
     leaving: BTreeSet<String>,
+    silent: BTreeSet<String>,
     /// What is written to `arp_held`: VIP → how it is announced, and the ifindex
     /// it is held under.
     held: plan::Held,
@@ -217,6 +222,7 @@ impl Liveness {
             tracked: BTreeSet::new(),
             live: BTreeSet::new(),
             leaving: BTreeSet::new(),
+            silent: BTreeSet::new(),
             held: BTreeMap::new(),
             owners: BTreeMap::new(),
             deadline: 0,
@@ -315,6 +321,13 @@ impl Liveness {
                     }
                 }
                 Some(sets) = next_live(&mut self.heartbeat) => {
+                    // A peer late or heard again changes no holder: told as it is.
+                    self.silent = sets.silent;
+                    if (&sets.live, &sets.leaving) == (&self.live, &self.leaving) {
+                        let silent = &self.silent;
+                        self.out.send_if_modified(|m| replace_if_changed(&mut m.silent, silent));
+                        continue;
+                    }
                     info!(live = ?sets.live, leaving = ?sets.leaving, "live nodes changed");
                     let back: Vec<IpAddr> = sets.live.difference(&self.live).filter_map(|n| self.world.node(n)).map(|n| n.addr).collect();
                     self.resolve(back);

@@ -25,6 +25,15 @@ pub enum Event {
     Gone {
         node: String,
     },
+    /// Silent for half of `dead_after` (not leaving): whether its node still
+    /// serves is worth asking before it is declared dead (see [`PeerSets::silent`]).
+    Late {
+        node: String,
+    },
+    /// Heard again after [`Event::Late`] without having been declared dead.
+    OnTime {
+        node: String,
+    },
 }
 
 #[derive(Debug)]
@@ -35,6 +44,8 @@ struct Peer {
     alive: bool,
     /// Left (a stopping agent's last heartbeat): a backend until then.
     leaving_until: Option<Instant>,
+    /// Silent for half of `dead_after` or more (and not leaving), until heard.
+    late: bool,
 }
 
 /// Pure liveness state for the other agents. Time is passed in, never read.
@@ -66,7 +77,7 @@ impl PeerTable {
     pub fn observe(&mut self, node: &str, incarnation: u64, seq: u64, now: Instant) -> Seen {
         let up = Some(Event::Up { node: node.to_owned(), incarnation });
         let Some(p) = self.peers.get_mut(node) else {
-            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true, leaving_until: None });
+            self.peers.insert(node.to_owned(), Peer { incarnation, seq, last_seen: now, alive: true, leaving_until: None, late: false });
             return Seen::Fresh(up);
         };
         if incarnation < p.incarnation || (incarnation == p.incarnation && seq <= p.seq) {
@@ -82,8 +93,9 @@ impl PeerTable {
         }
         p.seq = seq;
         p.last_seen = now;
+        let was_late = std::mem::take(&mut p.late);
         if p.alive {
-            return Seen::Fresh(None);
+            return Seen::Fresh(was_late.then(|| Event::OnTime { node: node.to_owned() }));
         }
         p.alive = true;
         p.leaving_until = None;
@@ -107,6 +119,7 @@ impl PeerTable {
         p.seq = seq;
         p.last_seen = now;
         p.alive = false;
+        p.late = false;
         p.leaving_until = Some(now + stay);
         Seen::Fresh(Some(Event::Leaving { node: node.to_owned() }))
     }
@@ -116,7 +129,7 @@ impl PeerTable {
     /// not grab their VIPs before their first heartbeats can arrive. Incarnation 0
     /// is "unknown": the first real heartbeat replaces it.
     pub fn presume(&mut self, node: &str, now: Instant) {
-        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, leaving_until: None });
+        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, leaving_until: None, late: false });
     }
 
     /// After this agent itself was not running (stopped, starved), silence from
@@ -155,11 +168,29 @@ impl PeerTable {
         self.peers.iter().filter(|(_, p)| p.leaving_until.is_some()).map(|(n, _)| n.clone()).collect()
     }
 
+    /// Marks peers silent for half of `dead_after` or more, alive or dead, that
+    /// are not leaving as late (see [`PeerSets::silent`]); their events.
+    pub fn mark_late(&mut self, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        for (node, p) in &mut self.peers {
+            if !p.late && p.leaving_until.is_none() && now.saturating_duration_since(p.last_seen) >= self.dead_after / 2 {
+                p.late = true;
+                events.push(Event::Late { node: node.clone() });
+            }
+        }
+        events
+    }
+
+    /// Names of the peers late or dead and not leaving (see [`PeerSets::silent`]).
+    pub fn silent(&self) -> BTreeSet<String> {
+        self.peers.iter().filter(|(_, p)| p.late).map(|(n, _)| n.clone()).collect()
+    }
+
     /// What the heartbeat task publishes, with `me` alive.
     pub(super) fn peer_sets(&self, me: &str) -> PeerSets {
         let mut live = self.live();
         live.insert(me.to_owned());
-        PeerSets { live, leaving: self.leaving() }
+        PeerSets { live, leaving: self.leaving(), silent: self.silent() }
     }
 }
 
@@ -170,4 +201,9 @@ impl PeerTable {
 pub struct PeerSets {
     pub live: BTreeSet<String>,
     pub leaving: BTreeSet<String>,
+    /// Peers silent for half of `dead_after` or more that did not say they were
+    /// leaving, alive still or already dead: their agent may have crashed while
+    /// their node serves on, which the agent asks their health targets
+    /// (`agent::silent`) before they are declared dead.
+    pub silent: BTreeSet<String>,
 }

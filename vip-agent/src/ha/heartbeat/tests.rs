@@ -476,3 +476,29 @@ async fn three_agents_see_each_other_drop_and_readmit_a_stopped_one() {
     wait_for(&mut a, &all, Duration::from_secs(1)).await;
     wait_for(&mut c, &all, Duration::from_secs(1)).await;
 }
+
+#[test]
+fn a_peer_silent_for_half_of_dead_after_is_late_until_heard_and_a_leaving_one_never() {
+    let t0 = Instant::now();
+    let ms = |m: u64| t0 + Duration::from_millis(m);
+    let mut t = PeerTable::new(DEAD);
+    t.observe("a", 7, 1, t0);
+    t.observe("b", 7, 1, t0);
+    assert!(t.mark_late(ms(1499)).is_empty());
+    assert_eq!(t.mark_late(ms(1500)), vec![Event::Late { node: "a".into() }, Event::Late { node: "b".into() }]);
+    // Reported once; still alive, and silent, until declared dead.
+    assert!(t.mark_late(ms(2000)).is_empty());
+    assert_eq!(t.silent(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+    assert_eq!(t.live().len(), 2);
+    // b heard in time: no longer silent. a dead: silent still.
+    assert_eq!(t.observe("b", 7, 2, ms(2500)), Seen::Fresh(Some(Event::OnTime { node: "b".into() })));
+    assert_eq!(t.expire(ms(3000)), vec![Event::Down { node: "a".into() }]);
+    assert_eq!(t.silent(), BTreeSet::from(["a".to_owned()]));
+    // A restart (a new incarnation) ends it.
+    assert_eq!(t.observe("a", 8, 1, ms(4000)), up("a", 8));
+    assert!(t.silent().is_empty());
+    // A leaving peer stays out of it: it said it stops, and is a backend anyway.
+    t.observe_leaving("b", 7, 3, Duration::from_secs(30), ms(4000));
+    assert!(t.mark_late(ms(9000)).iter().all(|e| *e != Event::Late { node: "b".into() }));
+    assert!(!t.silent().contains("b"));
+}
