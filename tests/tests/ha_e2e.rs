@@ -842,4 +842,10 @@ fn agents_whose_cluster_settings_differ_are_reported_until_they_agree() {
             .unwrap_or_else(|| panic!("node {i} after the shared settings came back: {:?}", mismatch(&lab, i)));
         assert_eq!(metric(&lab.metrics(i), "vip_settings_mismatched_peers"), Some(0.0), "node {i}");
     }
+    // Each agent's release, as its heartbeats say, in every status: the same here.
+    let versions = |i: usize| -> Vec<Option<String>> { lab.status(i).map(|s| s.nodes.into_iter().map(|n| n.version).collect()).unwrap_or_default() };
+    for i in 0..3 {
+        let want = vec![Some(env!("CARGO_PKG_VERSION").to_owned()); 3];
+        wait_for(Duration::from_secs(5), || (versions(i) == want).then_some(())).unwrap_or_else(|| panic!("node {i}: versions {:?}", versions(i)));
+    }
 }

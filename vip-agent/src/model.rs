@@ -277,12 +277,31 @@ pub fn cluster_settings(w: &World) -> String {
     .join(" ")
 }
 
+/// This agent's release (the workspace's version: the image's tag, the
+/// changelog's heading).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What the heartbeats carry: [`cluster_settings`] and this agent's [`VERSION`],
+/// which peers show in their status (a mixed-version cluster during an upgrade)
+/// but do not compare.
+pub fn announced_settings(w: &World) -> String {
+    format!("{} version={VERSION}", cluster_settings(w))
+}
+
+/// The version in a peer's [`announced_settings`]; None from an agent of before
+/// (0.1.0 and earlier send none).
+pub fn version_of(announced: &str) -> Option<&str> {
+    announced.split_whitespace().find_map(|w| w.strip_prefix("version="))
+}
+
 /// The settings of [`cluster_settings`] texts that differ, as (name, here,
 /// there): only those both name, so that an agent of another version, with more
-/// or fewer settings, is compared on what both have.
+/// or fewer settings, is compared on what both have. The version is no setting:
+/// agents of two releases run side by side during an upgrade.
 pub fn settings_differing(here: &str, there: &str) -> Vec<(String, String, String)> {
-    let words =
-        |t: &str| -> BTreeMap<String, String> { t.split_whitespace().filter_map(|w| w.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect() };
+    let words = |t: &str| -> BTreeMap<String, String> {
+        t.split_whitespace().filter_map(|w| w.split_once('=')).filter(|(k, _)| *k != "version").map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
+    };
     let (here, there) = (words(here), words(there));
     here.into_iter().filter_map(|(k, h)| there.get(&k).filter(|t| **t != h).map(|t| (k, h, t.clone()))).collect()
 }
@@ -377,5 +396,10 @@ mod tests {
         // Another version's settings: compared on the names both have.
         assert_eq!(settings_differing(&here, "deadAfter=300ms newSetting=x maglevSeed=1"), [("maglevSeed".into(), "0".into(), "1".into())]);
         assert!(settings_differing(&here, "").is_empty(), "an agent that sends none");
+        // The version travels with them, and is shown, not compared.
+        let announced = announced_settings(&w);
+        assert_eq!(version_of(&announced), Some(VERSION));
+        assert!(settings_differing(&announced, &announced.replace(&format!("version={VERSION}"), "version=0.0.1")).is_empty());
+        assert_eq!(version_of(&here), None, "an agent of before sends no version");
     }
 }

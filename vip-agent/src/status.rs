@@ -87,6 +87,10 @@ pub struct NodeStatus {
     pub addr: IpAddr,
     /// None: not resolved yet (the node is in no ring until it is).
     pub mac: Option<String>,
+    /// The release of the node's agent: this one's, a peer's as its heartbeats
+    /// said; None for a peer not heard yet or of a release that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// One probe target: a node under one health check. Services sharing a check share

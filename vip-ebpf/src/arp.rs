@@ -7,7 +7,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use network_types::arp::ArpHdr;
-use vip_common::{ArpHeldKey, HeldVip, ArpWatch, Reason, ARP_WATCH_MACS, HELD_NO_ARP};
+use vip_common::{ArpHeldKey, ArpWatch, HeldVip, Reason, ARP_WATCH_MACS, HELD_NO_ARP};
 
 use crate::{
     maps::{arp_conflicts, arp_held, arp_watch, held4_slot, lookup_at, Scratch},

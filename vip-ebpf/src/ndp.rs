@@ -359,11 +359,7 @@ fn nd_parse<const L2: usize>(ctx: &XdpContext, s: *mut Scratch, ifindex: u32) ->
         }
         // What it claims: the target link-layer address option's MAC, else the
         // frame's source.
-        let (lo, hi) = if o & OPT_TLLA != 0 {
-            ((o >> 16) as u32, (o >> 48) as u16)
-        } else {
-            mac_words(unsafe { &raw const (*eth_of::<L2>(p)).src_addr })
-        };
+        let (lo, hi) = if o & OPT_TLLA != 0 { ((o >> 16) as u32, (o >> 48) as u16) } else { mac_words(unsafe { &raw const (*eth_of::<L2>(p)).src_addr }) };
         mac_write(unsafe { &raw mut (*s).mac }, (lo, hi));
         return Ok(Ok(true));
     }

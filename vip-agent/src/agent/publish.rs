@@ -78,7 +78,16 @@ impl Agent {
             .world
             .nodes
             .iter()
-            .map(|n| NodeStatus { node: n.name.clone(), addr: n.addr, mac: n.mac.or_else(|| self.macs.get(&n.name).copied()).map(|m| Mac(m).to_string()) })
+            .map(|n| NodeStatus {
+                node: n.name.clone(),
+                addr: n.addr,
+                mac: n.mac.or_else(|| self.macs.get(&n.name).copied()).map(|m| Mac(m).to_string()),
+                version: if n.name == self.me {
+                    Some(crate::model::VERSION.to_owned())
+                } else {
+                    self.peer_settings.get(&n.name).and_then(|s| crate::model::version_of(s)).map(str::to_owned)
+                },
+            })
             .collect();
         s.health.clear();
         let mut healthy_now = Vec::new();

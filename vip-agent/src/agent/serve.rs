@@ -115,6 +115,8 @@ impl Agent {
                 Ok(()) = peer_settings.changed() => {
                     self.peer_settings = peer_settings.borrow_and_update().clone();
                     self.check_settings();
+                    // The peers' versions in the status.
+                    self.publish();
                 }
                 Ok(()) = members.changed() => {
                     let m = members.borrow_and_update().clone();

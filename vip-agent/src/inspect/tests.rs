@@ -6,8 +6,8 @@ fn status(updated_unix_ms: u64) -> Status {
         node: "n1".into(),
         updated_unix_ms,
         nodes: vec![
-            NodeStatus { node: "n1".into(), addr: "198.18.0.11".parse().unwrap(), mac: None },
-            NodeStatus { node: "n2".into(), addr: "198.18.0.12".parse().unwrap(), mac: None },
+            NodeStatus { node: "n1".into(), addr: "198.18.0.11".parse().unwrap(), mac: None, version: None },
+            NodeStatus { node: "n2".into(), addr: "198.18.0.12".parse().unwrap(), mac: None, version: None },
         ],
         services: vec![ServiceStatus {
             name: "shop/web".into(),

@@ -75,7 +75,7 @@ impl Liveness {
             self.live = BTreeSet::new();
             return;
         };
-        self.settings.send_if_modified(|cur| replace_if_changed(cur, &crate::model::cluster_settings(&self.world)));
+        self.settings.send_if_modified(|cur| replace_if_changed(cur, &crate::model::announced_settings(&self.world)));
         let peers: Vec<(String, SocketAddr)> =
             self.world.holders().into_iter().filter(|n| n.name != me).map(|n| (n.name.clone(), SocketAddr::from((n.addr, f.heartbeat_port)))).collect();
         // Peers the running task has seen go down stay down in its replacement
