@@ -12,6 +12,10 @@
 //! `externalTrafficPolicy: Local` and its EndpointSlice changes move every agent's
 //! ring to the nodes with endpoints.
 //!
+//! Bad pools applied beside the working one (a non-prime `tableSize`, an overlap),
+//! each asked for by a Service: they say why in their conditions, nothing of them is
+//! allocated or answered, and the working VIP keeps its owner and serves.
+//!
 //! The VIP's VipStatus names its holder, interface and backends (which follow the
 //! rings), `kubectl get vipstatuses` shows them in columns (real server); after the
 //! holder's agent stops, it names the new holder within seconds; a VIP that leaves
@@ -52,6 +56,7 @@ fn service_gets_a_vip_that_answers_and_spreads_over_the_nodes() {
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
     let mut kl = KubeLab::start(spec(), lab_exe()).unwrap();
     scenario(&kl);
+    bad_pools_beside_a_good_one(&kl);
     arp_conflict(&kl);
     excluded(&mut kl);
     failover_and_release(&mut kl);
@@ -88,6 +93,71 @@ fn real_api_server_vip_answers_spreads_and_rides_out_an_api_outage() {
 }
 
 /// The lab, its agents checking who answers ARP for each VIP every second.
+/// Bad pools applied beside the working one, on running agents: one whose
+/// `tableSize` is no prime (the schema's range admits it), one overlapping the
+/// working pool, each asked for by a Service. The working VIP stays held by its
+/// owner and answered; nothing of the bad pools is allocated or answered; each
+/// says why in its conditions, naming the field; deleted, they leave the working
+/// pool as it was.
+fn bad_pools_beside_a_good_one(kl: &KubeLab) {
+    let (lab, api) = (&kl.lab, &kl.api);
+    let all: Vec<usize> = (0..lab.nodes.len()).collect();
+    let owners = lab.wait_converged_on(&all, 1, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let pool = |name: &str, addresses: String, table: u32| {
+        json!({
+            "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": name },
+            "spec": { "addresses": [addresses], "nodeSelector": { "lab": "yes" }, "tableSize": table }
+        })
+    };
+    api.insert("vippools.vip.dev", pool("bad-table", format!("{}-{}", vip(4), vip(5)), 252)).unwrap();
+    api.insert("vippools.vip.dev", pool("overlap", format!("{}-{}", vip(2), vip(3)), 251)).unwrap();
+    for (svc, pool) in [("asks-bad-table", "bad-table"), ("asks-overlap", "overlap")] {
+        let s = json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": { "name": svc, "namespace": "shop", "annotations": { "vip.dev/pool": pool } },
+            "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Cluster", "ports": [{ "port": 80, "protocol": "TCP" }] }
+        });
+        api.insert("services", s).unwrap();
+    }
+    for (name, reason, says) in [("bad-table", "InvalidSpec", "spec.tableSize"), ("overlap", "Overlap", "spec.addresses")] {
+        let ready = || -> Option<serde_json::Value> {
+            let p = api.get("vippools.vip.dev", None, name)?;
+            p["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready").cloned()
+        };
+        let said = wait_for(Duration::from_secs(10), || {
+            ready().filter(|c| c["status"] == "False" && c["reason"] == reason && c["message"].as_str().is_some_and(|m| m.contains(says)))
+        });
+        assert!(said.is_some(), "VipPool {name}'s Ready: {:?}\n{}", ready(), lab.agent_logs());
+    }
+    // The working VIP: the same owner, answered by it, connections served.
+    assert_eq!(lab.wait_converged_on(&all, 1, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs())), owners);
+    let v = vip(0);
+    assert_eq!(lab.client_neigh(v), Some(lab.nodes[lab.index_of(&owners[&v])].mac));
+    for p in 0..10 {
+        ask(&lab.client, v, 46500 + p, Duration::from_secs(2)).unwrap_or_else(|e| panic!("the working VIP beside bad pools: {e:#}"));
+    }
+    // Nothing of the bad ones: no address for their Services, none answered.
+    for svc in ["asks-bad-table", "asks-overlap"] {
+        let got = api.get("services", Some("shop"), svc).unwrap();
+        assert!(got["status"]["loadBalancer"]["ingress"].as_array().is_none_or(|i| i.is_empty()), "{svc} got an address from a bad pool: {got}");
+    }
+    for a in [vip(3), vip(4), vip(5)] {
+        let (answered, out) = vip_tests::netns::arping(&lab.client, "eth0", a);
+        assert!(!answered, "{a} of a bad pool answered:\n{out}");
+    }
+    for svc in ["asks-bad-table", "asks-overlap"] {
+        api.delete("services", Some("shop"), svc).unwrap();
+    }
+    for name in ["bad-table", "overlap"] {
+        api.delete("vippools.vip.dev", None, name).unwrap();
+    }
+    let lab_ready = wait_for(Duration::from_secs(10), || {
+        let p = api.get("vippools.vip.dev", None, "lab")?;
+        p["status"]["conditions"].as_array()?.iter().any(|c| c["type"] == "Ready" && c["status"] == "True").then_some(())
+    });
+    assert!(lab_ready.is_some(), "{:?}", api.get("vippools.vip.dev", None, "lab"));
+    assert_eq!(lab.wait_converged_on(&all, 1, Duration::from_secs(10)).unwrap(), owners);
+}
+
 fn spec() -> HaSpec {
     HaSpec { arp_check_ms: Some(1000), ..HaSpec::default() }
 }
