@@ -264,22 +264,7 @@ services:
         let mut health: BTreeMap<Target, bool> = w.nodes.iter().map(|n| (Target { node: n.name.clone(), addr: n.addr, check: check.clone() }, false)).collect();
         // lb2's agent is dead: out in any case.
         let alive: BTreeSet<String> = live.iter().filter(|n| *n != "lb2").cloned().collect();
-        let seen = |health: &BTreeMap<Target, bool>| {
-            desired(
-                &w,
-                &Observed {
-                    me: "lb1",
-                    tracked: &tracked,
-                    live: &alive,
-                    leaving: &BTreeSet::new(),
-                    serving: &BTreeSet::new(),
-                    health,
-                    joining: &BTreeSet::new(),
-                    macs: &macs,
-                },
-            )
-            .services
-        };
+        let seen = |health: &BTreeMap<Target, bool>| desired(&w, &observed(&tracked, &alive, health, &macs)).services;
         let web = seen(&health).into_values().next().unwrap();
         assert!(web.failing_open);
         assert_eq!(names(&web), ["b1", "b2", "lb1"], "every alive candidate, down as they are");
@@ -287,22 +272,7 @@ services:
         // Down only because they are joining (a new Service's first endpoints):
         // the same backends, and no failure. One truly down among them: failing open.
         let targets: BTreeSet<Target> = health.keys().cloned().collect();
-        let joined = |joining: &BTreeSet<Target>| {
-            desired(
-                &w,
-                &Observed {
-                    me: "lb1",
-                    tracked: &tracked,
-                    live: &alive,
-                    leaving: &BTreeSet::new(),
-                    serving: &BTreeSet::new(),
-                    health: &health,
-                    joining,
-                    macs: &macs,
-                },
-            )
-            .services
-        };
+        let joined = |joining: &BTreeSet<Target>| desired(&w, &Observed { joining, ..observed(&tracked, &alive, &health, &macs) }).services;
         let web = joined(&targets).into_values().next().unwrap();
         assert!(!web.failing_open);
         assert_eq!(names(&web), ["b1", "b2", "lb1"]);
@@ -317,20 +287,7 @@ services:
         // Drop: every backend down means an empty ring.
         health.insert(Target { node: "b2".into(), addr: w.node("b2").unwrap().addr, check }, false);
         w.services[0].no_healthy_backend = NoHealthyBackend::Drop;
-        let seen = desired(
-            &w,
-            &Observed {
-                me: "lb1",
-                tracked: &tracked,
-                live: &alive,
-                leaving: &BTreeSet::new(),
-                serving: &BTreeSet::new(),
-                health: &health,
-                joining: &BTreeSet::new(),
-                macs: &macs,
-            },
-        )
-        .services;
+        let seen = desired(&w, &observed(&tracked, &alive, &health, &macs)).services;
         let web = seen.into_values().next().unwrap();
         assert!(!web.failing_open && web.spec.backends.is_empty());
         assert_eq!(web.spec.absent, ["b1", "b2", "lb1", "lb2"]);
@@ -361,6 +318,19 @@ services:
         );
     }
 
+    static NO_NODES: BTreeSet<String> = BTreeSet::new();
+    static NO_TARGETS: BTreeSet<Target> = BTreeSet::new();
+
+    /// What lb1 sees: nobody leaving, serving while silent or joining.
+    fn observed<'a>(
+        tracked: &'a BTreeSet<String>,
+        live: &'a BTreeSet<String>,
+        health: &'a BTreeMap<Target, bool>,
+        macs: &'a BTreeMap<String, [u8; 6]>,
+    ) -> Observed<'a> {
+        Observed { me: "lb1", tracked, live, leaving: &NO_NODES, serving: &NO_NODES, health, joining: &NO_TARGETS, macs }
+    }
+
     fn names(d: &DesiredService) -> Vec<&str> {
         d.spec.backends.iter().map(|b| b.name.as_str()).collect()
     }
@@ -377,19 +347,7 @@ services:
         assert_eq!(o.owners.values().filter(|o| *o == "lb1").count(), 2, "4 VIPs over 2 eligible nodes");
         assert!(o.owners.values().all(|o| o == "lb1" || o == "lb2"), "only eligible nodes own");
         assert_eq!(o.held, o.owners.iter().filter(|(_, o)| *o == "lb1").map(|(v, _)| *v).collect());
-        let d = desired(
-            &w,
-            &Observed {
-                me: "lb1",
-                tracked: &tracked,
-                live: &live,
-                leaving: &BTreeSet::new(),
-                serving: &BTreeSet::new(),
-                health: &health,
-                joining: &BTreeSet::new(),
-                macs: &macs,
-            },
-        );
+        let d = desired(&w, &observed(&tracked, &live, &health, &macs));
         assert_eq!(d.services.len(), 2, "one per port");
         let web = d.services.values().next().unwrap();
         assert_eq!(names(web), ["b1", "lb1", "lb2"], "b2 has no MAC yet");
@@ -400,38 +358,14 @@ services:
         let macs = [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into();
         let check = w.services[0].health.clone().unwrap();
         health.insert(Target { node: "b1".into(), addr: "198.18.0.11".parse().unwrap(), check }, false);
-        let d = desired(
-            &w,
-            &Observed {
-                me: "lb1",
-                tracked: &tracked,
-                live: &live,
-                leaving: &BTreeSet::new(),
-                serving: &BTreeSet::new(),
-                health: &health,
-                joining: &BTreeSet::new(),
-                macs: &macs,
-            },
-        );
+        let d = desired(&w, &observed(&tracked, &live, &health, &macs));
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1", "lb2"]);
 
         // lb2 dead: lb1 owns every VIP, and lb2 (tracked by heartbeats, no health
         // check needed) leaves the rings; b2 (not tracked) stays.
         let live: BTreeSet<String> = live.into_iter().filter(|n| n != "lb2").collect();
         assert_eq!(ownership(&w, "lb1", &live).held.len(), 4);
-        let d = desired(
-            &w,
-            &Observed {
-                me: "lb1",
-                tracked: &tracked,
-                live: &live,
-                leaving: &BTreeSet::new(),
-                serving: &BTreeSet::new(),
-                health: &health,
-                joining: &BTreeSet::new(),
-                macs: &macs,
-            },
-        );
+        let d = desired(&w, &observed(&tracked, &live, &health, &macs));
         assert_eq!(names(d.services.values().next().unwrap()), ["b2", "lb1"]);
         assert_eq!(health_targets(&w).len(), 4, "every candidate of the checked service");
 
@@ -444,7 +378,7 @@ services:
         for (leaving, serving) in [(&lb2, &none), (&none, &lb2)] {
             let mut health = health.clone();
             let seen = |health: &BTreeMap<Target, bool>| -> Vec<String> {
-                let o = Observed { me: "lb1", tracked: &tracked, live: &live, leaving, serving, health, joining: &BTreeSet::new(), macs: &macs };
+                let o = Observed { leaving, serving, ..observed(&tracked, &live, health, &macs) };
                 names(desired(&w, &o).services.values().next().unwrap()).into_iter().map(str::to_owned).collect()
             };
             assert_eq!(seen(&health), ["b2", "lb1", "lb2"], "leaving {leaving:?}, serving {serving:?}");
