@@ -47,6 +47,10 @@ pub struct Options {
     /// (a changed file): live again only once heard. Presuming them alive would
     /// hand them VIPs, unanswered, for a `dead_after` on every change.
     pub dead: BTreeSet<String>,
+    /// Peers the replaced task knew silent (`PeerSets::silent`): silent in this
+    /// one from the start, so that a node kept a backend while its agent is away
+    /// (`agent::silent`) is not dropped from the rings by a change of settings.
+    pub silent: BTreeSet<String>,
     pub me: String,
     pub interval: Duration,
     pub dead_after: Duration,
@@ -102,6 +106,9 @@ pub async fn run(o: Options) -> io::Result<watch::Receiver<PeerSets>> {
     let now = Instant::now();
     for (name, _) in o.peers.iter().filter(|(n, _)| !o.dead.contains(n)) {
         table.presume(name, now);
+    }
+    for (name, _) in o.peers.iter().filter(|(n, _)| o.silent.contains(n)) {
+        table.carry_silent(name, now);
     }
     if let Some(l) = &o.settings {
         // A set: a scan of the peers per entry would be quadratic in the cluster's size.

@@ -63,6 +63,7 @@ impl Liveness {
             self.heartbeat = None;
             self.tracked = BTreeSet::from([me]);
             self.live = BTreeSet::new();
+            self.silent.clear();
             return;
         }
         let Some(my) = self.world.node(&me) else {
@@ -73,6 +74,7 @@ impl Liveness {
             }
             self.tracked = BTreeSet::from([me]);
             self.live = BTreeSet::new();
+            self.silent.clear();
             return;
         };
         self.settings.send_if_modified(|cur| replace_if_changed(cur, &crate::model::announced_settings(&self.world)));
@@ -88,6 +90,7 @@ impl Liveness {
             bind: SocketAddr::from((my.addr, f.heartbeat_port)),
             peers,
             dead,
+            silent: self.silent.clone(),
             me: me.clone(),
             interval: f.heartbeat_interval,
             dead_after: f.dead_after,
@@ -104,7 +107,9 @@ impl Liveness {
             return;
         }
         // Dropping the receiver stops the old task, which then releases the port.
+        // Its late peers go with it: the next task says who is silent.
         self.heartbeat = None;
+        self.silent.clear();
         if want.peers.is_empty() {
             self.tracked = BTreeSet::from([me]);
             self.live = self.world.nodes.iter().map(|n| n.name.clone()).collect();

@@ -132,6 +132,14 @@ impl PeerTable {
         self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: true, leaving_until: None, late: false });
     }
 
+    /// Counts `node` silent (late, or dead if not presumed alive) as a replaced
+    /// table did, without having heard it: it stays in [`PeerSets::silent`]
+    /// until heard.
+    pub fn carry_silent(&mut self, node: &str, now: Instant) {
+        self.peers.entry(node.to_owned()).or_insert(Peer { incarnation: 0, seq: 0, last_seen: now, alive: false, leaving_until: None, late: false }).late =
+            true;
+    }
+
     /// After this agent itself was not running (stopped, starved), silence from
     /// peers means nothing: every peer alive before gets a fresh `dead_after`
     /// from `now` instead of being declared dead for our own gap.

@@ -296,6 +296,7 @@ fn opts(addrs: &[SocketAddr], i: usize) -> Options {
         bind: addrs[i],
         peers,
         dead: BTreeSet::new(),
+        silent: BTreeSet::new(),
         me: format!("n{i}"),
         interval: INTERVAL,
         dead_after: DEAD_AFTER,
@@ -501,4 +502,20 @@ fn a_peer_silent_for_half_of_dead_after_is_late_until_heard_and_a_leaving_one_ne
     t.observe_leaving("b", 7, 3, Duration::from_secs(30), ms(4000));
     assert!(t.mark_late(ms(9000)).iter().all(|e| *e != Event::Late { node: "b".into() }));
     assert!(!t.silent().contains("b"));
+}
+
+#[test]
+fn a_silent_peer_carried_into_a_new_table_stays_silent_until_heard() {
+    let t0 = Instant::now();
+    let mut t = PeerTable::new(DEAD);
+    // Dead in the replaced table (not presumed), and late but alive.
+    t.carry_silent("a", t0);
+    t.presume("b", t0);
+    t.carry_silent("b", t0);
+    assert_eq!(t.silent(), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+    assert_eq!(t.live(), BTreeSet::from(["b".to_owned()]));
+    // Not reported late again; heard, it is alive and no longer silent.
+    assert!(t.mark_late(t0 + DEAD).is_empty());
+    assert_eq!(t.observe("a", 9, 1, t0 + DEAD), up("a", 9));
+    assert_eq!(t.silent(), BTreeSet::from(["b".to_owned()]));
 }
