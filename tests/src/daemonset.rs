@@ -2,18 +2,25 @@
 //! kubelet probes it, and what it tolerates. Labs that stand in for a cluster run
 //! the agents with these arguments and probe them as a kubelet would, so that a
 //! change to the DaemonSet is what the tests run.
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
 use crate::{cluster::http_get, kubeapi::deploy_dir, netns::NetNs};
 
-/// An `httpGet` probe.
+/// An `httpGet` probe and when the kubelet runs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
     pub path: String,
     pub port: u16,
+    /// `initialDelaySeconds`: the first probe this long after the container starts.
+    pub initial_delay: Duration,
+    /// `periodSeconds` (default 10).
+    pub period: Duration,
 }
 
 /// The agent container of deploy/20-daemonset.yaml.
@@ -26,6 +33,10 @@ pub struct AgentPod {
     pub tolerations: Vec<Value>,
     /// The pod's `affinity`, if any (null: scheduled on every node it tolerates).
     pub affinity: Value,
+    /// `terminationGracePeriodSeconds` (default 30): SIGTERM, then SIGKILL after it.
+    pub grace: Duration,
+    /// The rolling update's `maxUnavailable` (default 1; a number, not a percentage).
+    pub max_unavailable: usize,
 }
 
 impl AgentPod {
@@ -40,6 +51,8 @@ impl AgentPod {
             Ok(Probe {
                 path: g["path"].as_str().with_context(|| format!("{which}: no httpGet.path"))?.to_owned(),
                 port: g["port"].as_u64().and_then(|p| u16::try_from(p).ok()).with_context(|| format!("{which}: no numeric httpGet.port"))?,
+                initial_delay: seconds(&c[which]["initialDelaySeconds"], 0),
+                period: seconds(&c[which]["periodSeconds"], 10),
             })
         };
         let args = c["args"]
@@ -55,6 +68,11 @@ impl AgentPod {
             host_network: pod["hostNetwork"] == true,
             tolerations: pod["tolerations"].as_array().cloned().unwrap_or_default(),
             affinity: pod["affinity"].clone(),
+            grace: seconds(&pod["terminationGracePeriodSeconds"], 30),
+            max_unavailable: match &ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] {
+                Value::Null => 1,
+                v => v.as_u64().and_then(|n| usize::try_from(n).ok()).context("updateStrategy.rollingUpdate.maxUnavailable: a number")?,
+            },
         })
     }
 
@@ -70,6 +88,11 @@ impl AgentPod {
             key_ok && (t["effect"].is_null() || t["effect"] == effect)
         })
     }
+}
+
+/// A field in seconds, `default` when absent.
+fn seconds(v: &Value, default: u64) -> Duration {
+    Duration::from_secs(v.as_u64().unwrap_or(default))
 }
 
 /// What the kubelet's probe of a host-network pod on a node whose primary

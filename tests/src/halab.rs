@@ -241,7 +241,7 @@ pub fn serve_name_on(l: TcpListener, name: &str) -> Result<()> {
 }
 
 /// Sends the greeting line and reads the backend's name.
-fn hello(s: &TcpStream, r: &mut BufReader<TcpStream>) -> Result<String> {
+pub(crate) fn hello(s: &TcpStream, r: &mut BufReader<TcpStream>) -> Result<String> {
     (&*s).write_all(b"hello\n")?;
     let mut name = String::new();
     r.read_line(&mut name)?;
@@ -985,25 +985,8 @@ pub fn arp_probe(client: &NetNs, vips: &[Ipv4Addr], rounds: u32, gap: Duration) 
 pub type Probes = std::thread::JoinHandle<Vec<(Instant, Option<Instant>)>>;
 
 pub fn spawn_probes(client: &NetNs, vip: impl Into<IpAddr>, every: Duration, span: Duration, timeout: Duration) -> Result<Probes> {
-    let vip = vip.into();
-    client.spawn(move || {
-        let end = Instant::now() + span;
-        let mut attempts = Vec::new();
-        while Instant::now() < end {
-            let start = Instant::now();
-            attempts.push((
-                start,
-                std::thread::spawn(move || -> Option<Instant> {
-                    let s = TcpStream::connect_timeout(&SocketAddr::from((vip, SERVICE_PORT)), timeout).ok()?;
-                    let _ = s.set_read_timeout(Some(timeout));
-                    let mut r = BufReader::new(s.try_clone().ok()?);
-                    hello(&s, &mut r).ok().map(|_| Instant::now())
-                }),
-            ));
-            std::thread::sleep(every.saturating_sub(start.elapsed()));
-        }
-        attempts.into_iter().map(|(t, h)| (t, h.join().unwrap_or(None))).collect()
-    })
+    let end = Instant::now() + span;
+    crate::load::connect_loop(client, vec![vip.into()], every, timeout, move || Instant::now() < end)
 }
 
 /// What a client saw of one failover.
@@ -1026,37 +1009,18 @@ pub struct Outage {
 pub struct FailoverWatch {
     vip: IpAddr,
     old_mac: [u8; 6],
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    pinger: std::thread::JoinHandle<(Vec<LongConn>, Vec<bool>)>,
+    pinger: crate::load::Pinger,
     arp: ArpWatch,
     probes: Probes,
 }
 
 impl FailoverWatch {
-    pub fn start(lab: &HaLab, vip: impl Into<IpAddr>, old_mac: [u8; 6], mut conns: Vec<LongConn>, span: Duration) -> Result<Self> {
+    pub fn start(lab: &HaLab, vip: impl Into<IpAddr>, old_mac: [u8; 6], conns: Vec<LongConn>, span: Duration) -> Result<Self> {
         let vip = vip.into();
-        use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let pinger = std::thread::spawn(move || {
-            let mut broken = vec![false; conns.len()];
-            let round = |conns: &mut Vec<LongConn>, broken: &mut Vec<bool>| {
-                for (c, b) in conns.iter_mut().zip(broken.iter_mut()) {
-                    if !*b && c.ping().is_err() {
-                        *b = true;
-                    }
-                }
-            };
-            while !flag.load(Ordering::Relaxed) {
-                round(&mut conns, &mut broken);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            round(&mut conns, &mut broken);
-            (conns, broken)
-        });
+        let pinger = crate::load::Pinger::start(conns, Duration::from_millis(50));
         let arp = ArpWatch::start(&lab.client)?;
         let probes = spawn_probes(&lab.client, vip, Duration::from_millis(10), span, Duration::from_millis(150))?;
-        Ok(Self { vip, old_mac, stop, pinger, arp, probes })
+        Ok(Self { vip, old_mac, pinger, arp, probes })
     }
 
     /// Waits for the probes to end; returns the outage and the connections (with
@@ -1065,8 +1029,7 @@ impl FailoverWatch {
     /// taken from `t0` (conservative by the command's own duration).
     pub fn finish(self, t0: Instant, done: Instant) -> Result<(Outage, Vec<LongConn>, Vec<bool>)> {
         let attempts = self.probes.join().map_err(|_| anyhow::anyhow!("probe thread panicked"))?;
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (conns, broken) = self.pinger.join().map_err(|_| anyhow::anyhow!("ping thread panicked"))?;
+        let (conns, broken) = self.pinger.finish()?;
         let frames = self.arp.finish_all();
         let after: Vec<_> = attempts.iter().filter(|(s, _)| *s >= done).collect();
         let outage = Outage {

@@ -1,0 +1,221 @@
+//! The kubelet and the DaemonSet controller over a lab's agents, so that the
+//! suite restarts agents as a cluster does:
+//!
+//! - a container that exits is restarted after the kubelet's delay: the first time
+//!   after its next pod sync ([`RESTART_DELAY`], as measured on a real node), then
+//!   in CrashLoopBackOff, 10 s doubling up to 5 min, forgotten once the container
+//!   has run 10 minutes (the kubelet's `backOff`);
+//! - a container is Ready once its readiness probe answers 200, probed as
+//!   deploy/20-daemonset.yaml says (path, port, `initialDelaySeconds`,
+//!   `periodSeconds`) from the node itself (host network);
+//! - a rolling update deletes up to the DaemonSet's `maxUnavailable` old pods at a
+//!   time, in node order (SIGTERM, SIGKILL after `terminationGracePeriodSeconds`),
+//!   starts a node's new pod once its old one is gone (maxSurge 0) and goes on
+//!   when the new ones are Ready.
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{
+    agent::wait_for,
+    daemonset::{kubelet_probe, AgentPod},
+    halab::HaLab,
+};
+
+/// From a container's exit (or a pod's creation) to its container's start, when
+/// no back-off applies: the kubelet's pod sync (seen at about 0.7 s on a node).
+pub const RESTART_DELAY: Duration = Duration::from_millis(700);
+/// CrashLoopBackOff's first wait, its doubling's cap, and how long a container
+/// must run for its back-off to be forgotten.
+pub const BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+pub const BACKOFF_RESET: Duration = Duration::from_secs(600);
+/// How long a started container may take to turn Ready before the stand-in gives up.
+const READY_LIMIT: Duration = Duration::from_secs(60);
+
+/// One node's agent pod.
+#[derive(Default)]
+struct Pod {
+    /// When its running container started.
+    started: Option<Instant>,
+    /// When its last container exited.
+    exited: Option<Instant>,
+    /// The wait before its next restart after this one, once it crashed.
+    backoff: Option<Duration>,
+    /// When its exited container is to be started again.
+    due: Option<Instant>,
+    restarts: u32,
+}
+
+/// One restart of a container, as the kubelet did it.
+#[derive(Clone, Copy, Debug)]
+pub struct Restart {
+    /// Exit → start.
+    pub delay: Duration,
+    /// Start → Ready.
+    pub ready_after: Duration,
+}
+
+pub struct Kubelet {
+    pub pod: AgentPod,
+    pods: Vec<Pod>,
+}
+
+impl Kubelet {
+    /// Takes over the lab's agents as running pods (its spec must bind their HTTP
+    /// port as the DaemonSet does: `metrics_on_segment`).
+    pub fn new(lab: &HaLab) -> Result<Self> {
+        if !lab.spec.metrics_on_segment {
+            bail!("the kubelet probes the agents on their node's address: start the lab with metrics_on_segment");
+        }
+        let pod = AgentPod::load()?;
+        let pods = lab.nodes.iter().map(|n| Pod { started: n.agent.as_ref().map(|_| Instant::now()), ..Pod::default() }).collect();
+        Ok(Self { pod, pods })
+    }
+
+    /// Restarts of node `i`'s container so far.
+    pub fn restarts(&self, i: usize) -> u32 {
+        self.pods[i].restarts
+    }
+
+    /// Node `i`'s container is killed (SIGKILL: an OOM kill, a crash) and reaped;
+    /// returns when the kubelet will start it again ([`Self::restart_at`]).
+    pub fn crash(&mut self, lab: &mut HaLab, i: usize) -> Instant {
+        lab.kill_agent(i);
+        self.exited(i, Instant::now())
+    }
+
+    /// Node `i`'s container exited at `exited`: when it is started again.
+    fn exited(&mut self, i: usize, exited: Instant) -> Instant {
+        let p = &mut self.pods[i];
+        if p.started.is_some_and(|s| s.elapsed() >= BACKOFF_RESET) {
+            p.backoff = None;
+        }
+        let delay = p.backoff.unwrap_or(RESTART_DELAY);
+        p.backoff = Some(p.backoff.map_or(BACKOFF_INITIAL, |b| (b * 2).min(BACKOFF_MAX)));
+        (p.started, p.exited, p.due) = (None, Some(exited), Some(exited + delay));
+        exited + delay
+    }
+
+    /// Starts node `i`'s container at `at` (sleeping until then) and waits until it
+    /// is Ready.
+    pub fn restart_at(&mut self, lab: &mut HaLab, i: usize, at: Instant) -> Result<Restart> {
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let start = self.start(lab, i)?;
+        let exited = self.pods[i].exited.unwrap_or(start);
+        self.pods[i].restarts += 1;
+        Ok(Restart { delay: start.saturating_duration_since(exited), ready_after: self.wait_ready(lab, i, start)? })
+    }
+
+    /// The kubelet's sync loop for `span`: a container found exited is started
+    /// again when its back-off says, whether or not it turns Ready. The restarts it
+    /// made: node, exit → start.
+    pub fn tend(&mut self, lab: &mut HaLab, span: Duration) -> Result<Vec<(usize, Duration)>> {
+        Ok(self.sync_loop(lab, span, |_, _| false)?.1)
+    }
+
+    /// [`Self::tend`] until `done` (given the kubelet and the lab) holds (checked every half second, with no restart
+    /// pending); fails when `limit` passes first.
+    pub fn tend_until(&mut self, lab: &mut HaLab, limit: Duration, done: impl FnMut(&Self, &HaLab) -> bool) -> Result<Vec<(usize, Duration)>> {
+        match self.sync_loop(lab, limit, done)? {
+            (true, made) => Ok(made),
+            (false, made) => bail!("not done {limit:?} into the kubelet's loop (restarts: {made:?})\n{}", lab.agent_logs()),
+        }
+    }
+
+    fn sync_loop(&mut self, lab: &mut HaLab, limit: Duration, mut done: impl FnMut(&Self, &HaLab) -> bool) -> Result<(bool, Vec<(usize, Duration)>)> {
+        let end = Instant::now() + limit;
+        let (mut made, mut checked) = (Vec::new(), Instant::now());
+        while Instant::now() < end {
+            for i in 0..lab.nodes.len() {
+                let exited = match lab.nodes[i].agent.as_mut() {
+                    Some(a) => a.child.try_wait()?.is_some(),
+                    None => false,
+                };
+                if exited {
+                    lab.nodes[i].agent = None;
+                    self.exited(i, Instant::now());
+                }
+                if self.pods[i].due.is_some_and(|d| Instant::now() >= d) {
+                    let start = self.start(lab, i)?;
+                    self.pods[i].restarts += 1;
+                    made.push((i, start.saturating_duration_since(self.pods[i].exited.unwrap_or(start))));
+                }
+            }
+            if checked.elapsed() >= Duration::from_millis(500) {
+                checked = Instant::now();
+                if self.pods.iter().all(|p| p.due.is_none()) && done(self, lab) {
+                    return Ok((true, made));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((false, made))
+    }
+
+    fn start(&mut self, lab: &mut HaLab, i: usize) -> Result<Instant> {
+        lab.start_agent(i)?;
+        let now = Instant::now();
+        (self.pods[i].started, self.pods[i].due) = (Some(now), None);
+        Ok(now)
+    }
+
+    /// Whether node `i`'s container answers its readiness probe now.
+    pub fn ready(&self, lab: &HaLab, i: usize) -> bool {
+        let n = &lab.nodes[i];
+        n.agent.is_some() && matches!(kubelet_probe(&n.ns, n.addr, &self.pod.readiness), Ok((200, _)))
+    }
+
+    /// Probes node `i`'s container as the kubelet does (first at
+    /// `initialDelaySeconds` after `started`, then every `periodSeconds`) until
+    /// Ready; how long after its start.
+    fn wait_ready(&self, lab: &HaLab, i: usize, started: Instant) -> Result<Duration> {
+        let n = &lab.nodes[i];
+        let probe = &self.pod.readiness;
+        let mut next = started + probe.initial_delay;
+        loop {
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            let answer = kubelet_probe(&n.ns, n.addr, probe);
+            if matches!(answer, Ok((200, _))) {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > READY_LIMIT {
+                bail!("{}'s agent not Ready {READY_LIMIT:?} after its start (last probe: {answer:?})\n{}", n.name, lab.agent_logs());
+            }
+            next += probe.period;
+        }
+    }
+
+    /// Deletes node `i`'s pod as the API server and the kubelet do: SIGTERM, then
+    /// SIGKILL once `terminationGracePeriodSeconds` have passed; how long it took
+    /// to exit.
+    fn delete(&mut self, lab: &mut HaLab, i: usize) -> Result<Duration> {
+        let t = Instant::now();
+        let name = lab.nodes[i].name.clone();
+        let mut a = lab.nodes[i].agent.take().with_context(|| format!("{name} has no agent to delete"))?;
+        a.signal(libc::SIGTERM);
+        if wait_for(self.pod.grace, || a.child.try_wait().ok().flatten()).is_none() {
+            let _ = a.child.kill();
+        }
+        let _ = a.child.wait();
+        self.pods[i] = Pod::default();
+        Ok(t.elapsed())
+    }
+
+    /// One rolling update of every node's pod (`maxUnavailable` at a time, node
+    /// order): for each node, how long its old pod took to stop and its new one to
+    /// turn Ready after its start.
+    pub fn rollout(&mut self, lab: &mut HaLab) -> Result<Vec<(Duration, Duration)>> {
+        let mut took = Vec::new();
+        let nodes: Vec<usize> = (0..lab.nodes.len()).collect();
+        for batch in nodes.chunks(self.pod.max_unavailable.max(1)) {
+            let stopped: Vec<Duration> = batch.iter().map(|&i| self.delete(lab, i)).collect::<Result<_>>()?;
+            std::thread::sleep(RESTART_DELAY);
+            let starts: Vec<Instant> = batch.iter().map(|&i| self.start(lab, i)).collect::<Result<_>>()?;
+            for ((&i, start), stop) in batch.iter().zip(starts).zip(stopped) {
+                took.push((stop, self.wait_ready(lab, i, start)?));
+            }
+        }
+        Ok(took)
+    }
+}

@@ -1,0 +1,208 @@
+//! Restarts as a cluster does them, under load: three nodes run `vip-agent run
+//! --kubernetes` against the stand-in API server (a VipPool, three LoadBalancer
+//! Services, one VIP each), with the DaemonSet's arguments and HTTP port, and a
+//! stand-in kubelet (`vip_tests::kubelet`) restarts them: crashes in
+//! CrashLoopBackOff, rolling updates in the DaemonSet's order and
+//! `maxUnavailable`, each new pod waited for until its readiness probe passes.
+//! Meanwhile the client opens a connection every 20 ms through the VIPs in turn
+//! and keeps long-lived ones to every node busy; nothing may fail or break.
+//!
+//! Each test prints its counts (`restarts: …`), the figures BENCHMARKS.md quotes.
+use std::{
+    net::IpAddr,
+    path::Path,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use vip_tests::{
+    agent::{agent_bin, wait_for},
+    halab::{vip, HaLab, HaSpec, LongConn},
+    kubelab::KubeLab,
+    kubelet::Kubelet,
+    load::{Load, LoadReport},
+    netns::privileged,
+};
+
+/// One lab at a time (each loads the machine's two cores).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const VIPS: usize = 3;
+/// A new connection every this long, to the VIPs in turn.
+const EVERY: Duration = Duration::from_millis(20);
+/// A new connection that has not named its backend by then failed (one lost SYN
+/// costs 1 s: it is counted slow, not failed).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn lab_exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_vip-lab"))
+}
+
+fn all(lab: &HaLab) -> Vec<usize> {
+    (0..lab.nodes.len()).collect()
+}
+
+/// The lab with its pool and Services, every VIP held and every ring whole.
+fn setup() -> Option<(std::sync::MutexGuard<'static, ()>, KubeLab, Kubelet)> {
+    if !privileged() {
+        return None;
+    }
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
+    // One address more than the Services take: for a Service made after an outage.
+    let kl = KubeLab::start(HaSpec { vips: VIPS + 1, metrics_on_segment: true, ..HaSpec::default() }, lab_exe()).unwrap();
+    let (lab, api) = (&kl.lab, &kl.api);
+    api.insert(
+        "vippools.vip.dev",
+        json!({
+            "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "lab" },
+            "spec": { "addresses": [format!("{}-{}", vip(0), vip(VIPS))], "nodeSelector": { "lab": "yes" }, "tableSize": 251,
+                      "healthCheck": { "type": "http", "path": "/healthz", "interval": "200ms", "timeout": "100ms" } }
+        }),
+    )
+    .unwrap();
+    for k in 0..VIPS {
+        api.insert("services", service(k)).unwrap();
+    }
+    lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    lab.wait_rings_full(&all(lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let kubelet = Kubelet::new(lab).unwrap();
+    Some((g, kl, kubelet))
+}
+
+/// Service `web{k}`: a LoadBalancer Service of externalTrafficPolicy Cluster.
+fn service(k: usize) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": { "name": format!("web{k}"), "namespace": "shop" },
+        "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Cluster", "ports": [{ "port": 80, "protocol": "TCP" }] }
+    })
+}
+
+/// `per_vip` long-lived connections through every VIP, from source ports below
+/// the client's ephemeral range (from 20000).
+fn long_conns(lab: &HaLab, per_vip: u16) -> Vec<LongConn> {
+    (0..VIPS as u16)
+        .flat_map(|k| (0..per_vip).map(move |p| (k, 20000 + k * 100 + p)))
+        .map(|(k, sport)| LongConn::open(&lab.client, vip(k as usize), sport, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs())))
+        .collect()
+}
+
+fn vips() -> Vec<IpAddr> {
+    (0..VIPS).map(|k| vip(k).into()).collect()
+}
+
+/// Node `i`'s services whose ring has `node` in it, as its status says.
+fn rings_with(lab: &HaLab, i: usize, node: &str) -> Option<usize> {
+    Some(lab.status(i)?.services.iter().filter(|x| x.backends.iter().any(|n| n == node)).count())
+}
+
+fn assert_clean(report: &LoadReport, lab: &HaLab) {
+    assert!(report.attempted > 0 && report.long > 0, "{report}");
+    assert_eq!((report.failed, report.broken.len()), (0, 0), "{report}\n{}", lab.agent_logs());
+}
+
+/// An agent that crashes again every time it is up (a crash loop: the OOM killer,
+/// a panic at start) is restarted after 0.7 s, then 10 s, then 20 s: all that time
+/// its node's data path and pods serve on, so it stays a backend in every ring
+/// (its health target answers) while its VIPs move; no connection it serves
+/// breaks and no new connection fails.
+#[test]
+fn a_crash_looping_agent_breaks_nothing_its_node_serves() {
+    let Some((_g, mut kl, mut kubelet)) = setup() else { return };
+    let lab = &mut kl.lab;
+    let d = 2;
+    let name = lab.nodes[d].name.clone();
+    let conns = long_conns(lab, 8);
+    let served = conns.iter().filter(|c| c.backend == name).count();
+    assert!(served >= 3, "too few long-lived connections on {name}: {served}");
+    let rest = [0, 1];
+    let full: Vec<Option<usize>> = rest.iter().map(|&i| rings_with(lab, i, &name)).collect();
+    assert!(full.iter().all(|n| *n == Some(VIPS)), "{full:?}");
+
+    let load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+    let t0 = Instant::now();
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let due = kubelet.crash(lab, d);
+        // While it is down: its VIPs move to the others, it stays in their rings.
+        let mut samples = 0;
+        while Instant::now() + Duration::from_millis(300) < due || samples == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            let during: Vec<Option<usize>> = rest.iter().map(|&i| rings_with(lab, i, &name)).collect();
+            assert_eq!(during, full, "{name} left rings while its agent was down\n{}", lab.agent_logs());
+            samples += 1;
+        }
+        let r = kubelet.restart_at(lab, d, due).unwrap();
+        waits.push(r.delay);
+        lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    }
+    let (report, _) = load.finish().unwrap();
+    let shown: Vec<String> = waits.iter().map(|w| format!("{:.1} s", w.as_secs_f64())).collect();
+    eprintln!(
+        "restarts: crash loop of {name}'s agent ({} restarts after {}; {:.0} s): {report}; {served} of the long-lived connections on {name}",
+        kubelet.restarts(d),
+        shown.join(", "),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(waits[1] >= Duration::from_secs(10) && waits[2] >= Duration::from_secs(20), "the kubelet's back-off: {waits:?}");
+    assert_clean(&report, lab);
+}
+
+/// Ten rolling updates in a row (the DaemonSet's `maxUnavailable`, each new pod
+/// Ready before the next node's is deleted), with fault trials after the fifth: the
+/// owner of a VIP SIGKILLed (the kubelet restarts it) and another SIGSTOPped for
+/// longer than `deadAfter`. Nothing fails or breaks, and every VIP is held by one
+/// node after each rollout.
+#[test]
+fn ten_rollouts_with_fault_trials_between_break_nothing() {
+    let Some((_g, mut kl, mut kubelet)) = setup() else { return };
+    let lab = &mut kl.lab;
+    let conns = long_conns(lab, 6);
+    let mut load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+    let t0 = Instant::now();
+    let mut reports = Vec::new();
+    let mut slowest_ready = Duration::ZERO;
+    for r in 1..=10 {
+        for (stop, ready) in kubelet.rollout(lab).unwrap_or_else(|e| panic!("rollout {r}: {e:#}")) {
+            assert!(stop < kubelet.pod.grace, "rollout {r}: an agent needed SIGKILL after {stop:?}");
+            slowest_ready = slowest_ready.max(ready);
+        }
+        lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("rollout {r}: {e:#}\n{}", lab.agent_logs()));
+        if r == 5 {
+            // Fault trials: the rollouts after them start from what faults leave.
+            let (report, conns) = load.finish().unwrap();
+            reports.push(("rollouts 1-5", report));
+            let fault_load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+            let owners = lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap();
+            let killed = lab.index_of(&owners[&vip(0)]);
+            let due = kubelet.crash(lab, killed);
+            kubelet.restart_at(lab, killed, due).unwrap();
+            lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("after SIGKILL: {e:#}\n{}", lab.agent_logs()));
+            let owners = lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap();
+            let stopped = lab.index_of(&owners[&vip(1)]);
+            lab.signal_agent(stopped, libc::SIGSTOP);
+            std::thread::sleep(Duration::from_secs(1));
+            lab.signal_agent(stopped, libc::SIGCONT);
+            let back = wait_for(Duration::from_secs(10), || lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(1)).ok());
+            assert!(back.is_some(), "after SIGSTOP and SIGCONT of {}\n{}", lab.nodes[stopped].name, lab.agent_logs());
+            let (report, conns) = fault_load.finish().unwrap();
+            reports.push(("fault trials", report));
+            load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+        }
+    }
+    let (report, _) = load.finish().unwrap();
+    reports.push(("rollouts 6-10", report));
+    for (what, report) in &reports {
+        eprintln!("restarts: {what}: {report}");
+    }
+    eprintln!(
+        "restarts: 10 rollouts of 3 agents (maxUnavailable {}) in {:.0} s; slowest new pod Ready {:.1} s after its start",
+        kubelet.pod.max_unavailable,
+        t0.elapsed().as_secs_f64(),
+        slowest_ready.as_secs_f64()
+    );
+    for (_, report) in &reports {
+        assert_clean(report, lab);
+    }
+}
