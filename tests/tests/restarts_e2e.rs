@@ -50,14 +50,13 @@ fn setup() -> Option<(std::sync::MutexGuard<'static, ()>, KubeLab, Kubelet)> {
     }
     let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    // One address more than the Services take: for a Service made after an outage.
-    let kl = KubeLab::start(HaSpec { vips: VIPS + 1, metrics_on_segment: true, ..HaSpec::default() }, lab_exe()).unwrap();
+    let kl = KubeLab::start(HaSpec { vips: VIPS, metrics_on_segment: true, ..HaSpec::default() }, lab_exe()).unwrap();
     let (lab, api) = (&kl.lab, &kl.api);
     api.insert(
         "vippools.vip.dev",
         json!({
             "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "lab" },
-            "spec": { "addresses": [format!("{}-{}", vip(0), vip(VIPS))], "nodeSelector": { "lab": "yes" }, "tableSize": 251,
+            "spec": { "addresses": [format!("{}-{}", vip(0), vip(VIPS - 1))], "nodeSelector": { "lab": "yes" }, "tableSize": 251,
                       "healthCheck": { "type": "http", "path": "/healthz", "interval": "200ms", "timeout": "100ms" } }
         }),
     )
