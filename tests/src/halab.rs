@@ -608,14 +608,22 @@ impl HaLab {
     /// Sends `sig` (SIGTERM: a clean stop; SIGKILL) to node `i`'s agent and reaps
     /// it; killed if it has not exited within 5 s. The data path keeps running.
     pub fn stop_agent(&mut self, i: usize, sig: i32) {
+        self.stop_agent_within(i, sig, Duration::from_secs(5));
+    }
+
+    /// [`Self::stop_agent`], killing it (SIGKILL) once `limit` has passed; how long
+    /// it took to be reaped.
+    pub fn stop_agent_within(&mut self, i: usize, sig: i32, limit: Duration) -> Duration {
+        let t = Instant::now();
         if let Some(mut a) = self.nodes[i].agent.take() {
             a.signal(sig);
-            if wait_for(Duration::from_secs(5), || a.child.try_wait().ok().flatten()).is_none() {
+            if wait_for(limit, || a.child.try_wait().ok().flatten()).is_none() {
                 let _ = a.child.kill();
             }
             let _ = a.child.wait();
         }
         self.record_pids();
+        t.elapsed()
     }
 
     pub fn signal_agent(&self, i: usize, sig: i32) {

@@ -14,10 +14,9 @@
 //!   when the new ones are Ready.
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 
 use crate::{
-    agent::wait_for,
     daemonset::{kubelet_probe, AgentPod},
     halab::HaLab,
 };
@@ -42,8 +41,6 @@ struct Pod {
     exited: Option<Instant>,
     /// The wait before its next restart after this one, once it crashed.
     backoff: Option<Duration>,
-    /// When its exited container is to be started again.
-    due: Option<Instant>,
     restarts: u32,
 }
 
@@ -82,18 +79,14 @@ impl Kubelet {
     /// returns when the kubelet will start it again ([`Self::restart_at`]).
     pub fn crash(&mut self, lab: &mut HaLab, i: usize) -> Instant {
         lab.kill_agent(i);
-        self.exited(i, Instant::now())
-    }
-
-    /// Node `i`'s container exited at `exited`: when it is started again.
-    fn exited(&mut self, i: usize, exited: Instant) -> Instant {
+        let exited = Instant::now();
         let p = &mut self.pods[i];
         if p.started.is_some_and(|s| s.elapsed() >= BACKOFF_RESET) {
             p.backoff = None;
         }
         let delay = p.backoff.unwrap_or(RESTART_DELAY);
         p.backoff = Some(p.backoff.map_or(BACKOFF_INITIAL, |b| (b * 2).min(BACKOFF_MAX)));
-        (p.started, p.exited, p.due) = (None, Some(exited), Some(exited + delay));
+        (p.started, p.exited) = (None, Some(exited));
         exited + delay
     }
 
@@ -107,63 +100,11 @@ impl Kubelet {
         Ok(Restart { delay: start.saturating_duration_since(exited), ready_after: self.wait_ready(lab, i, start)? })
     }
 
-    /// The kubelet's sync loop for `span`: a container found exited is started
-    /// again when its back-off says, whether or not it turns Ready. The restarts it
-    /// made: node, exit → start.
-    pub fn tend(&mut self, lab: &mut HaLab, span: Duration) -> Result<Vec<(usize, Duration)>> {
-        Ok(self.sync_loop(lab, span, |_, _| false)?.1)
-    }
-
-    /// [`Self::tend`] until `done` (given the kubelet and the lab) holds (checked every half second, with no restart
-    /// pending); fails when `limit` passes first.
-    pub fn tend_until(&mut self, lab: &mut HaLab, limit: Duration, done: impl FnMut(&Self, &HaLab) -> bool) -> Result<Vec<(usize, Duration)>> {
-        match self.sync_loop(lab, limit, done)? {
-            (true, made) => Ok(made),
-            (false, made) => bail!("not done {limit:?} into the kubelet's loop (restarts: {made:?})\n{}", lab.agent_logs()),
-        }
-    }
-
-    fn sync_loop(&mut self, lab: &mut HaLab, limit: Duration, mut done: impl FnMut(&Self, &HaLab) -> bool) -> Result<(bool, Vec<(usize, Duration)>)> {
-        let end = Instant::now() + limit;
-        let (mut made, mut checked) = (Vec::new(), Instant::now());
-        while Instant::now() < end {
-            for i in 0..lab.nodes.len() {
-                let exited = match lab.nodes[i].agent.as_mut() {
-                    Some(a) => a.child.try_wait()?.is_some(),
-                    None => false,
-                };
-                if exited {
-                    lab.nodes[i].agent = None;
-                    self.exited(i, Instant::now());
-                }
-                if self.pods[i].due.is_some_and(|d| Instant::now() >= d) {
-                    let start = self.start(lab, i)?;
-                    self.pods[i].restarts += 1;
-                    made.push((i, start.saturating_duration_since(self.pods[i].exited.unwrap_or(start))));
-                }
-            }
-            if checked.elapsed() >= Duration::from_millis(500) {
-                checked = Instant::now();
-                if self.pods.iter().all(|p| p.due.is_none()) && done(self, lab) {
-                    return Ok((true, made));
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok((false, made))
-    }
-
     fn start(&mut self, lab: &mut HaLab, i: usize) -> Result<Instant> {
         lab.start_agent(i)?;
         let now = Instant::now();
-        (self.pods[i].started, self.pods[i].due) = (Some(now), None);
+        self.pods[i].started = Some(now);
         Ok(now)
-    }
-
-    /// Whether node `i`'s container answers its readiness probe now.
-    pub fn ready(&self, lab: &HaLab, i: usize) -> bool {
-        let n = &lab.nodes[i];
-        n.agent.is_some() && matches!(kubelet_probe(&n.ns, n.addr, &self.pod.readiness), Ok((200, _)))
     }
 
     /// Probes node `i`'s container as the kubelet does (first at
@@ -190,16 +131,12 @@ impl Kubelet {
     /// SIGKILL once `terminationGracePeriodSeconds` have passed; how long it took
     /// to exit.
     fn delete(&mut self, lab: &mut HaLab, i: usize) -> Result<Duration> {
-        let t = Instant::now();
-        let name = lab.nodes[i].name.clone();
-        let mut a = lab.nodes[i].agent.take().with_context(|| format!("{name} has no agent to delete"))?;
-        a.signal(libc::SIGTERM);
-        if wait_for(self.pod.grace, || a.child.try_wait().ok().flatten()).is_none() {
-            let _ = a.child.kill();
+        if lab.nodes[i].agent.is_none() {
+            bail!("{} has no agent to delete", lab.nodes[i].name);
         }
-        let _ = a.child.wait();
+        let took = lab.stop_agent_within(i, libc::SIGTERM, self.pod.grace);
         self.pods[i] = Pod::default();
-        Ok(t.elapsed())
+        Ok(took)
     }
 
     /// One rolling update of every node's pod (`maxUnavailable` at a time, node

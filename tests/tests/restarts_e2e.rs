@@ -17,7 +17,7 @@ use std::{
 
 use serde_json::json;
 use vip_tests::{
-    agent::{agent_bin, wait_for},
+    agent::agent_bin,
     halab::{vip, HaLab, HaSpec, LongConn},
     kubelab::KubeLab,
     kubelet::Kubelet,
@@ -167,24 +167,23 @@ fn ten_rollouts_with_fault_trials_between_break_nothing() {
             assert!(stop < kubelet.pod.grace, "rollout {r}: an agent needed SIGKILL after {stop:?}");
             slowest_ready = slowest_ready.max(ready);
         }
-        lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("rollout {r}: {e:#}\n{}", lab.agent_logs()));
+        let owners = lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("rollout {r}: {e:#}\n{}", lab.agent_logs()));
         if r == 5 {
             // Fault trials: the rollouts after them start from what faults leave.
             let (report, conns) = load.finish().unwrap();
             reports.push(("rollouts 1-5", report));
             let fault_load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
-            let owners = lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap();
             let killed = lab.index_of(&owners[&vip(0)]);
             let due = kubelet.crash(lab, killed);
             kubelet.restart_at(lab, killed, due).unwrap();
-            lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("after SIGKILL: {e:#}\n{}", lab.agent_logs()));
-            let owners = lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap();
+            let owners =
+                lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("after SIGKILL: {e:#}\n{}", lab.agent_logs()));
             let stopped = lab.index_of(&owners[&vip(1)]);
             lab.signal_agent(stopped, libc::SIGSTOP);
             std::thread::sleep(Duration::from_secs(1));
             lab.signal_agent(stopped, libc::SIGCONT);
-            let back = wait_for(Duration::from_secs(10), || lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(1)).ok());
-            assert!(back.is_some(), "after SIGSTOP and SIGCONT of {}\n{}", lab.nodes[stopped].name, lab.agent_logs());
+            lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("after SIGSTOP and SIGCONT of {}: {e:#}\n{}", lab.nodes[stopped].name, lab.agent_logs()));
             let (report, conns) = fault_load.finish().unwrap();
             reports.push(("fault trials", report));
             load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
