@@ -47,6 +47,11 @@ pub struct HaSpec {
     pub table_size: Option<u32>,
     /// Services carry an HTTP health check.
     pub health_check: bool,
+    /// The health check's port, where every node runs a health server of its own
+    /// beside the service's (as kube-proxy's health server is beside the pods),
+    /// which a test can stop and start ([`HaLab::stop_health`]); None: the
+    /// service's port, on its server.
+    pub health_port: Option<u16>,
     /// Leave `announce` and `failover` out of the config: the agents run on the
     /// defaults a new user gets (the timer fields above are then unused).
     pub default_timers: bool,
@@ -94,6 +99,7 @@ impl Default for HaSpec {
             ports: vec![SERVICE_PORT],
             table_size: Some(251),
             health_check: true,
+            health_port: None,
             default_timers: false,
             distinct_tables: false,
             ring_capacity: None,
@@ -172,7 +178,8 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     let table = s.table_size.map(|t| format!(", tableSize: {t}")).unwrap_or_default();
     let check = if s.health_check {
         format!(
-            ", healthCheck: {{type: http, path: /healthz, interval: {}ms, timeout: {}ms, rise: 2, fall: {}}}",
+            ", healthCheck: {{type: http, {}path: /healthz, interval: {}ms, timeout: {}ms, rise: 2, fall: {}}}",
+            s.health_port.map(|p| format!("port: {p}, ")).unwrap_or_default(),
             s.check_interval_ms,
             s.check_interval_ms / 2,
             s.check_fall
@@ -311,6 +318,8 @@ pub struct HaNode {
     pub mac: [u8; 6],
     pub agent: Option<AgentProc>,
     pub server: Option<Child>,
+    /// The health server of [`HaSpec::health_port`].
+    pub health_server: Option<Child>,
     pub pins: PinDir,
     pub status_file: PathBuf,
     pub log: PathBuf,
@@ -328,6 +337,8 @@ pub struct HaLab {
     pub config: PathBuf,
     /// Where the nodes' pin directories are.
     pins_root: PathBuf,
+    /// The program the nodes' servers run (`serve NAME PORT`).
+    server_exe: PathBuf,
     /// Remove `dir` and `pins_root` on Drop (tests); the persistent lab keeps them until `down`.
     remove_dir: bool,
 }
@@ -494,16 +505,12 @@ impl HaLab {
             let mac = ns.mac("eth0")?;
             let pins = PinDir::at(pins_root.join(&name))?;
             let (status_file, log) = (dir.join(format!("{name}.status.json")), dir.join(format!("{name}.log")));
-            let server = ns
-                .cmd(server_exe.to_str().context("server path")?)
-                .args(["serve", &name, &SERVICE_PORT.to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting the name server")?;
-            nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), pins, status_file, log });
+            let server = spawn_server(&ns, server_exe, &name, SERVICE_PORT)?;
+            let health_server = spec.health_port.map(|p| spawn_server(&ns, server_exe, &name, p)).transpose()?;
+            nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), health_server, pins, status_file, log });
         }
-        let mut lab = Self { nodes, client, seg, hb_seg, spec, dir, config, pins_root, remove_dir };
+        let server_exe = server_exe.to_owned();
+        let mut lab = Self { nodes, client, seg, hb_seg, spec, dir, config, pins_root, server_exe, remove_dir };
         if lab.spec.ipv6 {
             // Links that have been up a while, as a node's are: each host's
             // link-local address past duplicate address detection, so that its MLD
@@ -520,14 +527,42 @@ impl HaLab {
         // Servers listening before anything is measured: the agents count a new
         // backend healthy until its checks fail, so full rings do not prove it.
         // (On failure the lab is dropped: servers killed, directories removed.)
-        for n in &mut lab.nodes {
-            let listening = n.ns.run(|| wait_for(Duration::from_secs(10), || TcpStream::connect((Ipv4Addr::LOCALHOST, SERVICE_PORT)).ok()))?;
-            if listening.is_none() {
-                let exited = n.server.as_mut().and_then(|s| s.try_wait().ok().flatten());
-                bail!("{}'s name server ({}) is not listening on port {SERVICE_PORT} (exited: {exited:?})", n.name, server_exe.display());
+        for i in 0..lab.nodes.len() {
+            lab.wait_listening(i, SERVICE_PORT)?;
+            if let Some(p) = lab.spec.health_port {
+                lab.wait_listening(i, p)?;
             }
         }
         Ok(lab)
+    }
+
+    /// Waits until node `i`'s server of `port` (its name server or its health server) listens.
+    fn wait_listening(&mut self, i: usize, port: u16) -> Result<()> {
+        let n = &mut self.nodes[i];
+        let listening = n.ns.run(move || wait_for(Duration::from_secs(10), || TcpStream::connect((Ipv4Addr::LOCALHOST, port)).ok()))?;
+        if listening.is_none() {
+            let server = if port == SERVICE_PORT { n.server.as_mut() } else { n.health_server.as_mut() };
+            let exited = server.and_then(|s| s.try_wait().ok().flatten());
+            bail!("{}'s server ({}) is not listening on port {port} (exited: {exited:?})", n.name, self.server_exe.display());
+        }
+        Ok(())
+    }
+
+    /// Stops node `i`'s health server ([`HaSpec::health_port`]): its checks fail
+    /// while the node, its agent and its name server run on.
+    pub fn stop_health(&mut self, i: usize) {
+        if let Some(mut s) = self.nodes[i].health_server.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+    }
+
+    /// Starts node `i`'s health server again, and waits until it listens.
+    pub fn start_health(&mut self, i: usize) -> Result<()> {
+        let port = self.spec.health_port.context("HaSpec::health_port is not set")?;
+        let n = &mut self.nodes[i];
+        n.health_server = Some(spawn_server(&n.ns, &self.server_exe, &n.name, port)?);
+        self.wait_listening(i, port)
     }
 
     /// Starts (or restarts) node `i`'s agent, appending to its log.
@@ -795,7 +830,7 @@ pub fn down_fixed() -> Result<usize> {
 impl Drop for HaLab {
     fn drop(&mut self) {
         for n in &mut self.nodes {
-            if let Some(mut s) = n.server.take() {
+            for mut s in [n.server.take(), n.health_server.take()].into_iter().flatten() {
                 let _ = s.kill();
                 let _ = s.wait();
             }
@@ -810,6 +845,16 @@ impl Drop for HaLab {
             let _ = std::fs::remove_dir(&self.pins_root);
         }
     }
+}
+
+/// Runs `server_exe serve NAME PORT` ([`serve_name`]) in `ns`.
+fn spawn_server(ns: &NetNs, server_exe: &Path, name: &str, port: u16) -> Result<Child> {
+    ns.cmd(server_exe.to_str().context("server path")?)
+        .args(["serve", name, &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting the server of port {port}"))
 }
 
 fn path_str(p: &Path) -> Result<&str> {

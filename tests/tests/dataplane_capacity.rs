@@ -67,7 +67,7 @@ fn service_ports_share_one_ring(addrs: &[ServiceAddr], probe: &[ServiceAddr]) {
     let pins = PinDir::new().unwrap();
     let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
-    let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
+    let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &three)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
     assert!(done.failed.is_empty(), "{} failed, first: {:?}", done.failed.len(), done.failed.iter().next());
@@ -92,7 +92,7 @@ fn service_ports_share_one_ring(addrs: &[ServiceAddr], probe: &[ServiceAddr]) {
 
     // A health change on every service (node-3 down) rewrites the shared ring in
     // place: only node-3's slots, about a third, and nothing per service.
-    let two = ServiceSpec { backends: vec![backend(1), backend(2)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
+    let two = ServiceSpec { backends: vec![backend(1), backend(2)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &two)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
     assert!(done.failed.is_empty());
@@ -175,7 +175,8 @@ fn ring_that_does_not_fit(vips: Vec<IpAddr>) {
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
     let hour = monotonic_ns() + 3_600_000_000_000;
     // Five services, each with its own backend set (externalTrafficPolicy: Local).
-    let specs: Vec<ServiceSpec> = (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251, absent: Vec::new() }).collect();
+    let specs: Vec<ServiceSpec> =
+        (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251, ..Default::default() }).collect();
     let addrs: Vec<ServiceAddr> = vips.iter().map(|&vip| ServiceAddr { vip, port: 80, protocol: Protocol::Tcp }).collect();
     for a in &addrs {
         dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
@@ -201,7 +202,7 @@ fn ring_that_does_not_fit(vips: Vec<IpAddr>) {
     // Other changes still apply: a programmed service's health change.
     let fit: Vec<ServiceAddr> = done.written.keys().copied().collect();
     let failed: Vec<ServiceAddr> = done.failed.keys().copied().collect();
-    let one = ServiceSpec { backends: vec![backend(9)], table_size: 251, absent: Vec::new() };
+    let one = ServiceSpec { backends: vec![backend(9)], table_size: 251, ..Default::default() };
     let d2 = dp.apply(&BTreeMap::from([(fit[0], &one)]), &[], 0).unwrap();
     assert!(d2.failed.is_empty(), "{d2:?}");
     assert_eq!(forwarded_to(&mut dp, fit[0], 41001), Some(backend(9).mac));
@@ -227,7 +228,7 @@ fn ipv6_flows_pinned_from_user_space_are_followed_and_evicted_with_their_backend
     dp.set_iface(IFINDEX, OUR_MAC).unwrap();
     let addr = ServiceAddr { vip: vip6(0).into(), port: 80, protocol: Protocol::Tcp };
     dp.hold_vip(IFINDEX, addr.vip, monotonic_ns() + 3_600_000_000_000).unwrap();
-    let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
+    let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
     assert!(dp.apply(&BTreeMap::from([(addr, &three)]), &[], 0).unwrap().failed.is_empty());
     let id_of = |dp: &Dataplane, mac: Mac| *dp.backends().unwrap().iter().find(|(_, b)| b.mac == mac).unwrap().0;
     let pinned = id_of(&dp, backend(1).mac);
@@ -245,7 +246,7 @@ fn ipv6_flows_pinned_from_user_space_are_followed_and_evicted_with_their_backend
         assert_eq!((v, &out[0..6]), (XDP_TX, &backend(1).mac[..]), "{key:?}: not to its pinned backend");
     }
     // node-1 down: its flows go, and their packets follow the new ring.
-    let two = ServiceSpec { backends: vec![backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, absent: Vec::new() };
+    let two = ServiceSpec { backends: vec![backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
     let done = dp.apply(&BTreeMap::from([(addr, &two)]), &[], 0).unwrap();
     assert!(done.failed.is_empty());
     dp.sweep(&done.sweep).unwrap();

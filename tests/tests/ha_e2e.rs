@@ -20,6 +20,9 @@ use vip_tests::{
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The health servers' port (kube-proxy's is 10256).
+const HEALTH_PORT: u16 = 10256;
+
 fn lab(spec: HaSpec) -> HaLab {
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
     HaLab::start(spec, Naming::Unique, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()
@@ -393,6 +396,74 @@ fn a_dead_node_leaves_every_ring_without_a_health_check() {
     lab.wait_rings_full(&all(&lab), Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
 }
 
+/// Long-lived connections `name` serves through the VIPs the other nodes hold
+/// (from ports `first_port` on).
+fn served_through_others(lab: &HaLab, owners: &BTreeMap<Ipv4Addr, String>, name: &str, first_port: u16) -> Vec<LongConn> {
+    let mut served = Vec::new();
+    for (k, v) in (0..lab.spec.vips).map(|k| (k as u16, vip(k))) {
+        if owners[&v] == name {
+            continue;
+        }
+        for p in 0..12 {
+            let c = LongConn::open(&lab.client, v, first_port + k * 100 + p, Duration::from_secs(2)).unwrap();
+            if c.backend == name {
+                served.push(c);
+            }
+        }
+    }
+    assert!(served.len() >= 3, "too few connections served by {name}: {}", served.len());
+    served
+}
+
+/// A node's health target restarting (kube-proxy's health server, restarted
+/// with kube-proxy, which keeps its rules and connections meanwhile): once its
+/// checks fail the node is out of every ring for new flows, but the connections
+/// it serves through VIPs the others hold live on (their flows stay pinned to
+/// it: drained, since its agent runs), and it is back in the rings when the
+/// target answers again. Nothing moves: no VIP, no peer declared dead.
+#[test]
+fn a_health_targets_restart_breaks_no_connection_its_node_serves() {
+    let spec = HaSpec { health_port: Some(HEALTH_PORT), ..Default::default() };
+    let Some((_g, mut lab, owners)) = setup(spec) else { return };
+    let d = 2;
+    let name = lab.nodes[d].name.clone();
+    let rest = [0, 1];
+    let mut served = served_through_others(&lab, &owners, &name, 43000);
+    let changes = |lab: &HaLab| lab.agent_logs().matches("peer liveness changed").count();
+    let changes_before = changes(&lab);
+    let before: Vec<Option<usize>> = rest.iter().map(|&i| services_with_backend(&lab, i, &name)).collect();
+    assert!(before.iter().all(|n| n.is_some_and(|n| n > 0)), "{before:?}");
+
+    lab.stop_health(d);
+    let out = vip_tests::halab::time_until(Duration::from_secs(5), || rest.iter().all(|&i| services_with_backend(&lab, i, &name) == Some(0)));
+    let took = out.unwrap_or_else(|| panic!("{name} still in rings 5 s after its health server stopped\n{}", lab.agent_logs()));
+    ping_all(&mut served, "when its node's health target stopped");
+    for &i in &rest {
+        let s = lab.status(i).unwrap();
+        let drained = s.services.iter().filter(|x| x.draining.contains(&name)).count();
+        assert_eq!(drained, s.services.len(), "{}: services draining {name}: {drained} of {}", lab.nodes[i].name, s.services.len());
+    }
+    // New connections avoid it, the established ones live on.
+    for p in 0..30u16 {
+        let got = ask(&lab.client, vip((p % 3) as usize), 44000 + p, Duration::from_secs(2)).unwrap_or_else(|e| panic!("connection failed: {e:#}"));
+        assert_ne!(got, name, "a new connection reached {name} while its health check failed");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    ping_all(&mut served, "while its node's health target was down");
+
+    lab.start_health(d).unwrap();
+    let back = vip_tests::halab::time_until(Duration::from_secs(5), || rest.iter().map(|&i| services_with_backend(&lab, i, &name)).eq(before.iter().copied()));
+    back.unwrap_or_else(|| panic!("{name} not back in the rings 5 s after its health server started\n{}", lab.agent_logs()));
+    ping_all(&mut served, "after its node's health target came back");
+    let reached = (0..30u16)
+        .filter(|&p| ask(&lab.client, vip((p % 3) as usize), 45000 + p, Duration::from_secs(2)).unwrap_or_else(|e| panic!("connection failed: {e:#}")) == name)
+        .count();
+    assert!(reached > 0, "no new connection reached {name} once its health target answered");
+    assert_eq!(lab.wait_converged(&all(&lab), Duration::from_secs(2)).unwrap(), owners, "VIPs moved");
+    assert_eq!(changes(&lab), changes_before, "a peer's liveness changed\n{}", lab.agent_logs());
+    eprintln!("{name}: out of every ring {took:?} after its health server stopped; {} connections it serves kept", served.len());
+}
+
 /// An agent SIGKILLed (a crash, an OOM kill, a container in back-off) leaves its
 /// node serving: the peers ask its health target once it is late, keep it a
 /// backend when that answers (its VIPs move all the same), and the connections
@@ -407,20 +478,7 @@ fn a_killed_agents_node_stays_a_backend_while_it_serves_and_a_cut_one_leaves() {
     let d = 2;
     let name = lab.nodes[d].name.clone();
     let rest = [0, 1];
-    // Connections d serves, through the VIPs the others hold.
-    let mut served = Vec::new();
-    for (k, v) in (0..3).map(|k| (k as u16, vip(k))) {
-        if owners[&v] == name {
-            continue;
-        }
-        for p in 0..12 {
-            let c = LongConn::open(&lab.client, v, 46000 + k * 100 + p, Duration::from_secs(2)).unwrap();
-            if c.backend == name {
-                served.push(c);
-            }
-        }
-    }
-    assert!(served.len() >= 3, "too few connections served by {name}: {}", served.len());
+    let mut served = served_through_others(&lab, &owners, &name, 46000);
     let before: Vec<Option<usize>> = rest.iter().map(|&i| services_with_backend(&lab, i, &name)).collect();
     assert!(before.iter().all(|n| n.is_some_and(|n| n > 0)), "{before:?}");
 

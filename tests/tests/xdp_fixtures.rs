@@ -1,11 +1,14 @@
 //! Packet fixtures through BPF_PROG_TEST_RUN: input frame, expected verdict,
 //! expected output frame, byte for byte. Then truncations and random mutations
 //! of every fixture: the program must never transmit a frame it did not build.
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use vip_agent::{
-    dataplane::{monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr},
+    dataplane::{monotonic_ns, AttachMode, BackendSpec, Dataplane, ServiceAddr, ServiceSpec},
     model::Protocol,
 };
 use vip_common::{
@@ -1265,6 +1268,65 @@ fn ipv6_flow_table_keeps_flows_across_ring_changes() {
     let syn = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_SYN);
     let ack = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_ACK);
     flows_kept_across_ring_changes(None, svc(VIP6, 80, PROTO_TCP), CLIENT6.into(), syn, ack);
+}
+
+/// A backend out of the ring but drained (its health check failed, its node
+/// still runs) keeps its established flows, cached or not, although no ring
+/// references it any more; new flows avoid it. When its drain ends with it still
+/// out, its flows are evicted and re-hash; the others never move.
+#[test]
+fn a_drained_backend_keeps_its_flows_until_the_drain_ends() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    let s = svc(VIP, 80, PROTO_TCP);
+    // Backend 7 is this service's alone: draining must keep its slot too.
+    let spec = |backends: Vec<BackendSpec>, draining: Vec<BackendSpec>| ServiceSpec { backends, table_size: TABLE, absent: vec!["node-7".into()], draining };
+    w.dp.set_service(s, &[backend(1), backend(2), backend(7)], TABLE, 0).unwrap();
+    let ack = |sport| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    let mut flows = Vec::new();
+    for sport in 30000..30300u16 {
+        w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), 1, None).unwrap();
+        let (_, out, _) = w.dp.test_run(&ack(sport), 1, None).unwrap();
+        flows.push((sport, <Mac>::try_from(&out[0..6]).unwrap()));
+    }
+    let seven = backend(7).mac;
+    let to7 = flows.iter().filter(|f| f.1 == seven).count();
+    assert!(to7 > 50, "flows on backend 7: {to7} of {}", flows.len());
+    let forwarded = |w: &mut World| -> Vec<Mac> {
+        flows.iter().map(|(sport, _)| <Mac>::try_from(&w.dp.test_run(&ack(*sport), 1, None).unwrap().1[0..6]).unwrap()).collect()
+    };
+
+    let draining = spec(vec![backend(1), backend(2)], vec![backend(7)]);
+    let pinned = w.dp.flow_count();
+    let done = w.dp.apply(&BTreeMap::from([(s, &draining)]), &[], 0).unwrap();
+    assert!(done.failed.is_empty(), "{:?}", done.failed);
+    w.dp.sweep(&done.sweep).unwrap();
+    assert_eq!(w.dp.flow_count(), pinned, "a drained backend's flows were evicted");
+    assert!(w.dp.backends().unwrap().values().any(|b| b.mac == seven), "the drained backend's slot was freed");
+    for _ in 0..2 {
+        assert_eq!(forwarded(&mut w), flows.iter().map(|f| f.1).collect::<Vec<_>>(), "an established flow moved while its backend drained");
+    }
+    for sport in 40000..40100u16 {
+        let (_, out, _) = w.dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), 1, None).unwrap();
+        assert_ne!(out[0..6], seven, "new flow {sport} went to the drained backend");
+    }
+
+    // The drain ends, backend 7 still out: its flows (and only they) re-hash.
+    let out = spec(vec![backend(1), backend(2)], Vec::new());
+    let done = w.dp.apply(&BTreeMap::from([(s, &out)]), &[], 0).unwrap();
+    let pinned = w.dp.flow_count();
+    w.dp.sweep(&done.sweep).unwrap();
+    assert_eq!(pinned - w.dp.flow_count(), to7, "the drained backend's flows evicted at the drain's end");
+    assert!(!w.dp.backends().unwrap().values().any(|b| b.mac == seven), "the backend's slot outlived its drain");
+    for ((sport, before), now) in flows.iter().zip(forwarded(&mut w)) {
+        if *before == seven {
+            assert_ne!(now, seven, "flow {sport} still went to the backend that left");
+        } else {
+            assert_eq!(now, *before, "flow {sport} on a surviving backend moved");
+        }
+    }
 }
 
 /// Established flows (SYN, then the ACK that pins them; then answered from the

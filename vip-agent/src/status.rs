@@ -62,6 +62,10 @@ pub struct ServiceStatus {
     /// Backend nodes in the ring now (candidates that are healthy, with a known MAC;
     /// when failing open, the unhealthy ones).
     pub backends: Vec<String>,
+    /// Backend nodes out of the ring whose established flows still go to them:
+    /// their health check failed while their agent runs (or is away, not gone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<String>,
     /// Its health check (`HealthStatus::check`), if any.
     pub check: Option<String>,
     /// Every backend's check is down and the service fails open: `backends` are

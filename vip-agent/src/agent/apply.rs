@@ -58,6 +58,17 @@ impl Agent {
                 info!(service = %d.name, vip = %a.vip, port = a.port, "no longer failing open");
             }
         }
+        // Per node rather than per service-port (thousands share a check).
+        let drained = |m: &mut dyn Iterator<Item = &DesiredService>| -> std::collections::BTreeSet<String> {
+            m.flat_map(|d| d.spec.draining.iter().map(|b| b.name.clone())).collect()
+        };
+        let (was, now) = (drained(&mut self.applied.values()), drained(&mut want.services.values()));
+        for n in now.difference(&was) {
+            info!(node = %n, "backend draining: its health check failed while its node runs; out of the rings for new flows, its established flows stay");
+        }
+        for n in was.difference(&now) {
+            info!(node = %n, "backend no longer draining");
+        }
         self.metrics
             .service_failing_open
             .set_all(want.services.iter().filter(|(_, d)| d.failing_open).map(|(a, d)| (metrics::ServiceLabels::new(&d.name, a), 1)));

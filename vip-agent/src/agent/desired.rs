@@ -111,11 +111,12 @@ pub struct Observed<'a> {
 pub fn desired(world: &World, seen: &Observed) -> Desired {
     let mut d = Desired::default();
     for svc in &world.services {
-        let (mut backends, mut absent, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut backends, mut absent, mut down, mut draining) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut all_joining = true;
         for node in world.backend_candidates(svc) {
             let kept = seen.leaving.contains(&node.name) || seen.serving.contains(&node.name);
-            if seen.tracked.contains(&node.name) && !seen.live.contains(&node.name) && !kept {
+            let tracked = seen.tracked.contains(&node.name);
+            if tracked && !seen.live.contains(&node.name) && !kept {
                 absent.push(node.name.clone());
                 continue;
             }
@@ -143,6 +144,14 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
             } else {
                 all_joining &= joining;
                 absent.push(b.name.clone());
+                // A failed check on a node whose agent runs (or is known to be
+                // away, not gone): its established connections may still be
+                // served (kube-proxy restarting keeps its rules), so their flows
+                // stay; a node that is gone leaves through its heartbeats. A node
+                // without an agent has only its check to tell: its flows re-hash.
+                if tracked && !joining {
+                    draining.push(b.clone());
+                }
                 down.push(b);
             }
         }
@@ -153,9 +162,10 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
         if open {
             absent.retain(|n| !down.iter().any(|b| b.name == *n));
             backends = down;
+            draining.clear();
         }
         let failing_open = open && !all_joining;
-        let spec = ServiceSpec { backends, table_size: svc.table_size, absent };
+        let spec = ServiceSpec { backends, table_size: svc.table_size, absent, draining };
         for addr in svc.addrs() {
             d.services.insert(addr, DesiredService { name: svc.name.clone(), spec: spec.clone(), failing_open });
         }
@@ -291,6 +301,41 @@ services:
         let web = seen.into_values().next().unwrap();
         assert!(!web.failing_open && web.spec.backends.is_empty());
         assert_eq!(web.spec.absent, ["b1", "b2", "lb1", "lb2"]);
+    }
+
+    /// A failed check takes a backend out of the ring; its flows stay (draining)
+    /// while its node's agent runs or is only away, not when the node is gone,
+    /// has no agent to tell (only its check speaks for it), is joining, or the
+    /// service fails open.
+    #[test]
+    fn a_failed_check_drains_a_node_whose_agent_runs() {
+        let w = parse(CFG).unwrap();
+        let live: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
+        let tracked: BTreeSet<String> = ["lb1".to_owned(), "lb2".to_owned()].into();
+        let macs = [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into();
+        let check = w.services[0].health.clone().unwrap();
+        let target = |n: &str| Target { node: n.into(), addr: w.node(n).unwrap().addr, check: check.clone() };
+        let health: BTreeMap<Target, bool> = [(target("lb2"), false), (target("b1"), false)].into();
+        let web = |o: &Observed| desired(&w, o).services.into_values().next().unwrap();
+        let drained = |d: &DesiredService| d.spec.draining.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+        let d = web(&observed(&tracked, &live, &health, &macs));
+        assert_eq!(names(&d), ["b2", "lb1"]);
+        assert_eq!(d.spec.absent, ["b1", "lb2"]);
+        assert_eq!(drained(&d), ["lb2"], "lb2 runs an agent; b1 has only its check");
+        // lb2 dead: out, nothing drained; away (left to restart, or silent and
+        // serving): drained as when its agent runs.
+        let alive: BTreeSet<String> = live.iter().filter(|n| *n != "lb2").cloned().collect();
+        assert!(drained(&web(&observed(&tracked, &alive, &health, &macs))).is_empty());
+        let lb2: BTreeSet<String> = ["lb2".to_owned()].into();
+        assert_eq!(drained(&web(&Observed { serving: &lb2, ..observed(&tracked, &alive, &health, &macs) })), ["lb2"]);
+        assert_eq!(drained(&web(&Observed { leaving: &lb2, ..observed(&tracked, &alive, &health, &macs) })), ["lb2"]);
+        // Joining: never in the ring, no flows to keep.
+        let joining: BTreeSet<Target> = [target("lb2")].into();
+        assert!(drained(&web(&Observed { joining: &joining, ..observed(&tracked, &live, &health, &macs) })).is_empty());
+        // Every check down: failing open, every one in the ring, none drained.
+        let all_down: BTreeMap<Target, bool> = w.nodes.iter().map(|n| (target(&n.name), false)).collect();
+        let d = web(&observed(&tracked, &live, &all_down, &macs));
+        assert!(d.failing_open && d.spec.draining.is_empty(), "{d:?}");
     }
 
     #[test]

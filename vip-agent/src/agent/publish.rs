@@ -48,6 +48,7 @@ impl Agent {
                 port: a.port,
                 protocol: a.protocol.name().to_owned(),
                 backends: d.spec.backends.iter().map(|b| b.name.clone()).collect(),
+                draining: d.spec.draining.iter().map(|b| b.name.clone()).collect(),
                 check: checks.get(d.name.as_str()).cloned(),
                 failing_open: d.failing_open,
             })

@@ -88,6 +88,9 @@ pub struct Dataplane {
     ids: BTreeSet<u32>,
     /// The slots of lb4_backends in use (a mirror of the array, rebuilt on open).
     backend_slots: BTreeMap<u32, LbBackend>,
+    /// Per service, the backends out of its ring whose pinned flows stay
+    /// (`ServiceSpec::draining`); their `lb4_backends` slots stay with them.
+    draining: BTreeMap<ServiceAddr, BTreeSet<u32>>,
     /// The backends' MACs (`lb_nodes`), as `node_mac_key`s, and their mirror.
     nodes: HashMap<MapData, u64, u32>,
     node_keys: BTreeSet<u64>,
@@ -220,6 +223,7 @@ impl Dataplane {
             programmed: BTreeMap::new(),
             ids: BTreeSet::new(),
             backend_slots: BTreeMap::new(),
+            draining: BTreeMap::new(),
             nodes,
             node_keys: BTreeSet::new(),
         };

@@ -64,6 +64,12 @@ pub struct ServiceSpec {
     /// ring keeps every other slot where it would be with them
     /// ([`maglev::build_without`]), so their leaving moves only their slots.
     pub absent: Vec<String>,
+    /// Backends out of the ring (they are in `absent` too) whose established
+    /// flows keep going to them: their health check failed while their node
+    /// still runs, so new flows avoid them but connections they serve live on.
+    /// A backend that leaves this list without coming back to the ring has its
+    /// flows evicted then.
+    pub draining: Vec<BackendSpec>,
 }
 
 /// What one `set_service` call wrote.
@@ -156,7 +162,7 @@ impl Dataplane {
     /// Sets the backends of one service (see [`Self::apply`]); its error if it failed.
     pub fn set_service(&mut self, addr: ServiceAddr, backends: &[BackendSpec], table_size: u32, seed: u64) -> Result<RingUpdate> {
         let start = Instant::now();
-        let spec = ServiceSpec { backends: backends.to_vec(), table_size, absent: Vec::new() };
+        let spec = ServiceSpec { backends: backends.to_vec(), table_size, ..Default::default() };
         let mut a = self.apply(&BTreeMap::from([(addr, &spec)]), &[], seed)?;
         if let Some(e) = a.failed.remove(&addr) {
             bail!("{e}");
@@ -199,9 +205,20 @@ impl Dataplane {
         for (&addr, spec) in set {
             by_spec.entry(*spec).or_default().push(addr);
         }
+        // The backends each service drains (their slots written, as the ring's).
+        let mut draining: StdHashMap<ServiceAddr, BTreeSet<u32>> = StdHashMap::new();
         for (spec, addrs) in by_spec {
-            match self.ring_for(spec, seed) {
-                Ok(slots) => groups.entry(slots).or_default().extend(addrs),
+            let ring = self.ring_for(spec, seed).and_then(|slots| {
+                let ids = spec.draining.iter().map(|b| self.backend_id(b)).collect::<Result<BTreeSet<u32>, _>>()?;
+                Ok((slots, ids))
+            });
+            match ring {
+                Ok((slots, ids)) => {
+                    for a in &addrs {
+                        draining.insert(*a, ids.clone());
+                    }
+                    groups.entry(slots).or_default().extend(addrs)
+                }
                 Err(e) => {
                     for addr in addrs {
                         out.failed.insert(addr, e.clone());
@@ -222,7 +239,7 @@ impl Dataplane {
                     continue;
                 }
             };
-            let kept: BTreeSet<u32> = self.rings.get(offset).map(|r| r.members.clone()).unwrap_or_default();
+            let members: BTreeSet<u32> = self.rings.get(offset).map(|r| r.members.clone()).unwrap_or_default();
             let mut first = true;
             for addr in users {
                 let cur = self.programmed.get(&addr).copied();
@@ -231,8 +248,13 @@ impl Dataplane {
                     Some(p) => self.rings.get(p.ring).map(|r| r.members.clone()),
                     None => None,
                 };
+                // Flows may stay on the ring's members and on the backends drained.
+                let drained = draining.remove(&addr).unwrap_or_default();
+                let kept: BTreeSet<u32> = members.union(&drained).copied().collect();
+                let was_drained = if drained.is_empty() { self.draining.remove(&addr) } else { self.draining.insert(addr, drained) };
+                let before = before.map(|b| b.union(&was_drained.unwrap_or_default()).copied().collect::<BTreeSet<u32>>());
                 if before.is_some_and(|b| !b.is_subset(&kept)) {
-                    lost.insert(addr, kept.clone());
+                    lost.insert(addr, kept);
                 }
                 if cur.is_some_and(|p| p.ring == offset) {
                     if written > 0 && first {
@@ -270,6 +292,7 @@ impl Dataplane {
             self.rings.free_if_unused(offset);
         }
         for &addr in remove {
+            self.draining.remove(&addr);
             let Some(p) = self.programmed.remove(&addr) else { continue };
             self.remove_service_entry(&addr)?;
             self.rings.drop_user(p.ring, addr);
@@ -450,10 +473,11 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Deletes backends no ring references and returns their ids; the caller
+    /// Deletes backends no ring references and no service drains, and returns their ids; the caller
     /// evicts their flows (in the same pass as any other eviction it needs).
     fn collect_backends(&mut self) -> Result<BTreeSet<u32>> {
-        let used = self.rings.used_backends();
+        let mut used = self.rings.used_backends();
+        used.extend(self.draining.values().flatten());
         let gone: BTreeSet<u32> = self.backend_slots.keys().copied().filter(|id| !used.contains(id)).collect();
         for id in &gone {
             // A zeroed slot (no BACKEND_PRESENT) is no backend: flows to it re-hash.

@@ -15,6 +15,7 @@ fn status(updated_unix_ms: u64) -> Status {
             port: 80,
             protocol: "tcp".into(),
             backends: vec!["n1".into(), "n2".into()],
+            draining: vec![],
             check: None,
             failing_open: false,
         }],
