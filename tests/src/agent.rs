@@ -38,6 +38,22 @@ pub fn agent_bin() -> Result<PathBuf> {
     bail!("vip-agent binary not found near {}; build it with `cargo build --release -p vip-agent` (cargo xtask test does)", exe.display())
 }
 
+/// The previous release's agent binary, as `cargo xtask test` (or `cargo xtask
+/// previous-release`) builds it from the commit releases.toml names:
+/// $VIP_PREVIOUS_AGENT_BIN, else target/releases/previous/vip-agent; and its
+/// version (the `version` file beside it, else "previous").
+pub fn previous_release_bin() -> Result<(PathBuf, String)> {
+    let bin = match std::env::var_os("VIP_PREVIOUS_AGENT_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/releases/previous/vip-agent"),
+    };
+    if !bin.is_file() {
+        bail!("the previous release's agent {} is missing: build it with `cargo xtask previous-release` (cargo xtask test does)", bin.display());
+    }
+    let version = std::fs::read_to_string(bin.with_file_name("version")).map(|v| v.trim().to_owned()).unwrap_or_else(|_| "previous".into());
+    Ok((bin, version))
+}
+
 pub struct AgentProc {
     pub child: Child,
     pub log: PathBuf,
@@ -51,21 +67,25 @@ impl AgentProc {
 
     /// Like `start`, appending to `log` (a restarted agent keeps its history).
     pub fn start_appending(ns: &NetNs, args: &[&str], log: &Path) -> Result<Self> {
-        Self::spawn(ns, args, log, std::fs::OpenOptions::new().create(true).append(true).open(log)?)
+        Self::start_appending_bin(ns, &agent_bin()?, args, log)
+    }
+
+    /// [`Self::start_appending`] running the agent binary `bin` (another release's).
+    pub fn start_appending_bin(ns: &NetNs, bin: &Path, args: &[&str], log: &Path) -> Result<Self> {
+        Self::spawn_wrapped(ns, bin, &[], args, log, std::fs::OpenOptions::new().create(true).append(true).open(log)?)
     }
 
     /// Like `start`, with `wrapper` (a program and its arguments, e.g. `setpriv` to
     /// drop capabilities) in front of the agent; it must exec the agent in place.
     pub fn start_wrapped(ns: &NetNs, wrapper: &[&str], args: &[&str], log: &Path) -> Result<Self> {
-        Self::spawn_wrapped(ns, wrapper, args, log, std::fs::File::create(log)?)
+        Self::spawn_wrapped(ns, &agent_bin()?, wrapper, args, log, std::fs::File::create(log)?)
     }
 
     fn spawn(ns: &NetNs, args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
-        Self::spawn_wrapped(ns, &[], args, log, out)
+        Self::spawn_wrapped(ns, &agent_bin()?, &[], args, log, out)
     }
 
-    fn spawn_wrapped(ns: &NetNs, wrapper: &[&str], args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
-        let bin = agent_bin()?;
+    fn spawn_wrapped(ns: &NetNs, bin: &Path, wrapper: &[&str], args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
         let bin = bin.to_str().context("agent path")?;
         let mut cmd = match wrapper.split_first() {
             Some((program, rest)) => {

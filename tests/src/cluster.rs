@@ -180,7 +180,7 @@ pub const NODE_MONITOR_GRACE_PERIOD: Duration = Duration::from_secs(12);
 /// The images `cargo xtask image` builds (`target/images/`, [`images_dir`]).
 pub const TESTPOD_IMAGE: &str = "localhost/vip-testpod:1";
 pub const TESTPOD_ARCHIVE: &str = "vip-testpod.oci.tar";
-pub const AGENT_IMAGE: &str = "localhost/vip-agent:0.1.0";
+pub const AGENT_IMAGE: &str = "localhost/vip-agent:0.2.0";
 pub const AGENT_ARCHIVE: &str = "vip-agent.oci.tar";
 
 /// Where `cargo xtask image` writes the OCI archives.

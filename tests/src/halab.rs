@@ -81,6 +81,9 @@ pub struct HaSpec {
     /// each node's address is [`node_addr6`], and the IPv4 VIPs are neither routed
     /// to nor accepted (a Kubernetes lab's pool holds only IPv6 addresses).
     pub ipv6_only: bool,
+    /// The agent binary every node starts with (another release's, for upgrade
+    /// tests); None: this build's. A node's can be changed ([`HaNode::agent_bin`]).
+    pub agent_bin: Option<PathBuf>,
 }
 
 impl Default for HaSpec {
@@ -108,6 +111,7 @@ impl Default for HaSpec {
             metrics_on_segment: false,
             arp_check_ms: None,
             ipv6: false,
+            agent_bin: None,
             ipv6_only: false,
         }
     }
@@ -323,6 +327,8 @@ pub struct HaNode {
     pub pins: PinDir,
     pub status_file: PathBuf,
     pub log: PathBuf,
+    /// The binary the node's agent starts from next; None: this build's.
+    pub agent_bin: Option<PathBuf>,
 }
 
 pub struct HaLab {
@@ -507,7 +513,19 @@ impl HaLab {
             let (status_file, log) = (dir.join(format!("{name}.status.json")), dir.join(format!("{name}.log")));
             let server = spawn_server(&ns, server_exe, &name, SERVICE_PORT)?;
             let health_server = spec.health_port.map(|p| spawn_server(&ns, server_exe, &name, p)).transpose()?;
-            nodes.push(HaNode { name, ns, addr, mac, agent: None, server: Some(server), health_server, pins, status_file, log });
+            nodes.push(HaNode {
+                name,
+                ns,
+                addr,
+                mac,
+                agent: None,
+                server: Some(server),
+                health_server,
+                pins,
+                status_file,
+                log,
+                agent_bin: spec.agent_bin.clone(),
+            });
         }
         let server_exe = server_exe.to_owned();
         let mut lab = Self { nodes, client, seg, hb_seg, spec, dir, config, pins_root, server_exe, remove_dir };
@@ -612,7 +630,11 @@ impl HaLab {
             Some(k) => args.extend(["--kubernetes", "--kubeconfig", k]),
             None => args.extend(["--config", path_str(config)?]),
         }
-        n.agent = Some(AgentProc::start_appending(&n.ns, &args, &n.log)?);
+        let bin = match &n.agent_bin {
+            Some(b) => b.clone(),
+            None => crate::agent::agent_bin()?,
+        };
+        n.agent = Some(AgentProc::start_appending_bin(&n.ns, &bin, &args, &n.log)?);
         self.record_pids();
         Ok(())
     }

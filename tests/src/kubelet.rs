@@ -12,7 +12,10 @@
 //!   time, in node order (SIGTERM, SIGKILL after `terminationGracePeriodSeconds`),
 //!   starts a node's new pod once its old one is gone (maxSurge 0) and goes on
 //!   when the new ones are Ready.
-use std::time::{Duration, Instant};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Result};
 
@@ -140,18 +143,45 @@ impl Kubelet {
     }
 
     /// One rolling update of every node's pod (`maxUnavailable` at a time, node
-    /// order): for each node, how long its old pod took to stop and its new one to
-    /// turn Ready after its start.
+    /// order), each new pod from the same image: for each node, how long its old
+    /// pod took to stop and its new one to turn Ready after its start.
     pub fn rollout(&mut self, lab: &mut HaLab) -> Result<Vec<(Duration, Duration)>> {
+        self.roll(lab, None, |_, _| Ok(()))
+    }
+
+    /// A rolling update to another image: each node's new pod runs the agent
+    /// binary `bin` (None: this build's). `between` runs after each batch of new
+    /// pods is Ready, with the batch's nodes, while images are mixed.
+    pub fn rollout_to(
+        &mut self,
+        lab: &mut HaLab,
+        bin: Option<&Path>,
+        between: impl FnMut(&mut HaLab, &[usize]) -> Result<()>,
+    ) -> Result<Vec<(Duration, Duration)>> {
+        self.roll(lab, Some(bin), between)
+    }
+
+    fn roll(
+        &mut self,
+        lab: &mut HaLab,
+        image: Option<Option<&Path>>,
+        mut between: impl FnMut(&mut HaLab, &[usize]) -> Result<()>,
+    ) -> Result<Vec<(Duration, Duration)>> {
         let mut took = Vec::new();
         let nodes: Vec<usize> = (0..lab.nodes.len()).collect();
         for batch in nodes.chunks(self.pod.max_unavailable.max(1)) {
             let stopped: Vec<Duration> = batch.iter().map(|&i| self.delete(lab, i)).collect::<Result<_>>()?;
             std::thread::sleep(RESTART_DELAY);
+            if let Some(bin) = image {
+                for &i in batch {
+                    lab.nodes[i].agent_bin = bin.map(Path::to_owned);
+                }
+            }
             let starts: Vec<Instant> = batch.iter().map(|&i| self.start(lab, i)).collect::<Result<_>>()?;
             for ((&i, start), stop) in batch.iter().zip(starts).zip(stopped) {
                 took.push((stop, self.wait_ready(lab, i, start)?));
             }
+            between(lab, batch)?;
         }
         Ok(took)
     }

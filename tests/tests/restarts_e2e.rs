@@ -10,15 +10,15 @@
 //! Each test prints its counts (`restarts: …`), the figures BENCHMARKS.md quotes.
 use std::{
     net::IpAddr,
-    path::Path,
+    path::{Path, PathBuf},
     sync::Mutex,
     time::{Duration, Instant},
 };
 
 use serde_json::json;
 use vip_tests::{
-    agent::agent_bin,
-    halab::{vip, HaLab, HaSpec, LongConn},
+    agent::{agent_bin, previous_release_bin},
+    halab::{arp_probe, vip, HaLab, HaSpec, LongConn},
     kubelab::KubeLab,
     kubelet::Kubelet,
     load::{Load, LoadReport},
@@ -43,14 +43,15 @@ fn all(lab: &HaLab) -> Vec<usize> {
     (0..lab.nodes.len()).collect()
 }
 
-/// The lab with its pool and Services, every VIP held and every ring whole.
-fn setup() -> Option<(std::sync::MutexGuard<'static, ()>, KubeLab, Kubelet)> {
+/// The lab with its pool and Services, every VIP held and every ring whole; its
+/// agents run the binary `image` (None: this build's).
+fn setup(image: Option<PathBuf>) -> Option<(std::sync::MutexGuard<'static, ()>, KubeLab, Kubelet)> {
     if !privileged() {
         return None;
     }
     let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let kl = KubeLab::start(HaSpec { vips: VIPS, metrics_on_segment: true, ..HaSpec::default() }, lab_exe()).unwrap();
+    let kl = KubeLab::start(HaSpec { vips: VIPS, metrics_on_segment: true, agent_bin: image, ..HaSpec::default() }, lab_exe()).unwrap();
     let (lab, api) = (&kl.lab, &kl.api);
     api.insert(
         "vippools.vip.dev",
@@ -108,7 +109,7 @@ fn assert_clean(report: &LoadReport, lab: &HaLab) {
 /// breaks and no new connection fails.
 #[test]
 fn a_crash_looping_agent_breaks_nothing_its_node_serves() {
-    let Some((_g, mut kl, mut kubelet)) = setup() else { return };
+    let Some((_g, mut kl, mut kubelet)) = setup(None) else { return };
     let lab = &mut kl.lab;
     let d = 2;
     let name = lab.nodes[d].name.clone();
@@ -155,7 +156,7 @@ fn a_crash_looping_agent_breaks_nothing_its_node_serves() {
 /// node after each rollout.
 #[test]
 fn ten_rollouts_with_fault_trials_between_break_nothing() {
-    let Some((_g, mut kl, mut kubelet)) = setup() else { return };
+    let Some((_g, mut kl, mut kubelet)) = setup(None) else { return };
     let lab = &mut kl.lab;
     let conns = long_conns(lab, 6);
     let mut load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
@@ -201,6 +202,76 @@ fn ten_rollouts_with_fault_trials_between_break_nothing() {
         slowest_ready.as_secs_f64()
     );
     for (_, report) in &reports {
+        assert_clean(report, lab);
+    }
+}
+
+/// The release node `i`'s agent says it is (`vip_build_info{version}`).
+fn build_version(lab: &HaLab, i: usize) -> Option<String> {
+    let m = lab.metrics(i);
+    let line = m.lines().find(|l| l.starts_with("vip_build_info{"))?;
+    Some(line.split("version=\"").nth(1)?.split('"').next()?.to_owned())
+}
+
+/// While the releases are mixed (after each node's new pod is Ready): every node
+/// runs the release it was given, every VIP has one holder, which alone answers
+/// ARP for it, and each agent of this release shows which release each node
+/// runs (the previous one says none in its heartbeats).
+fn check_mixed(lab: &HaLab, previous: &str) -> anyhow::Result<()> {
+    let current = vip_agent::model::VERSION;
+    let runs_current: Vec<bool> = lab.nodes.iter().map(|n| n.agent_bin.is_none()).collect();
+    for (i, new) in runs_current.iter().enumerate() {
+        let v = build_version(lab, i);
+        anyhow::ensure!(v.as_deref() == Some(if *new { current } else { previous }), "{} runs {v:?}", lab.nodes[i].name);
+    }
+    let owners = lab.wait_converged_on(&all(lab), VIPS, Duration::from_secs(10))?;
+    let vips: Vec<_> = (0..VIPS).map(vip).collect();
+    for (v, claims) in arp_probe(&lab.client, &vips, 3, Duration::from_millis(100))? {
+        let holder = lab.nodes[lab.index_of(&owners[&v])].mac;
+        anyhow::ensure!(claims.answered == [holder].into(), "{v}: answered by {:?}, held by {}", claims.answered, owners[&v]);
+    }
+    let shown = |i: usize| -> Option<Vec<Option<String>>> {
+        let s = lab.status(i)?;
+        lab.nodes.iter().map(|n| Some(s.nodes.iter().find(|x| x.node == n.name)?.version.clone())).collect()
+    };
+    let expected: Vec<Option<String>> = runs_current.iter().map(|new| new.then(|| current.to_owned())).collect();
+    for i in (0..lab.nodes.len()).filter(|&i| runs_current[i]) {
+        // Versions ride one heartbeat in 20.
+        let seen = vip_tests::halab::time_until(Duration::from_secs(5), || shown(i) == Some(expected.clone()));
+        anyhow::ensure!(seen.is_some(), "{} shows versions {:?}, not {expected:?}", lab.nodes[i].name, shown(i));
+    }
+    Ok(())
+}
+
+/// An upgrade from the previous release and the rollback, as a DaemonSet's image
+/// change does them: the lab starts on the previous release's agent (built from
+/// the commit releases.toml names), rolls out this build's node by node under
+/// load, then rolls back to the previous release. VIPs move between agents of
+/// both releases on the way (each stopping agent hands its VIPs over); after
+/// every node's step the mixed cluster is checked ([`check_mixed`]). No new
+/// connection fails and no long-lived one breaks: each flow keeps its backend
+/// whichever release balances it.
+#[test]
+fn an_upgrade_from_the_previous_release_and_its_rollback_break_nothing() {
+    let (previous, version) = previous_release_bin().unwrap_or_else(|e| panic!("{e:#}"));
+    assert_ne!(version, vip_agent::model::VERSION, "the previous release has this build's version");
+    let Some((_g, mut kl, mut kubelet)) = setup(Some(previous.clone())) else { return };
+    let lab = &mut kl.lab;
+    check_mixed(lab, &version).unwrap_or_else(|e| panic!("on the previous release: {e:#}\n{}", lab.agent_logs()));
+    let mut conns = long_conns(lab, 6);
+    let mut reports = Vec::new();
+    for (what, bin) in [(format!("upgrade {version} → {}", vip_agent::model::VERSION), None), (format!("rollback to {version}"), Some(previous.as_path()))] {
+        let load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+        let t = Instant::now();
+        kubelet
+            .rollout_to(lab, bin, |lab, batch| check_mixed(lab, &version).map_err(|e| e.context(format!("after {what} of node {batch:?}"))))
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+        let (report, alive) = load.finish().unwrap();
+        eprintln!("restarts: {what}, node by node ({:.0} s): {report}", t.elapsed().as_secs_f64());
+        reports.push(report);
+        conns = alive;
+    }
+    for report in &reports {
         assert_clean(report, lab);
     }
 }

@@ -37,7 +37,7 @@ const MODE: u32 = 0o755;
 pub struct Spec {
     /// Repository part of the reference, e.g. `localhost/vip-agent`.
     pub name: String,
-    /// Tag, e.g. `0.1.0`.
+    /// Tag, e.g. `0.2.0`.
     pub tag: String,
     /// (file on this machine, absolute path in the image); symlinks are followed
     /// and stored as regular files.

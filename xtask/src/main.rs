@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask setup | build-ebpf | image | test | bench | lab | docs`.
 mod image;
+mod release;
 mod setup;
 
 use std::{path::PathBuf, process::Command};
@@ -44,7 +45,7 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// setup --tests + build-ebpf + lint (rustfmt, clippy -D warnings) + the images
+    /// setup --tests + build-ebpf + previous-release + lint (rustfmt, clippy -D warnings) + the images
     /// (`image`) + the whole test suite with XDP in generic mode, then the lab
     /// tests again in native mode (BPF and netns tests need root).
     Test {
@@ -62,6 +63,10 @@ enum Cmd {
         #[arg(default_value = "demo")]
         action: String,
     },
+    /// The build setup, then the previous release's agent (the last release in
+    /// releases.toml) built from its commit, for the upgrade and rollback test:
+    /// target/releases/previous/vip-agent. `cargo xtask test` runs this.
+    PreviousRelease,
     /// Regenerate the references in docs/reference/ from the code: the command
     /// line (clap), the VipPool fields (CRD schema), the metrics (registry), the
     /// data path's reasons (vip-common); and deploy/monitoring/prometheusrule.yaml
@@ -249,10 +254,15 @@ fn test_with_summary(args: &[String]) -> Result<()> {
 
 /// Builds the XDP object with `nightly` (the toolchain [`setup::setup`] chose).
 pub fn build_ebpf(nightly: &str) -> Result<()> {
+    build_ebpf_in(&root(), nightly)
+}
+
+/// [`build_ebpf`] in the workspace at `workspace` (another release's tree).
+pub fn build_ebpf_in(workspace: &std::path::Path, nightly: &str) -> Result<()> {
     let mut c = cargo(Some(nightly));
-    c.current_dir(root().join("vip-ebpf")).args(["build", "--release"]);
+    c.current_dir(workspace.join("vip-ebpf")).args(["build", "--release"]);
     run(&mut c, &format!("building the XDP object (vip-ebpf, {nightly}, bpfel-unknown-none)"))?;
-    let obj = root().join("vip-ebpf/target/bpfel-unknown-none/release/vip");
+    let obj = workspace.join("vip-ebpf/target/bpfel-unknown-none/release/vip");
     eprintln!("xtask: XDP object at {}", obj.display());
     Ok(())
 }
@@ -303,12 +313,15 @@ fn main() -> Result<()> {
             setup::setup(scope, true).map(drop)
         }
         Cmd::BuildEbpf => build_ebpf(&setup::setup(Scope::Build, false)?),
+        Cmd::PreviousRelease => release::build_previous(&setup::setup(Scope::Build, false)?).map(drop),
         Cmd::Image { out } => {
             build_ebpf(&setup::setup(Scope::Build, false)?)?;
             image::image(&out.unwrap_or_else(image::default_dir))
         }
         Cmd::Test { args } => {
-            build_ebpf(&setup::setup(Scope::Tests, true)?)?;
+            let nightly = setup::setup(Scope::Tests, true)?;
+            build_ebpf(&nightly)?;
+            release::build_previous(&nightly)?;
             lint()?;
             report_api_server();
             // The images (which build the agent) before the tests: the cluster

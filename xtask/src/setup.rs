@@ -83,6 +83,27 @@ pub struct Pins {
     pub bpf_linker: String,
 }
 
+/// The `key = "value"` lines of a pin file (toolchains.toml, releases.toml), in
+/// order; `#` starts a comment, a key may be quoted.
+pub fn key_values(text: &str) -> Result<Vec<(String, String)>> {
+    let mut values = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, rest) = line.split_once('=').with_context(|| format!("line {}: not `key = \"value\"`", n + 1))?;
+        let rest = rest.trim().strip_prefix('"').with_context(|| format!("line {}: the value is not quoted", n + 1))?;
+        let (value, after) = rest.split_once('"').with_context(|| format!("line {}: unterminated string", n + 1))?;
+        let after = after.trim();
+        if !(after.is_empty() || after.starts_with('#')) {
+            bail!("line {}: unexpected {after:?} after the value", n + 1);
+        }
+        values.push((key.trim().trim_matches('"').to_owned(), value.to_owned()));
+    }
+    Ok(values)
+}
+
 const PIN_FILE: &str = include_str!("../../toolchains.toml");
 
 impl Pins {
@@ -90,23 +111,8 @@ impl Pins {
         Self::parse(PIN_FILE).context("toolchains.toml")
     }
 
-    /// `key = "value"` lines; `#` starts a comment.
     fn parse(text: &str) -> Result<Self> {
-        let mut values = std::collections::BTreeMap::new();
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (key, rest) = line.split_once('=').with_context(|| format!("line {}: not `key = \"value\"`", n + 1))?;
-            let rest = rest.trim().strip_prefix('"').with_context(|| format!("line {}: the value is not quoted", n + 1))?;
-            let (value, after) = rest.split_once('"').with_context(|| format!("line {}: unterminated string", n + 1))?;
-            let after = after.trim();
-            if !(after.is_empty() || after.starts_with('#')) {
-                bail!("line {}: unexpected {after:?} after the value", n + 1);
-            }
-            values.insert(key.trim().to_owned(), value.to_owned());
-        }
+        let mut values: std::collections::BTreeMap<String, String> = key_values(text)?.into_iter().collect();
         let mut take = |k: &str| values.remove(k).with_context(|| format!("no `{k}`"));
         let pins = Pins {
             stable: take("stable")?,

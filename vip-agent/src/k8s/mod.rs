@@ -38,7 +38,7 @@ pub(crate) fn owned<K: Clone>(v: Vec<std::sync::Arc<K>>) -> Vec<K> {
     v.into_iter().map(|x| (*x).clone()).collect()
 }
 
-/// What requests to the API server say they are (`vip-agent/0.1.0`).
+/// What requests to the API server say they are (`vip-agent/0.2.0`).
 pub const USER_AGENT: &str = concat!("vip-agent/", env!("CARGO_PKG_VERSION"));
 
 /// A client from `kubeconfig`, else in-cluster config or $KUBECONFIG.
