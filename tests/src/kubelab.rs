@@ -89,8 +89,8 @@ pub const HEALTH_CHECK_NODE_PORT: u16 = 32000;
 
 /// The API server of a lab.
 pub enum LabApi {
-    /// The stand-in; the sender keeps its runtime (in its namespace) running.
-    StandIn(ApiServer, mpsc::Sender<()>),
+    /// The stand-in, and the runtime (in its namespace) that serves it.
+    StandIn(ApiServer, StandInRuntime),
     Real(Box<RealApiServer>),
 }
 
@@ -199,14 +199,16 @@ impl Drop for Children {
     }
 }
 
-/// Runs the stand-in of an IPv4 cluster inside `ns` (its runtime's threads live
-/// there) until the returned sender is dropped.
-pub fn api_in(ns: &NetNs, addr: SocketAddr) -> Result<(ApiServer, mpsc::Sender<()>)> {
-    api_of(ns, addr, Stack::V4)
+/// The runtime a lab's stand-in runs on, its threads in the API's namespace; it
+/// stops when this is dropped.
+pub struct StandInRuntime {
+    handle: tokio::runtime::Handle,
+    _keep: mpsc::Sender<()>,
 }
 
-/// [`api_in`] for a cluster of `stack`'s families.
-pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack) -> Result<(ApiServer, mpsc::Sender<()>)> {
+/// Runs the stand-in of a cluster of `stack`'s families inside `ns` (its runtime's
+/// threads live there) until the returned runtime is dropped.
+pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack) -> Result<(ApiServer, StandInRuntime)> {
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     ns.spawn(move || {
@@ -218,8 +220,8 @@ pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack) -> Result<(ApiServer, 
             Ok((rt, api))
         })();
         match started {
-            Ok((_rt, api)) => {
-                let _ = tx.send(Ok(api));
+            Ok((rt, api)) => {
+                let _ = tx.send(Ok((api, rt.handle().clone())));
                 let _ = stop_rx.recv(); // keep the runtime (and the server) alive
             }
             Err(e) => {
@@ -227,7 +229,8 @@ pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack) -> Result<(ApiServer, 
             }
         }
     })?;
-    Ok((rx.recv()??, stop_tx))
+    let (api, handle) = rx.recv()??;
+    Ok((api, StandInRuntime { handle, _keep: stop_tx }))
 }
 
 /// The agents' kubeconfig: the DaemonSet's ServiceAccount, so that the stand-in
@@ -314,6 +317,45 @@ impl KubeLab {
             lab.start_agent(i)?;
         }
         Ok(Some(Self { _health: health, lab, api: LabApi::Real(Box::new(server)), api_ns, _tmp: tmp }))
+    }
+}
+
+impl KubeLab {
+    /// An API-server outage begins: the stand-in's listener closes and every
+    /// connection ends, its store kept; the real server is SIGKILLed, etcd kept.
+    pub fn stop_api(&mut self) {
+        match &mut self.api {
+            LabApi::StandIn(api, rt) => rt.handle.block_on(api.stop()),
+            LabApi::Real(s) => s.kill(),
+        }
+    }
+
+    /// The outage ends: the API server serves its state again on its address (the
+    /// real one once `/readyz` answers).
+    pub fn start_api(&mut self) -> Result<()> {
+        match &mut self.api {
+            LabApi::StandIn(api, rt) => {
+                let addr = api.addr();
+                // Bound in the API's namespace; the port may take a moment to be free.
+                let bound = self.api_ns.run(move || {
+                    let mut tries = 0;
+                    loop {
+                        match std::net::TcpListener::bind(addr) {
+                            Err(_) if tries < 50 => {
+                                tries += 1;
+                                std::thread::sleep(std::time::Duration::from_millis(100));
+                            }
+                            r => return r,
+                        }
+                    }
+                })?;
+                let listener = bound.with_context(|| format!("binding {addr} again"))?;
+                listener.set_nonblocking(true)?;
+                let _in_runtime = rt.handle.enter();
+                api.restart_on(tokio::net::TcpListener::from_std(listener)?)
+            }
+            LabApi::Real(s) => s.restart().map(drop),
+        }
     }
 }
 

@@ -33,7 +33,7 @@ pub const BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 pub const BACKOFF_RESET: Duration = Duration::from_secs(600);
 /// How long a started container may take to turn Ready before the stand-in gives up.
-const READY_LIMIT: Duration = Duration::from_secs(60);
+pub const READY_LIMIT: Duration = Duration::from_secs(60);
 
 /// One node's agent pod.
 #[derive(Default)]
@@ -96,11 +96,18 @@ impl Kubelet {
     /// Starts node `i`'s container at `at` (sleeping until then) and waits until it
     /// is Ready.
     pub fn restart_at(&mut self, lab: &mut HaLab, i: usize, at: Instant) -> Result<Restart> {
+        let start = self.start_at(lab, i, at)?;
+        let exited = self.pods[i].exited.unwrap_or(start);
+        Ok(Restart { delay: start.saturating_duration_since(exited), ready_after: self.wait_ready(lab, i, start, READY_LIMIT)? })
+    }
+
+    /// Starts node `i`'s container at `at` (sleeping until then), not waiting for
+    /// it to turn Ready ([`Self::wait_ready`]); when it started.
+    pub fn start_at(&mut self, lab: &mut HaLab, i: usize, at: Instant) -> Result<Instant> {
         std::thread::sleep(at.saturating_duration_since(Instant::now()));
         let start = self.start(lab, i)?;
-        let exited = self.pods[i].exited.unwrap_or(start);
         self.pods[i].restarts += 1;
-        Ok(Restart { delay: start.saturating_duration_since(exited), ready_after: self.wait_ready(lab, i, start)? })
+        Ok(start)
     }
 
     fn start(&mut self, lab: &mut HaLab, i: usize) -> Result<Instant> {
@@ -112,10 +119,11 @@ impl Kubelet {
 
     /// Probes node `i`'s container as the kubelet does (first at
     /// `initialDelaySeconds` after `started`, then every `periodSeconds`) until
-    /// Ready; how long after its start.
-    fn wait_ready(&self, lab: &HaLab, i: usize, started: Instant) -> Result<Duration> {
+    /// Ready, for at most `limit` from now; how long after its start.
+    pub fn wait_ready(&self, lab: &HaLab, i: usize, started: Instant, limit: Duration) -> Result<Duration> {
         let n = &lab.nodes[i];
         let probe = &self.pod.readiness;
+        let give_up = Instant::now() + limit;
         let mut next = started + probe.initial_delay;
         loop {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
@@ -123,8 +131,8 @@ impl Kubelet {
             if matches!(answer, Ok((200, _))) {
                 return Ok(started.elapsed());
             }
-            if started.elapsed() > READY_LIMIT {
-                bail!("{}'s agent not Ready {READY_LIMIT:?} after its start (last probe: {answer:?})\n{}", n.name, lab.agent_logs());
+            if Instant::now() > give_up {
+                bail!("{}'s agent not Ready {:?} after its start (last probe: {answer:?})\n{}", n.name, started.elapsed(), lab.agent_logs());
             }
             next += probe.period;
         }
@@ -179,7 +187,7 @@ impl Kubelet {
             }
             let starts: Vec<Instant> = batch.iter().map(|&i| self.start(lab, i)).collect::<Result<_>>()?;
             for ((&i, start), stop) in batch.iter().zip(starts).zip(stopped) {
-                took.push((stop, self.wait_ready(lab, i, start)?));
+                took.push((stop, self.wait_ready(lab, i, start, READY_LIMIT)?));
             }
             between(lab, batch)?;
         }

@@ -275,3 +275,64 @@ fn an_upgrade_from_the_previous_release_and_its_rollback_break_nothing() {
         assert_clean(report, lab);
     }
 }
+
+/// The holder of `v` its VipStatus names.
+fn status_holder(kl: &KubeLab, v: std::net::Ipv4Addr) -> Option<String> {
+    let s = kl.api.list("vipstatuses.vip.dev", None).into_iter().find(|o| o["spec"]["address"] == v.to_string())?;
+    s["status"]["holder"].as_str().map(str::to_owned)
+}
+
+/// The API server gone for 60 s under load (its listener closed, every watch
+/// ended, its store kept: a control-plane restart, or the nodes cut off from it),
+/// and in it the holder of a VIP crashes, which the kubelet starts again at once
+/// with no API to read its model from. Heartbeats, failover and the data path
+/// need no API: the VIP moves, the crashed agent's node stays in every ring (its
+/// pods serve on), no new connection fails and no long-lived one breaks. Once the
+/// API is back, the restarted agent turns Ready, the VIPs settle and every
+/// VipStatus names its VIP's holder.
+#[test]
+fn an_api_server_outage_of_60_s_with_a_crash_in_it_breaks_nothing() {
+    const OUTAGE: Duration = Duration::from_secs(60);
+    let Some((_g, mut kl, mut kubelet)) = setup(None) else { return };
+    let owners = kl.lab.wait_converged_on(&all(&kl.lab), VIPS, Duration::from_secs(10)).unwrap();
+    for k in 0..VIPS {
+        let v = vip(k);
+        let named = vip_tests::halab::time_until(Duration::from_secs(20), || status_holder(&kl, v).as_ref() == Some(&owners[&v]));
+        assert!(named.is_some(), "VipStatus of {v}: holder {:?}, not {}", status_holder(&kl, v), owners[&v]);
+    }
+    let conns = long_conns(&kl.lab, 6);
+    let load = Load::start(&kl.lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+    let t0 = Instant::now();
+    kl.stop_api();
+    std::thread::sleep(Duration::from_secs(5));
+    let k = kl.lab.index_of(&owners[&vip(0)]);
+    let name = kl.lab.nodes[k].name.clone();
+    let due = kubelet.crash(&mut kl.lab, k);
+    let started = kubelet.start_at(&mut kl.lab, k, due).unwrap();
+    let rest: Vec<usize> = all(&kl.lab).into_iter().filter(|&i| i != k).collect();
+    let moved = kl.lab.wait_converged_on(&rest, VIPS, Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", kl.lab.agent_logs()));
+    assert_ne!(moved[&vip(0)], name, "{name}'s VIP did not move during the outage");
+    while t0.elapsed() < OUTAGE {
+        let rings: Vec<Option<usize>> = rest.iter().map(|&i| rings_with(&kl.lab, i, &name)).collect();
+        assert!(rings.iter().all(|n| *n == Some(VIPS)), "{name} left rings during the outage: {rings:?}\n{}", kl.lab.agent_logs());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    kl.start_api().unwrap();
+    let back = Instant::now();
+    let ready = kubelet.wait_ready(&kl.lab, k, started, Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e:#}"));
+    let ready_after = back.elapsed();
+    let owners = kl.lab.wait_converged_on(&all(&kl.lab), VIPS, Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e:#}\n{}", kl.lab.agent_logs()));
+    let caught_up = vip_tests::halab::time_until(Duration::from_secs(30), || (0..VIPS).all(|j| status_holder(&kl, vip(j)).as_ref() == Some(&owners[&vip(j)])));
+    let shown: Vec<_> = (0..VIPS).map(|j| (vip(j), status_holder(&kl, vip(j)))).collect();
+    caught_up.unwrap_or_else(|| panic!("VipStatus holders {shown:?} 30 s after the API came back; the agents say {owners:?}"));
+    let status_after = back.elapsed();
+    let (report, _) = load.finish().unwrap();
+    eprintln!(
+        "restarts: API server down {} s, {name}'s agent crashed 5 s in and restarted without it: {report}; it turned Ready {:.1} s after the API came back ({:.1} s after its start), every VipStatus named its holder {:.1} s after it came back",
+        OUTAGE.as_secs(),
+        ready_after.as_secs_f64(),
+        ready.as_secs_f64(),
+        status_after.as_secs_f64()
+    );
+    assert_clean(&report, &kl.lab);
+}

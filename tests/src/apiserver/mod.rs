@@ -467,10 +467,23 @@ impl ApiServer {
                 Err(e) => return Err(e.into()),
             }
         };
+        self.restart_on(listener)
+    }
+
+    /// [`ApiServer::restart`] on a listener bound by the caller (on this server's
+    /// address, in a network namespace of its own, say).
+    pub fn restart_on(&mut self, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+        anyhow::ensure!(self.shutdown.is_none(), "the server is running");
+        anyhow::ensure!(listener.local_addr()? == self.addr, "the listener is not on {}", self.addr);
         let (task, shutdown) = serve_on(listener, self.shared.clone());
         self.task = task;
         self.shutdown = Some(shutdown);
         Ok(())
+    }
+
+    /// Where it serves.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// The User-Agents requests came with so far.
