@@ -65,13 +65,9 @@ impl AgentProc {
         Self::spawn(ns, args, log, std::fs::File::create(log)?)
     }
 
-    /// Like `start`, appending to `log` (a restarted agent keeps its history).
-    pub fn start_appending(ns: &NetNs, args: &[&str], log: &Path) -> Result<Self> {
-        Self::start_appending_bin(ns, &agent_bin()?, args, log)
-    }
-
-    /// [`Self::start_appending`] running the agent binary `bin` (another release's).
-    pub fn start_appending_bin(ns: &NetNs, bin: &Path, args: &[&str], log: &Path) -> Result<Self> {
+    /// Like `start`, running the agent binary `bin` (this build's, [`agent_bin`], or
+    /// another release's) and appending to `log` (a restarted agent keeps its history).
+    pub fn start_appending(ns: &NetNs, bin: &Path, args: &[&str], log: &Path) -> Result<Self> {
         Self::spawn_wrapped(ns, bin, &[], args, log, std::fs::OpenOptions::new().create(true).append(true).open(log)?)
     }
 

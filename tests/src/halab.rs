@@ -634,7 +634,7 @@ impl HaLab {
             Some(b) => b.clone(),
             None => crate::agent::agent_bin()?,
         };
-        n.agent = Some(AgentProc::start_appending_bin(&n.ns, &bin, &args, &n.log)?);
+        n.agent = Some(AgentProc::start_appending(&n.ns, &bin, &args, &n.log)?);
         self.record_pids();
         Ok(())
     }

@@ -33,7 +33,7 @@ pub const BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 pub const BACKOFF_RESET: Duration = Duration::from_secs(600);
 /// How long a started container may take to turn Ready before the stand-in gives up.
-pub const READY_LIMIT: Duration = Duration::from_secs(60);
+const READY_LIMIT: Duration = Duration::from_secs(60);
 
 /// One node's agent pod.
 #[derive(Default)]

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build-ebpf | image | test | bench | lab | docs`.
+//! Project tasks: `cargo xtask setup | build-ebpf | image | previous-release | test | bench | lab | docs`.
 mod image;
 mod release;
 mod setup;
