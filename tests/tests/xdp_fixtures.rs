@@ -2399,3 +2399,155 @@ fn arp_watch_records_the_macs_that_answer_for_a_watched_vip() {
     w.dp.held().clear_arp_watch().unwrap();
     assert_eq!(watched(&mut w, OTHER), None);
 }
+
+/// The MAC of the VIP's previous holder in the handoff tests: node-1's, a
+/// backend (so in `lb_nodes`: its data path is taken to run).
+fn previous_holder() -> Mac {
+    backend(1).mac
+}
+
+/// `frame` as an ask: to `to` from `from`, under `ethertype`.
+fn as_ask(frame: &[u8], to: Mac, from: Mac, ethertype: u16) -> Vec<u8> {
+    let mut f = forwarded_from(frame, to, from);
+    f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+    f
+}
+
+/// An owner change after a ring change: flows the former holder pinned on the
+/// old ring are asked about by the new holder, whose ring differs, and answered
+/// by the former holder from its pins: every one reaches the backend it began
+/// on. Without the handoff the new holder sends those whose slot moved
+/// elsewhere (what broke connections). `syn`, `ack`: a flow's first and later
+/// segments by source port; `vip`, the VIP they go to; `ask` its family's EtherType.
+fn owner_change_after_ring_change(vip: IpAddr, src: IpAddr, ask: u16, syn: impl Fn(u16) -> Vec<u8>, ack: impl Fn(u16) -> Vec<u8>) {
+    let (mut former, mut new) = (world(), world());
+    let service = svc(vip, 80, PROTO_TCP);
+    let three = [backend(1), backend(2), backend(3)];
+    let mut began = BTreeMap::new();
+    for sport in 45000..45064u16 {
+        former.dp.test_run(&syn(sport), 1, None).unwrap();
+        let (v, out, _) = former.dp.test_run(&ack(sport), 1, None).unwrap();
+        assert_eq!(v, XDP_TX, "ACK {sport} pinned at the former holder");
+        began.insert(sport, <Mac>::try_from(&out[0..6]).unwrap());
+    }
+    // Every node's ring changes (another table size), then the VIP moves.
+    for w in [&mut former, &mut new] {
+        w.dp.set_service(service, &three, 257, 0).unwrap();
+    }
+    former.dp.held().release(IFINDEX, vip).unwrap();
+    let moved: Vec<u16> = began.iter().filter(|(sport, to)| ring_choice(&new.dp, service, src, **sport, 80) != **to).map(|(s, _)| *s).collect();
+    assert!(!moved.is_empty(), "no flow's slot moved with the ring: the test proves nothing");
+    // Before the handoff is recorded: the ring decides (a fresh world, so that
+    // nothing is recorded in the new holder's tables).
+    let mut unaware = world();
+    unaware.dp.set_service(service, &three, 257, 0).unwrap();
+    for sport in &moved {
+        let (v, out, _) = unaware.dp.test_run(&ack(*sport), 1, None).unwrap();
+        assert_eq!((v, out[0..6] != began[sport]), (XDP_TX, true), "{sport} without a handoff goes by the new ring");
+    }
+    new.dp.held().hand_off(IFINDEX, vip, previous_holder()).unwrap();
+    assert_eq!(new.dp.held().handoffs().unwrap(), [((IFINDEX, vip), previous_holder())].into());
+    for (sport, to) in &began {
+        for round in 0..2 {
+            let (v, asked, _) = new.dp.test_run(&ack(*sport), 1, None).unwrap();
+            assert_eq!((v, &asked), (XDP_TX, &as_ask(&ack(*sport), previous_holder(), OUR_MAC, ask)), "{sport} asked (round {round})");
+            let (v, answered, _) = former.dp.test_run(&asked, 1, None).unwrap();
+            assert_eq!((v, answered), (XDP_TX, forwarded_from(&ack(*sport), *to, previous_holder())), "{sport} answered from the pin");
+        }
+    }
+    let (n, f) = (new.dp.counters().unwrap(), former.dp.counters().unwrap());
+    assert_eq!(n.reasons["asked_previous"].0, 2 * began.len() as u64);
+    assert_eq!(f.reasons["ask_answered_pinned"].0, 2 * began.len() as u64);
+    assert_eq!(f.reasons["ask_answered_ring"].0, 0);
+    // A new connection is the new holder's own: by its ring, pinned there, never asked.
+    let (v, out, _) = new.dp.test_run(&syn(46000), 1, None).unwrap();
+    let to = ring_choice(&new.dp, service, src, 46000, 80);
+    assert_eq!((v, out), (XDP_TX, forwarded(&syn(46000), to)));
+    for _ in 0..2 {
+        let (v, out, _) = new.dp.test_run(&ack(46000), 1, None).unwrap();
+        assert_eq!((v, out), (XDP_TX, forwarded(&ack(46000), to)), "a flow that began here is not asked about");
+    }
+    // An ask about a flow the former holder never pinned: by its ring.
+    let (v, asked, _) = new.dp.test_run(&ack(47000), 1, None).unwrap();
+    assert_eq!(v, XDP_TX);
+    let (v, answered, _) = former.dp.test_run(&asked, 1, None).unwrap();
+    assert_eq!((v, answered), (XDP_TX, forwarded_from(&ack(47000), ring_choice(&former.dp, service, src, 47000, 80), previous_holder())));
+    assert_eq!(former.dp.counters().unwrap().reasons["ask_answered_ring"].0, 1);
+    // The former holder's answer that chose the new holder is passed there.
+    let from_prev = forwarded_from(&ack(45000), OUR_MAC, previous_holder());
+    let (v, out, _) = new.dp.test_run(&from_prev, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_PASS, from_prev));
+    assert_eq!(new.dp.counters().unwrap().reasons["passed_from_previous"].0, 1);
+    // Released: no more asks.
+    new.dp.held().release(IFINDEX, vip).unwrap();
+    assert!(new.dp.held().handoffs().unwrap().is_empty());
+}
+
+#[test]
+fn a_flow_pinned_by_the_previous_holder_keeps_its_backend_after_a_ring_change_and_a_takeover() {
+    if !privileged() {
+        return;
+    }
+    let syn = |sport| frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    let ack = |sport| frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80));
+    owner_change_after_ring_change(VIP.into(), CLIENT.into(), vip_common::ETH_P_ASK4, syn, ack);
+}
+
+#[test]
+fn an_ipv6_flow_pinned_by_the_previous_holder_keeps_its_backend_after_a_ring_change_and_a_takeover() {
+    if !privileged() {
+        return;
+    }
+    let syn = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_SYN);
+    let ack = |sport| frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, sport), (VIP6, 80), frames::TCP_ACK);
+    owner_change_after_ring_change(VIP6.into(), CLIENT6.into(), vip_common::ETH_P_ASK6, syn, ack);
+}
+
+/// What is never asked about, with a previous holder recorded: UDP, a stale
+/// holder's frames, a frame another node sent (balanced as before), a frame of
+/// a VLAN, and any frame while the previous holder is no backend here (its data
+/// path may be gone). And what an ask that is not one to answer does: tagged,
+/// it is no IP frame (passed as other); cut short, malformed.
+#[test]
+fn what_is_not_asked_about_and_asks_that_are_not_answered() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    for v in [VIP, VIP_STALE] {
+        w.dp.held().hand_off(IFINDEX, v.into(), previous_holder()).unwrap();
+    }
+    w.dp.held().hand_off(VLAN_IFINDEX, VIP_VLAN.into(), previous_holder()).unwrap();
+    let by_ring = |w: &World, frame: &[u8], vip: Ipv4Addr, port: u16, proto: u8, sport: u16| {
+        forwarded(frame, ring_choice(&w.dp, svc(vip, port, proto), CLIENT, sport, port))
+    };
+    let udp = frames::udp(OUR_MAC, CLIENT_MAC, (CLIENT, 45100), (VIP, 53), b"q");
+    let want = by_ring(&w, &udp, VIP, 53, PROTO_UDP, 45100);
+    let (v, out, _) = w.dp.test_run(&udp, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_TX, want), "UDP goes by the ring");
+    let stale = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 45101), (VIP_STALE, 80));
+    assert_eq!(w.dp.test_run(&stale, 1, None).unwrap().1, by_ring(&w, &stale, VIP_STALE, 80, PROTO_TCP, 45101), "a stale holder asks no one");
+    let from_node = frames::tcp_ack(OUR_MAC, backend(2).mac, None, (CLIENT, 45102), (VIP, 80));
+    let to = ring_choice(&w.dp, svc(VIP, 80, PROTO_TCP), CLIENT, 45102, 80);
+    assert_eq!(w.dp.test_run(&from_node, 1, None).unwrap().1, forwarded(&from_node, to), "another node's frame is balanced as before");
+    let tagged = frames::tcp_ack(VLAN_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 45103), (VIP_VLAN, 80));
+    let (v, out, _) = w.dp.test_run(&tagged, 1, None).unwrap();
+    assert_eq!((v, out[12..14] == [0x81, 0x00]), (XDP_TX, true), "a VLAN's frame is balanced, not asked about");
+    assert_eq!(w.dp.counters().unwrap().reasons["asked_previous"].0, 0);
+    // The previous holder is no backend here any more: the ring decides.
+    let client = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 45104), (VIP, 80));
+    assert_eq!(w.dp.test_run(&client, 1, None).unwrap().1, as_ask(&client, previous_holder(), OUR_MAC, vip_common::ETH_P_ASK4));
+    let others = [backend(2), backend(3)];
+    for s in w.dp.services().unwrap().into_iter().map(|(a, _, _)| a).filter(|a| a.port == 80 || a.port == 53) {
+        w.dp.set_service(s, &others, TABLE, 0).unwrap();
+    }
+    let client = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 45105), (VIP, 80));
+    assert_eq!(w.dp.test_run(&client, 1, None).unwrap().1, by_ring(&w, &client, VIP, 80, PROTO_TCP, 45105), "no ask to a node out of every ring");
+    // Asks that are not answered.
+    let ask = as_ask(&client, OUR_MAC, backend(2).mac, vip_common::ETH_P_ASK4);
+    let tagged_ask = outer_tagged(&ask, 0x8100, VLAN);
+    let (v, out, _) = w.dp.test_run(&tagged_ask, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_PASS, tagged_ask.clone()), "a tagged ask is no frame of ours");
+    let (v, _, _) = w.dp.test_run(&ask[..20], 1, None).unwrap();
+    assert_eq!(v, XDP_DROP, "an ask cut short is malformed");
+}

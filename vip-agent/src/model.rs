@@ -285,7 +285,17 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// which peers show in their status (a mixed-version cluster during an upgrade)
 /// but do not compare.
 pub fn announced_settings(w: &World) -> String {
-    format!("{} version={VERSION}", cluster_settings(w))
+    format!("{} version={VERSION} {ANSWERS_ASKS}", cluster_settings(w))
+}
+
+/// The word of [`announced_settings`] that says the sender's data path answers
+/// asks (`vip_common::ETH_P_ASK4`): only such a previous holder is asked about
+/// the flows it may have pinned (0.2.0 and earlier drop them).
+const ANSWERS_ASKS: &str = "asks=1";
+
+/// Whether a peer's [`announced_settings`] say its data path answers asks.
+pub fn answers_asks(announced: &str) -> bool {
+    announced.split_whitespace().any(|w| w == ANSWERS_ASKS)
 }
 
 /// The version in a peer's [`announced_settings`]; None from an agent of before
@@ -400,6 +410,8 @@ mod tests {
         let announced = announced_settings(&w);
         assert_eq!(version_of(&announced), Some(VERSION));
         assert!(settings_differing(&announced, &announced.replace(&format!("version={VERSION}"), "version=0.0.1")).is_empty());
+        assert!(answers_asks(&announced), "{announced}");
+        assert!(!answers_asks(&cluster_settings(&w)) && !answers_asks(""), "0.2.0 and earlier send no asks=1");
         assert_eq!(version_of(&here), None, "an agent of before sends no version");
     }
 }

@@ -51,6 +51,16 @@ pub const NO_BACKEND: u32 = u32::MAX;
 /// EtherType of ARP (the data path parses it; the agent sends it).
 pub const ETH_P_ARP: u16 = 0x0806;
 
+/// EtherTypes of a frame one node asks another about (IEEE 802's two local
+/// experimental types): a VIP's new holder sends a TCP segment of a flow it
+/// never saw to the VIP's previous holder under these, in place of IPv4's and
+/// IPv6's, and the previous holder, whose pins the flow may be in, restores the
+/// type and forwards it to the flow's backend (see `arp_handoff`). A switch
+/// forwards any type; a stack drops these, so only a data path that answers
+/// them is asked (the agent checks the peer's version).
+pub const ETH_P_ASK4: u16 = 0x88B5;
+pub const ETH_P_ASK6: u16 = 0x88B6;
+
 /// IP protocol numbers used in [`Lb4ServiceKey::proto`].
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;

@@ -45,6 +45,8 @@ pub mod map_names {
         HELD_FILTER = "lb_held_filter",
         HELD_SLOTS = "lb4_held_slots",
         HELD_SLOTS6 = "lb6_held_slots",
+        HANDOFF = "arp_handoff",
+        HANDOFF6 = "ndp_handoff",
     }
 }
 

@@ -59,6 +59,10 @@ reasons! {
     PassedIpv6Ext = 27 => "passed_ipv6_ext",
     FlowEvicted = 28 => "flow_evicted",
     ForwardedIcmpError = 29 => "forwarded_icmp_error",
+    AskedPrevious = 30 => "asked_previous",
+    AskAnsweredPinned = 31 => "ask_answered_pinned",
+    AskAnsweredRing = 32 => "ask_answered_ring",
+    PassedFromPrevious = 33 => "passed_from_previous",
 }
 
 // The numbers run 0..COUNT, so `ALL[i] as u32 == i` and `lb_stats` has no gap.
@@ -74,7 +78,8 @@ impl Reason {
     /// What the program does with a frame counted under this reason.
     pub const fn verdict(self) -> &'static str {
         match self {
-            Reason::ArpAnswered | Reason::Forwarded | Reason::NdpAnswered => "XDP_TX",
+            Reason::ArpAnswered | Reason::Forwarded | Reason::NdpAnswered | Reason::AskedPrevious => "XDP_TX",
+            Reason::AskAnsweredPinned | Reason::AskAnsweredRing => "XDP_TX, XDP_REDIRECT or XDP_PASS",
             Reason::ForwardedHome | Reason::ForwardedIcmpError => "XDP_TX or XDP_REDIRECT",
             Reason::DropMalformed | Reason::DropNoBackend | Reason::ArpNotAnnounced | Reason::DropGroupNotOwner => "XDP_DROP",
             Reason::FlowRehashed | Reason::FlowEvicted => "(an event, counted besides the verdict)",
@@ -96,7 +101,8 @@ impl Reason {
             | Reason::NdpConflict
             | Reason::NdpNotAnnounced
             | Reason::ArpWatched
-            | Reason::PassedIpv6Ext => "XDP_PASS",
+            | Reason::PassedIpv6Ext
+            | Reason::PassedFromPrevious => "XDP_PASS",
         }
     }
 }

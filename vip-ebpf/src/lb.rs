@@ -66,6 +66,12 @@ pub trait Flows {
     fn held_slot(s: *mut Scratch) -> Option<*const HeldVip>;
     /// The key's entry in the family's held table (`arp_held`, `ndp_held`).
     fn held_table(s: *mut Scratch) -> Option<*mut HeldVip>;
+    /// The held key's previous holder (`arp_handoff`, `ndp_handoff`), a node_mac_key.
+    fn handoff(s: *mut Scratch) -> Option<*const u64>;
+    /// The EtherType the family's asks go under (`ETH_P_ASK4`, `ETH_P_ASK6`).
+    const ASK: u16;
+    /// The flow's IP protocol.
+    fn proto(s: *const Scratch) -> u8;
 }
 
 /// The [`Flows`] items that only name a family's key and tables, written once
@@ -73,15 +79,29 @@ pub trait Flows {
 /// `flow` the key type they are, `ring` its ring hash and `family` its
 /// `lb_flows` family), `cache` and `first` its flow-cache and first-packet maps
 /// with their value types, `held` its held table and scratch key field after
-/// the slot `slot` gives.
+/// the slot `slot` gives, `handoff` its previous-holder map (same key) and
+/// `ask` the EtherType of its asks.
 macro_rules! lb_tables {
     (
         key: $key:ident, words: $words:literal, flow: $flow:ty, ring: $ring:path, family: $family:expr,
-        cache: $cache:ident<$entry:ty>, first: $first:ident<$record:ty>, held: $held:ident at $hkey:ident, slot: $slot:path $(,)?
+        cache: $cache:ident<$entry:ty>, first: $first:ident<$record:ty>, held: $held:ident at $hkey:ident, slot: $slot:path,
+        handoff: $handoff:ident, ask: $ask:expr $(,)?
     ) => {
         type CacheEntry = $entry;
         type FirstPacket = $record;
         const WORDS: usize = $words;
+        const ASK: u16 = $ask;
+
+        #[inline(always)]
+        fn proto(s: *const $crate::maps::Scratch) -> u8 {
+            let k: $flow = unsafe { core::mem::transmute((*s).$key) };
+            k.proto
+        }
+
+        #[inline(always)]
+        fn handoff(s: *mut $crate::maps::Scratch) -> Option<*const u64> {
+            $crate::maps::lookup_at::<_, u64>(&$handoff, unsafe { &raw const (*s).$hkey }.cast()).map(|p| p as *const u64)
+        }
 
         #[inline(always)]
         fn key(s: *const $crate::maps::Scratch) -> *const u64 {
@@ -414,6 +434,9 @@ fn lb_held<F: Flows>(s: *mut Scratch) -> bool {
 /// and `s` live across its map lookups (see maps::Scratch).
 #[inline(always)]
 fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool) -> Result<Verdict, ()> {
+    if unsafe { read_volatile(&(*s).asked) } != 0 {
+        return lb_answer_ask::<F, L2>(ctx, s);
+    }
     if !held {
         return lb_not_held(ctx);
     }
@@ -435,6 +458,8 @@ fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held
         true
     } else if lb_flow_backend(s, true) {
         true
+    } else if let Some(v) = lb_ask::<F, L2>(ctx, s)? {
+        return Ok(v);
     } else if lb_first_packet::<F>(s) {
         // A flow seen for the first time without a SYN (UDP, or TCP picked up
         // mid-connection after a failover): recorded like a SYN.
@@ -443,6 +468,75 @@ fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held
         return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
     };
     lb_deliver::<F, L2>(ctx, s, established)
+}
+
+/// A TCP segment past its first (no SYN) to a VIP held here fresh, of a flow
+/// neither pinned nor recorded here: it began before this node took the VIP,
+/// and its pin, if any, is at the node that held it before (`handoff`), whose
+/// ring may have been another (a backend joined, left or was drained since).
+/// Hashed on ours, it would go to another backend whenever the two rings differ
+/// at its slot, which resets the connection. So it is sent to the previous
+/// holder under the family's ask EtherType, which that node's data path answers
+/// from its pins (`lb_answer_ask`); nothing is recorded here. Only while the
+/// previous holder is a backend here (in `lb_nodes`: its data path is taken to
+/// run), untagged on the frame's own network, for a client's frame: a frame from
+/// the previous holder is its answer, passed here (its pin or ring chose this
+/// node), and one from another node is balanced as before, so no frame is asked
+/// about twice. None: the ring decides, as without a previous holder.
+#[inline(always)]
+fn lb_ask<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
+    if L2 != ETH_LEN || unsafe { read_volatile(&(*s).fresh) } == 0 || unsafe { read_volatile(&(*s).fragment) } != 0 || F::proto(s) != PROTO_TCP {
+        return Ok(None);
+    }
+    let Some(prev) = F::handoff(s) else { return Ok(None) };
+    unsafe { write_volatile(&raw mut (*s).prev, *prev) };
+    lb_src_node(ctx, s)?;
+    if unsafe { read_volatile(&(*s).node) == read_volatile(&(*s).prev) } {
+        return Ok(Some((xdp_action::XDP_PASS, Reason::PassedFromPrevious)));
+    }
+    if lookup_at::<_, u32>(&lb_nodes, unsafe { &raw const (*s).node }.cast()).is_some() {
+        return Ok(None);
+    }
+    unsafe { write_volatile(&raw mut (*s).node, read_volatile(&(*s).prev)) };
+    if lookup_at::<_, u32>(&lb_nodes, unsafe { &raw const (*s).node }.cast()).is_none() {
+        return Ok(None);
+    }
+    let p = ptr_at::<[u8; ETH_LEN]>(ctx, 0)? as *mut u8;
+    unsafe {
+        let prev = read_volatile(&(*s).prev);
+        write_unaligned(p as *mut u32, prev as u32);
+        write_unaligned(p.add(4) as *mut u16, (prev >> 32) as u16);
+        lb_copy_mac(p.add(6) as *mut [u8; 6], &raw const (*s).mac);
+        write_unaligned(p.add(12) as *mut u16, F::ASK.to_be());
+    }
+    Ok(Some((xdp_action::XDP_TX, Reason::AskedPrevious)))
+}
+
+/// A frame another node asked about ([`lb_ask`] there; its EtherType restored,
+/// parse::l3), held here or not: to the backend of its pin here, else the
+/// ring's, as a packet of the flow is, from our MAC the asker addressed. Nothing
+/// is recorded or pinned (the pin found is refreshed); never asked on.
+#[inline(always)]
+fn lb_answer_ask<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    lb_copy_mac(unsafe { &raw mut (*s).mac }, ptr_at::<[u8; 6]>(ctx, 0)?);
+    lb_flow_touch::<F>(s);
+    let pinned = lb_flow_backend(s, true);
+    unsafe { write_volatile(&raw mut (*s).key2, pinned as u32) };
+    if !pinned && !lb_ring_backend(s, F::ring_hash(s)) {
+        return Ok((xdp_action::XDP_DROP, Reason::DropNoBackend));
+    }
+    let (action, _) = lb_deliver::<F, L2>(ctx, s, false)?;
+    Ok((action, if unsafe { read_volatile(&(*s).key2) } != 0 { Reason::AskAnsweredPinned } else { Reason::AskAnsweredRing }))
+}
+
+/// Writes the frame's source MAC to the scratch as its `lb_nodes` key (`node`).
+#[inline(always)]
+fn lb_src_node(ctx: &XdpContext, s: *mut Scratch) -> Result<(), ()> {
+    unsafe {
+        let src = (ptr_at::<[u8; 12]>(ctx, 0)? as *const u8).add(6);
+        (*s).node = u64::from(read_unaligned(src as *const u32)) | u64::from(read_unaligned(src.add(4) as *const u16)) << 32;
+    }
+    Ok(())
 }
 
 /// What a stale entry (fenced, or released when the VIP moved) does with a
@@ -469,11 +563,8 @@ fn lb_stale(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
     if lb_group(ctx)? {
         return Ok(Some((xdp_action::XDP_DROP, Reason::DropGroupNotOwner)));
     }
-    let from_node = unsafe {
-        let src = (ptr_at::<[u8; 12]>(ctx, 0)? as *const u8).add(6);
-        (*s).node = u64::from(read_unaligned(src as *const u32)) | u64::from(read_unaligned(src.add(4) as *const u16)) << 32;
-        lookup_at::<_, u32>(&lb_nodes, (&raw const (*s).node).cast()).is_some()
-    };
+    lb_src_node(ctx, s)?;
+    let from_node = lookup_at::<_, u32>(&lb_nodes, unsafe { &raw const (*s).node }.cast()).is_some();
     Ok(from_node.then_some((xdp_action::XDP_PASS, Reason::PassedNotOwner)))
 }
 

@@ -14,7 +14,7 @@ use vip_common::*;
 
 use crate::{
     lb::{lb_cache, lb_icmp_error, lb_miss, lb_not_vip, lb_ports_at, lb_service, lb_syn_at, lb_tables, Flows},
-    maps::{arp_held, held4_slot, lb4_first_packets, lb4_flow_cache, lb4_service_cache, lb4_services, lookup_at, Scratch},
+    maps::{arp_handoff, arp_held, held4_slot, lb4_first_packets, lb4_flow_cache, lb4_service_cache, lb4_services, lookup_at, Scratch},
     parse::{ptr_at, verdict_call, verdict_unpack, Verdict},
     proto::{ICMP_DEST_UNREACH, ICMP_HDR_LEN, IPPROTO_ICMP, IP_MF_OFFSET, IP_OFFSET},
 };
@@ -189,5 +189,6 @@ impl Flows for V4 {
     lb_tables! {
         key: words, words: 2, flow: Lb4FlowKey, ring: flow_hash, family: FLOW_FAMILY_V4,
         cache: lb4_flow_cache<Lb4FlowCacheEntry>, first: lb4_first_packets<Lb4FirstPacket>, held: arp_held at held, slot: held4_slot,
+        handoff: arp_handoff, ask: ETH_P_ASK4,
     }
 }

@@ -18,7 +18,7 @@ use vip_common::*;
 
 use crate::{
     lb::{lb_cache, lb_copy_words, lb_icmp_error, lb_miss, lb_not_vip, lb_ports_at, lb_service, lb_syn_at, lb_tables, Flows},
-    maps::{held6_slot, lb6_first_packets, lb6_flow_cache, lb6_service_cache, lb6_services, lookup_at, ndp_held, Scratch},
+    maps::{held6_slot, lb6_first_packets, lb6_flow_cache, lb6_service_cache, lb6_services, lookup_at, ndp_handoff, ndp_held, Scratch},
     parse::{ptr_at, verdict_call, verdict_unpack, Verdict},
     proto::{ICMP6_DST_UNREACH, ICMP6_HDR_LEN, ICMP6_PACKET_TOO_BIG, IP6, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT, IPPROTO_HOPOPTS, IPPROTO_ICMPV6, IPPROTO_ROUTING},
 };
@@ -295,5 +295,6 @@ impl Flows for V6 {
     lb_tables! {
         key: words6, words: 5, flow: Lb6FlowKey, ring: flow_hash6, family: FLOW_FAMILY_V6,
         cache: lb6_flow_cache<Lb6FlowCacheEntry>, first: lb6_first_packets<Lb6FirstPacket>, held: ndp_held at held6, slot: held6_slot,
+        handoff: ndp_handoff, ask: ETH_P_ASK6,
     }
 }

@@ -61,11 +61,13 @@ pub fn vip_xmit(_ctx: XdpContext) -> u32 {
 /// (see `parse::frame_len`).
 #[inline(always)]
 fn try_vip_xdp(ctx: &XdpContext, s: *mut Scratch) -> Result<Verdict, ()> {
+    let (l3, vlan, asked) = parse::l3(ctx)?;
+    unsafe { core::ptr::write_volatile(&raw mut (*s).asked, asked as u32) };
     let passed = |reason| {
         unsafe { (*s).bytes = parse::frame_len(ctx) as u32 };
         Ok((xdp_action::XDP_PASS, reason))
     };
-    match parse::l3(ctx)? {
+    match (l3, vlan) {
         (_, Vlan::Foreign) => passed(Reason::PassedVlanOther),
         (L3::Other, _) => passed(Reason::PassedOther),
         (l3, Vlan::Untagged) => try_l3::<{ parse::ETH_LEN }>(ctx, s, l3, ctx.ingress_ifindex() as u32),

@@ -61,6 +61,18 @@ pub static lb4_services: HashMap<Lb4ServiceKey, LbService> = HashMap::pinned(MAX
 #[map]
 pub static lb_nodes: HashMap<u64, u32> = HashMap::pinned(MAX_NODES, 0);
 
+/// (ifindex, VIP) of a VIP this node took from another → node_mac_key of the
+/// node that held it before (its previous holder, which may have pinned flows
+/// this node never saw), written by the agent before it holds the VIP. A TCP
+/// segment of a flow this node knows nothing of is asked about there rather than
+/// hashed on a ring that may have changed since the flow began (lb::lb_ask).
+#[map]
+pub static arp_handoff: HashMap<ArpHeldKey, u64> = HashMap::pinned(MAX_HELD, 0);
+
+/// As `arp_handoff`, for IPv6 VIPs (`ndp_held`'s key).
+#[map]
+pub static ndp_handoff: HashMap<NdpHeldKey, u64> = HashMap::pinned(MAX_HELD, 0);
+
 /// backend id → backend node MAC, address and flags (BACKEND_PRESENT: slot in use,
 /// BACKEND_LOCAL: pass to the stack). An array: the verifier inlines its lookups.
 #[map]
@@ -210,9 +222,14 @@ pub struct Scratch {
     pub vlan: LbVlanKey,
     /// The `ndp_held` key (ndp.rs, lb6.rs).
     pub held6: NdpHeldKey,
-    pub _pad0: u32,
+    /// Whether the frame came as an ask (`ETH_P_ASK4`, `ETH_P_ASK6`; its
+    /// EtherType restored by parse::l3): answered by lb::lb_answer_ask.
+    pub asked: u32,
     /// The `lb_nodes` key: the frame's source MAC (lb.rs).
     pub node: u64,
+    /// The VIP's previous holder from `arp_handoff` or `ndp_handoff`, as a
+    /// node_mac_key (lb::lb_ask).
+    pub prev: u64,
 
     // The frame, as parsed (main.rs, lb4.rs, lb6.rs, ndp.rs); read by every
     // later step and by the counters.

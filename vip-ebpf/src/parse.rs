@@ -3,7 +3,7 @@ use core::mem;
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_get_buff_len, programs::XdpContext};
 use network_types::{eth::EthHdr, vlan::VlanHdr};
-use vip_common::{Reason, ETH_P_ARP};
+use vip_common::{Reason, ETH_P_ARP, ETH_P_ASK4, ETH_P_ASK6};
 
 use crate::{
     maps::Scratch,
@@ -101,8 +101,12 @@ pub enum Vlan {
 /// turns off receive VLAN stripping on the interfaces it attaches to (a stripped
 /// tag would make a VLAN's frames look untagged).
 #[inline(always)]
-pub fn l3(ctx: &XdpContext) -> Result<(L3, Vlan), ()> {
-    let eth: *const EthHdr = ptr_at(ctx, 0)?;
+///
+/// An untagged frame of `ETH_P_ASK4` or `ETH_P_ASK6` (another node asks about a
+/// flow, lb::lb_ask) gets IPv4's or IPv6's EtherType back and is said to be
+/// asked (the last of the three).
+pub fn l3(ctx: &XdpContext) -> Result<(L3, Vlan, bool), ()> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0)?;
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
     let mut vlan = Vlan::Untagged;
     if ether_type == ETH_P_8021Q || ether_type == ETH_P_8021AD {
@@ -119,7 +123,12 @@ pub fn l3(ctx: &XdpContext) -> Result<(L3, Vlan), ()> {
         ETH_P_ARP => L3::Arp,
         ETH_P_IP => L3::Ipv4,
         ETH_P_IPV6 => L3::Ipv6,
+        ETH_P_ASK4 | ETH_P_ASK6 if matches!(vlan, Vlan::Untagged) => {
+            let (l3, restored) = if ether_type == ETH_P_ASK4 { (L3::Ipv4, ETH_P_IP) } else { (L3::Ipv6, ETH_P_IPV6) };
+            unsafe { (*eth).ether_type = restored.to_be() };
+            return Ok((l3, vlan, true));
+        }
         _ => L3::Other,
     };
-    Ok((l3, vlan))
+    Ok((l3, vlan, false))
 }

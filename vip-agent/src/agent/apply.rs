@@ -34,6 +34,7 @@ impl Agent {
                 None => {}
             }
         }
+        self.macs_tx.send_if_modified(|cur| super::liveness::replace_if_changed(cur, &self.macs));
         let health: BTreeMap<Target, bool> = self.health.iter().map(|(t, (up, _))| (t.clone(), *up)).collect();
         let m = &self.membership;
         let want = desired(

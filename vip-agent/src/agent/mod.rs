@@ -87,6 +87,8 @@ struct Agent {
     joining: BTreeSet<Target>,
     monitor: health::Monitor,
     macs: BTreeMap<String, [u8; 6]>,
+    /// `macs` for the liveness thread, which records a VIP's previous holder.
+    macs_tx: watch::Sender<BTreeMap<String, [u8; 6]>>,
     /// The liveness thread's latest decision (live set, owners, held VIPs).
     membership: Membership,
     /// Asks silent peers' health targets whether their nodes still serve.
@@ -195,6 +197,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         joining: BTreeSet::new(),
         monitor: health::Monitor::new(health_tx),
         macs: BTreeMap::new(),
+        macs_tx: watch::channel(BTreeMap::new()).0,
         membership: Membership::default(),
         silent: silent::SilentChecks::new(serving_tx),
         serving: BTreeSet::new(),
@@ -248,6 +251,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         held_vips: held_vips_tx,
         arp_check: arp_check_interval,
         peer_settings: peer_settings_tx,
+        node_macs: agent.macs_tx.subscribe(),
     };
     let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
     agent.membership = members.borrow_and_update().clone();

@@ -80,6 +80,10 @@ pub struct HeldVips {
     watch: Option<HashMap<MapData, ArpHeldKey, ArpWatch>>,
     stats: PerCpuArray<MapData, Counter>,
     epoch: flow_cache::Ctl,
+    /// (ifindex, VIP) → the MAC (as node_mac_key) of the node that held the VIP
+    /// before this one took it: asked about flows this node never saw
+    /// (`arp_handoff`, `ndp_handoff`). None when pinned by an older agent.
+    handoff: Option<(HashMap<MapData, ArpHeldKey, u64>, HashMap<MapData, NdpHeldKey, u64>)>,
 }
 
 impl HeldVips {
@@ -104,6 +108,7 @@ impl HeldVips {
             watch: open_pinned(dir, names::ARP_WATCH).ok(),
             stats: open_pinned(dir, names::STATS)?,
             epoch,
+            handoff: open_pinned(dir, names::HANDOFF).ok().zip(open_pinned(dir, names::HANDOFF6).ok()),
         })
     }
 
@@ -221,6 +226,46 @@ impl HeldVips {
         }
     }
 
+    /// Records `prev` as the node that held `vip` (on `ifindex`) before this
+    /// one: a TCP segment of a flow this node never saw is asked about there
+    /// (see `vip_common::ETH_P_ASK4`). Written before the VIP is held, so that no
+    /// such segment is hashed on our ring meanwhile. A no-op on an older agent's pins.
+    pub fn hand_off(&mut self, ifindex: u32, vip: IpAddr, prev: [u8; 6]) -> Result<()> {
+        let Some((v4, v6)) = self.handoff.as_mut() else { return Ok(()) };
+        let value = vip_common::node_mac_key(prev);
+        match key(ifindex, vip) {
+            Key::V4(k) => v4.insert(k, value, 0),
+            Key::V6(k) => v6.insert(k, value, 0),
+        }
+        .context("writing arp_handoff")
+    }
+
+    /// Forgets `vip`'s previous holder (released, or taken from none we know).
+    pub fn end_handoff(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
+        let Some((v4, v6)) = self.handoff.as_mut() else { return Ok(()) };
+        ignore_missing(match key(ifindex, vip) {
+            Key::V4(k) => v4.remove(&k),
+            Key::V6(k) => v6.remove(&k),
+        })
+        .context("removing from arp_handoff")
+    }
+
+    /// Every (ifindex, VIP) → its previous holder's MAC, as recorded.
+    pub fn handoffs(&self) -> Result<BTreeMap<(u32, IpAddr), [u8; 6]>> {
+        let Some((v4, v6)) = self.handoff.as_ref() else { return Ok(BTreeMap::new()) };
+        let mac = |w: u64| -> [u8; 6] { w.to_le_bytes()[..6].try_into().expect("six bytes") };
+        let mut out = BTreeMap::new();
+        for kv in v4.iter() {
+            let (k, w) = kv?;
+            out.insert((k.ifindex, IpAddr::V4(Ipv4Addr::from(k.vip))), mac(w));
+        }
+        for kv in v6.iter() {
+            let (k, w) = kv?;
+            out.insert((k.ifindex, IpAddr::V6(Ipv6Addr::from(k.vip))), mac(w));
+        }
+        Ok(out)
+    }
+
     /// Stops holding `vip`: no more ARP answers, but the entry stays (stale,
     /// deadline 0) so that clients still sending to our MAC (until the new
     /// owner's gratuitous ARP reaches them) keep being balanced: their pinned
@@ -229,6 +274,8 @@ impl HeldVips {
     pub fn release(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
         // Its slot first, which would say fresh until the old deadline.
         self.clear_slot(&key(ifindex, vip))?;
+        // A stale holder asks no one (lb::lb_ask); a later takeover writes its own.
+        self.end_handoff(ifindex, vip)?;
         let found = match key(ifindex, vip) {
             Key::V4(k) => self.held.get(&k, 0).and_then(|h| self.held.insert(k, HeldVip { deadline_ns: 0, ..h }, 0)),
             Key::V6(k) => self.held6.get(&k, 0).and_then(|h| self.held6.insert(k, HeldVip { deadline_ns: 0, ..h }, 0)),
@@ -263,7 +310,8 @@ impl HeldVips {
             let removed = ignore_missing(match key(ifindex, vip) {
                 Key::V4(k) => self.held.remove(&k),
                 Key::V6(k) => self.held6.remove(&k),
-            });
+            })
+            .and_then(|()| self.end_handoff(ifindex, vip));
             if let Err(e) = removed {
                 failed.get_or_insert(e.context(format!("forgetting {vip} on interface {ifindex}")));
             }

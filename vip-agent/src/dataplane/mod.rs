@@ -354,6 +354,8 @@ fn filter_bits(addrs: impl Iterator<Item = IpAddr>) -> [u32; VIP_FILTER_WORDS as
 fn ignore_missing(r: Result<(), aya::maps::MapError>) -> Result<()> {
     match r {
         Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        // A delete of a key not there fails with ENOENT.
+        Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }

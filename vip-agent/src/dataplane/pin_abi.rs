@@ -42,6 +42,7 @@ const PINNED: &[(&str, Layout)] = &[
     // `lb_stats` grows with `Reason` (a shorter pin is replaced: its counts
     // restart); `lb4_ring`'s capacity is the default, the agent sets its own.
     ("arp_conflicts", (9, 8, 8, 4096, 0)),
+    ("arp_handoff", (1, 8, 8, 4096, 0)),
     ("arp_held", (1, 8, 16, 4096, 0)),
     ("arp_watch", (1, 8, 40, 256, 0)),
     ("lb4_backend_stats", (6, 4, 16, 4096, 0)),
@@ -64,9 +65,10 @@ const PINNED: &[(&str, Layout)] = &[
     ("lb_home", (2, 4, 12, 1, 0)),
     ("lb_ifaces", (1, 4, 8, 64, 0)),
     ("lb_nodes", (1, 8, 4, 4096, 0)),
-    ("lb_stats", (6, 4, 16, 30, 0)),
+    ("lb_stats", (6, 4, 16, 34, 0)),
     ("lb_vlans", (1, 8, 4, 256, 0)),
     ("ndp_conflicts", (9, 20, 8, 4096, 0)),
+    ("ndp_handoff", (1, 20, 8, 4096, 0)),
     ("ndp_held", (1, 20, 16, 4096, 0)),
 ];
 

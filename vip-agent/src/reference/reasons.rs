@@ -92,6 +92,18 @@ pub(super) fn meaning(r: Reason) -> &'static str {
         Reason::ForwardedIcmpError => {
             "An ICMP destination unreachable (fragmentation needed among them) or ICMPv6 destination unreachable or packet too big about a flow of a VIP service this node holds, sent to the backend that serves the flow (its pin in the flow table, else the ring's choice) as a packet of the flow is: the backend, which answers clients directly, learns the path MTU. Read only when the headers are at fixed places (no IPv4 options, no IPv6 extension headers, outer or inner) and the quoted packet is TCP or UDP from the VIP with its ports; creates no flow. A rise means a path to clients with a smaller MTU than the backends' (normal), or a flood of forged errors."
         }
+        Reason::AskedPrevious => {
+            "A TCP segment (no SYN) of a flow this node has neither pinned nor seen begin, to a VIP it holds fresh: sent to the VIP's previous holder (`arp_handoff`, `ndp_handoff`), whose pins the flow is most likely in, under a local experimental EtherType, rather than hashed on a ring that may have changed since the flow began. Only while the previous holder's node is a backend here (its data path runs) and its agent's version answers. A burst after a takeover is the connections that began before it; a steady rate means long-lived connections still pinned at the previous holder (each segment takes one hop more)."
+        }
+        Reason::AskAnsweredPinned => {
+            "A segment another node asked this one about (`asked_previous` there): its flow was pinned here, so it goes to the pinned backend (passed when that is this node), its pin refreshed. Answered whether this node holds the VIP or not."
+        }
+        Reason::AskAnsweredRing => {
+            "A segment another node asked this one about, of a flow not pinned here either: sent by the ring, as the asker's would, nothing pinned. A rise means asks for flows neither node knows: connections that began before the previous holder's takeover, or after its flow table evicted them."
+        }
+        Reason::PassedFromPrevious => {
+            "A segment the VIP's previous holder sent this node, the VIP's holder, in answer to an ask (its pin or ring chose this node): passed to the stack, not balanced or asked about again."
+        }
         Reason::ArpWatched => {
             "An ARP reply or gratuitous ARP for a VIP another node holds that this node's agent is checking (its ARP self-check asked who answers for it): the sender MAC is recorded in `arp_watch` for the agent, the frame passed. A few per VIP checked, about every 45 s."
         }

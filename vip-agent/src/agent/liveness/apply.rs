@@ -46,6 +46,7 @@ impl Liveness {
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
         for vip in &p.take {
             let (announce, ifindex) = p.want[vip];
+            self.hand_off(*vip, ifindex);
             if let Err(e) = self.s.held.hold(ifindex, *vip, deadline, announce) {
                 error!(%vip, "holding VIP: {e:#}");
             } else {
@@ -100,6 +101,24 @@ impl Liveness {
         if self.arp.enabled() {
             let mine = selfcheck::checked_here(&self.world, &self.s.me, &self.live, &self.owners, |p| self.uplinks.by_pool.contains_key(p));
             self.arp.check_for(mine);
+        }
+    }
+
+    /// Before `vip` is held on `ifindex`: records the node that held it until
+    /// now (as this node saw it) as its previous holder, whom the data path asks
+    /// about flows it never saw, when that node's data path answers asks and its
+    /// MAC is known; forgets an older one otherwise. A VIP whose previous holder
+    /// is unknown (this agent's first decision) keeps what an earlier agent recorded.
+    fn hand_off(&mut self, vip: IpAddr, ifindex: u32) {
+        let Some(prev) = self.owners.get(&vip).filter(|o| **o != self.s.me) else { return };
+        let asks = self.s.peer_settings.borrow().get(prev).is_some_and(|s| crate::model::answers_asks(s));
+        let mac = self.world.nodes.iter().find(|n| n.name == *prev).and_then(|n| n.mac).or_else(|| self.s.node_macs.borrow().get(prev).copied());
+        let r = match mac.filter(|_| asks) {
+            Some(mac) => self.s.held.hand_off(ifindex, vip, mac),
+            None => self.s.held.end_handoff(ifindex, vip),
+        };
+        if let Err(e) = r {
+            error!(%vip, from = %prev, "recording the VIP's previous holder: {e:#}");
         }
     }
 

@@ -124,6 +124,9 @@ pub struct Setup {
     pub arp_check: Duration,
     /// Where the peers' cluster-wide settings go, as their heartbeats carry them.
     pub peer_settings: watch::Sender<BTreeMap<String, String>>,
+    /// The MACs of nodes the model leaves without one, as the agent resolved
+    /// them: that of a VIP's previous holder is recorded when the VIP is taken.
+    pub node_macs: watch::Receiver<BTreeMap<String, [u8; 6]>>,
 }
 
 /// Starts the thread, which first sweeps `arp_held` (entries of VIPs this node
