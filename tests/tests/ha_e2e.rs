@@ -909,3 +909,58 @@ fn agents_whose_cluster_settings_differ_are_reported_until_they_agree() {
         wait_for(Duration::from_secs(5), || (versions(i) == want).then_some(())).unwrap_or_else(|| panic!("node {i}: versions {:?}", versions(i)));
     }
 }
+
+/// Every ring size in node `i`'s `lb4_services`, read from its pin (reads only:
+/// its agent runs).
+fn ring_sizes(lab: &HaLab, i: usize) -> BTreeSet<u32> {
+    use aya::maps::{HashMap, Map, MapData};
+    let Ok(data) = MapData::from_pin(lab.nodes[i].pins.path.join(vip_common::map_names::SERVICES)) else { return BTreeSet::new() };
+    let Ok(m) = HashMap::<_, vip_common::Lb4ServiceKey, vip_common::LbService>::try_from(Map::from_map_data(data).unwrap()) else { return BTreeSet::new() };
+    m.iter().filter_map(|kv| kv.ok()).map(|(_, s)| s.ring_size).collect()
+}
+
+/// An owner change after a ring change (the reliability issue's reproduction):
+/// long-lived connections through a VIP's owner, every service's `tableSize`
+/// changed (a new ring on every node; the owner keeps its pins), then the owner
+/// SIGKILLed. Its node serves on, so it stays a backend, and its data path runs:
+/// the new owner asks it about the flows it never saw, and every connection
+/// keeps its backend. With `VIP_HA_AGENT_BIN` naming an agent of before the
+/// handoff (0.2.0's, from `cargo xtask previous-release`), connections break.
+#[test]
+fn an_owner_killed_after_a_ring_change_breaks_no_connection() {
+    let spec = HaSpec { agent_bin: std::env::var_os("VIP_HA_AGENT_BIN").map(Into::into), ..Default::default() };
+    let Some((_g, mut lab, owners)) = setup(spec) else { return };
+    let v = vip(0);
+    let o = owner_index(&lab, &owners, v);
+    let name = lab.nodes[o].name.clone();
+    let mut conns: Vec<LongConn> = (0..16).map(|i| LongConn::open(&lab.client, v, 48000 + i, Duration::from_secs(2)).unwrap()).collect();
+    let elsewhere = conns.iter().filter(|c| c.backend != name).count();
+    assert!(elsewhere >= 6, "too few connections through {name} to other nodes: {elsewhere} of 16");
+
+    lab.spec.table_size = Some(257);
+    vip_tests::agent::write_atomic(&lab.config, &vip_tests::halab::ha_config(&lab.spec)).unwrap();
+    let every = all(&lab);
+    let changed = wait_for(Duration::from_secs(10), || every.iter().all(|&i| ring_sizes(&lab, i) == BTreeSet::from([257])).then_some(()));
+    changed.unwrap_or_else(|| panic!("rings not rebuilt at 257 slots within 10 s\n{}", lab.agent_logs()));
+    ping_all(&mut conns, "after the ring change (the owner's pins)");
+
+    lab.kill_agent(o);
+    let rest: Vec<usize> = every.iter().copied().filter(|&i| i != o).collect();
+    let moved = lab.wait_converged(&rest, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let new = lab.index_of(&moved[&v]);
+    assert_ne!(new, o, "{v} did not move");
+    std::thread::sleep(Duration::from_millis(lab.spec.dead_after_ms * 2));
+    let broken: Vec<String> = conns.iter_mut().filter_map(|c| c.ping().err().map(|e| format!("{} ({e:#})", c.backend))).collect();
+    let asked = metric(&lab.metrics(new), "vip_xdp_packets_total{reason=\"asked_previous\"}").unwrap_or(0.0);
+    eprintln!(
+        "owner {name} killed after a ring change: {} of {} long-lived connections broken; the new owner asked about {asked} segments",
+        broken.len(),
+        conns.len()
+    );
+    assert!(broken.is_empty(), "{} of {} connections broken: {broken:?}\n{}", broken.len(), conns.len(), lab.agent_logs());
+    assert!(asked > 0.0, "the new owner asked nothing: the ring change moved no slot of these flows?");
+
+    lab.start_agent(o).unwrap();
+    lab.wait_converged(&every, Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    ping_all(&mut conns, "after the owner's agent came back");
+}
