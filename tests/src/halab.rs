@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use vip_agent::{dataplane::AttachMode, status::Status};
 
 use crate::{
@@ -581,6 +581,44 @@ impl HaLab {
         let n = &mut self.nodes[i];
         n.health_server = Some(spawn_server(&n.ns, &self.server_exe, &n.name, port)?);
         self.wait_listening(i, port)
+    }
+
+    /// Node `i` powered off (the first half of a reboot): its link down, then its
+    /// agent, its servers (the connections they carried) and its data path gone
+    /// (`vip-agent cleanup`: the program detached, every pin removed, as a
+    /// reboot empties bpffs).
+    pub fn power_off(&mut self, i: usize) -> Result<()> {
+        self.seg.cable(&self.nodes[i].ns, false)?;
+        self.kill_agent(i);
+        let n = &mut self.nodes[i];
+        for mut s in [n.server.take(), n.health_server.take()].into_iter().flatten() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        let bin = match &n.agent_bin {
+            Some(b) => b.clone(),
+            None => crate::agent::agent_bin()?,
+        };
+        let o = n.ns.cmd(path_str(&bin)?).args(["--pin-dir", path_str(&n.pins.path)?, "cleanup", "--status-file", path_str(&n.status_file)?]).output()?;
+        ensure!(o.status.success(), "{}: vip-agent cleanup failed: {}", n.name, String::from_utf8_lossy(&o.stderr));
+        self.record_pids();
+        Ok(())
+    }
+
+    /// Node `i` back from [`Self::power_off`]: its link up, its servers started
+    /// (listening), its agent started on an empty pin directory.
+    pub fn power_on(&mut self, i: usize) -> Result<()> {
+        self.seg.cable(&self.nodes[i].ns, true)?;
+        let n = &mut self.nodes[i];
+        n.server = Some(spawn_server(&n.ns, &self.server_exe, &n.name, SERVICE_PORT)?);
+        if let Some(p) = self.spec.health_port {
+            n.health_server = Some(spawn_server(&n.ns, &self.server_exe, &n.name, p)?);
+        }
+        self.wait_listening(i, SERVICE_PORT)?;
+        if let Some(p) = self.spec.health_port {
+            self.wait_listening(i, p)?;
+        }
+        self.start_agent(i)
     }
 
     /// Starts (or restarts) node `i`'s agent, appending to its log.

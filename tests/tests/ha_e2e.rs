@@ -964,3 +964,60 @@ fn an_owner_killed_after_a_ring_change_breaks_no_connection() {
     lab.wait_converged(&every, Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
     ping_all(&mut conns, "after the owner's agent came back");
 }
+
+/// A node rebooted: its link down, then its agent, its servers and its data path
+/// gone (bpffs emptied), back a few seconds later with a fresh agent. What breaks
+/// is only what must: the connections its own servers carried (the reboot ended
+/// them), and of the connections it balanced to other nodes, those whose pins
+/// went with it and whose ring slot moved when it left the rings. Every other
+/// connection lives on, also through the VIPs that return to it: it asks the
+/// nodes that held them meanwhile about the flows it never saw.
+#[test]
+fn a_rebooted_node_breaks_only_the_connections_that_must_break() {
+    let Some((_g, mut lab, owners)) = setup(HaSpec::default()) else { return };
+    let d = 2;
+    let name = lab.nodes[d].name.clone();
+    let mut conns: Vec<(Ipv4Addr, LongConn)> = Vec::new();
+    for k in 0..lab.spec.vips {
+        for p in 0..10u16 {
+            conns.push((vip(k), LongConn::open(&lab.client, vip(k), 49000 + k as u16 * 100 + p, Duration::from_secs(2)).unwrap()));
+        }
+    }
+    let (served, through, others): (Vec<_>, Vec<_>, Vec<_>) = {
+        let (served, rest): (Vec<_>, Vec<_>) = conns.into_iter().partition(|(_, c)| c.backend == name);
+        let (through, others): (Vec<_>, Vec<_>) = rest.into_iter().partition(|(v, _)| owners[v] == name);
+        (served, through, others)
+    };
+    assert!(!through.is_empty() && !others.is_empty() && !served.is_empty(), "{} / {} / {}", served.len(), through.len(), others.len());
+    let mut through: Vec<LongConn> = through.into_iter().map(|(_, c)| c).collect();
+    let mut others: Vec<LongConn> = others.into_iter().map(|(_, c)| c).collect();
+
+    lab.power_off(d).unwrap();
+    let rest = [0, 1];
+    let moved = lab.wait_converged(&rest, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert!(moved.values().all(|o| *o != name));
+    let out = vip_tests::halab::time_until(Duration::from_secs(3), || rest.iter().all(|&i| services_with_backend(&lab, i, &name) == Some(0)));
+    out.unwrap_or_else(|| panic!("{name} still in a ring 3 s after its power-off\n{}", lab.agent_logs()));
+    ping_all(&mut others, "while a node was off (VIPs it did not hold, backends it is not)");
+    let lost: Vec<usize> = through.iter_mut().enumerate().filter_map(|(i, c)| c.ping().is_err().then_some(i)).collect();
+    let mut kept: Vec<LongConn> = through.into_iter().enumerate().filter(|(i, _)| !lost.contains(i)).map(|(_, c)| c).collect();
+
+    std::thread::sleep(Duration::from_secs(2));
+    lab.power_on(d).unwrap();
+    let back = lab.wait_converged(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert_eq!(back, owners, "the VIPs did not return to their owners");
+    lab.wait_rings_full(&all(&lab), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    ping_all(&mut others, "after the rebooted node came back");
+    ping_all(&mut kept, "after the VIPs returned to the rebooted node (it asks their holders of meanwhile)");
+    let ended = served.into_iter().map(|(_, mut c)| c.ping().is_err()).filter(|e| *e).count();
+    let asked = metric(&lab.metrics(d), "vip_xdp_packets_total{reason=\"asked_previous\"}").unwrap_or(0.0);
+    eprintln!(
+        "{name} rebooted: {} of {} connections through other VIPs to other nodes kept; through its VIPs to other nodes {} of {} kept (the rest lost with its pins), {} kept after its VIPs returned ({asked} segments asked about); its own {ended} ended",
+        others.len(),
+        others.len(),
+        kept.len(),
+        kept.len() + lost.len(),
+        kept.len()
+    );
+    assert!(asked > 0.0, "the rebooted node asked nothing about the flows through its returned VIPs");
+}

@@ -125,6 +125,9 @@ pub struct HeldRow {
     /// `arp` or `ndp` (answered by the data path: ARP, IPv6 neighbour
     /// solicitations) or `lo` (announced by a routing daemon).
     pub announce: &'static str,
+    /// The node it was taken from (its name as the status knows its MAC, else
+    /// the MAC), asked about the flows this node never saw (`arp_handoff`).
+    pub taken_from: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -186,6 +189,12 @@ pub struct CounterRow {
 pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -> Result<Report> {
     let now = monotonic_ns() as i64;
     let counters = dp.counters()?;
+    let handoffs = dp.held_ref().handoffs()?;
+    let nodes: Vec<_> = status.iter().flat_map(|s| s.nodes.iter()).collect();
+    let taken_from = |ifindex: u32, vip| {
+        let mac = Mac(*handoffs.get(&(ifindex, vip))?).to_string();
+        Some(nodes.iter().find(|n| n.mac.as_deref() == Some(mac.as_str())).map_or(mac.clone(), |n| n.node.clone()))
+    };
     let held = dp
         .held_ref()
         .entries()?
@@ -202,11 +211,11 @@ pub fn report(dp: &Dataplane, status_info: StatusInfo, status: Option<Status>) -
                 vip: e.vip,
                 expires_in_ms: (e.deadline_ns as i64 - now) / 1_000_000,
                 announce,
+                taken_from: taken_from(e.ifindex, e.vip),
             }
         })
         .collect();
     // A backend's node: the one with its key, and its MAC where two IPv6 nodes share a key.
-    let nodes: Vec<_> = status.iter().flat_map(|s| s.nodes.iter()).collect();
     let node_of = |b: &vip_common::LbBackend| {
         let keyed = || nodes.iter().filter(|n| crate::dataplane::backend_key(n.addr).octets() == b.addr);
         let mac = Mac(b.mac).to_string();
@@ -471,10 +480,11 @@ pub fn render(r: &Report, verbose: bool) -> String {
     };
 
     let _ = writeln!(s, "HELD VIPS");
-    let mut t = Table::new(vec![Col::left("NETWORK", 16), Col::left("VIP", 16), Col::left("ANNOUNCE", 9), Col::left("EXPIRES", 0)]);
+    let mut t =
+        Table::new(vec![Col::left("NETWORK", 16), Col::left("VIP", 16), Col::left("ANNOUNCE", 9), Col::left("EXPIRES", 20), Col::left("TAKEN FROM", 0)]);
     for h in &r.held {
         let state = if h.expires_in_ms >= 0 { format!("in {} ms", h.expires_in_ms) } else { "STALE (not answered)".into() };
-        t.row(vec![h.network.clone(), h.vip.to_string(), h.announce.to_owned(), state]);
+        t.row(vec![h.network.clone(), h.vip.to_string(), h.announce.to_owned(), state, h.taken_from.clone().unwrap_or_else(|| "-".into())]);
     }
     t.write(&mut s);
 

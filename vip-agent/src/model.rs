@@ -290,7 +290,7 @@ pub fn announced_settings(w: &World) -> String {
 
 /// The word of [`announced_settings`] that says the sender's data path answers
 /// asks (`vip_common::ETH_P_ASK4`): only such a previous holder is asked about
-/// the flows it may have pinned (0.2.0 and earlier drop them).
+/// the flows it may have pinned (0.1.0's data path drops them).
 const ANSWERS_ASKS: &str = "asks=1";
 
 /// Whether a peer's [`announced_settings`] say its data path answers asks.
@@ -411,7 +411,7 @@ mod tests {
         assert_eq!(version_of(&announced), Some(VERSION));
         assert!(settings_differing(&announced, &announced.replace(&format!("version={VERSION}"), "version=0.0.1")).is_empty());
         assert!(answers_asks(&announced), "{announced}");
-        assert!(!answers_asks(&cluster_settings(&w)) && !answers_asks(""), "0.2.0 and earlier send no asks=1");
+        assert!(!answers_asks(&cluster_settings(&w)) && !answers_asks(""), "0.1.0 sends no asks=1");
         assert_eq!(version_of(&here), None, "an agent of before sends no version");
     }
 }

@@ -6,7 +6,7 @@
 use core::ptr::{read_unaligned, read_volatile, write_unaligned, write_volatile};
 
 use aya_ebpf::{
-    bindings::xdp_action,
+    bindings::{xdp_action, xdp_md},
     helpers::{bpf_ktime_get_coarse_ns, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_load_bytes},
     maps::{Array, PerCpuArray},
     programs::XdpContext,
@@ -19,7 +19,7 @@ use crate::{
         lb4_backend_stats, lb4_backends, lb4_flow_cache_ctl, lb4_ring, lb4_service_stats, lb4_vip_filter, lb_flows, lb_flows_ctl, lb_held_filter, lb_home,
         lb_key0, lb_nodes, lookup_at, Scratch,
     },
-    parse::{ptr_at, Verdict, ETH_LEN, VLAN_ETH_LEN},
+    parse::{ptr_at, verdict_call, verdict_pack, verdict_pack_or_malformed, verdict_unpack, Verdict, ETH_LEN, VLAN_ETH_LEN},
     proto::{TCP_ACK, TCP_FLAGS, TCP_SYN},
     stats,
 };
@@ -434,8 +434,9 @@ fn lb_held<F: Flows>(s: *mut Scratch) -> bool {
 /// and `s` live across its map lookups (see maps::Scratch).
 #[inline(always)]
 fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held: bool) -> Result<Verdict, ()> {
-    if unsafe { read_volatile(&(*s).asked) } != 0 {
-        return lb_answer_ask::<F, L2>(ctx, s);
+    // Asks come untagged alone (parse::l3): a VLAN's copy of this path has none.
+    if L2 == ETH_LEN && unsafe { read_volatile(&(*s).asked) } != 0 {
+        return Ok(verdict_unpack(lb_answer_call::<F, L2>(ctx.ctx, s)));
     }
     if !held {
         return lb_not_held(ctx);
@@ -458,7 +459,7 @@ fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held
         true
     } else if lb_flow_backend(s, true) {
         true
-    } else if let Some(v) = lb_ask::<F, L2>(ctx, s)? {
+    } else if let Some(v) = lb_asked::<F, L2>(ctx, s) {
         return Ok(v);
     } else if lb_first_packet::<F>(s) {
         // A flow seen for the first time without a SYN (UDP, or TCP picked up
@@ -485,7 +486,7 @@ fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held
 /// about twice. None: the ring decides, as without a previous holder.
 #[inline(always)]
 fn lb_ask<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Verdict>, ()> {
-    if L2 != ETH_LEN || unsafe { read_volatile(&(*s).fresh) } == 0 || unsafe { read_volatile(&(*s).fragment) } != 0 || F::proto(s) != PROTO_TCP {
+    if unsafe { read_volatile(&(*s).fresh) } == 0 || unsafe { read_volatile(&(*s).fragment) } != 0 {
         return Ok(None);
     }
     let Some(prev) = F::handoff(s) else { return Ok(None) };
@@ -510,6 +511,39 @@ fn lb_ask<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Resul
         write_unaligned(p.add(12) as *mut u16, F::ASK.to_be());
     }
     Ok(Some((xdp_action::XDP_TX, Reason::AskedPrevious)))
+}
+
+/// What [`lb_ask_call`] returns when the ring is to decide.
+const NOT_ASKED: u64 = u64::MAX;
+
+/// [`lb_ask`] for a TCP segment (the protocol checked inline: a new UDP flow's
+/// first packet makes no call), in a function of its own (BPF to BPF): inlined,
+/// its lookups and rewrite made the slow path spill registers on the new-flow
+/// paths (stack accesses: speculation barriers without CAP_PERFMON).
+#[inline(always)]
+fn lb_asked<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch) -> Option<Verdict> {
+    if L2 != ETH_LEN || F::proto(s) != PROTO_TCP {
+        return None;
+    }
+    let v = lb_ask_call::<F, L2>(ctx.ctx, s);
+    (v != NOT_ASKED).then(|| verdict_unpack(v))
+}
+
+#[inline(never)]
+fn lb_ask_call<F: Flows, const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    match lb_ask::<F, L2>(&ctx, s) {
+        Ok(None) => NOT_ASKED,
+        Ok(Some(v)) => verdict_pack(v),
+        Err(()) => verdict_pack_or_malformed(&ctx, s, Err(())),
+    }
+}
+
+/// [`lb_answer_ask`], a function of its own as [`lb_ask_call`]: a second copy of
+/// delivery inlined in the slow path spilled its registers.
+#[inline(never)]
+fn lb_answer_call<F: Flows, const L2: usize>(ctx: *mut xdp_md, s: *mut Scratch) -> u64 {
+    verdict_call!(ctx, s, lb_answer_ask::<F, L2>)
 }
 
 /// A frame another node asked about ([`lb_ask`] there; its EtherType restored,

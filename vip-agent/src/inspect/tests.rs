@@ -141,7 +141,14 @@ fn strings(cells: &[&str]) -> Vec<String> {
 /// A report with IPv4 and IPv6 rows in every table.
 fn dual_stack_report() -> Report {
     let (info, _) = read(None, 1);
-    let held = |network: &str, vip: &str, announce| HeldRow { ifindex: 2, network: network.into(), vip: vip.parse().unwrap(), expires_in_ms: 900, announce };
+    let held = |network: &str, vip: &str, announce| HeldRow {
+        ifindex: 2,
+        network: network.into(),
+        vip: vip.parse().unwrap(),
+        expires_in_ms: 900,
+        announce,
+        taken_from: None,
+    };
     let backend = |id, node: &str, addr: &str| BackendRow {
         id,
         node: Some(node.into()),
@@ -213,8 +220,8 @@ fn ipv6_addresses_keep_every_table_in_line() {
         assert_aligned(
             &text,
             "HELD VIPS",
-            &["NETWORK", "VIP", "ANNOUNCE", "EXPIRES"],
-            &[strings(&["eth0", "198.18.1.10", "arp", "in 900 ms"]), strings(&["eth0 VLAN 30", VIP6, "ndp", "in 900 ms"])],
+            &["NETWORK", "VIP", "ANNOUNCE", "EXPIRES", "TAKEN FROM"],
+            &[strings(&["eth0", "198.18.1.10", "arp", "in 900 ms", "-"]), strings(&["eth0 VLAN 30", VIP6, "ndp", "in 900 ms", "-"])],
             &[],
         );
         let v6 = format!("[{VIP6}]:443/tcp");
@@ -264,6 +271,6 @@ fn ipv4_tables_keep_their_widths() {
     let mut r = dual_stack_report();
     r.held.truncate(1);
     let text = render(&r, false);
-    assert!(text.contains("\n  NETWORK          VIP              ANNOUNCE  EXPIRES\n  eth0             198.18.1.10      arp       in 900 ms\n"), "{text}");
+    assert!(text.contains("\n  NETWORK          VIP              ANNOUNCE  EXPIRES              TAKEN FROM\n  eth0             198.18.1.10      arp       in 900 ms            -\n"), "{text}");
     assert!(text.contains("\n  forwarded                             7 pkts          700 bytes\n"), "{text}");
 }
