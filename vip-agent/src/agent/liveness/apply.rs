@@ -44,9 +44,16 @@ impl Liveness {
             }
         }
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
+        // A VIP of no owner we saw (this agent's first decision): whoever holds
+        // it while we are away, as the peers compute it.
+        let without_me = p.take.iter().any(|v| !self.owners.contains_key(v)).then(|| {
+            let others: BTreeSet<String> = self.live.iter().filter(|n| **n != self.s.me).cloned().collect();
+            crate::agent::desired::ownership(&self.world, &self.s.me, &others).owners
+        });
         for vip in &p.take {
             let (announce, ifindex) = p.want[vip];
-            self.hand_off(*vip, ifindex);
+            let prev = self.owners.get(vip).or_else(|| without_me.as_ref()?.get(vip)).cloned();
+            self.hand_off(*vip, ifindex, prev, None);
             if let Err(e) = self.s.held.hold(ifindex, *vip, deadline, announce) {
                 error!(%vip, "holding VIP: {e:#}");
             } else {
@@ -80,6 +87,8 @@ impl Liveness {
             self.since.entry(*v).or_insert(now);
         }
         self.held = want;
+        let held = &self.held;
+        self.pending_handoff.retain(|v, _| held.contains_key(v));
         self.sync_groups();
         self.announce(announce, true);
         self.last_garp.retain(|v, _| o.held.contains(v));
@@ -104,21 +113,48 @@ impl Liveness {
         }
     }
 
-    /// Before `vip` is held on `ifindex`: records the node that held it until
-    /// now (as this node saw it) as its previous holder, whom the data path asks
-    /// about flows it never saw, when that node's data path answers asks and its
-    /// MAC is known; forgets an older one otherwise. A VIP whose previous holder
-    /// is unknown (this agent's first decision) keeps what an earlier agent recorded.
-    fn hand_off(&mut self, vip: IpAddr, ifindex: u32) {
-        let Some(prev) = self.owners.get(&vip).filter(|o| **o != self.s.me) else { return };
-        let asks = self.s.peer_settings.borrow().get(prev).is_some_and(|s| crate::model::answers_asks(s));
-        let mac = self.world.nodes.iter().find(|n| n.name == *prev).and_then(|n| n.mac).or_else(|| self.s.node_macs.borrow().get(prev).copied());
-        let r = match mac.filter(|_| asks) {
-            Some(mac) => self.s.held.hand_off(ifindex, vip, mac),
+    /// Before `vip` is held on `ifindex`: records `prev`, the node that held it
+    /// until now (as this node saw it), as its previous holder, whom the data path
+    /// asks about flows it never saw; forgets an older one when there is none or
+    /// its heartbeats say its data path cannot answer (0.1.0's). A peer not heard
+    /// from yet (this agent just started) is taken to answer: an ask it drops costs
+    /// a retransmission until its heartbeat says so, a flow hashed on a changed
+    /// ring its connection. A previous holder whose MAC is not known yet is
+    /// recorded once it is ([`Self::retry_handoffs`]).
+    fn hand_off(&mut self, vip: IpAddr, ifindex: u32, prev: Option<String>, neighbours: Option<&crate::neighbour::Table>) {
+        self.pending_handoff.remove(&vip);
+        let prev = prev.filter(|o| *o != self.s.me);
+        let asks = prev.as_ref().is_some_and(|p| self.s.peer_settings.borrow().get(p).is_none_or(|s| crate::model::answers_asks(s)));
+        let r = match prev.filter(|_| asks) {
             None => self.s.held.end_handoff(ifindex, vip),
+            Some(prev) => match self.mac_of(&prev, neighbours) {
+                Some(mac) => self.s.held.hand_off(ifindex, vip, mac),
+                None => {
+                    self.pending_handoff.insert(vip, (prev, ifindex));
+                    self.s.held.end_handoff(ifindex, vip)
+                }
+            },
         };
         if let Err(e) = r {
-            error!(%vip, from = %prev, "recording the VIP's previous holder: {e:#}");
+            error!(%vip, "recording the VIP's previous holder: {e:#}");
+        }
+    }
+
+    /// Node `name`'s MAC: from the model, as the agent resolved it, or from the
+    /// kernel's neighbour table when read (`neighbours`).
+    fn mac_of(&self, name: &str, neighbours: Option<&crate::neighbour::Table>) -> Option<[u8; 6]> {
+        let node = self.world.nodes.iter().find(|n| n.name == name)?;
+        node.mac.or_else(|| self.s.node_macs.borrow().get(name).copied()).or_else(|| neighbours?.get(&node.addr).copied())
+    }
+
+    /// Records the previous holders whose MACs were not known when their VIPs
+    /// were taken, with the kernel's neighbour table read once (a node just
+    /// started knows its peers' MACs from its first heartbeats to them, before
+    /// the agent resolves them). On every deadline refresh while any is left.
+    pub(super) fn retry_handoffs(&mut self) {
+        let table = crate::neighbour::table();
+        for (vip, (prev, ifindex)) in std::mem::take(&mut self.pending_handoff) {
+            self.hand_off(vip, ifindex, Some(prev), Some(&table));
         }
     }
 
@@ -163,6 +199,10 @@ impl Liveness {
             // takeover like any other: announce it.
             warn!(stale_ms = (now - last) / 1_000_000, "held VIPs had gone stale; re-announcing them");
             self.announce(self.held.keys().copied().collect(), true);
+        }
+        // After the deadlines: they never wait for a neighbour table read.
+        if !self.pending_handoff.is_empty() {
+            self.retry_handoffs();
         }
     }
 

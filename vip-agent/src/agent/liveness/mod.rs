@@ -201,6 +201,9 @@ struct Liveness {
     arp: selfcheck::SelfCheck,
     /// This node's cluster-wide settings, for its heartbeats.
     settings: watch::Sender<String>,
+    /// VIPs taken whose previous holder's MAC was not known yet: VIP → (that
+    /// node, the ifindex it is held under), recorded once it is.
+    pending_handoff: BTreeMap<IpAddr, (String, u32)>,
 }
 
 /// The ticker that re-writes held deadlines: three times per hold time.
@@ -239,6 +242,7 @@ impl Liveness {
             adopted: BTreeSet::new(),
             arp,
             settings: watch::channel(String::new()).0,
+            pending_handoff: BTreeMap::new(),
         }
     }
 
