@@ -83,8 +83,11 @@ pub struct HeldVips {
     /// (ifindex, VIP) → the MAC (as node_mac_key) of the node that held the VIP
     /// before this one took it: asked about flows this node never saw
     /// (`arp_handoff`, `ndp_handoff`). None when pinned by an older agent.
-    handoff: Option<(HashMap<MapData, ArpHeldKey, u64>, HashMap<MapData, NdpHeldKey, u64>)>,
+    handoff: Option<(Handoffs<ArpHeldKey>, Handoffs<NdpHeldKey>)>,
 }
+
+/// A family's previous-holder map: held key → node_mac_key.
+type Handoffs<K> = HashMap<MapData, K, u64>;
 
 impl HeldVips {
     /// The maps pinned under `dir`, with the epoch lock shared with the ring side.
