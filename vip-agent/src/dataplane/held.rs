@@ -237,36 +237,27 @@ impl HeldVips {
         let Some((v4, v6)) = self.handoff.as_mut() else { return Ok(()) };
         let value = vip_common::node_mac_key(prev);
         match key(ifindex, vip) {
-            Key::V4(k) => v4.insert(k, value, 0),
-            Key::V6(k) => v6.insert(k, value, 0),
+            Key::V4(k) => v4.insert(k, value, 0).context("writing arp_handoff"),
+            Key::V6(k) => v6.insert(k, value, 0).context("writing ndp_handoff"),
         }
-        .context("writing arp_handoff")
     }
 
     /// Forgets `vip`'s previous holder (released, or taken from none we know).
     pub fn end_handoff(&mut self, ifindex: u32, vip: IpAddr) -> Result<()> {
         let Some((v4, v6)) = self.handoff.as_mut() else { return Ok(()) };
-        ignore_missing(match key(ifindex, vip) {
-            Key::V4(k) => v4.remove(&k),
-            Key::V6(k) => v6.remove(&k),
-        })
-        .context("removing from arp_handoff")
+        match key(ifindex, vip) {
+            Key::V4(k) => ignore_missing(v4.remove(&k)).context("removing from arp_handoff"),
+            Key::V6(k) => ignore_missing(v6.remove(&k)).context("removing from ndp_handoff"),
+        }
     }
 
     /// Every (ifindex, VIP) → its previous holder's MAC, as recorded.
     pub fn handoffs(&self) -> Result<BTreeMap<(u32, IpAddr), [u8; 6]>> {
         let Some((v4, v6)) = self.handoff.as_ref() else { return Ok(BTreeMap::new()) };
         let mac = |w: u64| -> [u8; 6] { w.to_le_bytes()[..6].try_into().expect("six bytes") };
-        let mut out = BTreeMap::new();
-        for kv in v4.iter() {
-            let (k, w) = kv?;
-            out.insert((k.ifindex, IpAddr::V4(Ipv4Addr::from(k.vip))), mac(w));
-        }
-        for kv in v6.iter() {
-            let (k, w) = kv?;
-            out.insert((k.ifindex, IpAddr::V6(Ipv6Addr::from(k.vip))), mac(w));
-        }
-        Ok(out)
+        let v4 = batch::lookup_all::<ArpHeldKey, u64>(v4.map())?.into_iter().map(|(k, w)| ((k.ifindex, Ipv4Addr::from(k.vip).into()), mac(w)));
+        let v6 = batch::lookup_all::<NdpHeldKey, u64>(v6.map())?.into_iter().map(|(k, w)| ((k.ifindex, Ipv6Addr::from(k.vip).into()), mac(w)));
+        Ok(v4.chain(v6).collect())
     }
 
     /// Stops holding `vip`: no more ARP answers, but the entry stays (stale,
