@@ -150,6 +150,18 @@ impl Kubelet {
         Ok(took)
     }
 
+    /// Node `i`'s pod deleted (`kubectl delete pod`): the DaemonSet controller
+    /// makes a new one, whose container starts after [`RESTART_DELAY`] with no
+    /// back-off; waits until it is Ready.
+    pub fn delete_pod(&mut self, lab: &mut HaLab, i: usize) -> Result<Restart> {
+        self.delete(lab, i)?;
+        let exited = Instant::now();
+        std::thread::sleep(RESTART_DELAY);
+        let start = self.start(lab, i)?;
+        self.pods[i].restarts += 1;
+        Ok(Restart { delay: start.duration_since(exited), ready_after: self.wait_ready(lab, i, start, READY_LIMIT)? })
+    }
+
     /// One rolling update of every node's pod (`maxUnavailable` at a time, node
     /// order), each new pod from the same image: for each node, how long its old
     /// pod took to stop and its new one to turn Ready after its start.

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: one module per section, each measuring into one
 //! [`report::Report`] that is written as OUT_DIR/bench.md and OUT_DIR/bench.json.
-//! `VIP_BENCH_ONLY=xdp,live,cps,maglev,health,failover,k8s,cluster,auth,scale` runs a subset
+//! `VIP_BENCH_ONLY=xdp,live,cps,maglev,health,failover,k8s,cluster,auth,scale` runs a subset;
+//! `soak` (an hour of churn, `VIP_SOAK_MINUTES`) runs only when named
 //! (for quick iteration; BENCHMARKS.md quotes full runs). The sections that send
 //! real frames through an attached program (live, failover) measure generic and
 //! native XDP in the same run.
@@ -14,6 +15,7 @@ mod maglev;
 mod measure;
 mod report;
 mod scale;
+mod soak;
 mod xdp;
 
 use std::path::PathBuf;
@@ -59,6 +61,10 @@ fn main() -> Result<()> {
         if wanted(name) {
             report.push(section()?);
         }
+    }
+    // The soak runs an hour: only when asked for by name.
+    if only.as_deref().is_some_and(|o| o.split(',').any(|x| x == "soak")) {
+        report.push(soak::section()?);
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let md = format!("Run on {} cores, kernel {}\n\n{}", std::thread::available_parallelism()?.get(), kernel.trim(), report.markdown());

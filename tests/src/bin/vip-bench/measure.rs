@@ -47,3 +47,11 @@ pub fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
 pub fn rss_mib(pid: u32) -> Option<f64> {
     Some(proc_field(pid, "status", "VmRSS:")? as f64 / 1024.0)
 }
+
+/// CPU time (user + system) of `pid` in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = t.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}

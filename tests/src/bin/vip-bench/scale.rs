@@ -13,19 +13,11 @@ use vip_tests::{
 };
 
 use crate::{
-    measure::{ms, rss_mib, Dist},
+    measure::{cpu_ticks, ms, rss_mib, Dist},
     report::{at, line, At, Entry, Fig, Line, Section, Table},
 };
 
 const TRIALS: usize = 10;
-
-/// CPU time (user + system) of `pid` in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = t.rsplit_once(')')?.1;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
 
 /// Bytes the kernel charges for the maps pinned under `dir` (bpftool's `bytes_memlock`).
 fn bpf_map_bytes(dir: &std::path::Path) -> Result<u64> {
