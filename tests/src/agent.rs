@@ -59,6 +59,25 @@ pub struct AgentProc {
     pub log: PathBuf,
 }
 
+/// What a kubelet gives a pod to reach the API in-cluster: the ServiceAccount's
+/// files (`token`, `ca.crt`, `namespace`) at
+/// /var/run/secrets/kubernetes.io/serviceaccount and the `kubernetes` Service's
+/// address in `KUBERNETES_SERVICE_HOST` / `_PORT`.
+#[derive(Clone, Debug)]
+pub struct InCluster {
+    pub service_account: PathBuf,
+    pub service: std::net::SocketAddr,
+    /// The API server behind the Service (what kube-proxy sends it to).
+    pub endpoint: std::net::SocketAddr,
+}
+
+/// Run by `sh -c` in the agent's own mount namespace, as a container sees its
+/// mounts: an empty /run (as a container's; /var/run points there) with the
+/// ServiceAccount's directory ($1) bound read-only where client libraries look.
+const POD_MOUNTS: &str = "set -e; mount -t tmpfs -o mode=755 pod-run /run; \
+    mkdir -p /run/secrets/kubernetes.io/serviceaccount; \
+    mount -o bind,ro \"$1\" /run/secrets/kubernetes.io/serviceaccount; shift; exec \"$@\"";
+
 impl AgentProc {
     /// Starts `vip-agent run` in `ns` with `args` after `run`; output goes to `log`.
     pub fn start(ns: &NetNs, args: &[&str], log: &Path) -> Result<Self> {
@@ -77,11 +96,24 @@ impl AgentProc {
         Self::spawn_wrapped(ns, &agent_bin()?, wrapper, args, log, std::fs::File::create(log)?)
     }
 
+    /// Like `start_appending`, as a DaemonSet's pod: in a mount namespace of its own
+    /// with `pod`'s ServiceAccount files, its environment, and no kubeconfig.
+    pub fn start_in_pod(ns: &NetNs, bin: &Path, pod: &InCluster, args: &[&str], log: &Path) -> Result<Self> {
+        let sa = pod.service_account.to_str().context("ServiceAccount path")?;
+        let wrapper = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", POD_MOUNTS, "sh", sa];
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+        Self::spawn_with(ns, bin, &wrapper, args, log, out, Some(pod))
+    }
+
     fn spawn(ns: &NetNs, args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
         Self::spawn_wrapped(ns, &agent_bin()?, &[], args, log, out)
     }
 
     fn spawn_wrapped(ns: &NetNs, bin: &Path, wrapper: &[&str], args: &[&str], log: &Path, out: std::fs::File) -> Result<Self> {
+        Self::spawn_with(ns, bin, wrapper, args, log, out, None)
+    }
+
+    fn spawn_with(ns: &NetNs, bin: &Path, wrapper: &[&str], args: &[&str], log: &Path, out: std::fs::File, pod: Option<&InCluster>) -> Result<Self> {
         let bin = bin.to_str().context("agent path")?;
         let mut cmd = match wrapper.split_first() {
             Some((program, rest)) => {
@@ -92,6 +124,11 @@ impl AgentProc {
             None => ns.cmd(bin),
         };
         cmd.arg("run").args(args).env("RUST_LOG", "info");
+        if let Some(pod) = pod {
+            // A container has no kubeconfig and no home of the host's.
+            cmd.env_remove("KUBECONFIG").env("HOME", "/nonexistent");
+            cmd.env("KUBERNETES_SERVICE_HOST", pod.service.ip().to_string()).env("KUBERNETES_SERVICE_PORT", pod.service.port().to_string());
+        }
         // Agents given no heartbeat key run unsigned, as on a trusted segment (the
         // HA lab gives its agents a key).
         if !args.contains(&"--heartbeat-key-file") {

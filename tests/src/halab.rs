@@ -34,6 +34,9 @@ pub struct HaSpec {
     /// The agents' model: the shared YAML file (None) or the Kubernetes API through
     /// this kubeconfig (`run --kubernetes`).
     pub kubeconfig: Option<PathBuf>,
+    /// The Kubernetes API as a DaemonSet's pod reaches it (`run --kubernetes`
+    /// with no kubeconfig; wins over `kubeconfig`).
+    pub in_cluster: Option<crate::agent::InCluster>,
     pub nodes: usize,
     pub vips: usize,
     pub check_interval_ms: u64,
@@ -92,6 +95,7 @@ impl Default for HaSpec {
         // flows get pinned by the new owner) before it leaves the rings as a backend.
         Self {
             kubeconfig: None,
+            in_cluster: None,
             nodes: 3,
             vips: 3,
             check_interval_ms: 200,
@@ -432,6 +436,12 @@ impl HaLab {
     /// program that runs `serve_name` when called as `server_exe serve NAME PORT`.
     pub fn start(spec: HaSpec, naming: Naming, server_exe: &Path) -> Result<Self> {
         let mut lab = Self::build(spec, naming, server_exe)?;
+        if let Some(pod) = &lab.spec.in_cluster {
+            // kube-proxy runs before the pods that reach the API through it.
+            for n in &lab.nodes {
+                crate::kubelab::kube_proxy_rule(&n.ns, pod.service, pod.endpoint)?;
+            }
+        }
         for i in 0..lab.nodes.len() {
             lab.start_agent(i)?;
         }
@@ -664,15 +674,19 @@ impl HaLab {
             args.extend(["--arp-check-interval", a]);
         }
         let kubeconfig = self.spec.kubeconfig.as_deref().map(path_str).transpose()?;
-        match kubeconfig {
-            Some(k) => args.extend(["--kubernetes", "--kubeconfig", k]),
-            None => args.extend(["--config", path_str(config)?]),
+        match (&self.spec.in_cluster, kubeconfig) {
+            (Some(_), _) => args.push("--kubernetes"),
+            (None, Some(k)) => args.extend(["--kubernetes", "--kubeconfig", k]),
+            (None, None) => args.extend(["--config", path_str(config)?]),
         }
         let bin = match &n.agent_bin {
             Some(b) => b.clone(),
             None => crate::agent::agent_bin()?,
         };
-        n.agent = Some(AgentProc::start_appending(&n.ns, &bin, &args, &n.log)?);
+        n.agent = Some(match &self.spec.in_cluster {
+            Some(pod) => AgentProc::start_in_pod(&n.ns, &bin, pod, &args, &n.log)?,
+            None => AgentProc::start_appending(&n.ns, &bin, &args, &n.log)?,
+        });
         self.record_pids();
         Ok(())
     }

@@ -1,10 +1,13 @@
 //! The HA lab with Kubernetes as the source: an API server runs in a namespace of
-//! the lab (198.18.0.2) and every node runs `vip-agent run --kubernetes` with a
-//! kubeconfig pointing at it. The server is the in-process stand-in
-//! ([`KubeLab::start`], port 6443, the agents acting as the deploy/10-rbac.yaml
-//! ServiceAccount by the stand-in's token) or a real kube-apiserver with
-//! etcd ([`KubeLab::start_real`], TLS, the agents acting as the deploy/10-rbac.yaml
-//! ServiceAccount). Shared by the Kubernetes e2e test and bench.
+//! the lab (198.18.0.2) and every node runs `vip-agent run --kubernetes`. The
+//! server is the in-process stand-in ([`KubeLab::start`], HTTPS on port 6443), which
+//! the agents reach as a DaemonSet's pods do: in-cluster config (the
+//! deploy/10-rbac.yaml ServiceAccount's token and `ca.crt` mounted in a mount
+//! namespace of each agent's own) through the `kubernetes` Service's address
+//! ([`KUBERNETES_SERVICE`]), which each node's kube-proxy stand-in (an nft DNAT
+//! rule in its namespace) sends to the server. Or a real kube-apiserver with etcd
+//! ([`KubeLab::start_real`], TLS, the agents acting as the deploy/10-rbac.yaml
+//! ServiceAccount through a kubeconfig). Shared by the Kubernetes e2e test and bench.
 //!
 //! Each node also answers HTTP on [`HEALTH_CHECK_NODE_PORT`], as kube-proxy does
 //! on a Local-policy Service's `healthCheckNodePort`.
@@ -20,10 +23,10 @@ use http::Method;
 use serde_json::{json, Value};
 
 use crate::{
-    agent::TempDir,
-    apiserver::{service_account_token, write_kubeconfig, ApiServer, ResourceSpec, Stack},
+    agent::{InCluster, TempDir},
+    apiserver::{service_account_token, ApiServer, ResourceSpec, Stack},
     halab::{node_addr, node_addr6, HaLab, HaSpec, Naming},
-    kubeapi::{apply, ensure_namespace, raw, resource_path, Options, RealApiServer},
+    kubeapi::{apply, ensure_namespace, raw, resource_path, Ca, Options, RealApiServer},
     netns::NetNs,
 };
 
@@ -34,6 +37,12 @@ pub const API_HOST: &str = "198.18.0.2";
 pub const API_HOST6: &str = "2001:2::2";
 /// The API server's port.
 pub const API_PORT: u16 = 6443;
+
+/// The `kubernetes` Service's address (KUBERNETES_SERVICE_HOST) on an IPv4 or
+/// dual-stack cluster, and on an IPv6-only one: in the lab's ranges (a real
+/// cluster's is its service CIDR's first address, 10.96.0.1 on kubeadm's default).
+pub const KUBERNETES_SERVICE: &str = "198.19.255.1";
+pub const KUBERNETES_SERVICE6: &str = "2001:2:0:ff::1";
 
 /// kubeadm's (and so kind's) control-plane node: this label and taint, and
 /// [`EXCLUDE_FROM_LB_LABEL`](vip_agent::k8s::source::EXCLUDE_FROM_LB_LABEL).
@@ -61,8 +70,13 @@ impl Shape {
         .expect("an address")
     }
 
-    fn api_url(&self, scheme: &str) -> String {
-        format!("{scheme}://{}", SocketAddr::new(self.api_host(), API_PORT))
+    /// Where pods reach the API: the `kubernetes` Service, port 443.
+    fn kubernetes_service(&self) -> SocketAddr {
+        let host = match self.stack {
+            Stack::V6 => KUBERNETES_SERVICE6,
+            Stack::V4 | Stack::Dual => KUBERNETES_SERVICE,
+        };
+        SocketAddr::new(host.parse().expect("an address"), 443)
     }
 
     /// The API namespace's address on the segment.
@@ -207,16 +221,16 @@ pub struct StandInRuntime {
 }
 
 /// Runs the stand-in of a cluster of `stack`'s families inside `ns` (its runtime's
-/// threads live there) until the returned runtime is dropped.
-pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack) -> Result<(ApiServer, StandInRuntime)> {
+/// threads live there), serving HTTPS with `serving` (certificate and key, PEM),
+/// until the returned runtime is dropped.
+pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack, serving: (String, String)) -> Result<(ApiServer, StandInRuntime)> {
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     ns.spawn(move || {
         let started = (|| -> Result<_> {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-            let api = rt.block_on(
-                ApiServer::builder().resources(ResourceSpec::VIP).stack(stack).bind(addr).bookmark_interval(std::time::Duration::from_secs(1)).start(),
-            )?;
+            let builder = ApiServer::builder().resources(ResourceSpec::VIP).stack(stack).bind(addr).bookmark_interval(std::time::Duration::from_secs(1));
+            let api = rt.block_on(builder.tls(&serving.0, &serving.1)?.start())?;
             Ok((rt, api))
         })();
         match started {
@@ -233,10 +247,36 @@ pub fn api_of(ns: &NetNs, addr: SocketAddr, stack: Stack) -> Result<(ApiServer, 
     Ok((api, StandInRuntime { handle, _keep: stop_tx }))
 }
 
-/// The agents' kubeconfig: the DaemonSet's ServiceAccount, so that the stand-in
-/// holds them to deploy/10-rbac.yaml as the real server does.
-fn kubeconfig(dir: &Path, shape: &Shape) -> Result<std::path::PathBuf> {
-    write_kubeconfig(&dir.join("kubeconfig"), &shape.api_url("http"), Some(&service_account_token("vip-system", "vip-agent")))
+/// The files the kubelet mounts for the DaemonSet's ServiceAccount (so that the
+/// stand-in holds the agents to deploy/10-rbac.yaml as the real server does),
+/// in `dir`/serviceaccount.
+fn service_account_dir(dir: &Path, ca: &Ca) -> Result<std::path::PathBuf> {
+    let sa = dir.join("serviceaccount");
+    std::fs::create_dir_all(&sa)?;
+    std::fs::write(sa.join("token"), service_account_token("vip-system", "vip-agent"))?;
+    std::fs::write(sa.join("ca.crt"), ca.pem())?;
+    std::fs::write(sa.join("namespace"), "vip-system")?;
+    Ok(sa)
+}
+
+/// What kube-proxy programs on a node for the `kubernetes` Service, for the
+/// node's own (host-network) processes: `service` DNATed to the API server at
+/// `api`, in the node's namespace (a route to the Service address lets the
+/// connect pass the routing that precedes the rewrite).
+pub(crate) fn kube_proxy_rule(ns: &NetNs, service: SocketAddr, api: SocketAddr) -> Result<()> {
+    let (family, match_daddr, to, host_len) = match (service.ip(), api.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(a)) => ("ip", format!("ip daddr {s}"), format!("{a}:{}", api.port()), 32),
+        (IpAddr::V6(s), IpAddr::V6(a)) => ("ip6", format!("ip6 daddr {s}"), format!("[{a}]:{}", api.port()), 128),
+        _ => anyhow::bail!("the kubernetes Service {service} and the API server {api} are of different families"),
+    };
+    ns.ip(&["route", "add", &format!("{}/{host_len}", service.ip()), "dev", "eth0"])?;
+    ns.nft(&["add", "table", family, "kube-proxy"])?;
+    ns.nft(&["add", "chain", family, "kube-proxy", "output", "{ type nat hook output priority -100; }"])?;
+    let rule = format!("{match_daddr} tcp dport {} counter dnat to {to}", service.port());
+    let mut args = vec!["add", "rule", family, "kube-proxy", "output"];
+    args.extend(rule.split(' '));
+    ns.nft(&args)?;
+    Ok(())
 }
 
 /// Starts `server_exe serve NAME HEALTH_CHECK_NODE_PORT` on every node (kube-proxy's
@@ -266,12 +306,20 @@ impl KubeLab {
     /// [`Self::start`] standing in for a cluster of `shape`.
     pub fn start_shaped(spec: HaSpec, shape: Shape, server_exe: &Path) -> Result<Self> {
         let tmp = TempDir::new("vip-kube-lab-")?;
-        let spec = HaSpec { kubeconfig: Some(kubeconfig(&tmp.0, &shape)?), ..spec };
+        let ca = Ca::new()?;
+        let service = shape.kubernetes_service();
+        let api_addr = SocketAddr::new(shape.api_host(), API_PORT);
+        let pod = InCluster { service_account: service_account_dir(&tmp.0, &ca)?, service, endpoint: api_addr };
+        let spec = HaSpec { in_cluster: Some(pod), ..spec };
         // The agents start and wait for the API (their watches retry) while it comes up.
         let lab = HaLab::start(spec, Naming::Unique, server_exe)?;
         let health = health_servers(&lab, server_exe)?;
         let api_ns = lab.seg.plug(NetNs::new("vapi")?, &shape.api_cidr())?;
-        let (api, keep) = api_of(&api_ns, SocketAddr::new(shape.api_host(), API_PORT), shape.stack)?;
+        // Its certificate names what the real server's does: its own address, the
+        // Service's, and the Service's DNS names.
+        let names = ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"];
+        let serving = ca.server("kube-apiserver", &[api_addr.ip(), service.ip()], &names)?;
+        let (api, keep) = api_of(&api_ns, api_addr, shape.stack, serving)?;
         let api = LabApi::StandIn(api, keep);
         for i in 0..lab.nodes.len() {
             api.insert("nodes", shape.node(lab.nodes.len(), i))?;
@@ -321,6 +369,16 @@ impl KubeLab {
 }
 
 impl KubeLab {
+    /// Connections node `i`'s processes opened to the `kubernetes` Service (the
+    /// packets its kube-proxy stand-in rewrote: the first of each); None when the
+    /// agents use a kubeconfig (the real server's lab).
+    pub fn via_kubernetes_service(&self, i: usize) -> Option<u64> {
+        let pod = self.lab.spec.in_cluster.as_ref()?;
+        let family = if pod.service.is_ipv4() { "ip" } else { "ip6" };
+        let text = self.lab.nodes[i].ns.nft(&["list", "chain", family, "kube-proxy", "output"]).ok()?;
+        text.split("counter packets ").nth(1)?.split_whitespace().next()?.parse().ok()
+    }
+
     /// An API-server outage begins: the stand-in's listener closes and every
     /// connection ends, its store kept; the real server is SIGKILLed, etcd kept.
     pub fn stop_api(&mut self) {

@@ -376,3 +376,33 @@ async fn apiserver_fixtures_follow_the_registry_rules() {
     let stored = srv.insert("vippools.vip.dev", pool).unwrap();
     assert_eq!(stored["status"], json!({ "total": 3, "allocated": 0, "free": 0, "conditions": [] }));
 }
+
+/// Over HTTPS (as the agents in the lab reach it, in-cluster): a client that
+/// trusts the serving certificate's CA and names an address the certificate
+/// holds gets through, watches included; one with another CA, or naming an
+/// address the certificate lacks, is refused at the handshake, as by the real
+/// server.
+#[tokio::test]
+async fn apiserver_over_tls_checks_the_ca_and_the_name() {
+    use vip_tests::kubeapi::{client_from_kubeconfig, kubeconfig_text, Ca};
+    let ca = Ca::new().unwrap();
+    let (cert, key) = ca.server("kube-apiserver", &["127.0.0.1".parse().unwrap()], &["kubernetes.default.svc"]).unwrap();
+    let srv = ApiServer::builder().resources(ResourceSpec::VIP).tls(&cert, &key).unwrap().start().await.unwrap();
+    assert!(srv.url().starts_with("https://127.0.0.1:"), "{}", srv.url());
+    let trusted = client_from_kubeconfig(&kubeconfig_text(&srv.url(), Some(&ca.pem()), json!({}), "default")).await.unwrap();
+    let svcs: Api<Service> = Api::namespaced(trusted, "shop");
+    svcs.create(&PostParams::default(), &service("web", 80)).await.expect("a create over TLS");
+    let mut events = svcs.watch(&WatchParams::default(), "0").await.expect("a watch over TLS").boxed();
+    let first = tokio::time::timeout(Duration::from_secs(5), events.next()).await.expect("a watch event").expect("an item").expect("an event");
+    assert!(matches!(first, WatchEvent::Added(_)), "{first:?}");
+
+    let other = Ca::new().unwrap();
+    let untrusted = client_from_kubeconfig(&kubeconfig_text(&srv.url(), Some(&other.pem()), json!({}), "default")).await.unwrap();
+    let refused = Api::<Service>::namespaced(untrusted, "shop").list(&ListParams::default()).await;
+    assert!(format!("{refused:?}").contains("InvalidCertificate"), "a client trusting another CA got {refused:?}");
+    // `localhost` is the same server, but not a name its certificate holds.
+    let port = srv.addr().port();
+    let misnamed = client_from_kubeconfig(&kubeconfig_text(&format!("https://localhost:{port}"), Some(&ca.pem()), json!({}), "default")).await.unwrap();
+    let refused = Api::<Service>::namespaced(misnamed, "shop").list(&ListParams::default()).await;
+    assert!(format!("{refused:?}").contains("NotValidForName"), "a client naming an address outside the certificate got {refused:?}");
+}

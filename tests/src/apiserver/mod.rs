@@ -39,6 +39,9 @@
 //!   through the same registry rules as a client's write but not through admission.
 //! - authentication by the stand-in's ServiceAccount tokens and RBAC from
 //!   deploy/10-rbac.yaml, 403s worded as the real server's (rbac.rs);
+//! - HTTPS with a serving certificate ([`ApiServerBuilder::tls`]), as clients in a
+//!   pod reach the real server: by the `kubernetes` Service's address, checked
+//!   against the ServiceAccount's `ca.crt`;
 //!
 //! Not covered: other admission plugins,
 //! validation and defaulting of other kinds, finalizers and graceful deletion (a delete removes at
@@ -250,9 +253,22 @@ pub struct ApiServerBuilder {
     history_limit: usize,
     taint_new_nodes: bool,
     stack: Stack,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl ApiServerBuilder {
+    /// Serves HTTPS with this certificate chain and key (PEM) instead of HTTP.
+    pub fn tls(mut self, cert_pem: &str, key_pem: &str) -> anyhow::Result<Self> {
+        use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config =
+            rustls::ServerConfig::builder_with_provider(provider).with_safe_default_protocol_versions()?.with_no_client_auth().with_single_cert(certs, key)?;
+        self.tls = Some(Arc::new(config));
+        Ok(self)
+    }
+
     pub fn resource(mut self, spec: ResourceSpec) -> Self {
         self.resources.push(spec);
         self
@@ -301,23 +317,53 @@ impl ApiServerBuilder {
             user_agents: Default::default(),
             rbac: Rbac::deploy(),
         });
-        let (task, shutdown) = serve_on(listener, shared.clone());
-        Ok(ApiServer { addr, shared, task, shutdown: Some(shutdown) })
+        let (task, shutdown) = serve_on(listener, shared.clone(), self.tls.clone());
+        Ok(ApiServer { addr, shared, task, shutdown: Some(shutdown), tls: self.tls })
     }
 }
 
-/// Serves `shared` on `listener` until the sender fires (or is dropped).
-fn serve_on(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+/// Serves `shared` on `listener` (HTTPS with `tls`) until the sender fires (or is dropped).
+fn serve_on(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let app = axum::Router::new().fallback(handle).with_state(shared);
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await;
-    });
+    let task = match tls {
+        None => tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.await;
+                })
+                .await;
+        }),
+        Some(config) => tokio::spawn(serve_tls(listener, app, tokio_rustls::TlsAcceptor::from(config), rx)),
+    };
     (task, tx)
+}
+
+/// [`serve_on`] over TLS: one task per connection, all aborted when `stop` fires
+/// (the watches are ended first, see [`ApiServer::stop`]).
+async fn serve_tls(listener: tokio::net::TcpListener, app: axum::Router, acceptor: tokio_rustls::TlsAcceptor, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = &mut stop => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(_) => continue,
+            },
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        conns.spawn(async move {
+            // A client that fails the handshake (a wrong CA, say) is just dropped, as by the real server.
+            let Ok(stream) = acceptor.accept(tcp).await else { return };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+        });
+        while conns.try_join_next().is_some() {}
+    }
 }
 
 /// A running stand-in; stops (ending every watch) when dropped.
@@ -327,6 +373,8 @@ pub struct ApiServer {
     task: tokio::task::JoinHandle<()>,
     /// Stops `task` gracefully (None while stopped).
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Serving HTTPS: its configuration, for restarts.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Drop for ApiServer {
@@ -354,12 +402,14 @@ impl ApiServer {
             history_limit: 1000,
             taint_new_nodes: true,
             stack: Stack::V4,
+            tls: None,
         }
     }
 
-    /// `http://ADDR:PORT` (127.0.0.1 unless bound elsewhere), for `kube::Config::new`.
+    /// `http://ADDR:PORT` (127.0.0.1 unless bound elsewhere; `https` when serving
+    /// TLS), for `kube::Config::new`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", if self.tls.is_some() { "https" } else { "http" }, self.addr)
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -475,7 +525,7 @@ impl ApiServer {
     pub fn restart_on(&mut self, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
         anyhow::ensure!(self.shutdown.is_none(), "the server is running");
         anyhow::ensure!(listener.local_addr()? == self.addr, "the listener is not on {}", self.addr);
-        let (task, shutdown) = serve_on(listener, self.shared.clone());
+        let (task, shutdown) = serve_on(listener, self.shared.clone(), self.tls.clone());
         self.task = task;
         self.shutdown = Some(shutdown);
         Ok(())

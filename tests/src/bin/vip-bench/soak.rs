@@ -104,7 +104,8 @@ fn map_entries(path: &Path) -> Result<Option<u64>> {
     let mut n = 0u64;
     // Bounded: a map that changes while walked may restart the walk.
     while n <= 2 * u64::from(info.max_entries()) {
-        let attr = Attr { map_fd: fd.as_fd().as_raw_fd() as u32, _pad: 0, key: if n == 0 { 0 } else { key.as_ptr() as u64 }, next_key: next.as_mut_ptr() as u64 };
+        let attr =
+            Attr { map_fd: fd.as_fd().as_raw_fd() as u32, _pad: 0, key: if n == 0 { 0 } else { key.as_ptr() as u64 }, next_key: next.as_mut_ptr() as u64 };
         // SAFETY: BPF_MAP_GET_NEXT_KEY reads key_size bytes at `key` and writes as many at `next_key`.
         let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_GET_NEXT_KEY, &attr as *const Attr, std::mem::size_of::<Attr>()) };
         if r < 0 {
@@ -121,13 +122,7 @@ fn map_entries(path: &Path) -> Result<Option<u64>> {
 }
 
 fn sample(lab: &HaLab, t0: Instant) -> Result<Sample> {
-    let mut s = Sample {
-        minute: t0.elapsed().as_secs_f64() / 60.0,
-        rss_mib: Vec::new(),
-        fds: Vec::new(),
-        entries: Vec::new(),
-        cpu_ticks: Vec::new(),
-    };
+    let mut s = Sample { minute: t0.elapsed().as_secs_f64() / 60.0, rss_mib: Vec::new(), fds: Vec::new(), entries: Vec::new(), cpu_ticks: Vec::new() };
     for n in &lab.nodes {
         let pid = n.agent.as_ref().context("an agent")?.child.id();
         s.rss_mib.push(rss_mib(pid).unwrap_or(0.0));
@@ -321,7 +316,11 @@ fn report(minutes: f64, steps: usize, tallies: &BTreeMap<Step, Tally>, samples: 
     for (k, x) in marks.into_iter().enumerate() {
         let b = a.f("samples").f(k.to_string());
         let join = |v: Vec<String>| v.join(" / ");
-        let cpu = if x.minute > prev.minute { (x.cpu_ticks[0].saturating_sub(prev.cpu_ticks[0])) as f64 / ticks / ((x.minute - prev.minute) * 60.0) * 100.0 } else { 0.0 };
+        let cpu = if x.minute > prev.minute {
+            (x.cpu_ticks[0].saturating_sub(prev.cpu_ticks[0])) as f64 / ticks / ((x.minute - prev.minute) * 60.0) * 100.0
+        } else {
+            0.0
+        };
         t.row(line!(
             "| {} | {} | {} | {} | {} |",
             b.f("minute").num(x.minute, 1),
