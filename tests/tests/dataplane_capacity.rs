@@ -256,3 +256,52 @@ fn ipv6_flows_pinned_from_user_space_are_followed_and_evicted_with_their_backend
         assert!(v == XDP_TX && two.backends.iter().any(|b| b.mac == out[0..6]), "{key:?}: verdict {v}, to {:x?}", &out[0..6]);
     }
 }
+
+/// The `i`th of 4,097 distinct backends (198.18.16.0/20: addresses and MACs unique).
+fn many_backend(i: u32) -> BackendSpec {
+    let [_, _, hi, lo] = i.to_be_bytes();
+    BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 16 + hi, lo).into(), mac: [0x02, 0, 0, 0x20, hi, lo], weight: 1, local: false }
+}
+
+/// `lb4_backends` holds 4,096 backends (`BackendIdsExhausted` in
+/// docs/operations/capacity-planning.md): a service over all of them, at the
+/// default table size, is programmed and forwards to them; a service that needs a
+/// 4,097th fails alone, with the error that names the limit, while one over
+/// backends already known is programmed beside it; once the first service goes,
+/// its ids are free and the refused one is programmed on retry.
+#[test]
+fn the_4097th_backend_is_refused_for_its_service_only() {
+    if !privileged() {
+        return;
+    }
+    let pins = PinDir::new().unwrap();
+    let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
+    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    let [all, extra, known] = [0, 1, 2].map(|k| ServiceAddr { vip: vip(k).into(), port: 80, protocol: Protocol::Tcp });
+    for a in [all, extra, known] {
+        dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
+    }
+    let full = ServiceSpec { backends: (0..4096).map(many_backend).collect(), table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
+    let one_more = ServiceSpec { backends: vec![many_backend(4096)], table_size: 251, ..Default::default() };
+    let some_known = ServiceSpec { backends: (4000..4096).map(many_backend).collect(), table_size: 251, ..Default::default() };
+    let done = dp.apply(&BTreeMap::from([(all, &full)]), &[], 0).unwrap();
+    assert!(done.failed.is_empty() && done.written.contains_key(&all), "{done:?}");
+    let macs: std::collections::BTreeSet<Mac> = (0..2000u16).filter_map(|p| forwarded_to(&mut dp, all, 20000 + p)).collect();
+    assert!(macs.len() > 1000, "2,000 flows over 4,096 backends reached only {} of them", macs.len());
+
+    let done = dp.apply(&BTreeMap::from([(extra, &one_more), (known, &some_known)]), &[], 0).unwrap();
+    assert_eq!(done.failed.get(&extra), Some(&DataplaneError::BackendIdsExhausted(4096)), "{done:?}");
+    let e = &done.failed[&extra];
+    assert!(e.is_capacity() && e.to_string().contains("4096 backend ids"), "{e}");
+    assert!(done.written.contains_key(&known) && !done.failed.contains_key(&known), "{done:?}");
+    assert_eq!(forwarded_to(&mut dp, extra, 41000), None, "a refused service must not be half-written");
+    assert!(forwarded_to(&mut dp, known, 41000).is_some_and(|m| some_known.backends.iter().any(|b| b.mac == m)));
+    assert!(forwarded_to(&mut dp, all, 41000).is_some(), "the full service forwards on");
+
+    let done = dp.apply(&BTreeMap::new(), &[all], 0).unwrap();
+    assert_eq!(done.removed, vec![all]);
+    let done = dp.apply(&BTreeMap::from([(extra, &one_more)]), &[], 0).unwrap();
+    assert!(done.failed.is_empty(), "{done:?}");
+    assert_eq!(forwarded_to(&mut dp, extra, 41001), Some(many_backend(4096).mac));
+}
