@@ -305,3 +305,38 @@ fn the_4097th_backend_is_refused_for_its_service_only() {
     assert!(done.failed.is_empty(), "{done:?}");
     assert_eq!(forwarded_to(&mut dp, extra, 41001), Some(many_backend(4096).mac));
 }
+
+/// At the defaults (`--ring-capacity` 2^20 slots, `tableSize` 16381), `lb4_ring`
+/// holds 64 distinct rings (Local Services over different node sets): all 64 are
+/// programmed and forward; the 65th fails alone with the error naming
+/// `--ring-capacity`.
+#[test]
+fn the_default_ring_map_holds_64_distinct_default_rings_and_refuses_the_65th() {
+    if !privileged() {
+        return;
+    }
+    let pins = PinDir::new().unwrap();
+    let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
+    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    let fits = DEFAULT_RING_CAPACITY / DEFAULT_TABLE_SIZE;
+    assert_eq!(fits, 64);
+    let addrs: Vec<ServiceAddr> = (0..=fits as usize).map(|k| ServiceAddr { vip: vip(k).into(), port: 80, protocol: Protocol::Tcp }).collect();
+    for a in &addrs {
+        dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
+    }
+    let specs: Vec<ServiceSpec> = (0..=fits)
+        .map(|k| ServiceSpec { backends: vec![many_backend(2 * k), many_backend(2 * k + 1)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() })
+        .collect();
+    let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().zip(&specs).map(|(a, s)| (*a, s)).collect();
+    let done = dp.apply(&set, &[], 0).unwrap();
+    assert_eq!((done.written.len(), done.failed.len()), (fits as usize, 1), "{:?}", done.failed);
+    let e = done.failed.values().next().unwrap();
+    assert!(matches!(e, DataplaneError::RingFull { .. }) && e.to_string().contains("--ring-capacity"), "{e}");
+    for (a, s) in addrs.iter().zip(&specs) {
+        match forwarded_to(&mut dp, *a, 41000) {
+            Some(mac) => assert!(done.written.contains_key(a) && s.backends.iter().any(|b| b.mac == mac)),
+            None => assert!(done.failed.contains_key(a)),
+        }
+    }
+}
