@@ -180,6 +180,8 @@ struct Tally {
     slowest: Duration,
     long: usize,
     broken: usize,
+    /// Long-lived connections served by node-2 when the step began (its cable pulls).
+    on_node2: usize,
 }
 
 impl Tally {
@@ -228,6 +230,7 @@ pub fn section() -> Result<Section> {
     while Instant::now() < end {
         let step = Step::ROUND[step_no % Step::ROUND.len()];
         let started = Instant::now();
+        let on_node2 = conns.iter().filter(|c| c.backend == kl.lab.nodes[1].name).count();
         let load = Load::start(&kl.lab.client, vips.clone(), EVERY, CONNECT_TIMEOUT, std::mem::take(&mut conns))?;
         let lab = &mut kl.lab;
         match step {
@@ -262,14 +265,18 @@ pub fn section() -> Result<Section> {
         wrong.extend(seen.into_iter().map(|w| format!("step {step_no} ({}): {w}", step.what())));
         std::thread::sleep((started + STEP).saturating_duration_since(Instant::now()));
         let (report, alive) = load.finish()?;
-        tallies.entry(step).or_default().add(&report);
+        let tally = tallies.entry(step).or_default();
+        tally.add(&report);
+        tally.on_node2 += on_node2;
         conns = alive;
         top_up(lab, &mut conns, &vips, &mut next_port);
         samples.push(sample(lab, t0)?);
         eprintln!("soak: {:.1} min, step {step_no} ({}): {report}", t0.elapsed().as_secs_f64() / 60.0, step.what());
         step_no += 1;
     }
-    Ok(report(minutes, step_no, &tallies, &samples, &wrong, kubelet.restarts(2)))
+    // The kubelet's count is the pod's (a deleted pod's new one starts at 0).
+    let restarts = [Step::Crash, Step::PodDeleted].iter().filter_map(|s| tallies.get(s)).map(|t| t.steps as u32).sum();
+    Ok(report(minutes, step_no, &tallies, &samples, &wrong, restarts))
 }
 
 /// The sample nearest minute `m`.
@@ -289,18 +296,22 @@ fn report(minutes: f64, steps: usize, tallies: &BTreeMap<Step, Tally>, samples: 
         a.f("node3_restarts").show(restarts),
         a.f("wrong_answerers").show(wrong.len() as u64)
     ));
-    let mut t = Table::new("| step | times | new connections failed (slowest) | long-lived broken |", "|---|---:|---:|---:|");
+    let mut t = Table::new(
+        "| step | times | new connections failed (slowest) | long-lived broken | long-lived on node-2 (the cut node) as it began |",
+        "|---|---:|---:|---:|---:|",
+    );
     for (step, x) in tallies {
         let b = a.f("steps_by_kind").f(format!("{step:?}").to_lowercase());
         t.row(line!(
-            "| {} | {} | {} of {} ({} ms) | {} of {} |",
+            "| {} | {} | {} of {} ({} ms) | {} of {} | {} |",
             b.f("what").show(step.what()),
             b.f("times").show(x.steps as u64),
             b.f("failed").show(x.failed as u64),
             b.f("attempted").show(x.attempted as u64),
             b.f("slowest_ms").show(x.slowest.as_millis() as u64),
             b.f("broken").show(x.broken as u64),
-            b.f("long").show(x.long as u64)
+            b.f("long").show(x.long as u64),
+            b.f("on_node2").show(x.on_node2 as u64)
         ));
     }
     s.table(t);
