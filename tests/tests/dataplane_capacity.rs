@@ -11,7 +11,7 @@ use std::{
 };
 
 use vip_agent::{
-    dataplane::{monotonic_ns, BackendSpec, Dataplane, DataplaneError, ServiceAddr, ServiceSpec},
+    dataplane::{monotonic_ns, Applied, BackendSpec, Dataplane, DataplaneError, ServiceAddr, ServiceSpec},
     maglev::DEFAULT_TABLE_SIZE,
     model::Protocol,
 };
@@ -53,6 +53,30 @@ fn forwarded_to(dp: &mut Dataplane, addr: ServiceAddr, sport: u16) -> Option<Mac
     (v == XDP_TX).then(|| out[0..6].try_into().unwrap())
 }
 
+/// A data path loaded on fresh pins with `ring_capacity` ring slots, on
+/// [`IFINDEX`], holding the VIPs of `held` for an hour.
+fn holding(ring_capacity: u32, held: &[ServiceAddr]) -> (PinDir, Dataplane) {
+    let pins = PinDir::new().unwrap();
+    let mut dp = Dataplane::load(&pins.path, ring_capacity).unwrap();
+    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let hour = monotonic_ns() + 3_600_000_000_000;
+    for a in held {
+        dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
+    }
+    (pins, dp)
+}
+
+/// Each of `addrs` (with its spec) forwards to one of its backends if `done`
+/// wrote it, and is absent (passed), not half-written, if `done` failed it.
+fn forwarded_if_written(dp: &mut Dataplane, addrs: &[ServiceAddr], specs: &[ServiceSpec], done: &Applied) {
+    for (a, s) in addrs.iter().zip(specs) {
+        match forwarded_to(dp, *a, 41000) {
+            Some(mac) => assert!(done.written.contains_key(a) && s.backends.iter().any(|b| b.mac == mac), "{a:?} to {mac:x?}"),
+            None => assert!(done.failed.contains_key(a), "{a:?} not forwarded"),
+        }
+    }
+}
+
 /// Ports 80 and 443 of every VIP in `vips`, TCP.
 fn service_ports(vips: impl IntoIterator<Item = IpAddr>) -> Vec<ServiceAddr> {
     vips.into_iter().flat_map(|v| [80, 443].map(|port| ServiceAddr { vip: v, port, protocol: Protocol::Tcp })).collect()
@@ -64,9 +88,7 @@ fn service_ports(vips: impl IntoIterator<Item = IpAddr>) -> Vec<ServiceAddr> {
 /// forward to the node set's MACs before and after it.
 fn service_ports_share_one_ring(addrs: &[ServiceAddr], probe: &[ServiceAddr]) {
     let n = addrs.len();
-    let pins = PinDir::new().unwrap();
-    let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
-    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
+    let (pins, mut dp) = holding(DEFAULT_RING_CAPACITY, &[]);
     let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().map(|a| (*a, &three)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
@@ -169,18 +191,12 @@ fn a_ring_that_does_not_fit_fails_its_service_only_whatever_its_family() {
 /// change still applies; a removal makes room for one of them on retry.
 fn ring_that_does_not_fit(vips: Vec<IpAddr>) {
     assert_eq!(vips.len(), 5);
-    let pins = PinDir::new().unwrap();
-    // Room for three rings of 251 slots, not four.
-    let mut dp = Dataplane::load(&pins.path, 1000).unwrap();
-    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
-    let hour = monotonic_ns() + 3_600_000_000_000;
     // Five services, each with its own backend set (externalTrafficPolicy: Local).
     let specs: Vec<ServiceSpec> =
         (1..=5u8).map(|i| ServiceSpec { backends: vec![backend(i), backend(i + 10)], table_size: 251, ..Default::default() }).collect();
     let addrs: Vec<ServiceAddr> = vips.iter().map(|&vip| ServiceAddr { vip, port: 80, protocol: Protocol::Tcp }).collect();
-    for a in &addrs {
-        dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
-    }
+    // Room for three rings of 251 slots, not four.
+    let (_pins, mut dp) = holding(1000, &addrs);
     let set: BTreeMap<ServiceAddr, &ServiceSpec> = addrs.iter().zip(&specs).map(|(a, s)| (*a, s)).collect();
     let done = dp.apply(&set, &[], 0).unwrap();
     assert_eq!(done.written.len(), 3, "{done:?}");
@@ -190,15 +206,7 @@ fn ring_that_does_not_fit(vips: Vec<IpAddr>) {
         assert!(e.to_string().contains("--ring-capacity"), "the message must say what to raise: {e}");
     }
     // The services that fit forward; those that did not are absent (passed), not half-written.
-    for (a, s) in addrs.iter().zip(&specs) {
-        match forwarded_to(&mut dp, *a, 41000) {
-            Some(mac) => {
-                assert!(done.written.contains_key(a));
-                assert!(s.backends.iter().any(|b| b.mac == mac));
-            }
-            None => assert!(done.failed.contains_key(a)),
-        }
-    }
+    forwarded_if_written(&mut dp, &addrs, &specs, &done);
     // Other changes still apply: a programmed service's health change.
     let fit: Vec<ServiceAddr> = done.written.keys().copied().collect();
     let failed: Vec<ServiceAddr> = done.failed.keys().copied().collect();
@@ -223,11 +231,8 @@ fn ipv6_flows_pinned_from_user_space_are_followed_and_evicted_with_their_backend
     if !privileged() {
         return;
     }
-    let pins = PinDir::new().unwrap();
-    let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
-    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
     let addr = ServiceAddr { vip: vip6(0).into(), port: 80, protocol: Protocol::Tcp };
-    dp.hold_vip(IFINDEX, addr.vip, monotonic_ns() + 3_600_000_000_000).unwrap();
+    let (_pins, mut dp) = holding(DEFAULT_RING_CAPACITY, &[addr]);
     let three = ServiceSpec { backends: vec![backend(1), backend(2), backend(3)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
     assert!(dp.apply(&BTreeMap::from([(addr, &three)]), &[], 0).unwrap().failed.is_empty());
     let id_of = |dp: &Dataplane, mac: Mac| *dp.backends().unwrap().iter().find(|(_, b)| b.mac == mac).unwrap().0;
@@ -274,14 +279,8 @@ fn the_4097th_backend_is_refused_for_its_service_only() {
     if !privileged() {
         return;
     }
-    let pins = PinDir::new().unwrap();
-    let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
-    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
-    let hour = monotonic_ns() + 3_600_000_000_000;
     let [all, extra, known] = [0, 1, 2].map(|k| ServiceAddr { vip: vip(k).into(), port: 80, protocol: Protocol::Tcp });
-    for a in [all, extra, known] {
-        dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
-    }
+    let (_pins, mut dp) = holding(DEFAULT_RING_CAPACITY, &[all, extra, known]);
     let full = ServiceSpec { backends: (0..4096).map(many_backend).collect(), table_size: DEFAULT_TABLE_SIZE, ..Default::default() };
     let one_more = ServiceSpec { backends: vec![many_backend(4096)], table_size: 251, ..Default::default() };
     let some_known = ServiceSpec { backends: (4000..4096).map(many_backend).collect(), table_size: 251, ..Default::default() };
@@ -315,16 +314,10 @@ fn the_default_ring_map_holds_64_distinct_default_rings_and_refuses_the_65th() {
     if !privileged() {
         return;
     }
-    let pins = PinDir::new().unwrap();
-    let mut dp = Dataplane::load(&pins.path, DEFAULT_RING_CAPACITY).unwrap();
-    dp.set_iface(IFINDEX, OUR_MAC).unwrap();
-    let hour = monotonic_ns() + 3_600_000_000_000;
     let fits = DEFAULT_RING_CAPACITY / DEFAULT_TABLE_SIZE;
     assert_eq!(fits, 64);
     let addrs: Vec<ServiceAddr> = (0..=fits as usize).map(|k| ServiceAddr { vip: vip(k).into(), port: 80, protocol: Protocol::Tcp }).collect();
-    for a in &addrs {
-        dp.hold_vip(IFINDEX, a.vip, hour).unwrap();
-    }
+    let (_pins, mut dp) = holding(DEFAULT_RING_CAPACITY, &addrs);
     let specs: Vec<ServiceSpec> = (0..=fits)
         .map(|k| ServiceSpec { backends: vec![many_backend(2 * k), many_backend(2 * k + 1)], table_size: DEFAULT_TABLE_SIZE, ..Default::default() })
         .collect();
@@ -333,10 +326,5 @@ fn the_default_ring_map_holds_64_distinct_default_rings_and_refuses_the_65th() {
     assert_eq!((done.written.len(), done.failed.len()), (fits as usize, 1), "{:?}", done.failed);
     let e = done.failed.values().next().unwrap();
     assert!(matches!(e, DataplaneError::RingFull { .. }) && e.to_string().contains("--ring-capacity"), "{e}");
-    for (a, s) in addrs.iter().zip(&specs) {
-        match forwarded_to(&mut dp, *a, 41000) {
-            Some(mac) => assert!(done.written.contains_key(a) && s.backends.iter().any(|b| b.mac == mac)),
-            None => assert!(done.failed.contains_key(a)),
-        }
-    }
+    forwarded_if_written(&mut dp, &addrs, &specs, &done);
 }
