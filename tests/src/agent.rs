@@ -71,6 +71,29 @@ pub struct InCluster {
     pub endpoint: std::net::SocketAddr,
 }
 
+impl InCluster {
+    /// What kube-proxy programs on a node for the `kubernetes` Service, for the
+    /// node's own (host-network) processes: the Service DNATed to the API server,
+    /// in the node's namespace `ns` (a route to the Service address lets the
+    /// connect pass the routing that precedes the rewrite; a counter shows use).
+    pub fn program_kube_proxy(&self, ns: &NetNs) -> Result<()> {
+        let (service, api) = (self.service, self.endpoint);
+        let (family, match_daddr, to, host_len) = match (service.ip(), api.ip()) {
+            (std::net::IpAddr::V4(s), std::net::IpAddr::V4(a)) => ("ip", format!("ip daddr {s}"), format!("{a}:{}", api.port()), 32),
+            (std::net::IpAddr::V6(s), std::net::IpAddr::V6(a)) => ("ip6", format!("ip6 daddr {s}"), format!("[{a}]:{}", api.port()), 128),
+            _ => bail!("the kubernetes Service {service} and the API server {api} are of different families"),
+        };
+        ns.ip(&["route", "add", &format!("{}/{host_len}", service.ip()), "dev", "eth0"])?;
+        ns.nft(&["add", "table", family, "kube-proxy"])?;
+        ns.nft(&["add", "chain", family, "kube-proxy", "output", "{ type nat hook output priority -100; }"])?;
+        let rule = format!("{match_daddr} tcp dport {} counter dnat to {to}", service.port());
+        let mut args = vec!["add", "rule", family, "kube-proxy", "output"];
+        args.extend(rule.split(' '));
+        ns.nft(&args)?;
+        Ok(())
+    }
+}
+
 /// Run by `sh -c` in the agent's own mount namespace, as a container sees its
 /// mounts: an empty /run (as a container's; /var/run points there) with the
 /// ServiceAccount's directory ($1) bound read-only where client libraries look.

@@ -439,7 +439,7 @@ impl HaLab {
         if let Some(pod) = &lab.spec.in_cluster {
             // kube-proxy runs before the pods that reach the API through it.
             for n in &lab.nodes {
-                crate::kubelab::kube_proxy_rule(&n.ns, pod.service, pod.endpoint)?;
+                pod.program_kube_proxy(&n.ns)?;
             }
         }
         for i in 0..lab.nodes.len() {

@@ -259,26 +259,6 @@ fn service_account_dir(dir: &Path, ca: &Ca) -> Result<std::path::PathBuf> {
     Ok(sa)
 }
 
-/// What kube-proxy programs on a node for the `kubernetes` Service, for the
-/// node's own (host-network) processes: `service` DNATed to the API server at
-/// `api`, in the node's namespace (a route to the Service address lets the
-/// connect pass the routing that precedes the rewrite).
-pub(crate) fn kube_proxy_rule(ns: &NetNs, service: SocketAddr, api: SocketAddr) -> Result<()> {
-    let (family, match_daddr, to, host_len) = match (service.ip(), api.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(a)) => ("ip", format!("ip daddr {s}"), format!("{a}:{}", api.port()), 32),
-        (IpAddr::V6(s), IpAddr::V6(a)) => ("ip6", format!("ip6 daddr {s}"), format!("[{a}]:{}", api.port()), 128),
-        _ => anyhow::bail!("the kubernetes Service {service} and the API server {api} are of different families"),
-    };
-    ns.ip(&["route", "add", &format!("{}/{host_len}", service.ip()), "dev", "eth0"])?;
-    ns.nft(&["add", "table", family, "kube-proxy"])?;
-    ns.nft(&["add", "chain", family, "kube-proxy", "output", "{ type nat hook output priority -100; }"])?;
-    let rule = format!("{match_daddr} tcp dport {} counter dnat to {to}", service.port());
-    let mut args = vec!["add", "rule", family, "kube-proxy", "output"];
-    args.extend(rule.split(' '));
-    ns.nft(&args)?;
-    Ok(())
-}
-
 /// Starts `server_exe serve NAME HEALTH_CHECK_NODE_PORT` on every node (kube-proxy's
 /// health check server).
 fn health_servers(lab: &HaLab, server_exe: &Path) -> Result<Children> {

@@ -420,9 +420,9 @@ fn scenario(kl: &KubeLab) {
     // On the stand-in the agents run as pods do (in-cluster config, HTTPS, the
     // ServiceAccount's CA): every one reached the API through the Service address.
     for i in 0..lab.nodes.len() {
-        if let Some(n) = kl.via_kubernetes_service(i) {
+        if kl.via_kubernetes_service(i) == Some(0) {
             let ss = lab.nodes[i].ns.cmd("ss").arg("-tn").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-            assert!(n > 0, "{} never connected to the kubernetes Service: {ss:?}", lab.nodes[i].name);
+            panic!("{} never connected to the kubernetes Service: {ss:?}", lab.nodes[i].name);
         }
     }
     let lease = api.get("leases.coordination.k8s.io", Some("vip-system"), "vip-controller").expect("a Lease");
