@@ -272,3 +272,14 @@ pub fn arping(ns: &NetNs, iface: &str, target: std::net::Ipv4Addr) -> (bool, Str
 pub fn nft_packets(line: &str) -> Option<u64> {
     line.split("counter packets ").nth(1)?.split_whitespace().next()?.parse().ok()
 }
+
+/// Whether this kernel lets root transmit through XDP (BPF_PROG_RUN in
+/// live-frames mode): `Err` with the kernel's answer where it refuses (some builds
+/// answer EPERM even to root). Probed as the agent probes: a header-only frame,
+/// which `vip_xmit` drops, so nothing is sent.
+pub fn xdp_transmit_refused() -> Option<String> {
+    let pins = PinDir::new().unwrap();
+    let _dp = vip_agent::dataplane::Dataplane::load(&pins.path, 1 << 12).unwrap();
+    let x = vip_agent::dataplane::XdpXmit::open(&pins.path).unwrap();
+    x.probe(1).err().map(|e| format!("{e:#}"))
+}

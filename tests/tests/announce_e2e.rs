@@ -1,8 +1,12 @@
 //! How a holder draws a VIP's traffic, with the real agent in namespaces this test
 //! makes (198.18.0.0/15 only, removed on Drop):
-//! - the agent runs with CAP_BPF and CAP_NET_ADMIN only (as the DaemonSet: no
-//!   CAP_PERFMON, no CAP_NET_RAW): the verifier accepts the XDP program, and its
-//!   gratuitous ARP goes out through that program, not a packet socket;
+//! - the agent runs with CAP_BPF and CAP_NET_ADMIN only (no CAP_PERFMON, no
+//!   CAP_NET_RAW): the verifier accepts the XDP program, and its gratuitous ARP
+//!   goes out through that program, not a packet socket; on a kernel that refuses
+//!   to transmit through XDP, the agent says so and stops, as it cannot announce;
+//! - with every capability, `--arp-sender auto` on a native attachment sends
+//!   through XDP where the kernel allows it and through a packet socket where it
+//!   refuses, saying why;
 //! - `announce: lo` puts held VIPs on the loopback for a routing daemon, answers no
 //!   ARP for them, and follows live edits of the pool's mode.
 use std::{net::Ipv4Addr, path::Path, time::Duration};
@@ -10,7 +14,7 @@ use std::{net::Ipv4Addr, path::Path, time::Duration};
 use vip_tests::{
     agent::{agent_bin, wait_for, write_atomic, AgentProc, TempDir},
     lab::{wire_port, xdp_mode_arg},
-    netns::{arping, hex_mac, privileged, veth, NetNs, PinDir},
+    netns::{arping, hex_mac, privileged, veth, xdp_transmit_refused, NetNs, PinDir},
 };
 
 /// A node and a client namespace joined by a veth, `net`.1 and `net`.2 on it.
@@ -65,43 +69,93 @@ fn agent_args<'a>(dir: &'a Path, pins: &'a PinDir, mode: &'a str) -> Vec<String>
     .to_vec()
 }
 
+/// A node whose stale entry at the client only our gratuitous ARP corrects, and
+/// the agent's config for it: one VIP, `198.18.NET.100`.
+fn garp_setup(net: u8) -> (NetNs, NetNs, Ipv4Addr, TempDir) {
+    let (node, client) = pair(net);
+    let vip = Ipv4Addr::new(198, 18, net, 100);
+    client.ip(&["neigh", "replace", &vip.to_string(), "lladdr", "02:00:00:00:00:01", "dev", "eth0", "nud", "stale"]).unwrap();
+    let dir = TempDir::new("vip-caps").unwrap();
+    let cfg = format!(
+        "nodes:\n  - {{name: n1, address: 198.18.{net}.1}}\npools:\n  - name: p\n    addresses: [{vip}]\n    gratuitousArp: {{count: 3, interval: 50ms}}\n"
+    );
+    write_atomic(&dir.0.join("vip.yaml"), &cfg).unwrap();
+    (node, client, vip, dir)
+}
+
+/// Waits until the client's entry for `vip` names the node's MAC, then checks
+/// that the node answers ARP for it.
+fn assert_announced(node: &NetNs, client: &NetNs, vip: Ipv4Addr, agent: &mut AgentProc) {
+    let node_mac = node.mac("eth0").unwrap();
+    let want = hex_mac(node_mac).to_lowercase();
+    let seen = wait_for(Duration::from_secs(10), || neighbour(client, vip).contains(&want).then_some(()));
+    agent.check_alive().unwrap();
+    assert!(seen.is_some(), "the client's entry for {vip} is still {:?}; agent log:\n{}", neighbour(client, vip), agent.log_text());
+    let (_, out) = arping(client, "eth0", vip);
+    assert!(out.contains(&format!("reply from {vip} [{}]", hex_mac(node_mac))), "no ARP answer from {} for {vip}: {out}", hex_mac(node_mac));
+}
+
+fn sender_line(log: &str) -> Option<&str> {
+    log.lines().find(|l| l.contains("go out through this sender"))
+}
+
 #[test]
 fn agent_without_cap_net_raw_announces_through_xdp() {
     if !privileged() {
         return;
     }
-    let (node, client) = pair(4);
-    let vip = Ipv4Addr::new(198, 18, 4, 100);
-    // What the client learned from a previous owner; only our GARP corrects it.
-    client.ip(&["neigh", "replace", &vip.to_string(), "lladdr", "02:00:00:00:00:01", "dev", "eth0", "nud", "stale"]).unwrap();
-    let dir = TempDir::new("vip-caps").unwrap();
+    let refused = xdp_transmit_refused();
+    let (node, client, vip, dir) = garp_setup(4);
     let pins = PinDir::new().unwrap();
-    let cfg =
-        "nodes:\n  - {name: n1, address: 198.18.4.1}\npools:\n  - name: p\n    addresses: [198.18.4.100]\n    gratuitousArp: {count: 3, interval: 50ms}\n";
-    write_atomic(&dir.0.join("vip.yaml"), cfg).unwrap();
     let args = agent_args(&dir.0, &pins, "native");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // As root with the bounding set cut to these two, exec leaves exactly them.
     // Without CAP_PERFMON the verifier applies its Spectre rules: no variable
     // packet offsets, no pointer arithmetic between packet pointers (vip-ebpf).
     let mut agent = AgentProc::start_wrapped(&node, &["setpriv", "--bounding-set", "-all,+bpf,+net_admin", "--"], &args, &dir.0.join("agent.log")).unwrap();
-
-    let node_mac = node.mac("eth0").unwrap();
-    let want = hex_mac(node_mac).to_lowercase();
-    let seen = wait_for(Duration::from_secs(10), || neighbour(&client, vip).contains(&want).then_some(()));
-    agent.check_alive().unwrap();
-    assert!(seen.is_some(), "the client's entry for {vip} is still {:?}; agent log:\n{}", neighbour(&client, vip), agent.log_text());
+    if let Some(why) = refused {
+        // No way to send a frame: the agent must stop and say what to grant, not
+        // run on without gratuitous ARP (clients would keep a dead owner's MAC).
+        let exited = wait_for(Duration::from_secs(10), || agent.check_alive().err());
+        let log = agent.log_text();
+        assert!(exited.is_some(), "this kernel refuses XDP transmit ({why}), yet the agent without CAP_NET_RAW runs on:\n{log}");
+        assert!(
+            log.contains("the kernel refused to transmit through XDP") && log.contains("CAP_NET_RAW"),
+            "the agent's exit does not say that XDP transmit was refused and a packet socket needs CAP_NET_RAW:\n{log}"
+        );
+        eprintln!("this kernel refuses XDP transmit ({why}): checked that the agent without CAP_NET_RAW stops and says why");
+        return;
+    }
+    assert_announced(&node, &client, vip, &mut agent);
     let status = std::fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
     let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_owned();
     // CAP_BPF is bit 39, CAP_NET_ADMIN 12 (CAP_PERFMON, 38, and CAP_NET_RAW, 13, are not there).
     assert_eq!(u64::from_str_radix(&cap_eff, 16).unwrap(), 1 << 39 | 1 << 12, "agent capabilities");
     let log = agent.log_text();
-    assert!(
-        log.lines().any(|l| l.contains("go out through this sender") && l.contains("Xdp")),
-        "auto did not choose the XDP sender on a native attachment:\n{log}"
-    );
-    let (_, out) = arping(&client, "eth0", vip);
-    assert!(out.contains(&format!("reply from {vip} [{}]", hex_mac(node_mac))), "no ARP answer from {} for {vip}: {out}", hex_mac(node_mac));
+    assert!(sender_line(&log).is_some_and(|l| l.contains("Xdp")), "auto did not choose the XDP sender on a native attachment:\n{log}");
+}
+
+#[test]
+fn auto_sender_follows_what_the_kernel_allows() {
+    if !privileged() {
+        return;
+    }
+    let refused = xdp_transmit_refused();
+    let (node, client, vip, dir) = garp_setup(6);
+    let pins = PinDir::new().unwrap();
+    let args = agent_args(&dir.0, &pins, "native");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = AgentProc::start(&node, &args, &dir.0.join("agent.log")).unwrap();
+    assert_announced(&node, &client, vip, &mut agent);
+    let log = agent.log_text();
+    let line = sender_line(&log).unwrap_or_else(|| panic!("no sender chosen:\n{log}"));
+    match refused {
+        None => assert!(line.contains("Xdp"), "the kernel allows XDP transmit but auto chose otherwise:\n{log}"),
+        Some(why) => {
+            assert!(line.contains("Packet"), "the kernel refuses XDP transmit ({why}) but auto did not fall back to the packet socket:\n{log}");
+            assert!(log.contains("the kernel refused to transmit through XDP"), "the fallback is not explained in the log:\n{log}");
+        }
+    }
 }
 
 #[test]

@@ -2551,3 +2551,18 @@ fn what_is_not_asked_about_and_asks_that_are_not_answered() {
     let (v, _, _) = w.dp.test_run(&ask[..20], 1, None).unwrap();
     assert_eq!(v, XDP_DROP, "an ask cut short is malformed");
 }
+
+/// `vip_xmit` sends what it is run on, except a frame that is only an Ethernet
+/// header: the agent's probe of whether the kernel lets it transmit through XDP.
+#[test]
+fn vip_xmit_sends_frames_and_drops_the_probe() {
+    if !privileged() {
+        return;
+    }
+    let mut w = world();
+    for (len, verdict) in [(vip_common::XMIT_PROBE_LEN, XDP_DROP), (vip_common::XMIT_PROBE_LEN + 1, XDP_TX), (60, XDP_TX)] {
+        let frame = vec![0xab; len];
+        let (got, _, _) = w.dp.test_run_program(vip_common::XMIT_PROGRAM_NAME, &frame, 1, None).unwrap();
+        assert_eq!(got, verdict, "vip_xmit on a {len}-byte frame");
+    }
+}

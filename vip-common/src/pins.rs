@@ -55,3 +55,7 @@ pub const PROGRAM_NAME: &str = "vip_xdp";
 /// The program that transmits the frame it is run on (BPF_PROG_RUN, live frames):
 /// how the agent sends gratuitous ARP without a packet socket. Pinned, never attached.
 pub const XMIT_PROGRAM_NAME: &str = "vip_xmit";
+/// A frame this long (an Ethernet header and nothing after it) is dropped by
+/// `vip_xmit`, not sent: the agent runs one to learn whether the kernel lets it
+/// transmit through XDP at all, without putting anything on the wire.
+pub const XMIT_PROBE_LEN: usize = 14;

@@ -49,9 +49,15 @@ pub fn xdp_baseline_pass(_ctx: XdpContext) -> u32 {
 
 /// Transmits the frame it is run on out of the interface the run names (XDP_TX).
 /// The agent sends gratuitous ARP through it with BPF_PROG_RUN in live-frames
-/// mode, so it needs no packet socket (no CAP_NET_RAW). Never attached.
+/// mode, so it needs no packet socket (no CAP_NET_RAW). Never attached. A
+/// header-only frame is the agent's probe of the kernel: dropped, never sent.
 #[xdp]
-pub fn vip_xmit(_ctx: XdpContext) -> u32 {
+pub fn vip_xmit(ctx: XdpContext) -> u32 {
+    // A comparison, not a length: without CAP_PERFMON the verifier refuses
+    // arithmetic between packet pointers.
+    if ctx.data() + vip_common::XMIT_PROBE_LEN >= ctx.data_end() {
+        return xdp_action::XDP_DROP;
+    }
     xdp_action::XDP_TX
 }
 

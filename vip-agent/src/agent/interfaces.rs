@@ -48,6 +48,11 @@ impl Interfaces {
         !self.attached.is_empty() && self.attached.values().all(|i| dp.iface_native(*i))
     }
 
+    /// An interface the program runs on (0 when none).
+    pub fn first_ifindex(&self) -> u32 {
+        self.attached.values().next().copied().unwrap_or(0)
+    }
+
     /// How many interfaces the program runs on.
     pub fn attached_count(&self) -> usize {
         self.attached.len()

@@ -46,7 +46,7 @@ pub use options::{HeartbeatKey, Options};
 use crate::{
     config,
     dataplane::{self, Dataplane, ServiceAddr},
-    ha::{self, garp::ArpSender},
+    ha,
     health::{self, HealthChange, Target},
     metrics,
     model::{NoHolder, World},
@@ -225,13 +225,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     if agent.interfaces.attached_count() == 0 {
         bail!("the XDP program is attached to no interface: {}", agent.iface_problems.join("; "));
     }
-    let sender = match arp_sender {
-        ArpSender::Auto if agent.interfaces.all_native(&agent.dp) => ArpSender::Xdp,
-        ArpSender::Auto => ArpSender::Packet,
-        s => s,
-    };
-    let frame_tx = ha::garp::FrameTx::open(sender, &pin_dir)
-        .with_context(|| format!("opening the ARP sender ({sender:?}; --arp-sender xdp needs a native attachment, packet needs CAP_NET_RAW)"))?;
+    let (frame_tx, sender) = ha::garp::FrameTx::choose(arp_sender, agent.interfaces.all_native(&agent.dp), agent.interfaces.first_ifindex(), &pin_dir)
+        .with_context(|| format!("opening the ARP sender (--arp-sender {arp_sender:?})"))?;
+    agent.metrics.arp_sender.get_or_create(&metrics::SenderLabels { sender: format!("{sender:?}").to_lowercase() }).set(1);
     info!(?sender, "gratuitous ARP and ARP requests go out through this sender");
     // Heartbeats first: a restarted agent must be heard again within deadAfter of
     // its predecessor's last heartbeat, whatever the programming below costs. The

@@ -5,7 +5,9 @@
 //! CAP_NET_RAW. It works where the driver can transmit XDP frames
 //! (`ndo_xdp_xmit`): native XDP drivers, and veth when its peer has NAPI
 //! (an XDP program or GRO); elsewhere the kernel drops the frame silently, so the
-//! agent uses it only on interfaces attached in native mode.
+//! agent uses it only on interfaces attached in native mode. Some kernels refuse
+//! live-frames runs outright (EPERM even for root; seen on a 6.18 build), so the
+//! agent probes first ([`XdpXmit::probe`]) and falls back to a packet socket.
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context as _, Result};
@@ -77,5 +79,12 @@ impl XdpXmit {
         opts.repeat = 1;
         opts.attrs = TestRunAttrs::new().xdp_live_frames(1);
         self.prog.test_run(opts).map(|_| ())
+    }
+
+    /// Whether the kernel lets this process transmit through XDP on `ifindex`:
+    /// one live-frames run of a header-only frame, which `vip_xmit` drops, so
+    /// nothing leaves the node.
+    pub fn probe(&self, ifindex: u32) -> Result<()> {
+        self.send(ifindex, &[0u8; vip_common::XMIT_PROBE_LEN]).map_err(|e| anyhow::Error::new(e).context("BPF_PROG_RUN in live-frames mode"))
     }
 }

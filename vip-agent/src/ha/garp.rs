@@ -177,10 +177,12 @@ pub fn send_garp(ifindex: u32, mac: [u8; 6], vip: Ipv4Addr, count: u32, interval
 /// How the agent's ARP frames leave the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 pub enum ArpSender {
-    /// `xdp` where the program is attached in native mode, else `packet`.
+    /// `xdp` where the program is attached in native mode and the kernel lets the
+    /// agent transmit through XDP (probed at start), else `packet`.
     Auto,
     /// Through the pinned `vip_xmit` program (BPF_PROG_RUN live frames): needs only
-    /// CAP_BPF and CAP_NET_ADMIN; the driver must transmit XDP frames.
+    /// CAP_BPF and CAP_NET_ADMIN; the driver must transmit XDP frames, and the
+    /// kernel must allow it (the agent stops if it refuses).
     Xdp,
     /// A packet socket: any interface, needs CAP_NET_RAW.
     Packet,
@@ -202,9 +204,43 @@ impl FrameTx {
         })
     }
 
+    /// The sender `kind` asks for, on interfaces all attached natively or not
+    /// (`native`), probed on `probe_ifindex`. `auto` takes XDP only where it
+    /// works: native attachments whose kernel lets this process transmit through
+    /// XDP (a probe that sends nothing); else the packet socket, saying why.
+    /// Returns the sender and what it is.
+    pub fn choose(kind: ArpSender, native: bool, probe_ifindex: u32, pin_dir: &std::path::Path) -> anyhow::Result<(Self, ArpSender)> {
+        use anyhow::Context as _;
+        let xdp = || -> anyhow::Result<Self> {
+            let x = crate::dataplane::XdpXmit::open(pin_dir)?;
+            x.probe(probe_ifindex)?;
+            Ok(FrameTx::Xdp(Box::new(x)))
+        };
+        let packet = || Self::open(ArpSender::Packet, pin_dir);
+        match kind {
+            ArpSender::Packet => Ok((packet()?, ArpSender::Packet)),
+            ArpSender::Xdp => Ok((
+                xdp()
+                    .context("--arp-sender xdp: the kernel refused to transmit through XDP here; --arp-sender packet (with CAP_NET_RAW) works on any kernel")?,
+                ArpSender::Xdp,
+            )),
+            ArpSender::Auto if !native => {
+                Ok((packet().context("the program runs in generic mode here, where XDP cannot transmit the agent's frames")?, ArpSender::Packet))
+            }
+            ArpSender::Auto => match xdp() {
+                Ok(x) => Ok((x, ArpSender::Xdp)),
+                Err(refused) => {
+                    let p = packet().with_context(|| format!("the kernel refused to transmit through XDP ({refused:#}), so a packet socket is needed"))?;
+                    tracing::warn!("the kernel refused to transmit through XDP ({refused:#}): gratuitous ARP and ARP checks go out through a packet socket");
+                    Ok((p, ArpSender::Packet))
+                }
+            },
+        }
+    }
+
     pub fn send(&self, ifindex: u32, frame: &[u8]) -> anyhow::Result<()> {
         match self {
-            FrameTx::Xdp(x) => x.send(ifindex, frame).map_err(|e| anyhow::anyhow!("BPF_PROG_RUN: {e}")),
+            FrameTx::Xdp(x) => x.send(ifindex, frame).map_err(|e| anyhow::Error::new(e).context("BPF_PROG_RUN")),
             FrameTx::Packet(s) => s.send_frame(ifindex, frame).map_err(Into::into),
         }
     }

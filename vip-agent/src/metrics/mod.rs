@@ -86,6 +86,11 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct SenderLabels {
+    pub sender: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
@@ -231,6 +236,8 @@ pub struct Metrics {
     pub ring_slots_capacity: Gauge,
     pub rings: Gauge,
     pub host_problems: Gauge,
+    /// 1 for the way this agent's ARP and neighbour frames leave the node.
+    pub arp_sender: Family<SenderLabels, Gauge>,
     pub settings_mismatched_peers: Gauge,
     /// What the data path's counters are labelled with (updated by `publish`).
     pub names: Arc<RwLock<Names>>,
@@ -283,6 +290,7 @@ impl Metrics {
             ring_slots_capacity: Gauge::default(),
             rings: Gauge::default(),
             host_problems: Gauge::default(),
+            arp_sender: Family::default(),
             settings_mismatched_peers: Gauge::default(),
             names: Arc::default(),
             ready: Arc::new(AtomicBool::new(false)),
@@ -385,6 +393,11 @@ impl Metrics {
             "vip_host_problems",
             "Problems of this host that keep it from taking its VIP traffic (listed in /status and vip-agent inspect)",
             m.host_problems.clone(),
+        );
+        registry.register(
+            "vip_arp_sender",
+            "1 for how this agent's gratuitous ARP, neighbour advertisements and ARP checks leave the node: xdp (through the vip_xmit program) or packet (a packet socket; also where the kernel refused XDP transmit, as the log says)",
+            m.arp_sender.clone(),
         );
         registry.register(
             "vip_settings_mismatched_peers",

@@ -315,6 +315,7 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     }
     m.service_failing_open.with(&ServiceLabels::new("", &svc), |_| ());
     let _ = m.config_reloads.get_or_create(&ResultLabels { result: s() });
+    let _ = m.arp_sender.get_or_create(&crate::metrics::SenderLabels { sender: s() });
     if modes.contains(&Mode::Kubernetes) {
         crate::k8s::register_metrics(&mut m.registry).with(&PoolStateLabels { pool: s(), state: s() }, |_| ());
     }
