@@ -165,7 +165,7 @@ impl Service {
 }
 
 /// What a service-port does when its health check has every backend down.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum NoHealthyBackend {
     /// Spread new connections over every backend the health check has down (nodes
     /// whose agent is dead or that left the cluster stay out), as cloud load
@@ -383,9 +383,65 @@ impl World {
     }
 }
 
+/// [`World::backend_candidates`] for many Services: a Service whose candidates
+/// are listed (`Local`: the nodes with its endpoints) costs its few nodes, not a
+/// pass over every node, so planning thousands of them on a large cluster grows
+/// with their endpoints rather than Services × nodes.
+pub struct Candidates<'a> {
+    world: &'a World,
+    by_name: std::collections::HashMap<&'a str, &'a Node>,
+}
+
+impl<'a> Candidates<'a> {
+    pub fn new(world: &'a World) -> Self {
+        Self { world, by_name: world.nodes.iter().map(|n| (n.name.as_str(), n)).collect() }
+    }
+
+    /// The candidates of `svc`, in name order.
+    pub fn of(&self, svc: &Service) -> Vec<&'a Node> {
+        let Some(names) = &svc.backend_nodes else { return self.world.backend_candidates(svc) };
+        // A BTreeSet iterates in name order.
+        names.iter().filter_map(|n| self.by_name.get(n.as_str()).copied()).filter(|n| selects(&svc.backend_selector, &n.labels)).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn indexed_candidates_are_the_scanned_ones() {
+        let node = |name: &str, role: &str| Node {
+            name: name.into(),
+            addr: "198.18.0.1".parse().unwrap(),
+            mac: None,
+            labels: [("role".to_owned(), role.to_owned())].into(),
+            taints: Vec::new(),
+        };
+        let w = World { nodes: vec![node("a", "lb"), node("b", "web"), node("c", "lb"), node("d", "lb")], ..Default::default() };
+        let svc = |selector: &[(&str, &str)], nodes: Option<&[&str]>| Service {
+            name: "s".into(),
+            vip: "198.18.1.1".parse().unwrap(),
+            ports: vec![80],
+            protocol: Protocol::Tcp,
+            table_size: 251,
+            backend_selector: selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            backend_nodes: nodes.map(|n| n.iter().map(|s| s.to_string()).collect()),
+            health: None,
+            no_healthy_backend: NoHealthyBackend::default(),
+        };
+        let c = Candidates::new(&w);
+        for s in [
+            svc(&[], None),
+            svc(&[("role", "lb")], None),
+            svc(&[], Some(&["d", "b", "gone"])),
+            svc(&[("role", "lb")], Some(&["d", "b", "a"])),
+            svc(&[], Some(&[])),
+        ] {
+            let names = |v: Vec<&Node>| v.into_iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+            assert_eq!(names(c.of(&s)), names(w.backend_candidates(&s)), "{:?} {:?}", s.backend_selector, s.backend_nodes);
+        }
+    }
 
     #[test]
     fn cluster_settings_name_each_shared_setting_and_differences_are_found_by_name() {

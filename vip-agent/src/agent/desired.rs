@@ -2,20 +2,22 @@
 //! live nodes and the health of backends. Pure: the agent loop diffs its result
 //! against what it last wrote and writes only the difference.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    sync::Arc,
 };
 
 use crate::{
     dataplane::{BackendSpec, ServiceAddr, ServiceSpec},
     health::Target,
-    model::{NoHealthyBackend, NoHolder, World},
+    model::{Candidates, NoHealthyBackend, NoHolder, World},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredService {
     pub name: String,
-    pub spec: ServiceSpec,
+    /// Shared by every service-port planned from the same inputs.
+    pub spec: Arc<ServiceSpec>,
     /// Every backend's health check is down and the service fails open: its ring
     /// holds them all (`NoHealthyBackend::FailOpen`).
     pub failing_open: bool,
@@ -110,62 +112,20 @@ pub struct Observed<'a> {
 
 pub fn desired(world: &World, seen: &Observed) -> Desired {
     let mut d = Desired::default();
+    // Services with the same inputs plan the same spec: every Cluster Service of
+    // a pool (thousands, over every node) shares one, so planning and the specs'
+    // memory grow with the distinct backend sets, not with Services × nodes.
+    let mut planned: HashMap<PlanInputs, (Arc<ServiceSpec>, bool)> = HashMap::new();
+    let candidates = Candidates::new(world);
     for svc in &world.services {
-        let (mut backends, mut absent, mut down, mut draining) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut all_joining = true;
-        for node in world.backend_candidates(svc) {
-            let kept = seen.leaving.contains(&node.name) || seen.serving.contains(&node.name);
-            let tracked = seen.tracked.contains(&node.name);
-            if tracked && !seen.live.contains(&node.name) && !kept {
-                absent.push(node.name.clone());
-                continue;
-            }
-            let (healthy, joining) = match &svc.health {
-                Some(check) => {
-                    let t = Target { node: node.name.clone(), addr: node.addr, check: check.clone() };
-                    (seen.health.get(&t).copied().unwrap_or(true), seen.joining.contains(&t))
-                }
-                None => (true, false),
-            };
-            let local = node.name == seen.me;
-            let mac = match node.mac.or_else(|| seen.macs.get(&node.name).copied()) {
-                Some(m) => m,
-                // Our own frames are passed to the stack, never rewritten: no MAC needed.
-                None if local => [0; 6],
-                None => {
-                    d.unresolved.insert(node.name.clone());
-                    absent.push(node.name.clone());
-                    continue;
-                }
-            };
-            let b = BackendSpec { name: node.name.clone(), addr: node.addr, mac, weight: 1, local };
-            if healthy {
-                backends.push(b);
-            } else {
-                all_joining &= joining;
-                absent.push(b.name.clone());
-                // A failed check on a node whose agent runs (or is known to be
-                // away, not gone): its established connections may still be
-                // served (kube-proxy restarting keeps its rules), so their flows
-                // stay; a node that is gone leaves through its heartbeats. A node
-                // without an agent has only its check to tell: its flows re-hash.
-                if tracked && !joining {
-                    draining.push(b.clone());
-                }
-                down.push(b);
-            }
-        }
-        // Every backend's check down: fail open to all of them (the alive ones)
-        // unless the service drops instead. Backends that are only joining (a new
-        // Service's first endpoints) get its traffic as before, but that is no failure.
-        let open = backends.is_empty() && !down.is_empty() && svc.no_healthy_backend == NoHealthyBackend::FailOpen;
-        if open {
-            absent.retain(|n| !down.iter().any(|b| b.name == *n));
-            backends = down;
-            draining.clear();
-        }
-        let failing_open = open && !all_joining;
-        let spec = ServiceSpec { backends, table_size: svc.table_size, absent, draining };
+        let inputs = PlanInputs {
+            selector: &svc.backend_selector,
+            nodes: svc.backend_nodes.as_ref(),
+            health: svc.health.as_ref(),
+            table_size: svc.table_size,
+            no_healthy_backend: svc.no_healthy_backend,
+        };
+        let (spec, failing_open) = planned.entry(inputs).or_insert_with(|| plan(&candidates, svc, seen, &mut d.unresolved)).clone();
         for addr in svc.addrs() {
             d.services.insert(addr, DesiredService { name: svc.name.clone(), spec: spec.clone(), failing_open });
         }
@@ -173,13 +133,88 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
     d
 }
 
+/// What [`plan`] reads of a Service.
+#[derive(PartialEq, Eq, Hash)]
+struct PlanInputs<'a> {
+    selector: &'a crate::model::Selector,
+    nodes: Option<&'a BTreeSet<String>>,
+    health: Option<&'a crate::model::HealthCheck>,
+    table_size: u32,
+    no_healthy_backend: NoHealthyBackend,
+}
+
+/// The spec of `svc`'s ports and whether it fails open; backends whose MAC is
+/// unknown go to `unresolved`.
+fn plan(candidates: &Candidates, svc: &crate::model::Service, seen: &Observed, unresolved: &mut BTreeSet<String>) -> (Arc<ServiceSpec>, bool) {
+    let (mut backends, mut absent, mut down, mut draining) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut all_joining = true;
+    for node in candidates.of(svc) {
+        let kept = seen.leaving.contains(&node.name) || seen.serving.contains(&node.name);
+        let tracked = seen.tracked.contains(&node.name);
+        if tracked && !seen.live.contains(&node.name) && !kept {
+            absent.push(node.name.clone());
+            continue;
+        }
+        let (healthy, joining) = match &svc.health {
+            Some(check) => {
+                let t = Target { node: node.name.clone(), addr: node.addr, check: check.clone() };
+                (seen.health.get(&t).copied().unwrap_or(true), seen.joining.contains(&t))
+            }
+            None => (true, false),
+        };
+        let local = node.name == seen.me;
+        let mac = match node.mac.or_else(|| seen.macs.get(&node.name).copied()) {
+            Some(m) => m,
+            // Our own frames are passed to the stack, never rewritten: no MAC needed.
+            None if local => [0; 6],
+            None => {
+                unresolved.insert(node.name.clone());
+                absent.push(node.name.clone());
+                continue;
+            }
+        };
+        let b = BackendSpec { name: node.name.clone(), addr: node.addr, mac, weight: 1, local };
+        if healthy {
+            backends.push(b);
+        } else {
+            all_joining &= joining;
+            absent.push(b.name.clone());
+            // A failed check on a node whose agent runs (or is known to be
+            // away, not gone): its established connections may still be
+            // served (kube-proxy restarting keeps its rules), so their flows
+            // stay; a node that is gone leaves through its heartbeats. A node
+            // without an agent has only its check to tell: its flows re-hash.
+            if tracked && !joining {
+                draining.push(b.clone());
+            }
+            down.push(b);
+        }
+    }
+    // Every backend's check down: fail open to all of them (the alive ones)
+    // unless the service drops instead. Backends that are only joining (a new
+    // Service's first endpoints) get its traffic as before, but that is no failure.
+    let open = backends.is_empty() && !down.is_empty() && svc.no_healthy_backend == NoHealthyBackend::FailOpen;
+    if open {
+        absent.retain(|n| !down.iter().any(|b| b.name == *n));
+        backends = down;
+        draining.clear();
+    }
+    let failing_open = open && !all_joining;
+    (Arc::new(ServiceSpec { backends, table_size: svc.table_size, absent, draining }), failing_open)
+}
+
 /// Every (node, check) pair some service needs probed.
 pub fn health_targets(world: &World) -> BTreeSet<Target> {
+    let candidates = Candidates::new(world);
+    // Services with the same candidates and check add the same targets: each
+    // such group is expanded once (all Cluster Services of a pool are one).
+    let mut groups = std::collections::HashSet::new();
     world
         .services
         .iter()
         .filter_map(|s| s.health.as_ref().map(|h| (s, h)))
-        .flat_map(|(s, h)| world.backend_candidates(s).into_iter().map(move |n| Target { node: n.name.clone(), addr: n.addr, check: h.clone() }))
+        .filter(|(s, h)| groups.insert((&s.backend_selector, s.backend_nodes.as_ref(), *h)))
+        .flat_map(|(s, h)| candidates.of(s).into_iter().map(move |n| Target { node: n.name.clone(), addr: n.addr, check: h.clone() }))
         .collect()
 }
 
@@ -378,6 +413,38 @@ services:
 
     fn names(d: &DesiredService) -> Vec<&str> {
         d.spec.backends.iter().map(|b| b.name.as_str()).collect()
+    }
+
+    #[test]
+    fn services_with_the_same_inputs_share_one_spec_and_others_get_their_own() {
+        let cfg = format!(
+            "{CFG}  - {{name: api, vip: 198.18.1.2, ports: [80], backendSelector: {{}}, healthCheck: {{type: tcp, rise: 1, fall: 1}}}}\n  - {{name: lbs, vip: 198.18.1.3, ports: [443], backendSelector: {{role: lb}}, healthCheck: {{type: tcp, rise: 1, fall: 1}}}}\n"
+        );
+        let w = parse(&cfg).unwrap();
+        let live: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
+        let (health, macs) = (BTreeMap::new(), [("b2".to_owned(), [2, 0, 0, 0, 0, 0x12])].into());
+        let d = desired(&w, &observed(&live, &live, &health, &macs));
+        let spec = |vip: &str, port: u16| d.services[&ServiceAddr { vip: vip.parse().unwrap(), port, protocol: crate::model::Protocol::Tcp }].spec.clone();
+        // web's two ports and api: the same selector and check (a tcp check
+        // probes the first port, 80 for both), one allocation.
+        assert!(Arc::ptr_eq(&spec("198.18.1.1", 80), &spec("198.18.1.1", 8080)));
+        assert!(Arc::ptr_eq(&spec("198.18.1.1", 80), &spec("198.18.1.2", 80)));
+        // lbs selects other nodes: its own spec, with only them.
+        assert!(!Arc::ptr_eq(&spec("198.18.1.1", 80), &spec("198.18.1.3", 443)));
+        assert_eq!(spec("198.18.1.3", 443).backends.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["lb1", "lb2"]);
+        // Shared or not, each is what planning that Service alone gives, and
+        // the targets are those of every Service alone.
+        let mut targets = BTreeSet::new();
+        for svc in &w.services {
+            let alone = World { services: vec![svc.clone()], ..w.clone() };
+            let one = desired(&alone, &observed(&live, &live, &health, &macs));
+            for (addr, want) in one.services {
+                assert_eq!(d.services[&addr], want, "{}", svc.name);
+            }
+            targets.extend(health_targets(&alone));
+        }
+        assert_eq!(health_targets(&w), targets);
+        assert!(targets.len() > w.nodes.len(), "two checks (ports 80 and 443) over the nodes");
     }
 
     #[test]

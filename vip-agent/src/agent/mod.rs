@@ -11,7 +11,7 @@
 //! [`run`] builds everything once (the source, the data path, the tasks, the
 //! liveness thread) and hands the `Agent` to that loop.
 mod apply;
-mod desired;
+pub mod desired;
 mod feed;
 mod interfaces;
 mod keys;

@@ -28,6 +28,23 @@ pub struct BackendSpec {
     pub local: bool,
 }
 
+impl ServiceSpec {
+    /// The Maglev ring this spec builds, with its backends in slot-index order
+    /// (sorted by name, as `maglev::build` sorts its members); `None` without
+    /// backends. The CPU cost of programming a service (the scale bench times it).
+    pub fn ring(&self, seed: u64) -> Result<Option<(Vec<&BackendSpec>, maglev::Ring)>, DataplaneError> {
+        maglev::check_table_size(self.table_size)?;
+        if self.backends.is_empty() {
+            return Ok(None);
+        }
+        let mut specs: Vec<&BackendSpec> = self.backends.iter().collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let members: Vec<Member> = specs.iter().map(|b| Member { id: b.name.clone(), weight: b.weight.max(1) }).collect();
+        let absent: Vec<Member> = self.absent.iter().map(|n| Member { id: n.clone(), weight: 1 }).collect();
+        Ok(Some((specs, maglev::build_without(&members, &absent, self.table_size, seed)?)))
+    }
+}
+
 /// What `lb4_backends` records of a node's address (four bytes, for the backend's
 /// identity across restarts and for people): an IPv4 address itself; for an IPv6
 /// one a hash of it in 0.0.0.0/8, which no IPv4 node has, so that a dual-stack
@@ -344,16 +361,9 @@ impl Dataplane {
 
     /// The ring `spec` builds, as backend ids per slot (writing backend entries).
     fn ring_for(&mut self, spec: &ServiceSpec, seed: u64) -> Result<Vec<u32>, DataplaneError> {
-        maglev::check_table_size(spec.table_size)?;
-        if spec.backends.is_empty() {
+        let Some((specs, built)) = spec.ring(seed)? else {
             return Ok(vec![NO_BACKEND; spec.table_size as usize]);
-        }
-        let mut specs: Vec<&BackendSpec> = spec.backends.iter().collect();
-        specs.sort_by(|a, b| a.name.cmp(&b.name));
-        let members: Vec<Member> = specs.iter().map(|b| Member { id: b.name.clone(), weight: b.weight.max(1) }).collect();
-        let absent: Vec<Member> = spec.absent.iter().map(|n| Member { id: n.clone(), weight: 1 }).collect();
-        let built = maglev::build_without(&members, &absent, spec.table_size, seed)?;
-        // Backend ids in sorted-name order, as maglev::build sorts its members.
+        };
         let mut ids = Vec::with_capacity(specs.len());
         for b in specs {
             ids.push(self.backend_id(b)?);

@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: one module per section, each measuring into one
 //! [`report::Report`] that is written as OUT_DIR/bench.md and OUT_DIR/bench.json.
-//! `VIP_BENCH_ONLY=xdp,live,cps,maglev,health,failover,k8s,cluster,auth,scale` runs a subset;
+//! `VIP_BENCH_ONLY=xdp,live,cps,maglev,health,failover,k8s,cluster,auth,scale,sim` runs a subset;
 //! `soak` (an hour of churn, `VIP_SOAK_MINUTES`) runs only when named
 //! (for quick iteration; BENCHMARKS.md quotes full runs). The sections that send
 //! real frames through an attached program (live, failover) measure generic and
@@ -15,6 +15,7 @@ mod maglev;
 mod measure;
 mod report;
 mod scale;
+mod sim;
 mod soak;
 mod xdp;
 
@@ -46,7 +47,7 @@ fn main() -> Result<()> {
         // (see xdp::section, which also runs us again with reduced capabilities).
         report.push(xdp::section()?);
     }
-    let sections: [(&str, Bench); 9] = [
+    let sections: [(&str, Bench); 10] = [
         ("live", live::section),
         ("cps", live::cps_section),
         ("maglev", maglev::section),
@@ -56,6 +57,7 @@ fn main() -> Result<()> {
         ("cluster", cluster::section),
         ("auth", auth::section),
         ("scale", scale::section),
+        ("sim", sim::section),
     ];
     for (name, section) in sections {
         if wanted(name) {
