@@ -77,7 +77,7 @@ impl Agent {
         // (from the data path's own record, so services left by an earlier agent
         // are swept too).
         let set: BTreeMap<ServiceAddr, &dataplane::ServiceSpec> =
-            want.services.iter().filter(|(a, d)| self.applied.get(a) != Some(*d)).map(|(a, d)| (*a, &*d.spec)).collect();
+            super::desired::changed(&self.applied, &want.services).into_iter().map(|(a, d)| (a, &*d.spec)).collect();
         let remove: Vec<ServiceAddr> = self.dp.service_addrs().into_iter().filter(|a| !want.services.contains_key(a)).collect();
         self.applied.retain(|a, _| want.services.contains_key(a));
         self.failed.retain(|a, _| want.services.contains_key(a));

@@ -133,6 +133,23 @@ pub fn desired(world: &World, seen: &Observed) -> Desired {
     d
 }
 
+/// The service-ports of `want` that differ from `applied`: new ones and those
+/// whose spec, name or fail-open state changed. Specs are compared once per
+/// pair of allocations, not once per port (one changed spec shared by thousands
+/// of ports costs one comparison).
+pub fn changed<'a>(applied: &BTreeMap<ServiceAddr, DesiredService>, want: &'a BTreeMap<ServiceAddr, DesiredService>) -> Vec<(ServiceAddr, &'a DesiredService)> {
+    let mut equal: HashMap<(*const ServiceSpec, *const ServiceSpec), bool> = HashMap::new();
+    want.iter()
+        .filter(|(a, d)| {
+            let Some(old) = applied.get(a) else { return true };
+            old.name != d.name
+                || old.failing_open != d.failing_open
+                || !*equal.entry((Arc::as_ptr(&old.spec), Arc::as_ptr(&d.spec))).or_insert_with(|| old.spec == d.spec)
+        })
+        .map(|(a, d)| (*a, d))
+        .collect()
+}
+
 /// What [`plan`] reads of a Service.
 #[derive(PartialEq, Eq, Hash)]
 struct PlanInputs<'a> {
@@ -445,6 +462,26 @@ services:
         }
         assert_eq!(health_targets(&w), targets);
         assert!(targets.len() > w.nodes.len(), "two checks (ports 80 and 443) over the nodes");
+    }
+
+    #[test]
+    fn changed_ports_are_new_or_differ_in_spec_name_or_failing_open() {
+        let w = parse(CFG).unwrap();
+        let live: BTreeSet<String> = w.nodes.iter().map(|n| n.name.clone()).collect();
+        let (health, macs) = (BTreeMap::new(), BTreeMap::new());
+        let before = desired(&w, &observed(&live, &live, &health, &macs)).services;
+        // Planned again: other allocations with equal content are no change.
+        let again = desired(&w, &observed(&live, &live, &health, &macs)).services;
+        assert!(!Arc::ptr_eq(&before.values().next().unwrap().spec, &again.values().next().unwrap().spec));
+        assert!(changed(&before, &again).is_empty());
+        assert_eq!(changed(&BTreeMap::new(), &again).len(), 2, "new ports");
+        // b1 dead (tracked, not live): both ports' shared spec changed.
+        let fewer: BTreeSet<String> = live.iter().filter(|n| *n != "b1").cloned().collect();
+        let after = desired(&w, &observed(&live, &fewer, &health, &macs)).services;
+        assert_eq!(changed(&before, &after).len(), 2);
+        let mut renamed = again.clone();
+        renamed.values_mut().next().unwrap().name = "other".into();
+        assert_eq!(changed(&before, &renamed).len(), 1);
     }
 
     #[test]

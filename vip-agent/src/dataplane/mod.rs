@@ -38,7 +38,7 @@ use aya::{
 pub use counters::Counters;
 pub use error::DataplaneError;
 pub use held::{HeldEntry, HeldMode, HeldVips};
-pub use services::{backend_key, Applied, BackendSpec, RingUpdate, ServiceSpec, Sweep, Usage};
+pub use services::{backend_key, group_by_spec, Applied, BackendSpec, RingUpdate, ServiceSpec, Sweep, Usage};
 use services::{service_addr, service_addr6};
 use vip_common::{map_names as names, *};
 pub use xmit::XdpXmit;

@@ -28,6 +28,22 @@ pub struct BackendSpec {
     pub local: bool,
 }
 
+/// Service-ports grouped by equal spec, each group to get one ring. Maglev builds
+/// are the CPU cost of a batch: services with equal specs (thousands, under one
+/// node set) build one. Specs shared by reference (the planner shares them) are
+/// grouped by address first, so a large spec is hashed once, not once per port.
+pub fn group_by_spec<'a>(set: impl Iterator<Item = (ServiceAddr, &'a ServiceSpec)>) -> Vec<(&'a ServiceSpec, Vec<ServiceAddr>)> {
+    let mut by_ref: StdHashMap<*const ServiceSpec, (&ServiceSpec, Vec<ServiceAddr>)> = StdHashMap::new();
+    for (addr, spec) in set {
+        by_ref.entry(spec as *const ServiceSpec).or_insert_with(|| (spec, Vec::new())).1.push(addr);
+    }
+    let mut by_spec: StdHashMap<&ServiceSpec, Vec<ServiceAddr>> = StdHashMap::new();
+    for (spec, addrs) in by_ref.into_values() {
+        by_spec.entry(spec).or_default().extend(addrs);
+    }
+    by_spec.into_iter().collect()
+}
+
 impl ServiceSpec {
     /// The Maglev ring this spec builds, with its backends in slot-index order
     /// (sorted by name, as `maglev::build` sorts its members); `None` without
@@ -216,12 +232,7 @@ impl Dataplane {
         self.sync_vip_filter(set.keys().map(|a| a.vip))?;
         // New content → the services that want it.
         let mut groups: BTreeMap<Vec<u32>, Vec<ServiceAddr>> = BTreeMap::new();
-        // Maglev builds are the CPU cost: services with equal specs (thousands,
-        // under one node set) build one ring.
-        let mut by_spec: StdHashMap<&ServiceSpec, Vec<ServiceAddr>> = StdHashMap::new();
-        for (&addr, spec) in set {
-            by_spec.entry(*spec).or_default().push(addr);
-        }
+        let by_spec = group_by_spec(set.iter().map(|(a, s)| (*a, *s)));
         // The backends each service drains (their slots written, as the ring's).
         let mut draining: StdHashMap<ServiceAddr, BTreeSet<u32>> = StdHashMap::new();
         for (spec, addrs) in by_spec {
@@ -513,5 +524,19 @@ mod tests {
         assert!(a.octets()[0] == 0 && b.octets()[0] == 0 && a != b, "{a} {b}");
         assert_eq!(a, backend_key(ip("2001:2:0:0::11")));
         assert_eq!(a, Ipv4Addr::from(0x00dd_e328), "stable: {:#010x}", u32::from(a));
+    }
+
+    /// Equal specs form one group whether they share an allocation or not.
+    #[test]
+    fn ports_are_grouped_by_equal_spec() {
+        let b = |name: &str| BackendSpec { name: name.into(), addr: "198.18.0.1".parse().unwrap(), mac: [2, 0, 0, 0, 0, 1], weight: 1, local: false };
+        let spec = |names: &[&str]| ServiceSpec { backends: names.iter().map(|n| b(n)).collect(), table_size: 251, ..Default::default() };
+        let (shared, copy, other) = (spec(&["a", "b"]), spec(&["a", "b"]), spec(&["a"]));
+        let port = |p: u16| ServiceAddr { vip: "198.18.1.1".parse().unwrap(), port: p, protocol: crate::model::Protocol::Tcp };
+        let mut groups = group_by_spec([(port(1), &shared), (port(2), &shared), (port(3), &copy), (port(4), &other)].into_iter());
+        groups.iter_mut().for_each(|g| g.1.sort());
+        groups.sort_by_key(|g| g.1[0].port);
+        let got: Vec<(usize, Vec<u16>)> = groups.iter().map(|(s, a)| (s.backends.len(), a.iter().map(|a| a.port).collect())).collect();
+        assert_eq!(got, [(2, vec![1, 2, 3]), (1, vec![4])]);
     }
 }

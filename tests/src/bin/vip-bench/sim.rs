@@ -17,11 +17,11 @@ use std::{
 use anyhow::Result;
 use vip_agent::{
     agent::desired::{self, Observed},
-    dataplane::ServiceSpec,
+    dataplane::{group_by_spec, ServiceSpec},
     ha::{auth::Keys, heartbeat::Heartbeat},
     health::Target,
     maglev::DEFAULT_TABLE_SIZE,
-    model::{self, AnnounceMode, HealthCheck, NoHealthyBackend, Node, Pool, Probe, Protocol, Service, World},
+    model::{self, AnnounceMode, HealthCheck, NoHealthyBackend, Node, Pool, Probe, Protocol, Service, ServiceAddr, World},
 };
 
 use crate::{
@@ -84,7 +84,7 @@ fn desired_bytes(d: &desired::Desired) -> usize {
     let mut seen = BTreeSet::new();
     let mut total = 0;
     for (_, s) in d.services.iter() {
-        total += size_of::<vip_agent::model::ServiceAddr>() + size_of::<desired::DesiredService>() + s.name.len();
+        total += size_of::<ServiceAddr>() + size_of::<desired::DesiredService>() + s.name.len();
         let spec: &ServiceSpec = &s.spec;
         if !seen.insert(spec as *const ServiceSpec as usize) {
             continue;
@@ -154,14 +154,14 @@ fn timed<T>(mut f: impl FnMut() -> T) -> (f64, T) {
     (median(times), out.expect("RUNS > 0"))
 }
 
-/// One Maglev build per distinct spec among `specs`, as `Dataplane::apply`
-/// groups a batch; returns how many were built.
-fn build_rings<'a>(specs: impl Iterator<Item = &'a ServiceSpec>) -> Result<usize> {
-    let distinct: std::collections::HashSet<&ServiceSpec> = specs.collect();
-    for spec in &distinct {
+/// One Maglev build per group of `Dataplane::apply`'s batch (equal specs share a
+/// ring); returns how many were built.
+fn build_rings<'a>(ports: impl Iterator<Item = (ServiceAddr, &'a ServiceSpec)>) -> Result<usize> {
+    let groups = group_by_spec(ports);
+    for (spec, _) in &groups {
         spec.ring(0)?;
     }
-    Ok(distinct.len())
+    Ok(groups.len())
 }
 
 struct Point {
@@ -221,7 +221,7 @@ fn measure(shape: Shape) -> Result<Point> {
     let (start_ms, (start_rings, before)) = timed(|| {
         let _ = desired::ownership(&w, &me, &all);
         let d = desired::desired(&w, &seen(&me, &all, &all, &empty, &health, &joining, &macs));
-        let rings = build_rings(d.services.values().map(|s| &*s.spec));
+        let rings = build_rings(d.services.iter().map(|(a, s)| (*a, &*s.spec)));
         (rings, d)
     });
     let start_rings = start_rings?;
@@ -234,8 +234,7 @@ fn measure(shape: Shape) -> Result<Point> {
     let (loss_ms, (loss_ports, loss_rings)) = timed(|| {
         let _ = desired::ownership(&w, &me, &live);
         let after = desired::desired(&w, &seen(&me, &all, &live, &empty, &health, &joining, &macs));
-        let changed: Vec<&ServiceSpec> =
-            after.services.iter().filter(|(a, s)| before.services.get(a).is_none_or(|b| b.spec != s.spec)).map(|(_, s)| &*s.spec).collect();
+        let changed: Vec<(ServiceAddr, &ServiceSpec)> = desired::changed(&before.services, &after.services).into_iter().map(|(a, d)| (a, &*d.spec)).collect();
         (changed.len(), build_rings(changed.into_iter()))
     });
     Ok(Point {
