@@ -41,7 +41,13 @@ pub fn group_by_spec<'a>(set: impl Iterator<Item = (ServiceAddr, &'a ServiceSpec
     for (spec, addrs) in by_ref.into_values() {
         by_spec.entry(spec).or_default().extend(addrs);
     }
-    by_spec.into_iter().collect()
+    // Each group's ports in order, as the batch gave them (which port is told
+    // about the slots written, the order ids are taken in).
+    let mut groups: Vec<(&ServiceSpec, Vec<ServiceAddr>)> = by_spec.into_iter().collect();
+    for (_, addrs) in &mut groups {
+        addrs.sort();
+    }
+    groups
 }
 
 impl ServiceSpec {

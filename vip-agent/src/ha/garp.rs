@@ -213,25 +213,26 @@ impl FrameTx {
         use anyhow::Context as _;
         let xdp = || -> anyhow::Result<Self> {
             let x = crate::dataplane::XdpXmit::open(pin_dir)?;
-            x.probe(probe_ifindex)?;
+            x.probe(probe_ifindex).context("the kernel refused to transmit through XDP here")?;
             Ok(FrameTx::Xdp(Box::new(x)))
         };
         let packet = || Self::open(ArpSender::Packet, pin_dir);
         match kind {
             ArpSender::Packet => Ok((packet()?, ArpSender::Packet)),
-            ArpSender::Xdp => Ok((
-                xdp()
-                    .context("--arp-sender xdp: the kernel refused to transmit through XDP here; --arp-sender packet (with CAP_NET_RAW) works on any kernel")?,
-                ArpSender::Xdp,
-            )),
+            ArpSender::Xdp => {
+                if !native {
+                    tracing::warn!("--arp-sender xdp on an interface attached in generic mode: the kernel may drop the agent's frames silently");
+                }
+                Ok((xdp().context("--arp-sender xdp; --arp-sender packet (with CAP_NET_RAW) works on any kernel")?, ArpSender::Xdp))
+            }
             ArpSender::Auto if !native => {
                 Ok((packet().context("the program runs in generic mode here, where XDP cannot transmit the agent's frames")?, ArpSender::Packet))
             }
             ArpSender::Auto => match xdp() {
                 Ok(x) => Ok((x, ArpSender::Xdp)),
                 Err(refused) => {
-                    let p = packet().with_context(|| format!("the kernel refused to transmit through XDP ({refused:#}), so a packet socket is needed"))?;
-                    tracing::warn!("the kernel refused to transmit through XDP ({refused:#}): gratuitous ARP and ARP checks go out through a packet socket");
+                    let p = packet().with_context(|| format!("{refused:#}, so a packet socket is needed"))?;
+                    tracing::warn!("{refused:#}: gratuitous ARP and ARP checks go out through a packet socket");
                     Ok((p, ArpSender::Packet))
                 }
             },

@@ -219,7 +219,7 @@ fn measure(shape: Shape) -> Result<Point> {
 
     // A start: every node live, everything planned and every ring built.
     let (start_ms, (start_rings, before)) = timed(|| {
-        let _ = desired::ownership(&w, &me, &all);
+        std::hint::black_box(desired::ownership(&w, &me, &all));
         let d = desired::desired(&w, &seen(&me, &all, &all, &empty, &health, &joining, &macs));
         let rings = build_rings(d.services.iter().map(|(a, s)| (*a, &*s.spec)));
         (rings, d)
@@ -232,7 +232,7 @@ fn measure(shape: Shape) -> Result<Point> {
     let lost = node_name(1);
     let live: BTreeSet<String> = all.iter().filter(|n| **n != lost).cloned().collect();
     let (loss_ms, (loss_ports, loss_rings)) = timed(|| {
-        let _ = desired::ownership(&w, &me, &live);
+        std::hint::black_box(desired::ownership(&w, &me, &live));
         let after = desired::desired(&w, &seen(&me, &all, &live, &empty, &health, &joining, &macs));
         let changed: Vec<(ServiceAddr, &ServiceSpec)> = desired::changed(&before.services, &after.services).into_iter().map(|(a, d)| (a, &*d.spec)).collect();
         (changed.len(), build_rings(changed.into_iter()))
@@ -254,7 +254,7 @@ fn measure(shape: Shape) -> Result<Point> {
 pub fn section() -> Result<Section> {
     let mut s = Section::new(line!("Scale simulation: one node's planning cost against cluster size (the agent's own code, in-process)"));
     s.para(line!(
-        "Each Service has two ports; every other one is `externalTrafficPolicy: Local` with endpoints on {LOCAL_REPLICAS} nodes, each with its own healthCheckNodePort. Every node is eligible. The defaults are a `{{type: http}}` check every 1 s, heartbeats every 50 ms and tableSize {DEFAULT_TABLE_SIZE}. \"Start\" is one node's ownership, its desired service maps and every distinct ring built, with all nodes live; \"node lost\" is the same after one node's heartbeats stop, building only the rings that changed. Times are medians of {RUNS} runs. \"Desired maps\" is the RSS the planned maps added."
+        "Each Service has two ports; every other one is `externalTrafficPolicy: Local` with endpoints on {LOCAL_REPLICAS} nodes, each with its own healthCheckNodePort. Every node is eligible. The defaults are a `{{type: http}}` check every 1 s, heartbeats every 50 ms and tableSize {DEFAULT_TABLE_SIZE}. \"Start\" is one node's ownership, its desired service maps and every distinct ring built, with all nodes live; \"node lost\" is the same after one node's heartbeats stop, building only the rings that changed. Times are medians of {RUNS} runs. \"Desired maps\" is the bytes those maps hold, counted from the structures (entries and the backend lists of their specs; no allocator or tree overhead)."
     ));
     let mut t = Table::new(
         "| nodes | service-ports | families | health targets | probes/s | heartbeats sent/s | heartbeat kB/s sent | start | distinct rings | ring slots (of 1,048,576) | desired maps | node lost | ports changed | rings rebuilt |",
