@@ -540,7 +540,6 @@ mod tests {
         let (shared, copy, other) = (spec(&["a", "b"]), spec(&["a", "b"]), spec(&["a"]));
         let port = |p: u16| ServiceAddr { vip: "198.18.1.1".parse().unwrap(), port: p, protocol: crate::model::Protocol::Tcp };
         let mut groups = group_by_spec([(port(1), &shared), (port(2), &shared), (port(3), &copy), (port(4), &other)].into_iter());
-        groups.iter_mut().for_each(|g| g.1.sort());
         groups.sort_by_key(|g| g.1[0].port);
         let got: Vec<(usize, Vec<u16>)> = groups.iter().map(|(s, a)| (s.backends.len(), a.iter().map(|a| a.port).collect())).collect();
         assert_eq!(got, [(2, vec![1, 2, 3]), (1, vec![4])]);

@@ -196,16 +196,8 @@ pub enum FrameTx {
 }
 
 impl FrameTx {
-    /// Opens `kind` (Auto resolved by the caller); `pin_dir` holds `vip_xmit`.
-    pub fn open(kind: ArpSender, pin_dir: &std::path::Path) -> anyhow::Result<Self> {
-        Ok(match kind {
-            ArpSender::Packet => FrameTx::Packet(GarpSocket::new().map_err(|e| anyhow::anyhow!("packet socket (needs CAP_NET_RAW): {e}"))?),
-            ArpSender::Xdp | ArpSender::Auto => FrameTx::Xdp(Box::new(crate::dataplane::XdpXmit::open(pin_dir)?)),
-        })
-    }
-
     /// The sender `kind` asks for, on interfaces all attached natively or not
-    /// (`native`), probed on `probe_ifindex`. `auto` takes XDP only where it
+    /// (`native`), probed on `probe_ifindex`; `pin_dir` holds `vip_xmit`. `auto` takes XDP only where it
     /// works: native attachments whose kernel lets this process transmit through
     /// XDP (a probe that sends nothing); else the packet socket, saying why.
     /// Returns the sender and what it is.
@@ -216,7 +208,7 @@ impl FrameTx {
             x.probe(probe_ifindex).context("the kernel refused to transmit through XDP here")?;
             Ok(FrameTx::Xdp(Box::new(x)))
         };
-        let packet = || Self::open(ArpSender::Packet, pin_dir);
+        let packet = || GarpSocket::new().map(FrameTx::Packet).map_err(|e| anyhow::anyhow!("packet socket (needs CAP_NET_RAW): {e}"));
         match kind {
             ArpSender::Packet => Ok((packet()?, ArpSender::Packet)),
             ArpSender::Xdp => {

@@ -183,17 +183,7 @@ fn measure(shape: Shape) -> Result<Point> {
     let me = node_name(0);
     let empty = BTreeSet::new();
     let (health, joining, macs) = (BTreeMap::<Target, bool>::new(), BTreeSet::new(), BTreeMap::new());
-    fn seen<'a>(
-        me: &'a str,
-        all: &'a BTreeSet<String>,
-        live: &'a BTreeSet<String>,
-        empty: &'a BTreeSet<String>,
-        health: &'a BTreeMap<Target, bool>,
-        joining: &'a BTreeSet<Target>,
-        macs: &'a BTreeMap<String, [u8; 6]>,
-    ) -> Observed<'a> {
-        Observed { me, tracked: all, live, leaving: empty, serving: empty, health, joining, macs }
-    }
+    let all_live = Observed { me: &me, tracked: &all, live: &all, leaving: &empty, serving: &empty, health: &health, joining: &joining, macs: &macs };
 
     let targets = desired::health_targets(&w);
     let probes_per_s = targets.iter().map(|t| 1.0 / t.check.interval.as_secs_f64()).sum();
@@ -220,7 +210,7 @@ fn measure(shape: Shape) -> Result<Point> {
     // A start: every node live, everything planned and every ring built.
     let (start_ms, (start_rings, before)) = timed(|| {
         std::hint::black_box(desired::ownership(&w, &me, &all));
-        let d = desired::desired(&w, &seen(&me, &all, &all, &empty, &health, &joining, &macs));
+        let d = desired::desired(&w, &all_live);
         let rings = build_rings(d.services.iter().map(|(a, s)| (*a, &*s.spec)));
         (rings, d)
     });
@@ -233,7 +223,7 @@ fn measure(shape: Shape) -> Result<Point> {
     let live: BTreeSet<String> = all.iter().filter(|n| **n != lost).cloned().collect();
     let (loss_ms, (loss_ports, loss_rings)) = timed(|| {
         std::hint::black_box(desired::ownership(&w, &me, &live));
-        let after = desired::desired(&w, &seen(&me, &all, &live, &empty, &health, &joining, &macs));
+        let after = desired::desired(&w, &Observed { live: &live, ..all_live });
         let changed: Vec<(ServiceAddr, &ServiceSpec)> = desired::changed(&before.services, &after.services).into_iter().map(|(a, d)| (a, &*d.spec)).collect();
         (changed.len(), build_rings(changed.into_iter()))
     });
