@@ -276,10 +276,14 @@ pub fn nft_packets(line: &str) -> Option<u64> {
 /// Whether this kernel lets root transmit through XDP (BPF_PROG_RUN in
 /// live-frames mode): `Err` with the kernel's answer where it refuses (some builds
 /// answer EPERM even to root). Probed as the agent probes: a header-only frame,
-/// which `vip_xmit` drops, so nothing is sent.
+/// which `vip_xmit` drops, so nothing is sent; on the `lo` of a namespace of
+/// its own all the same.
 pub fn xdp_transmit_refused() -> Option<String> {
     let pins = PinDir::new().unwrap();
     let _dp = vip_agent::dataplane::Dataplane::load(&pins.path, 1 << 12).unwrap();
     let x = vip_agent::dataplane::XdpXmit::open(&pins.path).unwrap();
-    x.probe(1).err().map(|e| format!("{e:#}"))
+    let ns = NetNs::new("vxp").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    // Every namespace's lo is interface 1.
+    ns.run(move || x.probe(1).err().map(|e| format!("{e:#}"))).unwrap()
 }
