@@ -84,6 +84,7 @@ fn read_host_sees_addresses_labels_and_vlans_of_its_namespace() {
         node_selector: Default::default(),
         tolerations: Vec::new(),
         announce: AnnounceMode::Arp,
+        distribution: Default::default(),
         garp: None,
         interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
         vlan: None,

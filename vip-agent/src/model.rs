@@ -60,6 +60,8 @@ pub struct Pool {
     pub tolerations: Vec<Toleration>,
     /// How the holder of one of its VIPs draws the VIP's traffic.
     pub announce: AnnounceMode,
+    /// Which eligible nodes hold each VIP: one, or (`announce: lo`) all of them.
+    pub distribution: Distribution,
     /// Its own gratuitous ARP settings; `None`: the world's (`Announce::garp`).
     pub garp: Option<Garp>,
     /// Interfaces of a node where its VIPs are answered: the first one the node has
@@ -189,6 +191,21 @@ pub enum AnnounceMode {
     /// the node (BGP/ECMP) to announce: no ARP answers, no gratuitous ARP. The
     /// holder still balances the VIP's traffic over the ring.
     Lo,
+}
+
+/// Which of a pool's live eligible nodes hold each of its VIPs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    /// One node per VIP, spread evenly over the eligible nodes (rendezvous
+    /// hashing); it moves when that node dies.
+    #[default]
+    One,
+    /// Every live eligible node (`announce: lo` only): each puts the VIP on its
+    /// loopback, so that the routing daemons of all of them announce it and the
+    /// routers spread its traffic by ECMP; each balances what reaches it over the
+    /// same rings, so a flow the router moves to another node keeps its backend.
+    All,
 }
 
 /// Gratuitous ARP of a holder: `count` frames `interval` apart on takeover, then

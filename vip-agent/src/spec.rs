@@ -9,7 +9,7 @@ use serde::{de, Deserialize, Deserializer, Serialize};
 
 use crate::{
     addrs::{AddrSet, Family},
-    model::{Garp, HealthCheck, Probe},
+    model::{AnnounceMode, Distribution, Garp, HealthCheck, Probe},
 };
 
 /// Largest number of addresses all pools may hold together (the held-VIP map's size).
@@ -309,10 +309,20 @@ pub fn pool_addresses(p: &str, addresses: &[AddrEntry], excluded: &[AddrEntry]) 
 /// Longest interface name Linux takes: IFNAMSIZ (16) less the terminating NUL.
 pub const IFNAME_MAX: usize = 15;
 
-/// Checks a pool's interface names (`p` is the list's field path, errors name
-/// `{p}[k]`) by the kernel's own rule for a device name (`dev_valid_name`): 1 to 15
-/// bytes, no '/', ':' or whitespace, not "." or "..". A name twice is refused too.
-/// ':' is refused because `eth0:1` is an address label, not an interface.
+/// A pool's `distribution` (`p` its field path) against its `announce`: every
+/// node holding a VIP is for routers to spread over (ECMP); on one L2 segment
+/// several nodes answering ARP for one address would fight over the clients'
+/// neighbour entries.
+pub fn distribution(p: &str, d: Distribution, announce: AnnounceMode) -> Result<(), FieldError> {
+    match (d, announce) {
+        (Distribution::All, AnnounceMode::Arp) => invalid(
+            p.to_owned(),
+            "`all` needs `announce: lo`: under `announce: arp` one node answers for each VIP (several would take turns in the clients' neighbour tables)",
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// A pool's `vlan`: an 802.1Q VLAN id a pool may live on ([`VLAN_MIN`] to [`VLAN_MAX`]).
 pub fn vlan_id(p: &str, vlan: Option<u16>) -> Result<(), FieldError> {
     match vlan {
@@ -336,6 +346,10 @@ pub fn node_address_problem(a: IpAddr) -> Option<&'static str> {
     }
 }
 
+/// Checks a pool's interface names (`p` is the list's field path, errors name
+/// `{p}[k]`) by the kernel's own rule for a device name (`dev_valid_name`): 1 to 15
+/// bytes, no '/', ':' or whitespace, not "." or "..". A name twice is refused too.
+/// ':' is refused because `eth0:1` is an address label, not an interface.
 pub fn interface_names(p: &str, names: &[String]) -> Result<(), FieldError> {
     for (k, name) in names.iter().enumerate() {
         let at = || format!("{p}[{k}]");

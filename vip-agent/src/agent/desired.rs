@@ -10,7 +10,7 @@ use std::{
 use crate::{
     dataplane::{BackendSpec, ServiceAddr, ServiceSpec},
     health::Target,
-    model::{Candidates, NoHealthyBackend, NoHolder, World},
+    model::{AnnounceMode, Candidates, Distribution, NoHealthyBackend, NoHolder, World},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,18 +35,28 @@ pub struct Ownership {
     pub held: BTreeSet<IpAddr>,
     /// Those of `held` announced from `lo` (no ARP answers, no gratuitous ARP).
     pub on_lo: BTreeSet<IpAddr>,
+    /// Those of `held` that every live eligible node holds (`distribution: all`):
+    /// their owner is only the one the status names; no node takes them over
+    /// from another.
+    pub everywhere: BTreeSet<IpAddr>,
 }
 
-/// The owner of each pool's VIPs among its live eligible nodes, and what `me` holds.
+/// The owner of each pool's VIPs among its live eligible nodes, and what `me`
+/// holds: the VIPs it owns, and every VIP of a `distribution: all` pool it is a
+/// live eligible node of.
 pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership {
     let mut d = Ownership::default();
     for pool in &world.pools {
         let eligible: Vec<String> = world.eligible(pool).into_iter().filter(|n| live.contains(&n.name)).map(|n| n.name.clone()).collect();
+        let everywhere = pool.distribution == Distribution::All && eligible.iter().any(|n| n == me);
         for (vip, owner) in crate::ha::ownership::assign(&pool.addresses, &eligible) {
-            if owner == me {
+            if owner == me || everywhere {
                 d.held.insert(vip);
-                if pool.announce == crate::model::AnnounceMode::Lo {
+                if pool.announce == AnnounceMode::Lo {
                     d.on_lo.insert(vip);
+                }
+                if everywhere {
+                    d.everywhere.insert(vip);
                 }
             }
             d.owners.insert(vip, owner);

@@ -9,7 +9,7 @@ use serde::Deserialize;
 pub use crate::spec::{FieldError, MAX_POOL_ADDRESSES};
 use crate::{
     maglev,
-    model::{Announce, AnnounceMode, Failover, Garp, NoHealthyBackend, Node, Pool, Protocol, Selector, Service, World},
+    model::{Announce, AnnounceMode, Distribution, Failover, Garp, NoHealthyBackend, Node, Pool, Protocol, Selector, Service, World},
     spec::{self, gratuitous_arp, health_check, invalid, pool_addresses, AddrEntry, GratuitousArpSpec, HealthCheckSpec, Mac},
 };
 
@@ -103,6 +103,8 @@ struct FilePool {
     node_selector: Selector,
     #[serde(default)]
     announce: AnnounceMode,
+    #[serde(default)]
+    distribution: Distribution,
     #[serde(default)]
     gratuitous_arp: Option<GratuitousArpSpec>,
     #[serde(default)]
@@ -238,12 +240,14 @@ fn validate(f: File) -> Result<World, FieldError> {
         let garp = fp.gratuitous_arp.map(|g| g.check(&format!("{p}.gratuitousArp"))).transpose()?;
         spec::interface_names(&format!("{p}.interfaces"), &fp.interfaces)?;
         spec::vlan_id(&format!("{p}.vlan"), fp.vlan)?;
+        spec::distribution(&format!("{p}.distribution"), fp.distribution, fp.announce)?;
         pools.push(Pool {
             name: fp.name,
             addresses: set.iter().collect(),
             node_selector: fp.node_selector,
             tolerations: Vec::new(),
             announce: fp.announce,
+            distribution: fp.distribution,
             garp,
             interfaces: fp.interfaces,
             vlan: fp.vlan,

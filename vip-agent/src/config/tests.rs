@@ -259,6 +259,16 @@ fn pool_announce_mode_and_gratuitous_arp() {
     let g = w.garp(vip);
     assert_eq!((g.count, g.interval, g.refresh), (5, Duration::from_millis(20), Duration::from_secs(30)), "unset keys default");
     assert_eq!(w.announce_mode("198.18.9.9".parse::<Ipv4Addr>().unwrap()), crate::model::AnnounceMode::Arp, "outside every pool");
+    assert_eq!(w.pools[0].distribution, crate::model::Distribution::One, "one holder per VIP by default");
+    let all = GOOD.replacen("    nodeSelector: {role: lb}", "    nodeSelector: {role: lb}\n    announce: lo\n    distribution: all", 1);
+    assert_eq!(parse(&all).unwrap().pools[0].distribution, crate::model::Distribution::All);
+    rejects(
+        "    nodeSelector: {role: lb}",
+        "    nodeSelector: {role: lb}\n    distribution: all",
+        "pools[0].distribution",
+        "distribution: all",
+        "`all` needs `announce: lo`",
+    );
 }
 
 #[test]

@@ -100,6 +100,22 @@ pub async fn remove_ours(h: &Handle, lo: u32) -> Result<Vec<IpAddr>> {
     Ok(removed)
 }
 
+/// Removes those of `vips` that are ours from `lo`, through a netlink socket of
+/// its own (an agent that stops withdraws the VIPs its peers took, so that its
+/// routing daemon stops announcing them before the process ends); returns them.
+pub async fn withdraw(vips: &BTreeSet<IpAddr>) -> Result<Vec<IpAddr>> {
+    let lo = crate::dataplane::iface_info("lo").map(|(i, _)| i)?;
+    let (conn, h, _) = rtnetlink::new_connection().context("netlink socket")?;
+    tokio::spawn(conn);
+    let (_, ours) = addresses(&h, lo).await?;
+    let mut removed = Vec::new();
+    for (vip, msg) in ours.into_iter().filter(|(v, _)| vips.contains(v)) {
+        h.address().del(msg).execute().await.with_context(|| format!("removing {vip} from lo"))?;
+        removed.push(vip);
+    }
+    Ok(removed)
+}
+
 /// Keeps `lo` equal to the latest `want` (also re-checked every few seconds, in
 /// case an address was removed by hand). With `want` empty from the start and
 /// nothing of ours on `lo`, it does nothing.

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     addrs::AddrSet,
     maglev,
-    model::{AnnounceMode, Garp, HealthCheck, NoHealthyBackend},
+    model::{AnnounceMode, Distribution, Garp, HealthCheck, NoHealthyBackend},
     spec::{self, AddrEntry, FieldError, GratuitousArpSpec, HealthCheckSpec},
 };
 
@@ -75,6 +75,13 @@ pub struct VipPoolSpec {
     /// the owner's loopback, for a routing daemon (BGP/ECMP) to announce.
     #[serde(default)]
     pub announce: AnnounceMode,
+    /// `one` (the default): each VIP is held by one eligible node, spread evenly,
+    /// moved when it dies. `all` (with `announce: lo` only): every live eligible
+    /// node holds every VIP on its loopback, so that each node's routing daemon
+    /// announces it and the routers spread it by ECMP; the nodes share rings, so a
+    /// flow a router moves to another node keeps its backend.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub distribution: Distribution,
     /// Maglev table size of this pool's services: a prime from 251 to 131071
     /// (default 16381). The API server refuses a number outside that range; one
     /// within it that is not a prime, the agent (the pool's `Ready` turns False
@@ -245,6 +252,7 @@ pub struct ValidPool {
     pub table_size: u32,
     pub health: Option<HealthCheck>,
     pub announce: AnnounceMode,
+    pub distribution: Distribution,
     pub garp: Option<Garp>,
     pub interfaces: Vec<String>,
     pub vlan: Option<u16>,
@@ -295,7 +303,17 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldE
         return Err(FieldError::new("spec.interfaces", format!("lists {} interfaces: at most {MAX_POOL_INTERFACES}", spec.interfaces.len())));
     }
     spec::vlan_id("spec.vlan", spec.vlan)?;
-    Ok(ValidPool { addresses, table_size, health, announce: spec.announce, garp, interfaces: spec.interfaces.clone(), vlan: spec.vlan })
+    spec::distribution("spec.distribution", spec.distribution, spec.announce)?;
+    Ok(ValidPool {
+        addresses,
+        table_size,
+        health,
+        announce: spec.announce,
+        distribution: spec.distribution,
+        garp,
+        interfaces: spec.interfaces.clone(),
+        vlan: spec.vlan,
+    })
 }
 
 /// The VipPool CRD: kube's, with a schema the API server takes without warnings.

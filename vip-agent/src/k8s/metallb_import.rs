@@ -199,7 +199,7 @@ pub fn import(objects: &[Value]) -> Import {
         }
         if !bgp_only.is_empty() {
             msg.push_str(&format!(
-                "; {}: `announce: lo` (the node holding a VIP adds it to lo, for a routing daemon there to announce; one node holds each VIP)",
+                "; {}: `announce: lo`, `distribution: all` (every eligible node adds the VIPs to lo, for a routing daemon there to announce them, as MetalLB's speakers did)",
                 names(&bgp_only)
             ));
         }

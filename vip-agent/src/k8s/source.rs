@@ -272,6 +272,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
             node_selector: p.spec.node_selector.clone(),
             tolerations,
             announce: v.announce,
+            distribution: v.distribution,
             garp: v.garp,
             interfaces: v.interfaces.clone(),
             vlan: v.vlan,

@@ -47,6 +47,7 @@ fn pool(name: &str, first: &str, interfaces: &[&str], role: &str) -> Pool {
         node_selector: Selector::from([("role".to_owned(), role.to_owned())]),
         tolerations: Vec::new(),
         announce: AnnounceMode::Arp,
+        distribution: Default::default(),
         garp: None,
         interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
         vlan: None,

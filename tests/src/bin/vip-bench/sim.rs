@@ -135,6 +135,7 @@ fn world(shape: Shape) -> World {
         node_selector: BTreeMap::new(),
         tolerations: Vec::new(),
         announce: AnnounceMode::default(),
+        distribution: Default::default(),
         garp: None,
         interfaces: Vec::new(),
         vlan: None,

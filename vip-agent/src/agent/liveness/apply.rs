@@ -52,7 +52,9 @@ impl Liveness {
         });
         for vip in &p.take {
             let (announce, ifindex) = p.want[vip];
-            let prev = self.owners.get(vip).or_else(|| without_me.as_ref()?.get(vip)).cloned();
+            // A VIP every node holds has no previous holder: a flow that reaches
+            // this node first was balanced by whichever node the router chose.
+            let prev = self.owners.get(vip).or_else(|| without_me.as_ref()?.get(vip)).filter(|_| !p.ownership.everywhere.contains(vip)).cloned();
             self.hand_off(*vip, ifindex, prev, None);
             if let Err(e) = self.s.held.hold(ifindex, *vip, deadline, announce) {
                 error!(%vip, "holding VIP: {e:#}");

@@ -13,11 +13,16 @@ use super::{replace_if_changed, Liveness};
 use crate::{
     agent::desired::ownership,
     ha::{garp::Order, heartbeat},
+    model::AnnounceMode,
 };
 
 /// How long a stopping agent waits for its leaving heartbeats to be sent before
 /// it releases the VIPs its peers take ([`Liveness::leave`]): 3 datagrams 1 ms apart.
 const LEAVE_SEND_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a stopping agent waits for the kernel to take the VIPs its peers
+/// took off `lo` (a few netlink round trips).
+const LEAVE_LO_WAIT: Duration = Duration::from_millis(200);
 
 impl Liveness {
     /// The agent stops: once its leaving heartbeats are out (peers take its VIPs
@@ -46,6 +51,16 @@ impl Liveness {
             match self.s.held.release(*ifindex, *vip) {
                 Ok(()) => info!(%vip, ifindex, new_holder = %taken[vip], "released VIP on leaving (its pinned flows keep being forwarded)"),
                 Err(e) => error!(%vip, "releasing VIP on leaving: {e:#}"),
+            }
+        }
+        // Off `lo` too: the routing daemon withdraws them, and routers send their
+        // flows to the nodes that took them while this data path still forwards.
+        let on_lo: BTreeSet<IpAddr> = released.iter().map(|(v, _)| *v).filter(|v| self.world.announce_mode(*v) == AnnounceMode::Lo).collect();
+        if !on_lo.is_empty() {
+            match tokio::time::timeout(LEAVE_LO_WAIT, crate::ha::loopback::withdraw(&on_lo)).await {
+                Ok(Ok(gone)) => info!(vips = gone.len(), "VIPs taken by peers removed from lo"),
+                Ok(Err(e)) => error!("removing the VIPs peers took from lo: {e:#}"),
+                Err(_) => error!("removing the VIPs peers took from lo: no answer within {LEAVE_LO_WAIT:?}"),
             }
         }
     }

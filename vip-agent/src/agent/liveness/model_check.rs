@@ -92,6 +92,7 @@ fn world(m: &Model) -> World {
             node_selector: BTreeMap::new(),
             tolerations: vec![],
             announce: AnnounceMode::Arp,
+            distribution: Default::default(),
             garp: None,
             interfaces: vec![],
             vlan: None,

@@ -98,7 +98,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::model::{AnnounceMode, Node, Pool};
+    use crate::model::{AnnounceMode, Distribution, Node, Pool};
 
     fn node(name: &str, i: u8) -> Node {
         Node { name: name.into(), addr: Ipv4Addr::new(198, 18, 0, 10 + i).into(), mac: None, labels: BTreeMap::new(), taints: vec![] }
@@ -111,6 +111,7 @@ mod tests {
             node_selector: BTreeMap::new(),
             tolerations: vec![],
             announce,
+            distribution: Distribution::One,
             garp: None,
             interfaces: vec![],
             vlan: None,
@@ -135,7 +136,11 @@ mod tests {
         assert_eq!(applied(held, &p), p.want, "applying the plan to {held:?} gives what it wants");
         assert!(p.take.iter().all(|v| p.announce.contains(v)), "every VIP taken is announced");
         assert!(p.cancel.iter().all(|v| !p.want.contains_key(v)), "a VIP still held is not cancelled");
-        assert!(p.want.keys().all(|v| p.ownership.owners.get(v).map(String::as_str) == Some(me)), "only owned VIPs are held");
+        assert!(
+            p.want.keys().all(|v| p.ownership.owners.get(v).map(String::as_str) == Some(me) || p.ownership.everywhere.contains(v)),
+            "only owned VIPs, and those every node holds, are held"
+        );
+        assert!(p.ownership.everywhere.is_subset(&p.ownership.on_lo), "only VIPs on lo are held everywhere");
         p
     }
 
@@ -197,6 +202,37 @@ mod tests {
         let arp = checked(&w, "a", &set(&["a"]), everywhere, &lo.want, false);
         assert_eq!(arp.take.len(), 1, "the entry is written again with its new announcement");
         assert!(arp.release.is_empty() && arp.cancel.is_empty());
+    }
+
+    #[test]
+    fn a_distribution_all_pool_is_held_on_lo_by_every_live_eligible_node_and_released_by_the_dead() {
+        let mut w = world(&["a", "b", "c"], vec![pool("p", 1, 4, AnnounceMode::Lo), pool("one", 20, 4, AnnounceMode::Lo)]);
+        w.pools[0].distribution = Distribution::All;
+        // c is not eligible for "p": it holds none of its VIPs.
+        w.pools[0].node_selector = [("ecmp".to_owned(), "yes".to_owned())].into();
+        for n in &mut w.nodes[..2] {
+            n.labels.insert("ecmp".into(), "yes".into());
+        }
+        let spread: BTreeSet<IpAddr> = w.pools[0].addresses.iter().copied().collect();
+        let all = set(&["a", "b", "c"]);
+        let [a, b, c] = ["a", "b", "c"].map(|me| checked(&w, me, &all, everywhere, &Held::new(), false));
+        for p in [&a, &b] {
+            assert!(p.want.keys().copied().collect::<BTreeSet<_>>().is_superset(&spread), "every eligible node holds every VIP of the pool");
+            assert_eq!(p.ownership.everywhere, spread);
+            assert!(spread.iter().all(|v| p.want[v].0 == HeldMode::Lo));
+        }
+        assert!(c.want.keys().all(|v| !spread.contains(v)) && c.ownership.everywhere.is_empty(), "an ineligible node holds none");
+        // The other pool keeps one holder per VIP.
+        let one: BTreeSet<IpAddr> = w.pools[1].addresses.iter().copied().collect();
+        let holders = |v: &IpAddr| [&a, &b, &c].iter().filter(|p| p.want.contains_key(v)).count();
+        assert!(one.iter().all(|v| holders(v) == 1), "distribution: one stays one holder per VIP");
+        // Every node names the same owner for status, an eligible one.
+        assert!(spread.iter().all(|v| a.ownership.owners[v] == b.ownership.owners[v] && ["a", "b"].contains(&a.ownership.owners[v].as_str())));
+        // b dies: a still holds every VIP (nothing to take over), b's own plan releases them.
+        let without_b = checked(&w, "a", &set(&["a", "c"]), everywhere, &a.want, false);
+        assert!(spread.iter().all(|v| without_b.want.contains_key(v) && !without_b.take.contains(v)), "the VIPs stay held, not taken again");
+        let b_cut_off = checked(&w, "b", &BTreeSet::new(), everywhere, &b.want, false);
+        assert!(spread.is_subset(&b_cut_off.cancel), "a node that is not live holds none");
     }
 
     #[test]

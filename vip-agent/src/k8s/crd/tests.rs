@@ -15,8 +15,11 @@ fn valid_spec_fills_the_pool() {
     assert_eq!(v.table_size, 251);
     assert_eq!(v.health.unwrap().probe, crate::model::Probe::Tcp { port: 443 });
     assert!(v.interfaces.is_empty(), "no interfaces: chosen by address");
+    assert_eq!(v.distribution, Distribution::One, "one holder per VIP by default");
     let v = validate(&spec("addresses: [198.18.1.10]\ninterfaces: [eth1, ens4.100]\n"), 80).unwrap();
     assert_eq!(v.interfaces, ["eth1", "ens4.100"]);
+    let v = validate(&spec("addresses: [198.18.1.10]\nannounce: lo\ndistribution: all\n"), 80).unwrap();
+    assert_eq!((v.announce, v.distribution), (AnnounceMode::Lo, Distribution::All));
 }
 
 /// deploy/examples/pool.yaml shows `interfaces` commented out: valid once uncommented.
@@ -90,6 +93,7 @@ fn bad_specs_name_the_field() {
         // 8 characters, 16 bytes: within the schema's maxLength (characters), over the kernel's limit (bytes).
         ("addresses: [198.18.1.10]\ninterfaces: [éééééééé]\n", "spec.interfaces[0]", "1 to 15 bytes"),
         ("addresses: [198.18.1.10]\ninterfaces: [\"eth0:1\"]\n", "spec.interfaces[0]", "it contains ':'"),
+        ("addresses: [198.18.1.10]\ndistribution: all\n", "spec.distribution", "`all` needs `announce: lo`"),
     ];
     for (y, path, msg) in cases {
         let FieldError { path: p, message: m } = validate(&spec(y), 80).unwrap_err();

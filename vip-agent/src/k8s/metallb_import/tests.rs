@@ -10,7 +10,7 @@ use crate::{
         allocate::label_selector_matches,
         crd::{validate, VipPoolSpec},
     },
-    model::AnnounceMode,
+    model::{AnnounceMode, Distribution},
 };
 
 fn run(yaml: &str) -> Import {
@@ -343,7 +343,9 @@ metadata: {name: config, namespace: metallb-system}
 "));
     assert_eq!(pool(&i, "first-pool").announce, AnnounceMode::Arp, "L2 and BGP: answered over ARP");
     assert_eq!(pool(&i, "second-pool").announce, AnnounceMode::Lo, "BGP only: for a routing daemon");
+    assert_eq!(pool(&i, "second-pool").distribution, Distribution::All, "BGP only: from every node, as MetalLB's speakers announce it");
     assert_eq!(pool(&i, "third-pool").announce, AnnounceMode::Lo, "announced by nothing");
+    assert_eq!(pool(&i, "first-pool").distribution, Distribution::One, "answered over ARP: one node per VIP");
     let bgp = warned(&i, "BGPAdvertisement metallb-system/bgp", "");
     assert!(
         bgp.len() == 1

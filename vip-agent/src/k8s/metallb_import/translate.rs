@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     k8s::crd::{validate, VipPool, VipPoolSpec},
-    model::AnnounceMode,
+    model::{AnnounceMode, Distribution},
     spec,
 };
 
@@ -44,6 +44,7 @@ pub(super) fn vip_pool(p: &Pool, adverts: &[Advert], warnings: &mut Vec<Warning>
         node_selector: BTreeMap::new(),
         tolerations: Vec::new(),
         announce: AnnounceMode::Arp,
+        distribution: Distribution::One,
         table_size: None,
         health_check: None,
         no_healthy_backend: Default::default(),
@@ -88,7 +89,9 @@ pub(super) fn vip_pool(p: &Pool, adverts: &[Advert], warnings: &mut Vec<Warning>
     let announcers = match (l2.is_empty(), bgp.is_empty()) {
         (false, _) => l2,
         (true, false) => {
+            // MetalLB's BGP mode announces from every selected node (ECMP).
             spec.announce = AnnounceMode::Lo;
+            spec.distribution = Distribution::All;
             bgp
         }
         (true, true) => {
