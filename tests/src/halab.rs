@@ -87,6 +87,11 @@ pub struct HaSpec {
     /// The agent binary every node starts with (another release's, for upgrade
     /// tests); None: this build's. A node's can be changed ([`HaNode::agent_bin`]).
     pub agent_bin: Option<PathBuf>,
+    /// The pool is `announce: lo, distribution: all` (every live node holds every
+    /// VIP on its `lo`, for a routing daemon), and the nodes accept the VIPs by
+    /// local routes rather than addresses on `lo`, so that `lo` holds only what
+    /// the agents put there (IPv4 only).
+    pub lo_everywhere: bool,
 }
 
 impl Default for HaSpec {
@@ -117,6 +122,7 @@ impl Default for HaSpec {
             ipv6: false,
             agent_bin: None,
             ipv6_only: false,
+            lo_everywhere: false,
         }
     }
 }
@@ -181,7 +187,8 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     if s.ipv6 && s.vips > 0 {
         ranges.push(format!("'{}-{}'", vip6(0), vip6(s.vips - 1)));
     }
-    y += &format!("pools:\n  - name: lab\n    addresses: [{}]\n    nodeSelector: {{lab: \"yes\"}}\nservices:\n", ranges.join(", "));
+    let announce = if s.lo_everywhere { "\n    announce: lo\n    distribution: all" } else { "" };
+    y += &format!("pools:\n  - name: lab\n    addresses: [{}]\n    nodeSelector: {{lab: \"yes\"}}{announce}\nservices:\n", ranges.join(", "));
     let ports: Vec<String> = s.ports.iter().map(u16::to_string).collect();
     let table = s.table_size.map(|t| format!(", tableSize: {t}")).unwrap_or_default();
     let check = if s.health_check {
@@ -278,7 +285,13 @@ impl LongConn {
     /// Connects from the client namespace (the socket stays in it) from `sport`.
     pub fn open(client: &NetNs, vip: impl Into<IpAddr>, sport: u16, timeout: Duration) -> Result<Self> {
         let vip = vip.into();
-        let s = client.run(move || connect_from(sport, vip, timeout))??;
+        Self::open_from(client, client_addr(vip), vip, sport, timeout)
+    }
+
+    /// [`Self::open`] from address `from` of `client` (a client behind a router).
+    pub fn open_from(client: &NetNs, from: IpAddr, vip: impl Into<IpAddr>, sport: u16, timeout: Duration) -> Result<Self> {
+        let vip = vip.into();
+        let s = client.run(move || connect_from(from, sport, vip, timeout))??;
         s.set_read_timeout(Some(Duration::from_secs(3)))?;
         let mut r = BufReader::new(s.try_clone()?);
         let backend = hello(&s, &mut r)?;
@@ -298,11 +311,16 @@ impl LongConn {
     }
 }
 
-fn connect_from(sport: u16, vip: IpAddr, timeout: Duration) -> Result<TcpStream> {
-    let (domain, from): (_, IpAddr) = match vip {
-        IpAddr::V4(_) => (socket2::Domain::IPV4, CLIENT.into()),
-        IpAddr::V6(_) => (socket2::Domain::IPV6, CLIENT6.into()),
-    };
+/// The lab client's address of `vip`'s family.
+fn client_addr(vip: IpAddr) -> IpAddr {
+    match vip {
+        IpAddr::V4(_) => CLIENT.into(),
+        IpAddr::V6(_) => CLIENT6.into(),
+    }
+}
+
+fn connect_from(from: IpAddr, sport: u16, vip: IpAddr, timeout: Duration) -> Result<TcpStream> {
+    let domain = if vip.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
     let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
     s.set_reuse_address(true)?;
     s.bind(&SocketAddr::from((from, sport)).into())?;
@@ -313,7 +331,12 @@ fn connect_from(sport: u16, vip: IpAddr, timeout: Duration) -> Result<TcpStream>
 /// One short connection: the name of the backend that answered.
 pub fn ask(client: &NetNs, vip: impl Into<IpAddr>, sport: u16, timeout: Duration) -> Result<String> {
     let vip = vip.into();
-    let s = client.run(move || connect_from(sport, vip, timeout))??;
+    ask_from(client, client_addr(vip), vip, sport, timeout)
+}
+
+/// [`ask`] from address `from` of `client` (a client behind a router).
+pub fn ask_from(client: &NetNs, from: IpAddr, vip: IpAddr, sport: u16, timeout: Duration) -> Result<String> {
+    let s = client.run(move || connect_from(from, sport, vip, timeout))??;
     s.set_read_timeout(Some(timeout.max(Duration::from_millis(500))))?;
     let mut r = BufReader::new(s.try_clone()?);
     hello(&s, &mut r)
@@ -507,6 +530,13 @@ impl HaLab {
             }
             if !v4 {
                 // IPv6-only: no IPv4 VIP to accept.
+            } else if spec.lo_everywhere {
+                // Accepted by local routes: `lo` holds only the agent's VIPs, which
+                // the node's routing daemon announces.
+                anyhow::ensure!(!spec.ipv6, "HaSpec: lo_everywhere is IPv4 only");
+                for net in vip_nets(spec.vips) {
+                    ns.ip(&["route", "replace", "local", &net, "dev", "lo"])?;
+                }
             } else if spec.vips <= VIPS_PER_NET {
                 for k in 0..spec.vips {
                     accept_vip(&ns, vip(k))?;
@@ -767,7 +797,8 @@ impl HaLab {
     }
 
     /// Waits until the nodes in `up` agree on owners, each VIP is owned by one of
-    /// them and held by exactly its owner; returns the owners.
+    /// them and held by exactly its owner (by all of them with
+    /// [`HaSpec::lo_everywhere`]); returns the owners.
     pub fn wait_converged(&self, up: &[usize], limit: Duration) -> Result<BTreeMap<Ipv4Addr, String>> {
         self.wait_converged_on(up, self.spec.vips, limit)
     }
@@ -786,7 +817,9 @@ impl HaLab {
                 return None;
             }
             for (&i, st) in up.iter().zip(&statuses) {
-                let mut want: Vec<Ipv4Addr> = first.iter().filter(|(_, o)| **o == self.nodes[i].name).map(|(v, _)| *v).collect();
+                // `lo_everywhere`: every node holds every VIP.
+                let mine = |o: &String| self.spec.lo_everywhere || *o == self.nodes[i].name;
+                let mut want: Vec<Ipv4Addr> = first.iter().filter(|(_, o)| mine(o)).map(|(v, _)| *v).collect();
                 want.sort();
                 if held4(st) != want {
                     return None;

@@ -15,5 +15,6 @@ pub mod load;
 pub mod mapmem;
 pub mod monitoring;
 pub mod netns;
+pub mod routed;
 pub mod tap;
 pub mod vipcluster;

@@ -61,12 +61,16 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     // package ships promtool without the Prometheus server, so the server comes too
     // and is kept from running ([`DAEMONS`]).
     ("promtool", "prometheus"),
+    // Routed networks (tests/src/routed.rs): the upstream router (FRR's zebra and
+    // bgpd) and the nodes' own BGP speaker (BIRD, as Calico runs it).
+    ("/usr/lib/frr/bgpd", "frr"),
+    ("bird", "bird2"),
 ];
 
 /// Packages whose installation would start a daemon (Debian starts a package's
 /// service when it is installed) that nothing here uses, and the service's name:
 /// none is left running or enabled on the build host.
-const DAEMONS: &[(&str, &str)] = &[("containerd", "containerd"), ("prometheus", "prometheus")];
+const DAEMONS: &[(&str, &str)] = &[("containerd", "containerd"), ("prometheus", "prometheus"), ("frr", "frr"), ("bird2", "bird")];
 
 /// The pins of `toolchains.toml` at the workspace root.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,308 @@
+//! Routed networks in the lab: an upstream router in a namespace of its own on
+//! the lab's segment (FRR's zebra and bgpd, with `fib_multipath_hash_policy=1`
+//! so that ECMP spreads flows by port), a client behind it on a network of
+//! their own, and a BGP speaker on each node: BIRD exporting the VIPs on `lo`,
+//! as Calico's BIRD exports a node's external IPs in the seed's ECMP set-up.
+//!
+//! Everything lives in namespaces the lab made, on 198.18.0.0/15; the daemons
+//! are children of the test, killed on Drop.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    agent::wait_for,
+    halab::{HaLab, HaNode},
+    netns::{veth, NetNs},
+};
+
+/// The router's address on the lab's segment: the nodes' BGP peer.
+pub const ROUTER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// The network between the router and the far client.
+pub const FAR_NET: &str = "198.19.200.0/24";
+const FAR_ROUTER: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 1);
+/// The client behind the router: its traffic to a VIP crosses the router's ECMP.
+pub const FAR_CLIENT: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 2);
+pub const ROUTER_AS: u32 = 64512;
+/// Every node's AS (one AS for all nodes: the router's multipath needs equal AS paths).
+pub const NODE_AS: u32 = 64513;
+/// BGP keepalive and hold times (s) on both sides: short, so that a dead node's
+/// routes go within a few seconds without BFD.
+pub const KEEPALIVE_S: u32 = 1;
+pub const HOLD_S: u32 = 3;
+
+const FRR: &str = "/usr/lib/frr";
+
+/// The upstream router (FRR) and the client behind it.
+pub struct Router {
+    // Drop order: the daemons first, then the namespaces.
+    daemons: Vec<(&'static str, Child)>,
+    pub client: NetNs,
+    pub ns: NetNs,
+    pub dir: PathBuf,
+    pub mac: [u8; 6],
+}
+
+impl Router {
+    /// Plugs a router into `lab`'s segment, a client behind it, and starts FRR's
+    /// zebra and bgpd there, accepting BGP sessions from every address of the
+    /// segment (AS [`NODE_AS`]) and installing up to 16 equal paths. The nodes
+    /// get a route to [`FAR_NET`] through it (their answers go straight back to
+    /// the client: direct server return).
+    pub fn start(lab: &HaLab) -> Result<Self> {
+        let ns = lab.seg.plug(NetNs::new("vrt")?, &format!("{ROUTER}/24"))?;
+        let client = NetNs::new("vrc")?;
+        veth(&ns, "eth1", &client, "eth0")?;
+        ns.ip(&["addr", "add", &format!("{FAR_ROUTER}/24"), "dev", "eth1"])?;
+        client.ip(&["addr", "add", &format!("{FAR_CLIENT}/24"), "dev", "eth0"])?;
+        client.ip(&["route", "add", "default", "via", &FAR_ROUTER.to_string()])?;
+        ns.sysctl("net.ipv4.ip_forward", "1")?;
+        // Layer 4 hashing: flows of one client spread over the next hops by port.
+        ns.sysctl("net.ipv4.fib_multipath_hash_policy", "1")?;
+        for n in &lab.nodes {
+            n.ns.ip(&["route", "add", FAR_NET, "via", &ROUTER.to_string()])?;
+        }
+        let dir = lab.dir.join("router");
+        std::fs::create_dir_all(&dir)?;
+        let mac = ns.mac("eth0")?;
+        let mut r = Self { daemons: Vec::new(), client, ns, dir, mac };
+        r.start_frr()?;
+        Ok(r)
+    }
+
+    fn start_frr(&mut self) -> Result<()> {
+        let d = self.dir.clone();
+        std::fs::write(d.join("zebra.conf"), "hostname router\n")?;
+        std::fs::write(
+            d.join("bgpd.conf"),
+            format!(
+                "hostname router\n\
+                 router bgp {ROUTER_AS}\n \
+                 bgp router-id {ROUTER}\n \
+                 no bgp ebgp-requires-policy\n \
+                 no bgp default ipv4-unicast\n \
+                 timers bgp {KEEPALIVE_S} {HOLD_S}\n \
+                 neighbor nodes peer-group\n \
+                 neighbor nodes remote-as {NODE_AS}\n \
+                 neighbor nodes timers {KEEPALIVE_S} {HOLD_S}\n \
+                 neighbor nodes advertisement-interval 0\n \
+                 bgp listen range 198.18.0.0/24 peer-group nodes\n \
+                 address-family ipv4 unicast\n  \
+                 neighbor nodes activate\n  \
+                 maximum-paths 16\n \
+                 exit-address-family\n"
+            ),
+        )?;
+        // The daemons drop to user frr (zebra has no way to stay root): the
+        // directory is theirs.
+        crate::netns::sh(&["chown", "-R", "frr:frr", path(&d)?]).context("chown to FRR's user (is the frr package installed? `cargo xtask setup --tests`)")?;
+        let zsock = d.join("zserv.api");
+        for daemon in ["zebra", "bgpd"] {
+            let file = |ext: &str| d.join(format!("{daemon}.{ext}")).display().to_string();
+            // Sockets and the vty in the lab's directory (no /run/frr of the
+            // host), no TCP vty; the daemons run as the package's user `frr`.
+            let args = [
+                "-f".into(),
+                file("conf"),
+                "-i".into(),
+                file("pid"),
+                "--log".into(),
+                format!("file:{}", file("log")),
+                "-z".into(),
+                path(&zsock)?.into(),
+                "--vty_socket".into(),
+                path(&d)?.into(),
+                "-P".into(),
+                "0".into(),
+            ];
+            let child = self
+                .ns
+                .cmd(&format!("{FRR}/{daemon}"))
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join(format!("{daemon}.stderr")))?)
+                .spawn()
+                .with_context(|| format!("starting FRR's {daemon} (is the frr package installed? `cargo xtask setup --tests`)"))?;
+            self.daemons.push((daemon, child));
+            // bgpd talks to zebra through its socket, and vtysh to each daemon's.
+            let vty = d.join(format!("{daemon}.vty"));
+            if wait_for(Duration::from_secs(10), || vty.exists().then_some(())).is_none() {
+                bail!("FRR's {daemon} did not open {} within 10 s: {}", vty.display(), self.log_tail(daemon));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tail of a daemon's log and stderr, for an error.
+    fn log_tail(&self, daemon: &str) -> String {
+        [format!("{daemon}.log"), format!("{daemon}.stderr")]
+            .iter()
+            .map(|f| {
+                let t = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+                let lines: Vec<&str> = t.lines().collect();
+                format!("{f}: {}", lines[lines.len().saturating_sub(8)..].join(" | "))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Runs `vtysh -c cmd` against the router's daemons.
+    pub fn vtysh(&self, cmd: &str) -> Result<String> {
+        let o = self.ns.cmd("vtysh").args(["--vty_socket", path(&self.dir)?, "-c", cmd]).output()?;
+        anyhow::ensure!(o.status.success(), "vtysh -c {cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(String::from_utf8(o.stdout)?)
+    }
+
+    /// The next hops bgpd selected and zebra installed for `vip`/32, from the
+    /// router's RIB (`show ip route VIP/32 json`: active and in the FIB).
+    pub fn rib_next_hops(&self, vip: Ipv4Addr) -> Result<BTreeSet<Ipv4Addr>> {
+        let prefix = format!("{vip}/32");
+        let text = self.vtysh(&format!("show ip route {prefix} json"))?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("vtysh's route JSON: {text}"))?;
+        let mut hops = BTreeSet::new();
+        for route in v[&prefix].as_array().into_iter().flatten().filter(|r| r["protocol"] == "bgp" && r["selected"] == true) {
+            for nh in route["nexthops"].as_array().into_iter().flatten().filter(|n| n["active"] == true && n["fib"] == true) {
+                hops.insert(nh["ip"].as_str().context("next hop without ip")?.parse()?);
+            }
+        }
+        Ok(hops)
+    }
+
+    /// The next hops of the kernel's route to `vip` in the router's namespace
+    /// (`ip -j route show VIP`): what forwarding uses.
+    pub fn fib_next_hops(&self, vip: Ipv4Addr) -> Result<BTreeSet<Ipv4Addr>> {
+        let o = self.ns.ip(&["-j", "route", "show", &vip.to_string()])?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        let mut hops = BTreeSet::new();
+        for route in v.as_array().into_iter().flatten() {
+            let one = route.get("gateway").map(|g| vec![g]);
+            let many = route["nexthops"].as_array().map(|n| n.iter().map(|h| &h["gateway"]).collect());
+            for g in one.or(many).unwrap_or_default() {
+                hops.insert(g.as_str().context("next hop without gateway")?.parse()?);
+            }
+        }
+        Ok(hops)
+    }
+
+    /// Waits until both the RIB and the FIB have exactly `want` as `vip`'s next
+    /// hops; how long that took.
+    pub fn wait_next_hops(&self, vip: Ipv4Addr, want: &BTreeSet<Ipv4Addr>, limit: Duration) -> Result<Duration> {
+        let t = std::time::Instant::now();
+        let reached = wait_for(limit, || {
+            (self.rib_next_hops(vip).ok()? == *want && self.fib_next_hops(vip).ok()? == *want).then_some(())
+        });
+        if reached.is_none() {
+            bail!(
+                "the router's next hops for {vip}: RIB {:?}, FIB {:?}, want {want:?} (after {limit:?}); bgp: {}",
+                self.rib_next_hops(vip).ok(),
+                self.fib_next_hops(vip).ok(),
+                self.vtysh("show bgp summary").unwrap_or_default()
+            );
+        }
+        Ok(t.elapsed())
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.daemons {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// BIRD on a node, peering with the [`ROUTER`] and exporting the VIPs on its
+/// `lo` (host routes in `vip_nets`, the way the seed's Calico filter exports
+/// `lo`'s external IPs); killed on Drop.
+pub struct Speaker {
+    child: Child,
+    pub ctl: PathBuf,
+}
+
+impl Speaker {
+    pub fn start(node: &HaNode, dir: &Path, vip_nets: &[String]) -> Result<Self> {
+        let dir = dir.join(format!("bird-{}", node.name));
+        std::fs::create_dir_all(&dir)?;
+        let conf = dir.join("bird.conf");
+        let nets: Vec<String> = vip_nets.iter().map(|n| format!("{n}{{32,32}}")).collect();
+        std::fs::write(
+            &conf,
+            format!(
+                "router id {addr};\n\
+                 protocol device {{ scan time 1; }}\n\
+                 protocol direct lo_vips {{ ipv4; interface \"lo\"; }}\n\
+                 protocol bgp upstream {{\n  \
+                   local {addr} as {NODE_AS};\n  \
+                   neighbor {ROUTER} as {ROUTER_AS};\n  \
+                   hold time {HOLD_S};\n  keepalive time {KEEPALIVE_S};\n  \
+                   connect delay time 1;\n  connect retry time 1;\n  \
+                   ipv4 {{ import none; export where source = RTS_DEVICE && net ~ [ {} ]; }};\n\
+                 }}\n",
+                nets.join(", "),
+                addr = node.addr,
+            ),
+        )?;
+        let ctl = dir.join("bird.ctl");
+        let child = node
+            .ns
+            .cmd("bird")
+            .args(["-f", "-c", path(&conf)?, "-s", path(&ctl)?, "-P", path(&dir.join("bird.pid"))?])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("bird.stderr"))?)
+            .spawn()
+            .context("starting BIRD (is the bird2 package installed? `cargo xtask setup --tests`)")?;
+        Ok(Self { child, ctl })
+    }
+}
+
+impl Drop for Speaker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Counters in the segment's bridge of the frames the router sends each node
+/// for `dst` (an nftables prefix): which nodes the router's ECMP picks.
+pub struct Ingress<'a> {
+    lab: &'a HaLab,
+    table: String,
+}
+
+impl<'a> Ingress<'a> {
+    pub fn count(lab: &'a HaLab, router: &Router, dst: &str) -> Result<Self> {
+        let table = crate::netns::unique("vipecmp").replace('-', "_");
+        let seg = &lab.seg.ns;
+        seg.nft(&["add", "table", "bridge", &table])?;
+        seg.nft(&["add", "chain", "bridge", &table, "toward", "{ type filter hook forward priority 0 ; }"])?;
+        let from = crate::netns::hex_mac(router.mac);
+        for n in &lab.nodes {
+            let to = crate::netns::hex_mac(n.mac);
+            seg.nft(&["add", "rule", "bridge", &table, "toward", "ether", "saddr", &from, "ether", "daddr", &to, "ip", "daddr", dst, "counter"])?;
+        }
+        Ok(Self { lab, table })
+    }
+
+    /// Frames counted per node name since [`Self::count`].
+    pub fn per_node(&self) -> Result<BTreeMap<String, u64>> {
+        let text = self.lab.seg.ns.nft(&["list", "chain", "bridge", &self.table, "toward"])?;
+        let mut out = BTreeMap::new();
+        for n in &self.lab.nodes {
+            let mac = crate::netns::hex_mac(n.mac).to_lowercase();
+            let line = text.lines().find(|l| l.contains(&mac)).with_context(|| format!("no counter for {} in {text}", n.name))?;
+            out.insert(n.name.clone(), crate::netns::nft_packets(line).with_context(|| format!("no packet count in {line}"))?);
+        }
+        Ok(out)
+    }
+}
+
+fn path(p: &Path) -> Result<&str> {
+    p.to_str().context("non-UTF-8 path")
+}
