@@ -8,7 +8,7 @@
 //! are children of the test, killed on Drop.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
     process::{Child, Stdio},
     time::Duration,
@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     agent::wait_for,
-    halab::{HaLab, HaNode},
+    halab::{vip, vip_nets, HaLab, HaNode, HaSpec, LongConn, Naming},
     netns::{veth, NetNs},
 };
 
@@ -194,9 +194,7 @@ impl Router {
     /// hops; how long that took.
     pub fn wait_next_hops(&self, vip: Ipv4Addr, want: &BTreeSet<Ipv4Addr>, limit: Duration) -> Result<Duration> {
         let t = std::time::Instant::now();
-        let reached = wait_for(limit, || {
-            (self.rib_next_hops(vip).ok()? == *want && self.fib_next_hops(vip).ok()? == *want).then_some(())
-        });
+        let reached = wait_for(limit, || (self.rib_next_hops(vip).ok()? == *want && self.fib_next_hops(vip).ok()? == *want).then_some(()));
         if reached.is_none() {
             bail!(
                 "the router's next hops for {vip}: RIB {:?}, FIB {:?}, want {want:?} (after {limit:?}); bgp: {}",
@@ -301,6 +299,164 @@ impl<'a> Ingress<'a> {
         }
         Ok(out)
     }
+}
+
+/// Bound on the router learning a change (BIRD and FRR send and apply updates
+/// at once; the hold timer is not involved).
+pub const ROUTE_WAIT: Duration = Duration::from_secs(15);
+
+/// The HA lab with a [`Router`] and a [`Speaker`] on every node, its pool
+/// `announce: lo, distribution: all` ([`HaSpec::lo_everywhere`]).
+pub struct RoutedLab {
+    // Drop order: speakers and router before the lab's namespaces.
+    pub speakers: Vec<Speaker>,
+    pub router: Router,
+    pub lab: HaLab,
+}
+
+/// Connections broken when a node leaves the ECMP set and when it rejoins,
+/// each as (whose backend is that node, whose backend is another), and how
+/// long the router took to drop it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Churn {
+    pub leave: (usize, usize),
+    pub join: (usize, usize),
+    pub withdrawn: Duration,
+}
+
+impl RoutedLab {
+    /// `vips` VIPs on three nodes; the agents started when `agents`.
+    pub fn start(vips: usize, agents: bool, server_exe: &Path) -> Result<Self> {
+        let spec = HaSpec { vips, lo_everywhere: true, ..Default::default() };
+        let lab = if agents { HaLab::start(spec, Naming::Unique, server_exe)? } else { HaLab::build(spec, Naming::Unique, server_exe)? };
+        let router = Router::start(&lab)?;
+        let nets = vip_nets(vips);
+        let speakers = lab.nodes.iter().map(|n| Speaker::start(n, &lab.dir, &nets)).collect::<Result<_>>()?;
+        Ok(Self { speakers, router, lab })
+    }
+
+    pub fn node_addrs(&self, nodes: &[usize]) -> BTreeSet<Ipv4Addr> {
+        nodes
+            .iter()
+            .filter_map(|i| match self.lab.nodes[*i].addr {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            })
+            .collect()
+    }
+
+    /// Waits for the router to have exactly `nodes` as next hops of the first
+    /// `vips` VIPs; the longest wait.
+    pub fn wait_hops(&self, vips: usize, nodes: &[usize]) -> Result<Duration> {
+        let want = self.node_addrs(nodes);
+        let mut longest = Duration::ZERO;
+        for k in 0..vips {
+            longest = longest.max(self.router.wait_next_hops(vip(k), &want, ROUTE_WAIT)?);
+        }
+        Ok(longest)
+    }
+
+    /// `n` connections from the far client to `v`, from ports `first..`.
+    pub fn open(&self, v: Ipv4Addr, first: u16, n: u16) -> Result<Vec<LongConn>> {
+        (0..n).map(|i| LongConn::open_from(&self.router.client, FAR_CLIENT.into(), v, first + i, Duration::from_secs(3))).collect()
+    }
+
+    /// The VIPs on node `i`'s `lo` with the agent's label.
+    pub fn on_lo(&self, i: usize) -> Result<BTreeSet<Ipv4Addr>> {
+        let o = self.lab.nodes[i].ns.ip(&["-j", "-4", "addr", "show", "dev", "lo"])?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        let mut out = BTreeSet::new();
+        for a in v.as_array().into_iter().flatten().flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default()) {
+            if a["label"] == vip_agent::ha::loopback::LABEL {
+                out.insert(a["local"].as_str().context("address without local")?.parse()?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Puts VIP 0 on node `i`'s `lo` by hand (or takes it off), as the agent
+    /// labels it: plain ECMP, without agents.
+    pub fn vip_on_lo(&self, i: usize, on: bool) -> Result<()> {
+        let a = format!("{}/32", vip(0));
+        self.lab.nodes[i].ns.ip(&["addr", if on { "add" } else { "del" }, &a, "dev", "lo", "label", vip_agent::ha::loopback::LABEL])?;
+        Ok(())
+    }
+
+    /// Node-3 leaves the ECMP set of VIP 0 (`set(self, false)`) and rejoins it
+    /// (`set(self, true)`), with `n` connections opened before it leaves and `n`
+    /// more while it is out (those that stayed on their node when it left stay
+    /// there when it rejoins too, which is checked).
+    pub fn leave_and_rejoin(&mut self, first_port: u16, n: u16, set: &mut dyn FnMut(&mut Self, bool) -> Result<()>) -> Result<Churn> {
+        let v = vip(0);
+        self.wait_hops(1, &[0, 1, 2])?;
+        let mut before = self.open(v, first_port, n)?;
+        let served: BTreeSet<&str> = before.iter().map(|c| c.backend.as_str()).collect();
+        anyhow::ensure!(served.len() == 3, "flows reach every backend: {served:?}");
+        set(self, false)?;
+        let withdrawn = self.wait_hops(1, &[0, 1])?;
+        let leave = broken(&mut before, "node-3");
+        let mut during = self.open(v, first_port + n, n)?;
+        set(self, true)?;
+        self.wait_hops(1, &[0, 1, 2])?;
+        let join = broken(&mut during, "node-3");
+        let after_join = broken(&mut before, "node-3");
+        anyhow::ensure!(after_join == (0, 0), "{after_join:?} connections that stayed on their node when node-3 left broke when it rejoined");
+        Ok(Churn { leave, join, withdrawn })
+    }
+
+    /// [`Self::leave_and_rejoin`] with plain ECMP: VIP 0 on every node's `lo` by
+    /// hand, each node serving what reaches it (kube-proxy without vip's rings);
+    /// node-3 withdraws it and announces it again. Taken down afterwards.
+    pub fn plain_churn(&mut self, first_port: u16, n: u16) -> Result<Churn> {
+        for i in 0..3 {
+            self.vip_on_lo(i, true)?;
+        }
+        let c = self.leave_and_rejoin(first_port, n, &mut |r, up| r.vip_on_lo(2, up))?;
+        for i in 0..3 {
+            self.vip_on_lo(i, false)?;
+        }
+        self.wait_hops(1, &[])?;
+        Ok(c)
+    }
+
+    /// [`Self::leave_and_rejoin`] with the agents (started here if they are
+    /// not running): node-3's agent stops with SIGTERM (it withdraws the VIP and
+    /// stays a backend, as in a rolling update), then starts again.
+    pub fn agent_churn(&mut self, first_port: u16, n: u16) -> Result<Churn> {
+        for i in 0..3 {
+            if self.lab.nodes[i].agent.is_none() {
+                self.lab.start_agent(i)?;
+            }
+        }
+        self.lab.wait_converged(&[0, 1, 2], Duration::from_secs(10))?;
+        self.lab.wait_rings_full(&[0, 1, 2], Duration::from_secs(10))?;
+        self.leave_and_rejoin(first_port, n, &mut |r, up| {
+            if up {
+                r.lab.start_agent(2)
+            } else {
+                r.lab.stop_agent(2, libc::SIGTERM);
+                Ok(())
+            }
+        })
+    }
+}
+
+/// Pings every connection; removes and counts those that broke, as (whose
+/// backend is `node`, whose backend is another).
+pub fn broken(conns: &mut Vec<LongConn>, node: &str) -> (usize, usize) {
+    let (mut of_node, mut others) = (0, 0);
+    conns.retain_mut(|c| {
+        let ok = c.ping().is_ok();
+        if !ok {
+            if c.backend == node {
+                of_node += 1;
+            } else {
+                others += 1;
+            }
+        }
+        ok
+    });
+    (of_node, others)
 }
 
 fn path(p: &Path) -> Result<&str> {

@@ -126,7 +126,7 @@ pub fn rust_tool(bin: &str, toolchain: Option<&str>) -> Command {
 /// changes; readiness and addresses per cluster shape) that are the same code in
 /// both modes; ARP and NDP answers, forwarding and failover in native mode are
 /// checked by the binaries here.
-const NATIVE_PASS: [&str; 8] = ["netns_e2e", "agent_e2e", "announce_e2e", "networks_e2e", "ha_e2e", "scale_e2e", "k8s_e2e", "pmtu_e2e"];
+const NATIVE_PASS: [&str; 9] = ["netns_e2e", "agent_e2e", "announce_e2e", "networks_e2e", "ha_e2e", "scale_e2e", "k8s_e2e", "pmtu_e2e", "routed_e2e"];
 
 /// Tests of the [`NATIVE_PASS`] binaries the native pass leaves out, with why:
 /// what they check does not depend on how the program is attached.
