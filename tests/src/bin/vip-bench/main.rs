@@ -1,12 +1,13 @@
 //! `cargo xtask bench`: one module per section, each measuring into one
 //! [`report::Report`] that is written as OUT_DIR/bench.md and OUT_DIR/bench.json.
-//! `VIP_BENCH_ONLY=xdp,live,cps,maglev,health,failover,k8s,cluster,auth,scale,sim` runs a subset;
+//! `VIP_BENCH_ONLY=xdp,live,cps,maglev,health,failover,ecmp,k8s,cluster,auth,scale,sim` runs a subset;
 //! `soak` (an hour of churn, `VIP_SOAK_MINUTES`) runs only when named
 //! (for quick iteration; BENCHMARKS.md quotes full runs). The sections that send
 //! real frames through an attached program (live, failover) measure generic and
 //! native XDP in the same run.
 mod auth;
 mod cluster;
+mod ecmp;
 mod failover;
 mod health;
 mod k8s;
@@ -47,12 +48,13 @@ fn main() -> Result<()> {
         // (see xdp::section, which also runs us again with reduced capabilities).
         report.push(xdp::section()?);
     }
-    let sections: [(&str, Bench); 10] = [
+    let sections: [(&str, Bench); 11] = [
         ("live", live::section),
         ("cps", live::cps_section),
         ("maglev", maglev::section),
         ("health", health::section),
         ("failover", failover::section),
+        ("ecmp", ecmp::section),
         ("k8s", k8s::section),
         ("cluster", cluster::section),
         ("auth", auth::section),

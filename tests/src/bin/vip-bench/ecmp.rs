@@ -1,0 +1,60 @@
+//! ECMP from every node (`announce: lo, distribution: all`) through a real
+//! router (FRR) and the nodes' own BGP speakers (BIRD): long-lived connections
+//! broken when a node leaves and rejoins the router's ECMP set, with vip's
+//! shared rings and, in the same rounds, with plain ECMP to nodes that serve what
+//! reaches them; and how soon the router drops a node whose agent stops.
+use anyhow::Result;
+use vip_tests::routed::{Churn, RoutedLab};
+
+use crate::{
+    measure::{median, ms},
+    report::{at, line, Section, Table},
+};
+
+const ROUNDS: usize = 5;
+/// Connections per step (before the node leaves; while it is out).
+const CONNS: u16 = 48;
+
+pub fn section() -> Result<Section> {
+    let server = std::env::current_exe()?;
+    let (mut plain, mut vip) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        // A lab per round: fresh flows, a fresh router (its hash seed too).
+        let mut r = RoutedLab::start(1, false, &server)?;
+        let port = 20000 + 1000 * round as u16;
+        plain.push(r.plain_churn(port, CONNS)?);
+        vip.push(r.agent_churn(port + 500, CONNS)?);
+    }
+    let a = at("ecmp");
+    let mut s = Section::new(line!(
+        "ECMP from every node: {} rounds, each a new three-node lab with an FRR router and BIRD on the nodes; {} long-lived connections opened before node-3 leaves the router's ECMP set and {} more while it is out",
+        a.f("rounds").show(ROUNDS),
+        a.f("conns").show(CONNS),
+        a.f("conns_out").show(CONNS)
+    ));
+    let mut t = Table::new(
+        "| data path | how node-3 leaves and rejoins | broken when it leaves (its own + others') | broken when it rejoins | router drops it (median) |",
+        "|---|---|---:|---:|---:|",
+    );
+    let sum = |c: &[Churn], f: fn(&Churn) -> (usize, usize)| c.iter().map(f).fold((0, 0), |(x, y), (a, b)| (x + a, y + b));
+    let total = ROUNDS * usize::from(CONNS);
+    for (key, name, how, runs) in [
+        ("plain", "plain ECMP, no rings", "VIP taken off its lo by hand, then put back", &plain),
+        ("vip", "vip (`distribution: all`)", "agent SIGTERM (withdraws, stays a backend), then started", &vip),
+    ] {
+        let k = a.f(key);
+        let (l, j) = (sum(runs, |c| c.leave), sum(runs, |c| c.join));
+        t.row(line!(
+            "| {name} | {how} | {} + {} of {total} | {} of {total} | {} ms |",
+            k.f("leave_own").show(l.0),
+            k.f("leave_others").show(l.1),
+            k.f("join").show(j.0 + j.1),
+            k.f("withdrawn_ms").num(median(runs.iter().map(|c| ms(c.withdrawn)).collect()), 0)
+        ));
+    }
+    s.table(t);
+    s.para(line!(
+        "A node's flows reach the other nodes when the router drops it; the survivors' flows that the router's hash-threshold selection moves too break under plain ECMP and not under vip, whose nodes send each flow by the same ring. The time is from the end of the step (the address removed; the agent exited after SIGTERM) to the router's RIB and FIB both without the node, polled (one `vtysh` and one `ip route` call a poll, 5 ms apart). Generic XDP; BGP timers 1 s / 3 s, no BFD (not involved: the speakers withdraw)."
+    ));
+    Ok(s)
+}
