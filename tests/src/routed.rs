@@ -36,6 +36,10 @@ pub const NODE_AS: u32 = 64513;
 /// routes go within a few seconds without BFD.
 pub const KEEPALIVE_S: u32 = 1;
 pub const HOLD_S: u32 = 3;
+/// BFD on the sessions ([`RoutedLab::start`]'s `bfd`): FRR's defaults, 300 ms
+/// intervals, 3 missed.
+pub const BFD_INTERVAL_MS: u32 = 300;
+pub const BFD_MULTIPLIER: u32 = 3;
 
 const FRR: &str = "/usr/lib/frr";
 
@@ -47,6 +51,8 @@ pub struct Router {
     pub ns: NetNs,
     pub dir: PathBuf,
     pub mac: [u8; 6],
+    /// The sessions are checked by BFD.
+    pub bfd: bool,
 }
 
 impl Router {
@@ -55,7 +61,7 @@ impl Router {
     /// segment (AS [`NODE_AS`]) and installing up to 16 equal paths. The nodes
     /// get a route to [`FAR_NET`] through it (their answers go straight back to
     /// the client: direct server return).
-    pub fn start(lab: &HaLab) -> Result<Self> {
+    pub fn start(lab: &HaLab, bfd: bool) -> Result<Self> {
         let ns = lab.seg.plug(NetNs::new("vrt")?, &format!("{ROUTER}/24"))?;
         let client = NetNs::new("vrc")?;
         veth(&ns, "eth1", &client, "eth0")?;
@@ -71,14 +77,22 @@ impl Router {
         let dir = lab.dir.join("router");
         std::fs::create_dir_all(&dir)?;
         let mac = ns.mac("eth0")?;
-        let mut r = Self { daemons: Vec::new(), client, ns, dir, mac };
-        r.start_frr()?;
+        let mut r = Self { daemons: Vec::new(), client, ns, dir, mac, bfd };
+        r.start_frr(bfd)?;
         Ok(r)
     }
 
-    fn start_frr(&mut self) -> Result<()> {
+    /// zebra and bgpd (and bfdd with `bfd`, the sessions then checked by BFD).
+    fn start_frr(&mut self, bfd: bool) -> Result<()> {
         let d = self.dir.clone();
         std::fs::write(d.join("zebra.conf"), "hostname router\n")?;
+        std::fs::write(
+            d.join("bfdd.conf"),
+            format!(
+                "hostname router\nbfd\n profile nodes\n  receive-interval {BFD_INTERVAL_MS}\n  transmit-interval {BFD_INTERVAL_MS}\n  detect-multiplier {BFD_MULTIPLIER}\n"
+            ),
+        )?;
+        let bfd_neighbor = if bfd { " neighbor nodes bfd profile nodes\n" } else { "" };
         std::fs::write(
             d.join("bgpd.conf"),
             format!(
@@ -91,7 +105,8 @@ impl Router {
                  neighbor nodes peer-group\n \
                  neighbor nodes remote-as {NODE_AS}\n \
                  neighbor nodes timers {KEEPALIVE_S} {HOLD_S}\n \
-                 neighbor nodes advertisement-interval 0\n \
+                 neighbor nodes advertisement-interval 0\n\
+                 {bfd_neighbor} \
                  bgp listen range 198.18.0.0/24 peer-group nodes\n \
                  address-family ipv4 unicast\n  \
                  neighbor nodes activate\n  \
@@ -103,7 +118,8 @@ impl Router {
         // directory is theirs.
         crate::netns::sh(&["chown", "-R", "frr:frr", path(&d)?]).context("chown to FRR's user (is the frr package installed? `cargo xtask setup --tests`)")?;
         let zsock = d.join("zserv.api");
-        for daemon in ["zebra", "bgpd"] {
+        let daemons: &[&'static str] = if bfd { &["zebra", "bfdd", "bgpd"] } else { &["zebra", "bgpd"] };
+        for &daemon in daemons {
             let file = |ext: &str| d.join(format!("{daemon}.{ext}")).display().to_string();
             // Sockets and the vty in the lab's directory (no /run/frr of the
             // host), no TCP vty; the daemons run as the package's user `frr`.
@@ -190,6 +206,19 @@ impl Router {
         Ok(hops)
     }
 
+    /// Waits until `peers` BFD sessions are up (they come up a few seconds after
+    /// their BGP sessions).
+    pub fn wait_bfd_up(&self, peers: usize) -> Result<()> {
+        let up = || -> Option<usize> {
+            let v: serde_json::Value = serde_json::from_str(&self.vtysh("show bfd peers json").ok()?).ok()?;
+            Some(v.as_array()?.iter().filter(|p| p["status"] == "up").count())
+        };
+        if wait_for(ROUTE_WAIT, || (up()? == peers).then_some(())).is_none() {
+            bail!("{:?} of {peers} BFD sessions up after {ROUTE_WAIT:?}: {}", up(), self.vtysh("show bfd peers brief").unwrap_or_default());
+        }
+        Ok(())
+    }
+
     /// Waits until both the RIB and the FIB have exactly `want` as `vip`'s next
     /// hops; how long that took.
     pub fn wait_next_hops(&self, vip: Ipv4Addr, want: &BTreeSet<Ipv4Addr>, limit: Duration) -> Result<Duration> {
@@ -225,18 +254,30 @@ pub struct Speaker {
 }
 
 impl Speaker {
-    pub fn start(node: &HaNode, dir: &Path, vip_nets: &[String]) -> Result<Self> {
+    /// With `bfd`, the session is checked by BFD ([`BFD_INTERVAL_MS`], [`BFD_MULTIPLIER`]).
+    pub fn start(node: &HaNode, dir: &Path, vip_nets: &[String], bfd: bool) -> Result<Self> {
         let dir = dir.join(format!("bird-{}", node.name));
         std::fs::create_dir_all(&dir)?;
         let conf = dir.join("bird.conf");
         let nets: Vec<String> = vip_nets.iter().map(|n| format!("{n}{{32,32}}")).collect();
+        let (bfd_proto, bfd_on) = if bfd {
+            (
+                format!(
+                    "protocol bfd {{ interface \"eth0\" {{ min rx interval {BFD_INTERVAL_MS} ms; min tx interval {BFD_INTERVAL_MS} ms; multiplier {BFD_MULTIPLIER}; }}; }}\n"
+                ),
+                "  bfd on;\n",
+            )
+        } else {
+            (String::new(), "")
+        };
         std::fs::write(
             &conf,
             format!(
                 "router id {addr};\n\
                  protocol device {{ scan time 1; }}\n\
                  protocol direct lo_vips {{ ipv4; interface \"lo\"; }}\n\
-                 protocol bgp upstream {{\n  \
+                 {bfd_proto}\
+                 protocol bgp upstream {{\n{bfd_on}  \
                    local {addr} as {NODE_AS};\n  \
                    neighbor {ROUTER} as {ROUTER_AS};\n  \
                    hold time {HOLD_S};\n  keepalive time {KEEPALIVE_S};\n  \
@@ -325,13 +366,14 @@ pub struct Churn {
 }
 
 impl RoutedLab {
-    /// `vips` VIPs on three nodes; the agents started when `agents`.
-    pub fn start(vips: usize, agents: bool, server_exe: &Path) -> Result<Self> {
+    /// `vips` VIPs on three nodes; the agents started when `agents`; the BGP
+    /// sessions checked by BFD when `bfd`.
+    pub fn start(vips: usize, agents: bool, bfd: bool, server_exe: &Path) -> Result<Self> {
         let spec = HaSpec { vips, lo_everywhere: true, ..Default::default() };
         let lab = if agents { HaLab::start(spec, Naming::Unique, server_exe)? } else { HaLab::build(spec, Naming::Unique, server_exe)? };
-        let router = Router::start(&lab)?;
+        let router = Router::start(&lab, bfd)?;
         let nets = vip_nets(vips);
-        let speakers = lab.nodes.iter().map(|n| Speaker::start(n, &lab.dir, &nets)).collect::<Result<_>>()?;
+        let speakers = lab.nodes.iter().map(|n| Speaker::start(n, &lab.dir, &nets, bfd)).collect::<Result<_>>()?;
         Ok(Self { speakers, router, lab })
     }
 
@@ -437,6 +479,64 @@ impl RoutedLab {
                 r.lab.stop_agent(2, libc::SIGTERM);
                 Ok(())
             }
+        })
+    }
+}
+
+/// What a node's death did: how soon the router dropped it, the new connections
+/// started meanwhile and after, and the long-lived ones broken.
+#[derive(Clone, Debug)]
+pub struct Death {
+    /// From the cable pulled to the router's RIB and FIB without the node.
+    pub withdrawn: Duration,
+    pub attempts: usize,
+    pub failed: usize,
+    /// When the last new connection that failed had started, after the cable was pulled.
+    pub last_failed: Option<Duration>,
+    /// New connections that failed among those started after the router dropped the node.
+    pub failed_after: usize,
+    /// Long-lived connections broken, as (whose backend was the dead node, others').
+    pub long_broken: (usize, usize),
+    pub long: usize,
+}
+
+impl RoutedLab {
+    /// Node-3 dies ([`HaLab::power_off`]: cable pulled, agent and servers gone,
+    /// and its speaker with them) under a new connection to VIP 0 every 20 ms from
+    /// the far client (1 s timeout each, until 1 s after the router dropped it),
+    /// with `n` long-lived connections open. Its session ends by the hold timer,
+    /// or by BFD where the lab has it.
+    pub fn node_death(&mut self, first_port: u16, n: u16) -> Result<Death> {
+        let v = vip(0);
+        self.wait_hops(1, &[0, 1, 2])?;
+        if self.router.bfd {
+            self.router.wait_bfd_up(3)?;
+        }
+        let mut conns = self.open(v, first_port, n)?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let go = stop.clone();
+        let probes = crate::load::connect_loop(&self.router.client, vec![v.into()], Duration::from_millis(20), Duration::from_secs(1), move || {
+            !go.load(std::sync::atomic::Ordering::Relaxed)
+        })?;
+        std::thread::sleep(Duration::from_millis(300));
+        let cut = std::time::Instant::now();
+        self.lab.power_off(2)?;
+        drop(self.speakers.pop());
+        self.wait_hops(1, &[0, 1])?;
+        let withdrawn = cut.elapsed();
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let attempts = probes.join().map_err(|_| anyhow::anyhow!("the connection loop panicked"))?;
+        let failed: Vec<std::time::Instant> = attempts.iter().filter(|(_, ok)| ok.is_none()).map(|(t, _)| *t).collect();
+        let dropped_at = cut + withdrawn;
+        Ok(Death {
+            withdrawn,
+            attempts: attempts.len(),
+            failed: failed.len(),
+            last_failed: failed.iter().max().map(|t| t.saturating_duration_since(cut)),
+            failed_after: failed.iter().filter(|t| **t > dropped_at).count(),
+            long_broken: broken(&mut conns, "node-3"),
+            long: usize::from(n),
         })
     }
 }

@@ -28,13 +28,13 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const CONNS: u16 = 48;
 
 /// One scenario at a time: the routed lab (None without root).
-fn routed(vips: usize, agents: bool) -> Option<(std::sync::MutexGuard<'static, ()>, RoutedLab)> {
+fn routed(vips: usize, agents: bool, bfd: bool) -> Option<(std::sync::MutexGuard<'static, ()>, RoutedLab)> {
     if !privileged() {
         return None;
     }
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    Some((serial, RoutedLab::start(vips, agents, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()))
+    Some((serial, RoutedLab::start(vips, agents, bfd, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()))
 }
 
 fn hops(r: &RoutedLab, vips: usize, nodes: &[usize], when: &str) -> Duration {
@@ -44,7 +44,7 @@ fn hops(r: &RoutedLab, vips: usize, nodes: &[usize], when: &str) -> Duration {
 #[test]
 fn every_node_announces_every_vip_and_the_router_spreads_flows_over_all_of_them() {
     let vips = 2;
-    let Some((_g, r)) = routed(vips, true) else { return };
+    let Some((_g, r)) = routed(vips, true, false) else { return };
     let lab = &r.lab;
     lab.wait_converged(&[0, 1, 2], Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
     lab.wait_rings_full(&[0, 1, 2], Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
@@ -83,7 +83,7 @@ fn every_node_announces_every_vip_and_the_router_spreads_flows_over_all_of_them(
 
 #[test]
 fn a_node_leaving_and_rejoining_the_ecmp_set_breaks_no_connection_unlike_plain_ecmp() {
-    let Some((_g, mut r)) = routed(1, false) else { return };
+    let Some((_g, mut r)) = routed(1, false, false) else { return };
     let plain = r.plain_churn(22000, CONNS).unwrap_or_else(|e| panic!("plain ECMP: {e:#}"));
     eprintln!("plain ECMP: node-3 leaving broke {:?} of {CONNS} (its own, others'), rejoining {:?} of {CONNS}", plain.leave, plain.join);
     let vip = r.agent_churn(24000, CONNS).unwrap_or_else(|e| panic!("vip: {e:#}\n{}", r.lab.agent_logs()));
@@ -92,4 +92,17 @@ fn a_node_leaving_and_rejoining_the_ecmp_set_breaks_no_connection_unlike_plain_e
     // The baseline moved flows both times, so the zeros above are not for want of a rehash.
     let moved = |(a, b): (usize, usize)| a + b > 0;
     assert!(moved(plain.leave) && moved(plain.join), "plain ECMP broke none at some step ({plain:?}): the router did not rehash");
+}
+
+#[test]
+fn a_dead_node_is_withdrawn_by_its_session_ending_with_or_without_bfd() {
+    for bfd in [false, true] {
+        let Some((_g, mut r)) = routed(1, true, bfd) else { return };
+        let d = r.node_death(25000, 24).unwrap_or_else(|e| panic!("bfd {bfd}: {e:#}\n{}", r.lab.agent_logs()));
+        eprintln!("bfd {bfd}: {d:?}");
+        // Once the router has dropped it (and the rings have: its health checks
+        // failed long before), every new connection is served.
+        assert_eq!(d.failed_after, 0, "bfd {bfd}: new connections failed after the router dropped the dead node: {d:?}");
+        assert!(d.attempts > 20, "bfd {bfd}: the load ran: {d:?}");
+    }
 }

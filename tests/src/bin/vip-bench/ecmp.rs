@@ -4,7 +4,7 @@
 //! shared rings and, in the same rounds, with plain ECMP to nodes that serve what
 //! reaches them; and how soon the router drops a node whose agent stops.
 use anyhow::Result;
-use vip_tests::routed::{Churn, RoutedLab};
+use vip_tests::routed::{Churn, Death, RoutedLab, BFD_INTERVAL_MS, BFD_MULTIPLIER, HOLD_S, KEEPALIVE_S};
 
 use crate::{
     measure::{median, ms},
@@ -18,12 +18,20 @@ const CONNS: u16 = 48;
 pub fn section() -> Result<Section> {
     let server = std::env::current_exe()?;
     let (mut plain, mut vip) = (Vec::new(), Vec::new());
+    let (mut hold, mut bfd): (Vec<Death>, Vec<Death>) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         // A lab per round: fresh flows, a fresh router (its hash seed too).
-        let mut r = RoutedLab::start(1, false, &server)?;
+        let mut r = RoutedLab::start(1, false, false, &server)?;
         let port = 20000 + 1000 * round as u16;
         plain.push(r.plain_churn(port, CONNS)?);
         vip.push(r.agent_churn(port + 500, CONNS)?);
+        drop(r);
+        // A node's death, in a lab of its own each way: the session ends by the
+        // hold timer, or by BFD.
+        for (with_bfd, out) in [(false, &mut hold), (true, &mut bfd)] {
+            let mut r = RoutedLab::start(1, true, with_bfd, &server)?;
+            out.push(r.node_death(port, CONNS)?);
+        }
     }
     let a = at("ecmp");
     let mut s = Section::new(line!(
@@ -53,8 +61,35 @@ pub fn section() -> Result<Section> {
         ));
     }
     s.table(t);
+    let mut t = Table::new(
+        "| node-3 dies (cable, agent, servers, speaker) | router drops it (median, max) | new connections failed (every 20 ms) | last failure after the death (max) | long-lived broken: its own + others' |",
+        "|---|---:|---:|---:|---:|",
+    );
+    let longest = |d: &[Death]| d.iter().filter_map(|d| d.last_failed).max().map_or(0.0, ms);
+    for (key, name, runs) in
+        [("hold", format!("hold timer ({KEEPALIVE_S} s / {HOLD_S} s), no BFD"), &hold), ("bfd", format!("BFD {BFD_INTERVAL_MS} ms × {BFD_MULTIPLIER}"), &bfd)]
+    {
+        let k = a.f(key);
+        let w: Vec<f64> = runs.iter().map(|d| ms(d.withdrawn)).collect();
+        let max = w.iter().copied().fold(0.0, f64::max);
+        t.row(line!(
+            "| {name} | {} ms, {} ms | {} of {} | {} ms | {} + {} of {} |",
+            k.f("withdrawn_ms").num(median(w), 0),
+            k.f("withdrawn_max_ms").num(max, 0),
+            k.f("failed").show(runs.iter().map(|d| d.failed).sum::<usize>()),
+            k.f("attempts").show(runs.iter().map(|d| d.attempts).sum::<usize>()),
+            k.f("last_failed_ms").num(longest(runs), 0),
+            k.f("long_own").show(runs.iter().map(|d| d.long_broken.0).sum::<usize>()),
+            k.f("long_others").show(runs.iter().map(|d| d.long_broken.1).sum::<usize>()),
+            k.f("long").show(runs.iter().map(|d| d.long).sum::<usize>())
+        ));
+    }
+    s.table(t);
     s.para(line!(
         "A node's flows reach the other nodes when the router drops it; the survivors' flows that the router's hash-threshold selection moves too break under plain ECMP and not under vip, whose nodes send each flow by the same ring. The time is from the end of the step (the address removed; the agent exited after SIGTERM) to the router's RIB and FIB both without the node, polled (one `vtysh` and one `ip route` call a poll, 5 ms apart). Generic XDP; BGP timers 1 s / 3 s, no BFD (not involved: the speakers withdraw)."
+    ));
+    s.para(line!(
+        "A node's death: the time is from its cable pulled to the router's RIB and FIB without it. Until then the router sends the dead node's share to its MAC; with the node's bridge port down, the bridge floods those frames to every port and the other nodes' XDP programs balance them (the program does not check that a unicast frame is addressed to its node), so most of those new connections are served, some twice over; a switch that has flushed the port's MAC floods the same way. The dead node's own long-lived connections end with it; the others' flows through it go to surviving nodes, which send them by rings without the dead backend."
     ));
     Ok(s)
 }
