@@ -346,13 +346,38 @@ impl<'a> Ingress<'a> {
 /// at once; the hold timer is not involved).
 pub const ROUTE_WAIT: Duration = Duration::from_secs(15);
 
-/// The HA lab with a [`Router`] and a [`Speaker`] on every node, its pool
-/// `announce: lo, distribution: all` ([`HaSpec::lo_everywhere`]).
-pub struct RoutedLab {
+/// A lab of HA nodes: the file-mode lab, or the Kubernetes one around it.
+pub trait Lab {
+    fn ha(&self) -> &HaLab;
+    fn ha_mut(&mut self) -> &mut HaLab;
+}
+
+impl Lab for HaLab {
+    fn ha(&self) -> &HaLab {
+        self
+    }
+    fn ha_mut(&mut self) -> &mut HaLab {
+        self
+    }
+}
+
+impl Lab for crate::kubelab::KubeLab {
+    fn ha(&self) -> &HaLab {
+        &self.lab
+    }
+    fn ha_mut(&mut self) -> &mut HaLab {
+        &mut self.lab
+    }
+}
+
+/// The HA lab (file mode, or Kubernetes mode around it) with a [`Router`] and a
+/// [`Speaker`] on every node, its VIPs accepted by local routes
+/// ([`HaSpec::lo_everywhere`]).
+pub struct RoutedLab<L: Lab = HaLab> {
     // Drop order: speakers and router before the lab's namespaces.
     pub speakers: Vec<Speaker>,
     pub router: Router,
-    pub lab: HaLab,
+    pub lab: L,
 }
 
 /// Connections broken when a node leaves the ECMP set and when it rejoins,
@@ -366,21 +391,30 @@ pub struct Churn {
 }
 
 impl RoutedLab {
-    /// `vips` VIPs on three nodes; the agents started when `agents`; the BGP
-    /// sessions checked by BFD when `bfd`.
+    /// File mode: `vips` VIPs on three nodes, the pool `announce: lo,
+    /// distribution: all`; the agents started when `agents`; the BGP sessions
+    /// checked by BFD when `bfd`.
     pub fn start(vips: usize, agents: bool, bfd: bool, server_exe: &Path) -> Result<Self> {
         let spec = HaSpec { vips, lo_everywhere: true, ..Default::default() };
         let lab = if agents { HaLab::start(spec, Naming::Unique, server_exe)? } else { HaLab::build(spec, Naming::Unique, server_exe)? };
-        let router = Router::start(&lab, bfd)?;
-        let nets = vip_nets(vips);
-        let speakers = lab.nodes.iter().map(|n| Speaker::start(n, &lab.dir, &nets, bfd)).collect::<Result<_>>()?;
+        Self::around(lab, bfd)
+    }
+}
+
+impl<L: Lab> RoutedLab<L> {
+    /// A router and speakers around `lab` (built with [`HaSpec::lo_everywhere`]).
+    pub fn around(lab: L, bfd: bool) -> Result<Self> {
+        let ha = lab.ha();
+        let router = Router::start(ha, bfd)?;
+        let nets = vip_nets(ha.spec.vips);
+        let speakers = ha.nodes.iter().map(|n| Speaker::start(n, &ha.dir, &nets, bfd)).collect::<Result<_>>()?;
         Ok(Self { speakers, router, lab })
     }
 
     pub fn node_addrs(&self, nodes: &[usize]) -> BTreeSet<Ipv4Addr> {
         nodes
             .iter()
-            .filter_map(|i| match self.lab.nodes[*i].addr {
+            .filter_map(|i| match self.lab.ha().nodes[*i].addr {
                 IpAddr::V4(a) => Some(a),
                 IpAddr::V6(_) => None,
             })
@@ -405,7 +439,7 @@ impl RoutedLab {
 
     /// The VIPs on node `i`'s `lo` with the agent's label.
     pub fn on_lo(&self, i: usize) -> Result<BTreeSet<Ipv4Addr>> {
-        let o = self.lab.nodes[i].ns.ip(&["-j", "-4", "addr", "show", "dev", "lo"])?;
+        let o = self.lab.ha().nodes[i].ns.ip(&["-j", "-4", "addr", "show", "dev", "lo"])?;
         let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
         let mut out = BTreeSet::new();
         for a in v.as_array().into_iter().flatten().flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default()) {
@@ -420,7 +454,7 @@ impl RoutedLab {
     /// labels it: plain ECMP, without agents.
     pub fn vip_on_lo(&self, i: usize, on: bool) -> Result<()> {
         let a = format!("{}/32", vip(0));
-        self.lab.nodes[i].ns.ip(&["addr", if on { "add" } else { "del" }, &a, "dev", "lo", "label", vip_agent::ha::loopback::LABEL])?;
+        self.lab.ha().nodes[i].ns.ip(&["addr", if on { "add" } else { "del" }, &a, "dev", "lo", "label", vip_agent::ha::loopback::LABEL])?;
         Ok(())
     }
 
@@ -466,17 +500,17 @@ impl RoutedLab {
     /// stays a backend, as in a rolling update), then starts again.
     pub fn agent_churn(&mut self, first_port: u16, n: u16) -> Result<Churn> {
         for i in 0..3 {
-            if self.lab.nodes[i].agent.is_none() {
-                self.lab.start_agent(i)?;
+            if self.lab.ha().nodes[i].agent.is_none() {
+                self.lab.ha_mut().start_agent(i)?;
             }
         }
-        self.lab.wait_converged(&[0, 1, 2], Duration::from_secs(10))?;
-        self.lab.wait_rings_full(&[0, 1, 2], Duration::from_secs(10))?;
+        self.lab.ha().wait_converged(&[0, 1, 2], Duration::from_secs(10))?;
+        self.lab.ha().wait_rings_full(&[0, 1, 2], Duration::from_secs(10))?;
         self.leave_and_rejoin(first_port, n, &mut |r, up| {
             if up {
-                r.lab.start_agent(2)
+                r.lab.ha_mut().start_agent(2)
             } else {
-                r.lab.stop_agent(2, libc::SIGTERM);
+                r.lab.ha_mut().stop_agent(2, libc::SIGTERM);
                 Ok(())
             }
         })
@@ -500,7 +534,7 @@ pub struct Death {
     pub long: usize,
 }
 
-impl RoutedLab {
+impl<L: Lab> RoutedLab<L> {
     /// Node-3 dies ([`HaLab::power_off`]: cable pulled, agent and servers gone,
     /// and its speaker with them) under a new connection to VIP 0 every 20 ms from
     /// the far client (1 s timeout each, until 1 s after the router dropped it),
@@ -520,7 +554,7 @@ impl RoutedLab {
         })?;
         std::thread::sleep(Duration::from_millis(300));
         let cut = std::time::Instant::now();
-        self.lab.power_off(2)?;
+        self.lab.ha_mut().power_off(2)?;
         drop(self.speakers.pop());
         self.wait_hops(1, &[0, 1])?;
         let withdrawn = cut.elapsed();

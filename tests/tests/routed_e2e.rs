@@ -14,11 +14,13 @@ use std::{
     time::Duration,
 };
 
+use serde_json::json;
 use vip_tests::{
-    agent::{agent_bin, write_atomic},
-    halab::{ask_from, ha_config_of, vip},
+    agent::{agent_bin, wait_for, write_atomic},
+    halab::{ask_from, ha_config_of, vip, HaSpec},
+    kubelab::KubeLab,
     netns::privileged,
-    routed::{Ingress, RoutedLab, FAR_CLIENT},
+    routed::{broken, Ingress, RoutedLab, FAR_CLIENT},
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -37,8 +39,8 @@ fn routed(vips: usize, agents: bool, bfd: bool) -> Option<(std::sync::MutexGuard
     Some((serial, RoutedLab::start(vips, agents, bfd, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()))
 }
 
-fn hops(r: &RoutedLab, vips: usize, nodes: &[usize], when: &str) -> Duration {
-    r.wait_hops(vips, nodes).unwrap_or_else(|e| panic!("{when}: {e:#}\n{}", r.lab.agent_logs()))
+fn hops<L: vip_tests::routed::Lab>(r: &RoutedLab<L>, vips: usize, nodes: &[usize], when: &str) -> Duration {
+    r.wait_hops(vips, nodes).unwrap_or_else(|e| panic!("{when}: {e:#}\n{}", r.lab.ha().agent_logs()))
 }
 
 #[test]
@@ -105,4 +107,63 @@ fn a_dead_node_is_withdrawn_by_its_session_ending_with_or_without_bfd() {
         assert_eq!(d.failed_after, 0, "bfd {bfd}: new connections failed after the router dropped the dead node: {d:?}");
         assert!(d.attempts > 20, "bfd {bfd}: the load ran: {d:?}");
     }
+}
+
+/// Kubernetes mode against the stand-in, the agents as the DaemonSet runs them:
+/// a VipPool `announce: lo, distribution: all` and a LoadBalancer Service. The
+/// allocated address is on every node's `lo` (the pool's free ones on none), the
+/// router has every node as its next hops, connections from behind it reach every
+/// backend; then every agent restarts in rollout order (SIGTERM, started again
+/// once the router dropped it, the next once it is back): no connection breaks.
+#[test]
+fn a_vippool_on_every_node_is_routed_to_all_and_a_rollout_breaks_no_connection() {
+    if !privileged() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
+    let kl = KubeLab::start(HaSpec { vips: 3, lo_everywhere: true, ..Default::default() }, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap();
+    let mut r = RoutedLab::around(kl, false).unwrap();
+    let logs = |r: &RoutedLab<KubeLab>| r.lab.lab.agent_logs();
+    let api = &r.lab.api;
+    api.insert(
+        "vippools.vip.dev",
+        json!({
+            "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "lab" },
+            "spec": { "addresses": [format!("{}-{}", vip(0), vip(2))], "nodeSelector": { "lab": "yes" }, "tableSize": 251,
+                      "announce": "lo", "distribution": "all" }
+        }),
+    )
+    .unwrap();
+    api.insert(
+        "services",
+        json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": { "name": "web", "namespace": "shop" },
+            "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Cluster", "ports": [{ "port": 80, "protocol": "TCP" }] }
+        }),
+    )
+    .unwrap();
+    let ip = wait_for(Duration::from_secs(20), || {
+        api.get("services", Some("shop"), "web")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
+    });
+    assert_eq!(ip.unwrap_or_else(|| panic!("no address allocated\n{}", logs(&r))), vip(0).to_string());
+    let pool = api.get("vippools.vip.dev", None, "lab").unwrap();
+    assert_eq!(pool["spec"]["distribution"], "all", "the API server kept the field: {pool}");
+    hops(&r, 1, &[0, 1, 2], "the allocated address");
+    for i in 0..3 {
+        assert_eq!(r.on_lo(i).unwrap(), BTreeSet::from([vip(0)]), "node-{} holds the allocated address, not the free ones", i + 1);
+    }
+    let mut conns = r.open(vip(0), 26000, CONNS).unwrap();
+    let served: BTreeSet<&str> = conns.iter().map(|c| c.backend.as_str()).collect();
+    assert_eq!(served.len(), 3, "every backend serves: {served:?}");
+    for i in 0..3 {
+        r.lab.lab.stop_agent(i, libc::SIGTERM);
+        let others: Vec<usize> = (0..3).filter(|j| *j != i).collect();
+        hops(&r, 1, &others, "an agent stopped in the rollout");
+        r.lab.lab.start_agent(i).unwrap();
+        hops(&r, 1, &[0, 1, 2], "the agent back");
+        let b = broken(&mut conns, &r.lab.lab.nodes[i].name);
+        assert_eq!(b, (0, 0), "node-{}'s restart broke connections\n{}", i + 1, logs(&r));
+    }
+    assert_eq!(conns.len(), usize::from(CONNS));
 }
