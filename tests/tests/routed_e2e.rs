@@ -153,6 +153,19 @@ fn a_vippool_on_every_node_is_routed_to_all_and_a_rollout_breaks_no_connection()
     for i in 0..3 {
         assert_eq!(r.on_lo(i).unwrap(), BTreeSet::from([vip(0)]), "node-{} holds the allocated address, not the free ones", i + 1);
     }
+    // One VipStatus writer, the named owner, though every node holds the VIP:
+    // the status names it with its backends, and stays unwritten while nothing
+    // changes (each of three writers would rewrite it every MIN_INTERVAL).
+    let name = vip_agent::k8s::crd::vip_status_name(vip(0).into());
+    let owner = r.lab.lab.owner_seen_by(0, vip(0).into()).expect("an owner");
+    let status = wait_for(Duration::from_secs(10), || {
+        let o = api.get("vipstatuses.vip.dev", None, &name)?;
+        (o["status"]["holder"] == owner.as_str() && o["status"]["backends"].as_array()?.len() == 3).then_some(o)
+    });
+    let status = status.unwrap_or_else(|| panic!("VipStatus {name} never named the owner {owner}: {:?}", api.get("vipstatuses.vip.dev", None, &name)));
+    std::thread::sleep(vip_agent::k8s::vipstatus::MIN_INTERVAL * 2 + Duration::from_millis(500));
+    let later = api.get("vipstatuses.vip.dev", None, &name).unwrap();
+    assert_eq!(later["metadata"]["resourceVersion"], status["metadata"]["resourceVersion"], "VipStatus {name} rewritten while nothing changed: {later}");
     let mut conns = r.open(vip(0), 26000, CONNS).unwrap();
     let served: BTreeSet<&str> = conns.iter().map(|c| c.backend.as_str()).collect();
     assert_eq!(served.len(), 3, "every backend serves: {served:?}");

@@ -94,6 +94,7 @@ impl Liveness {
         self.sync_groups();
         self.announce(announce, true);
         self.last_garp.retain(|v, _| o.held.contains(v));
+        self.others_to_report = o.everywhere.iter().filter(|v| o.owners.get(v) != Some(&self.s.me)).copied().collect();
         self.tell_held();
         self.s.on_lo.send_if_modified(|cur| replace_if_changed(cur, &o.on_lo));
         self.s.metrics.record(&self.world, &self.owners, &o, &Members { me: &self.s.me, tracked: &self.tracked, live: &self.live });
@@ -234,11 +235,14 @@ impl Liveness {
         }
     }
 
-    /// Sends the held VIPs to their status writer (a `watch`: never waits).
+    /// Sends the held VIPs to their status writer (a `watch`: never waits). A VIP
+    /// every node holds goes only from its named owner: one writer per status
+    /// (several would each rewrite it every few seconds).
     pub(super) fn tell_held(&self) {
         let vips: BTreeMap<IpAddr, HeldVip> = self
             .held
             .iter()
+            .filter(|(v, _)| !self.others_to_report.contains(v))
             .filter_map(|(v, (_, ifindex))| {
                 let l = self.link_of(*v)?;
                 // A pool's `vlan` is no interface of the host: its parent is.

@@ -178,6 +178,9 @@ struct Liveness {
     /// it is held under.
     held: plan::Held,
     owners: BTreeMap<IpAddr, String>,
+    /// Held VIPs of `distribution: all` pools that another node is the named
+    /// owner of: that node alone writes their status.
+    others_to_report: BTreeSet<IpAddr>,
     /// The deadline last written to held VIPs (monotonic ns): past it, they went stale.
     deadline: u64,
     /// When each held VIP was last announced (its pool's refresh counts from
@@ -231,6 +234,7 @@ impl Liveness {
             silent: BTreeSet::new(),
             held: BTreeMap::new(),
             owners: BTreeMap::new(),
+            others_to_report: BTreeSet::new(),
             deadline: 0,
             last_garp: BTreeMap::new(),
             since: BTreeMap::new(),
