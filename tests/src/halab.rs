@@ -90,7 +90,7 @@ pub struct HaSpec {
     /// The pool is `announce: lo, distribution: all` (every live node holds every
     /// VIP on its `lo`, for a routing daemon), and the nodes accept the VIPs by
     /// local routes rather than addresses on `lo`, so that `lo` holds only what
-    /// the agents put there (IPv4 only).
+    /// the agents put there (not with `ipv6_only`).
     pub lo_everywhere: bool,
 }
 
@@ -126,6 +126,9 @@ impl Default for HaSpec {
         }
     }
 }
+
+/// The /112 the IPv6 VIPs ([`vip6`]) lie in.
+pub const VIP6_NET: &str = "2001:2::1:0/112";
 
 /// VIPs per /24 of the lab's VIP range (198.18.1.0/24 onwards, .10 to .209).
 const VIPS_PER_NET: usize = 200;
@@ -520,7 +523,10 @@ impl HaLab {
             if spec.ipv6 && v4 {
                 ns.ip(&["-6", "addr", "add", &format!("{}/64", node_addr6(i)), "dev", "eth0", "nodad"])?;
             }
-            if spec.ipv6 {
+            if spec.ipv6 && spec.lo_everywhere {
+                // Accepted by a local route, as the IPv4 ones below.
+                ns.ip(&["-6", "route", "replace", "local", VIP6_NET, "dev", "lo"])?;
+            } else if spec.ipv6 {
                 // As a backend: the VIP on lo (Linux answers solicitations only for
                 // the receiving interface's addresses: no arp_ignore to set).
                 // One `ip -batch` for all of them (a thousand `ip` runs take seconds).
@@ -533,7 +539,6 @@ impl HaLab {
             } else if spec.lo_everywhere {
                 // Accepted by local routes: `lo` holds only the agent's VIPs, which
                 // the node's routing daemon announces.
-                anyhow::ensure!(!spec.ipv6, "HaSpec: lo_everywhere is IPv4 only");
                 for net in vip_nets(spec.vips) {
                     ns.ip(&["route", "replace", "local", &net, "dev", "lo"])?;
                 }

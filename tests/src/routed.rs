@@ -8,7 +8,7 @@
 //! are children of the test, killed on Drop.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::{Child, Stdio},
     time::Duration,
@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     agent::wait_for,
-    halab::{vip, vip_nets, HaLab, HaNode, HaSpec, LongConn, Naming},
+    halab::{node_addr6, vip, vip6, vip_nets, HaLab, HaNode, HaSpec, LongConn, Naming, VIP6_NET},
     netns::{veth, NetNs},
 };
 
@@ -29,6 +29,12 @@ pub const FAR_NET: &str = "198.19.200.0/24";
 const FAR_ROUTER: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 1);
 /// The client behind the router: its traffic to a VIP crosses the router's ECMP.
 pub const FAR_CLIENT: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 2);
+/// The router's IPv6 address on the segment (a dual-stack lab's), the far
+/// network's, the router's and the client's there.
+pub const ROUTER6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
+pub const FAR_NET6: &str = "2001:2:0:200::/64";
+const FAR_ROUTER6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x200, 0, 0, 0, 1);
+pub const FAR_CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x200, 0, 0, 0, 2);
 pub const ROUTER_AS: u32 = 64512;
 /// Every node's AS (one AS for all nodes: the router's multipath needs equal AS paths).
 pub const NODE_AS: u32 = 64513;
@@ -74,16 +80,35 @@ impl Router {
         for n in &lab.nodes {
             n.ns.ip(&["route", "add", FAR_NET, "via", &ROUTER.to_string()])?;
         }
+        if lab.spec.ipv6 {
+            ns.ip(&["-6", "addr", "add", &format!("{ROUTER6}/64"), "dev", "eth0", "nodad"])?;
+            ns.ip(&["-6", "addr", "add", &format!("{FAR_ROUTER6}/64"), "dev", "eth1", "nodad"])?;
+            client.ip(&["-6", "addr", "add", &format!("{FAR_CLIENT6}/64"), "dev", "eth0", "nodad"])?;
+            client.ip(&["-6", "route", "add", "default", "via", &FAR_ROUTER6.to_string()])?;
+            ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+            ns.sysctl("net.ipv6.fib_multipath_hash_policy", "1")?;
+            for n in &lab.nodes {
+                n.ns.ip(&["-6", "route", "add", FAR_NET6, "via", &ROUTER6.to_string()])?;
+            }
+            // bgpd takes IPv6 sessions only once eth0 has a link-local address
+            // past duplicate address detection (its next hop for them).
+            let ready = wait_for(Duration::from_secs(10), || {
+                let o = ns.ip(&["-6", "addr", "show", "dev", "eth0", "scope", "link"]).ok()?;
+                let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                (text.contains("inet6 fe80") && !text.contains("tentative")).then_some(())
+            });
+            anyhow::ensure!(ready.is_some(), "the router's eth0 has no usable IPv6 link-local address after 10 s");
+        }
         let dir = lab.dir.join("router");
         std::fs::create_dir_all(&dir)?;
         let mac = ns.mac("eth0")?;
         let mut r = Self { daemons: Vec::new(), client, ns, dir, mac, bfd };
-        r.start_frr(bfd)?;
+        r.start_frr(bfd, lab.spec.ipv6)?;
         Ok(r)
     }
 
     /// zebra and bgpd (and bfdd with `bfd`, the sessions then checked by BFD).
-    fn start_frr(&mut self, bfd: bool) -> Result<()> {
+    fn start_frr(&mut self, bfd: bool, ipv6: bool) -> Result<()> {
         let d = self.dir.clone();
         std::fs::write(d.join("zebra.conf"), "hostname router\n")?;
         std::fs::write(
@@ -93,6 +118,18 @@ impl Router {
             ),
         )?;
         let bfd_neighbor = if bfd { " neighbor nodes bfd profile nodes\n" } else { "" };
+        // IPv6: sessions of their own over the segment's IPv6 addresses.
+        let (peers6, family6) = if ipv6 {
+            (
+                format!(
+                    " neighbor nodes6 peer-group\n neighbor nodes6 remote-as {NODE_AS}\n neighbor nodes6 timers {KEEPALIVE_S} {HOLD_S}\n \
+                     neighbor nodes6 advertisement-interval 0\n bgp listen range 2001:2::/64 peer-group nodes6\n"
+                ),
+                " address-family ipv6 unicast\n  neighbor nodes6 activate\n  maximum-paths 16\n exit-address-family\n",
+            )
+        } else {
+            (String::new(), "")
+        };
         std::fs::write(
             d.join("bgpd.conf"),
             format!(
@@ -107,11 +144,13 @@ impl Router {
                  neighbor nodes timers {KEEPALIVE_S} {HOLD_S}\n \
                  neighbor nodes advertisement-interval 0\n\
                  {bfd_neighbor} \
-                 bgp listen range 198.18.0.0/24 peer-group nodes\n \
+                 bgp listen range 198.18.0.0/24 peer-group nodes\n\
+                 {peers6} \
                  address-family ipv4 unicast\n  \
                  neighbor nodes activate\n  \
                  maximum-paths 16\n \
-                 exit-address-family\n"
+                 exit-address-family\n\
+                 {family6}"
             ),
         )?;
         // The daemons drop to user frr (zebra has no way to stay root): the
@@ -175,11 +214,13 @@ impl Router {
         Ok(String::from_utf8(o.stdout)?)
     }
 
-    /// The next hops bgpd selected and zebra installed for `vip`/32, from the
-    /// router's RIB (`show ip route VIP/32 json`: active and in the FIB).
-    pub fn rib_next_hops(&self, vip: Ipv4Addr) -> Result<BTreeSet<Ipv4Addr>> {
-        let prefix = format!("{vip}/32");
-        let text = self.vtysh(&format!("show ip route {prefix} json"))?;
+    /// The next hops bgpd selected and zebra installed for `vip` (a host route),
+    /// from the router's RIB (`show ip[v6] route VIP/32|128 json`: active and in
+    /// the FIB).
+    pub fn rib_next_hops(&self, vip: IpAddr) -> Result<BTreeSet<IpAddr>> {
+        let (family, len) = if vip.is_ipv4() { ("ip", 32) } else { ("ipv6", 128) };
+        let prefix = format!("{vip}/{len}");
+        let text = self.vtysh(&format!("show {family} route {prefix} json"))?;
         let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("vtysh's route JSON: {text}"))?;
         let mut hops = BTreeSet::new();
         for route in v[&prefix].as_array().into_iter().flatten().filter(|r| r["protocol"] == "bgp" && r["selected"] == true) {
@@ -192,8 +233,9 @@ impl Router {
 
     /// The next hops of the kernel's route to `vip` in the router's namespace
     /// (`ip -j route show VIP`): what forwarding uses.
-    pub fn fib_next_hops(&self, vip: Ipv4Addr) -> Result<BTreeSet<Ipv4Addr>> {
-        let o = self.ns.ip(&["-j", "route", "show", &vip.to_string()])?;
+    pub fn fib_next_hops(&self, vip: IpAddr) -> Result<BTreeSet<IpAddr>> {
+        let family = if vip.is_ipv4() { "-4" } else { "-6" };
+        let o = self.ns.ip(&["-j", family, "route", "show", &vip.to_string()])?;
         let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
         let mut hops = BTreeSet::new();
         for route in v.as_array().into_iter().flatten() {
@@ -219,14 +261,14 @@ impl Router {
         Ok(())
     }
 
-    /// Waits until both the RIB and the FIB have exactly `want` as `vip`'s next
-    /// hops; how long that took.
-    pub fn wait_next_hops(&self, vip: Ipv4Addr, want: &BTreeSet<Ipv4Addr>, limit: Duration) -> Result<Duration> {
+    /// Waits until both the RIB and the FIB have `vip`'s next hops as `want`
+    /// says (each set is given to it); how long that took.
+    pub fn wait_next_hops(&self, vip: IpAddr, want: impl Fn(&BTreeSet<IpAddr>) -> bool, limit: Duration) -> Result<Duration> {
         let t = std::time::Instant::now();
-        let reached = wait_for(limit, || (self.rib_next_hops(vip).ok()? == *want && self.fib_next_hops(vip).ok()? == *want).then_some(()));
+        let reached = wait_for(limit, || (want(&self.rib_next_hops(vip).ok()?) && want(&self.fib_next_hops(vip).ok()?)).then_some(()));
         if reached.is_none() {
             bail!(
-                "the router's next hops for {vip}: RIB {:?}, FIB {:?}, want {want:?} (after {limit:?}); bgp: {}",
+                "the router's next hops for {vip}: RIB {:?}, FIB {:?}, not as wanted after {limit:?}; bgp: {}",
                 self.rib_next_hops(vip).ok(),
                 self.fib_next_hops(vip).ok(),
                 self.vtysh("show bgp summary").unwrap_or_default()
@@ -255,7 +297,9 @@ pub struct Speaker {
 
 impl Speaker {
     /// With `bfd`, the session is checked by BFD ([`BFD_INTERVAL_MS`], [`BFD_MULTIPLIER`]).
-    pub fn start(node: &HaNode, dir: &Path, vip_nets: &[String], bfd: bool) -> Result<Self> {
+    /// With `addr6` (a dual-stack lab), a second session over IPv6 from that
+    /// address exports the IPv6 VIPs on `lo` ([`VIP6_NET`]).
+    pub fn start(node: &HaNode, dir: &Path, vip_nets: &[String], bfd: bool, addr6: Option<Ipv6Addr>) -> Result<Self> {
         let dir = dir.join(format!("bird-{}", node.name));
         std::fs::create_dir_all(&dir)?;
         let conf = dir.join("bird.conf");
@@ -270,12 +314,23 @@ impl Speaker {
         } else {
             (String::new(), "")
         };
+        let (direct6, upstream6) = match addr6 {
+            Some(a6) => (
+                " ipv6;",
+                format!(
+                    "protocol bgp upstream6 {{\n{bfd_on}  local {a6} as {NODE_AS};\n  neighbor {ROUTER6} as {ROUTER_AS};\n  \
+                     hold time {HOLD_S};\n  keepalive time {KEEPALIVE_S};\n  connect delay time 1;\n  connect retry time 1;\n  \
+                     ipv6 {{ import none; export where source = RTS_DEVICE && net ~ [ {VIP6_NET}{{128,128}} ]; }};\n}}\n"
+                ),
+            ),
+            None => ("", String::new()),
+        };
         std::fs::write(
             &conf,
             format!(
                 "router id {addr};\n\
                  protocol device {{ scan time 1; }}\n\
-                 protocol direct lo_vips {{ ipv4; interface \"lo\"; }}\n\
+                 protocol direct lo_vips {{ ipv4;{direct6} interface \"lo\"; }}\n\
                  {bfd_proto}\
                  protocol bgp upstream {{\n{bfd_on}  \
                    local {addr} as {NODE_AS};\n  \
@@ -283,7 +338,8 @@ impl Speaker {
                    hold time {HOLD_S};\n  keepalive time {KEEPALIVE_S};\n  \
                    connect delay time 1;\n  connect retry time 1;\n  \
                    ipv4 {{ import none; export where source = RTS_DEVICE && net ~ [ {} ]; }};\n\
-                 }}\n",
+                 }}\n\
+                 {upstream6}",
                 nets.join(", "),
                 addr = node.addr,
             ),
@@ -395,7 +451,12 @@ impl RoutedLab {
     /// distribution: all`; the agents started when `agents`; the BGP sessions
     /// checked by BFD when `bfd`.
     pub fn start(vips: usize, agents: bool, bfd: bool, server_exe: &Path) -> Result<Self> {
-        let spec = HaSpec { vips, lo_everywhere: true, ..Default::default() };
+        Self::start_spec(HaSpec { vips, ..Default::default() }, agents, bfd, server_exe)
+    }
+
+    /// [`Self::start`] with the lab's shape from `spec` (dual-stack with `ipv6`).
+    pub fn start_spec(spec: HaSpec, agents: bool, bfd: bool, server_exe: &Path) -> Result<Self> {
+        let spec = HaSpec { lo_everywhere: true, ..spec };
         let lab = if agents { HaLab::start(spec, Naming::Unique, server_exe)? } else { HaLab::build(spec, Naming::Unique, server_exe)? };
         Self::around(lab, bfd)
     }
@@ -407,34 +468,56 @@ impl<L: Lab> RoutedLab<L> {
         let ha = lab.ha();
         let router = Router::start(ha, bfd)?;
         let nets = vip_nets(ha.spec.vips);
-        let speakers = ha.nodes.iter().map(|n| Speaker::start(n, &ha.dir, &nets, bfd)).collect::<Result<_>>()?;
+        let speakers =
+            ha.nodes.iter().enumerate().map(|(i, n)| Speaker::start(n, &ha.dir, &nets, bfd, ha.spec.ipv6.then(|| node_addr6(i)))).collect::<Result<_>>()?;
         Ok(Self { speakers, router, lab })
     }
 
-    pub fn node_addrs(&self, nodes: &[usize]) -> BTreeSet<Ipv4Addr> {
-        nodes
-            .iter()
-            .filter_map(|i| match self.lab.ha().nodes[*i].addr {
-                IpAddr::V4(a) => Some(a),
-                IpAddr::V6(_) => None,
-            })
-            .collect()
+    /// Node `i`'s addresses a router may name as its next hop: its IPv4 one,
+    /// and in a dual-stack lab its IPv6 and link-local ones.
+    fn hop_addrs(&self, i: usize) -> Result<BTreeSet<IpAddr>> {
+        let ha = self.lab.ha();
+        let mut out = BTreeSet::from([ha.nodes[i].addr]);
+        if ha.spec.ipv6 {
+            out.insert(node_addr6(i).into());
+            let o = ha.nodes[i].ns.ip(&["-j", "-6", "addr", "show", "dev", "eth0", "scope", "link"])?;
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+            // iproute2 lists an interface without addresses of the scope as `{}`.
+            for a in v.as_array().into_iter().flatten().flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default()) {
+                if let Some(local) = a["local"].as_str() {
+                    out.insert(local.parse()?);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Waits for the router to have exactly `nodes` as next hops of the first
-    /// `vips` VIPs; the longest wait.
+    /// `vips` VIPs (and their IPv6 twins in a dual-stack lab); the longest wait.
     pub fn wait_hops(&self, vips: usize, nodes: &[usize]) -> Result<Duration> {
-        let want = self.node_addrs(nodes);
+        let ha = self.lab.ha();
+        let addrs: Vec<BTreeSet<IpAddr>> = (0..ha.nodes.len()).map(|i| self.hop_addrs(i)).collect::<Result<_>>()?;
+        let want: BTreeSet<usize> = nodes.iter().copied().collect();
+        // Every hop is one of the nodes, and together they are `nodes`.
+        let exactly = |hops: &BTreeSet<IpAddr>| {
+            let of: Option<BTreeSet<usize>> = hops.iter().map(|h| addrs.iter().position(|a| a.contains(h))).collect();
+            of.is_some_and(|of| of == want && hops.len() == want.len())
+        };
+        let mut all: Vec<IpAddr> = (0..vips).map(|k| vip(k).into()).collect();
+        if ha.spec.ipv6 {
+            all.extend((0..vips).map(|k| IpAddr::from(vip6(k))));
+        }
         let mut longest = Duration::ZERO;
-        for k in 0..vips {
-            longest = longest.max(self.router.wait_next_hops(vip(k), &want, ROUTE_WAIT)?);
+        for v in all {
+            longest = longest.max(self.router.wait_next_hops(v, exactly, ROUTE_WAIT)?);
         }
         Ok(longest)
     }
 
     /// `n` connections from the far client to `v`, from ports `first..`.
-    pub fn open(&self, v: Ipv4Addr, first: u16, n: u16) -> Result<Vec<LongConn>> {
-        (0..n).map(|i| LongConn::open_from(&self.router.client, FAR_CLIENT.into(), v, first + i, Duration::from_secs(3))).collect()
+    pub fn open(&self, v: impl Into<IpAddr>, first: u16, n: u16) -> Result<Vec<LongConn>> {
+        let v = v.into();
+        (0..n).map(|i| LongConn::open_from(&self.router.client, far_client(v), v, first + i, Duration::from_secs(3))).collect()
     }
 
     /// The VIPs on node `i`'s `lo` with the agent's label.
@@ -572,6 +655,15 @@ impl<L: Lab> RoutedLab<L> {
             long_broken: broken(&mut conns, "node-3"),
             long: usize::from(n),
         })
+    }
+}
+
+/// The far client's address of `vip`'s family.
+pub fn far_client(vip: IpAddr) -> IpAddr {
+    if vip.is_ipv4() {
+        FAR_CLIENT.into()
+    } else {
+        FAR_CLIENT6.into()
     }
 }
 

@@ -17,10 +17,10 @@ use std::{
 use serde_json::json;
 use vip_tests::{
     agent::{agent_bin, wait_for, write_atomic},
-    halab::{ask_from, ha_config_of, vip, HaSpec},
+    halab::{ask_from, ha_config_of, vip, vip6, HaSpec},
     kubelab::KubeLab,
     netns::privileged,
-    routed::{broken, Ingress, RoutedLab, FAR_CLIENT},
+    routed::{broken, Ingress, RoutedLab, FAR_CLIENT, FAR_CLIENT6},
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -31,22 +31,28 @@ const CONNS: u16 = 48;
 
 /// One scenario at a time: the routed lab (None without root).
 fn routed(vips: usize, agents: bool, bfd: bool) -> Option<(std::sync::MutexGuard<'static, ()>, RoutedLab)> {
+    routed_spec(HaSpec { vips, ..Default::default() }, agents, bfd)
+}
+
+fn routed_spec(spec: HaSpec, agents: bool, bfd: bool) -> Option<(std::sync::MutexGuard<'static, ()>, RoutedLab)> {
     if !privileged() {
         return None;
     }
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    Some((serial, RoutedLab::start(vips, agents, bfd, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()))
+    Some((serial, RoutedLab::start_spec(spec, agents, bfd, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()))
 }
 
 fn hops<L: vip_tests::routed::Lab>(r: &RoutedLab<L>, vips: usize, nodes: &[usize], when: &str) -> Duration {
     r.wait_hops(vips, nodes).unwrap_or_else(|e| panic!("{when}: {e:#}\n{}", r.lab.ha().agent_logs()))
 }
 
+/// Dual-stack: each IPv4 VIP has an IPv6 twin in the pool, announced over IPv6
+/// sessions of their own.
 #[test]
 fn every_node_announces_every_vip_and_the_router_spreads_flows_over_all_of_them() {
     let vips = 2;
-    let Some((_g, r)) = routed(vips, true, false) else { return };
+    let Some((_g, r)) = routed_spec(HaSpec { vips, ipv6: true, ..Default::default() }, true, false) else { return };
     let lab = &r.lab;
     lab.wait_converged(&[0, 1, 2], Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
     lab.wait_rings_full(&[0, 1, 2], Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
@@ -67,6 +73,15 @@ fn every_node_announces_every_vip_and_the_router_spreads_flows_over_all_of_them(
             *backends.entry(b).or_default() += 1;
         }
     }
+    let mut backends6: BTreeMap<String, usize> = BTreeMap::new();
+    for k in 0..vips {
+        for p in 0..CONNS {
+            let b = ask_from(&r.router.client, FAR_CLIENT6.into(), vip6(k).into(), 23000 + 100 * k as u16 + p, Duration::from_secs(3))
+                .unwrap_or_else(|e| panic!("{} from port {p}: {e:#}\n{}", vip6(k), lab.agent_logs()));
+            *backends6.entry(b).or_default() += 1;
+        }
+    }
+    assert_eq!(backends6.len(), 3, "IPv6: every backend serves some of {} connections: {backends6:?}", 2 * CONNS);
     let frames = ingress.per_node().unwrap();
     eprintln!("frames from the router per node: {frames:?}; connections per backend: {backends:?}");
     assert!(frames.values().all(|n| *n > 0), "the router's ECMP sends flows to every node: {frames:?}");
