@@ -52,7 +52,7 @@ const FRR: &str = "/usr/lib/frr";
 /// The upstream router (FRR) and the client behind it.
 pub struct Router {
     // Drop order: the daemons first, then the namespaces.
-    daemons: Vec<(&'static str, Child)>,
+    daemons: Vec<Child>,
     pub client: NetNs,
     pub ns: NetNs,
     pub dir: PathBuf,
@@ -184,7 +184,7 @@ impl Router {
                 .stderr(std::fs::File::create(d.join(format!("{daemon}.stderr")))?)
                 .spawn()
                 .with_context(|| format!("starting FRR's {daemon} (is the frr package installed? `cargo xtask setup --tests`)"))?;
-            self.daemons.push((daemon, child));
+            self.daemons.push(child);
             // bgpd talks to zebra through its socket, and vtysh to each daemon's.
             let vty = d.join(format!("{daemon}.vty"));
             if wait_for(Duration::from_secs(10), || vty.exists().then_some(())).is_none() {
@@ -280,7 +280,7 @@ impl Router {
 
 impl Drop for Router {
     fn drop(&mut self) {
-        for (_, c) in &mut self.daemons {
+        for c in &mut self.daemons {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -292,7 +292,6 @@ impl Drop for Router {
 /// `lo`'s external IPs); killed on Drop.
 pub struct Speaker {
     child: Child,
-    pub ctl: PathBuf,
 }
 
 impl Speaker {
@@ -353,7 +352,7 @@ impl Speaker {
             .stderr(std::fs::File::create(dir.join("bird.stderr"))?)
             .spawn()
             .context("starting BIRD (is the bird2 package installed? `cargo xtask setup --tests`)")?;
-        Ok(Self { child, ctl })
+        Ok(Self { child })
     }
 }
 

@@ -36,7 +36,7 @@ use serde_json::json;
 use vip_tests::{
     agent::{agent_bin, wait_for},
     halab::{ask, spawn_probes, vip, HaSpec},
-    kubelab::{endpoint_slice, ring_backends, KubeLab, HEALTH_CHECK_NODE_PORT},
+    kubelab::{endpoint_slice, lb_service, ring_backends, KubeLab, HEALTH_CHECK_NODE_PORT},
     netns::privileged,
 };
 
@@ -225,7 +225,7 @@ fn failover_and_release(kl: &mut KubeLab) {
     assert_eq!((s["conditions"][0]["status"].as_str(), s["interface"].as_str()), (Some("True"), Some("eth0")), "{s}");
     kl.lab.start_agent(i).unwrap();
 
-    kl.api.insert("services", lb_service("brief")).unwrap();
+    kl.api.insert("services", lb_service("shop", "brief", false)).unwrap();
     let addr = wait_for(Duration::from_secs(20), || {
         kl.api.get("services", Some("shop"), "brief")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
     });
@@ -331,19 +331,12 @@ fn addresses(kl: &KubeLab) -> BTreeMap<String, Option<String>> {
         .collect()
 }
 
-fn lb_service(name: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service", "metadata": { "name": name, "namespace": "shop" },
-        "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Cluster", "ports": [{ "port": 80, "protocol": "TCP" }] }
-    })
-}
-
 /// SIGKILL kube-apiserver, 30 s down with new connections to the VIP every 150 ms,
 /// restart on the same etcd; then no address changed and a new Service gets one.
 fn outage(kl: &KubeLab) {
     let (lab, api) = (&kl.lab, &kl.api);
     let server = api.real().unwrap();
-    api.insert("services", lb_service("api")).unwrap();
+    api.insert("services", lb_service("shop", "api", false)).unwrap();
     let second = wait_for(Duration::from_secs(20), || {
         api.get("services", Some("shop"), "api")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
     });
@@ -368,7 +361,7 @@ fn outage(kl: &KubeLab) {
     // Nothing re-allocated; a Service made after the restart gets the free address.
     assert_eq!(addresses(kl), before, "addresses changed over the outage");
     let t1 = Instant::now();
-    api.insert("services", lb_service("late")).unwrap();
+    api.insert("services", lb_service("shop", "late", false)).unwrap();
     let late = wait_for(Duration::from_secs(60), || {
         api.get("services", Some("shop"), "late")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
     });
@@ -396,14 +389,7 @@ fn scenario(kl: &KubeLab) {
         }),
     )
     .unwrap();
-    api.insert(
-        "services",
-        json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": { "name": "web", "namespace": "shop" },
-            "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Cluster", "ports": [{ "port": 80, "protocol": "TCP" }] }
-        }),
-    )
-    .unwrap();
+    api.insert("services", lb_service("shop", "web", false)).unwrap();
 
     // The leader allocates the lowest address and reports the pool.
     let ip = wait_for(Duration::from_secs(20), || {

@@ -18,7 +18,7 @@ use serde_json::json;
 use vip_tests::{
     agent::{agent_bin, wait_for, write_atomic},
     halab::{ask_from, ha_config_of, vip, vip6, HaSpec},
-    kubelab::KubeLab,
+    kubelab::{lb_service, KubeLab},
     netns::privileged,
     routed::{broken, Ingress, RoutedLab, FAR_CLIENT, FAR_CLIENT6},
 };
@@ -35,12 +35,22 @@ fn routed(vips: usize, agents: bool, bfd: bool) -> Option<(std::sync::MutexGuard
 }
 
 fn routed_spec(spec: HaSpec, agents: bool, bfd: bool) -> Option<(std::sync::MutexGuard<'static, ()>, RoutedLab)> {
+    let serial = serial()?;
+    Some((serial, RoutedLab::start_spec(spec, agents, bfd, lab_exe()).unwrap()))
+}
+
+/// One scenario at a time, once the agent is built (None without root).
+fn serial() -> Option<std::sync::MutexGuard<'static, ()>> {
     if !privileged() {
         return None;
     }
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    Some((serial, RoutedLab::start_spec(spec, agents, bfd, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap()))
+    Some(serial)
+}
+
+fn lab_exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_vip-lab"))
 }
 
 fn hops<L: vip_tests::routed::Lab>(r: &RoutedLab<L>, vips: usize, nodes: &[usize], when: &str) -> Duration {
@@ -132,12 +142,8 @@ fn a_dead_node_is_withdrawn_by_its_session_ending_with_or_without_bfd() {
 /// once the router dropped it, the next once it is back): no connection breaks.
 #[test]
 fn a_vippool_on_every_node_is_routed_to_all_and_a_rollout_breaks_no_connection() {
-    if !privileged() {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let kl = KubeLab::start(HaSpec { vips: 3, lo_everywhere: true, ..Default::default() }, Path::new(env!("CARGO_BIN_EXE_vip-lab"))).unwrap();
+    let Some(_g) = serial() else { return };
+    let kl = KubeLab::start(HaSpec { vips: 3, lo_everywhere: true, ..Default::default() }, lab_exe()).unwrap();
     let mut r = RoutedLab::around(kl, false).unwrap();
     let logs = |r: &RoutedLab<KubeLab>| r.lab.lab.agent_logs();
     let api = &r.lab.api;
@@ -150,14 +156,7 @@ fn a_vippool_on_every_node_is_routed_to_all_and_a_rollout_breaks_no_connection()
         }),
     )
     .unwrap();
-    api.insert(
-        "services",
-        json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": { "name": "web", "namespace": "shop" },
-            "spec": { "type": "LoadBalancer", "externalTrafficPolicy": "Cluster", "ports": [{ "port": 80, "protocol": "TCP" }] }
-        }),
-    )
-    .unwrap();
+    api.insert("services", lb_service("shop", "web", false)).unwrap();
     let ip = wait_for(Duration::from_secs(20), || {
         api.get("services", Some("shop"), "web")?["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_owned)
     });

@@ -91,9 +91,14 @@ pub async fn sync(h: &Handle, lo: u32, want: &BTreeSet<IpAddr>) -> Result<()> {
 
 /// Removes every address of ours from `lo` (uninstalling); returns them.
 pub async fn remove_ours(h: &Handle, lo: u32) -> Result<Vec<IpAddr>> {
+    remove_where(h, lo, |_| true).await
+}
+
+/// Removes those of our addresses on `lo` that `which` picks; returns them.
+async fn remove_where(h: &Handle, lo: u32, which: impl Fn(&IpAddr) -> bool) -> Result<Vec<IpAddr>> {
     let (_, ours) = addresses(h, lo).await?;
     let mut removed = Vec::new();
-    for (vip, msg) in ours {
+    for (vip, msg) in ours.into_iter().filter(|(v, _)| which(v)) {
         h.address().del(msg).execute().await.with_context(|| format!("removing {vip} from lo"))?;
         removed.push(vip);
     }
@@ -107,13 +112,7 @@ pub async fn withdraw(vips: &BTreeSet<IpAddr>) -> Result<Vec<IpAddr>> {
     let lo = crate::dataplane::iface_info("lo").map(|(i, _)| i)?;
     let (conn, h, _) = rtnetlink::new_connection().context("netlink socket")?;
     tokio::spawn(conn);
-    let (_, ours) = addresses(&h, lo).await?;
-    let mut removed = Vec::new();
-    for (vip, msg) in ours.into_iter().filter(|(v, _)| vips.contains(v)) {
-        h.address().del(msg).execute().await.with_context(|| format!("removing {vip} from lo"))?;
-        removed.push(vip);
-    }
-    Ok(removed)
+    remove_where(&h, lo, |v| vips.contains(v)).await
 }
 
 /// Keeps `lo` equal to the latest `want` (also re-checked every few seconds, in
