@@ -16,6 +16,7 @@ use std::{
 };
 
 use serde_json::json;
+use vip_agent::k8s::source::KUBE_PROXY_HEALTHZ_PORT;
 use vip_tests::{
     agent::{agent_bin, previous_release_bin},
     halab::{arp_probe, vip, HaLab, HaSpec, LongConn},
@@ -43,22 +44,32 @@ fn all(lab: &HaLab) -> Vec<usize> {
     (0..lab.nodes.len()).collect()
 }
 
+type Setup = (std::sync::MutexGuard<'static, ()>, KubeLab, Kubelet);
+
 /// The lab with its pool and Services, every VIP held and every ring whole; its
-/// agents run the binary `image` (None: this build's).
-fn setup(image: Option<PathBuf>) -> Option<(std::sync::MutexGuard<'static, ()>, KubeLab, Kubelet)> {
+/// agents run the binary `image` (None: this build's). The pool's HTTP check asks
+/// each node's name server.
+fn setup(image: Option<PathBuf>) -> Option<Setup> {
+    let check = json!({ "type": "http", "path": "/healthz", "interval": "200ms", "timeout": "100ms" });
+    setup_with(HaSpec { agent_bin: image, ..HaSpec::default() }, check)
+}
+
+/// [`setup`] from `spec` (its VIPs and HTTP port set here) with the pool's
+/// `healthCheck` `check`.
+fn setup_with(spec: HaSpec, check: serde_json::Value) -> Option<Setup> {
     if !privileged() {
         return None;
     }
     let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     agent_bin().expect("the vip-agent binary (cargo xtask test builds it)");
-    let kl = KubeLab::start(HaSpec { vips: VIPS, metrics_on_segment: true, agent_bin: image, ..HaSpec::default() }, lab_exe()).unwrap();
+    let kl = KubeLab::start(HaSpec { vips: VIPS, metrics_on_segment: true, ..spec }, lab_exe()).unwrap();
     let (lab, api) = (&kl.lab, &kl.api);
     api.insert(
         "vippools.vip.dev",
         json!({
             "apiVersion": "vip.dev/v1alpha1", "kind": "VipPool", "metadata": { "name": "lab" },
             "spec": { "addresses": [format!("{}-{}", vip(0), vip(VIPS - 1))], "nodeSelector": { "lab": "yes" }, "tableSize": 251,
-                      "healthCheck": { "type": "http", "path": "/healthz", "interval": "200ms", "timeout": "100ms" } }
+                      "healthCheck": check }
         }),
     )
     .unwrap();
@@ -335,4 +346,100 @@ fn an_api_server_outage_of_60_s_with_a_crash_in_it_breaks_nothing() {
         status_after.as_secs_f64()
     );
     assert_clean(&report, &kl.lab);
+}
+
+/// kube-proxy restarted on a node: its health server (`:10256/healthz`, what a
+/// pool's bare HTTP check asks for Cluster-policy Services) gone for 3 s while its
+/// rules serve on, as they do across a kube-proxy restart. The node leaves every
+/// ring for new flows, the connections it serves drain on, it is back once
+/// kube-proxy answers, and no VIP moves: no new connection fails, none breaks.
+#[test]
+fn a_kube_proxy_restart_breaks_nothing_its_node_serves() {
+    const DOWN: Duration = Duration::from_secs(3);
+    let spec = HaSpec { health_port: Some(KUBE_PROXY_HEALTHZ_PORT), ..HaSpec::default() };
+    let Some((_g, mut kl, _kubelet)) = setup_with(spec, json!({ "type": "http", "interval": "200ms", "timeout": "100ms" })) else { return };
+    let lab = &mut kl.lab;
+    let every = all(lab);
+    let owners = lab.wait_converged_on(&every, VIPS, Duration::from_secs(10)).unwrap();
+    let d = 2;
+    let name = lab.nodes[d].name.clone();
+    let conns = long_conns(lab, 8);
+    let served = conns.iter().filter(|c| c.backend == name).count();
+    assert!(served >= 3, "too few long-lived connections on {name}: {served}");
+    let in_rings = |lab: &HaLab, n: usize| every.iter().all(|&i| rings_with(lab, i, &name) == Some(n));
+    assert!(in_rings(lab, VIPS));
+
+    let load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+    let t = Instant::now();
+    lab.stop_health(d);
+    let out = vip_tests::halab::time_until(DOWN, || in_rings(lab, 0));
+    let out = out.unwrap_or_else(|| panic!("{name} still in a ring {DOWN:?} after kube-proxy's health server stopped\n{}", lab.agent_logs()));
+    std::thread::sleep(DOWN.saturating_sub(t.elapsed()));
+    lab.start_health(d).unwrap();
+    let back = vip_tests::halab::time_until(Duration::from_secs(5), || in_rings(lab, VIPS));
+    let back = back.unwrap_or_else(|| panic!("{name} not back in every ring 5 s after kube-proxy answered\n{}", lab.agent_logs()));
+    let (report, _) = load.finish().unwrap();
+    eprintln!(
+        "restarts: kube-proxy's health server on {name} down {} s: {report}; {name} out of every ring {} ms after it stopped, back {} ms after it answered; {served} of the long-lived connections on {name}",
+        DOWN.as_secs(),
+        out.as_millis(),
+        back.as_millis()
+    );
+    assert_eq!(lab.wait_converged_on(&every, VIPS, Duration::from_secs(5)).unwrap(), owners, "VIPs moved");
+    assert_clean(&report, lab);
+}
+
+/// A node rebooted under load: its link down, then its agent, its pods (the name
+/// server) and its data path gone (bpffs emptied), back 2 s later, when the
+/// kubelet starts the DaemonSet's pod on an empty pin directory. Its VIPs move
+/// and come back; what breaks is only what must: the connections its own pods
+/// carried, and of those it balanced to other nodes through its VIPs, the ones
+/// whose pins went with it (counted). No new connection fails and no connection
+/// through the other VIPs to other nodes breaks.
+#[test]
+fn a_rebooted_node_breaks_only_what_went_with_it() {
+    let Some((_g, mut kl, kubelet)) = setup(None) else { return };
+    let lab = &mut kl.lab;
+    let every = all(lab);
+    let owners = lab.wait_converged_on(&every, VIPS, Duration::from_secs(10)).unwrap();
+    let d = 2;
+    let name = lab.nodes[d].name.clone();
+    let conns = long_conns(lab, 8);
+    // The VIP of each connection, from its source port (long_conns' numbering).
+    let vip_of = |sport: u16| vip(usize::from((sport - 20000) / 100));
+    let served = conns.iter().filter(|c| c.backend == name).count();
+    let through: Vec<u16> = conns.iter().filter(|c| c.backend != name && owners[&vip_of(c.sport)] == name).map(|c| c.sport).collect();
+    assert!(served > 0 && !through.is_empty(), "{served} on {name}, {} through its VIPs", through.len());
+    let others = conns.len() - served - through.len();
+
+    let load = Load::start(&lab.client, vips(), EVERY, CONNECT_TIMEOUT, conns).unwrap();
+    lab.power_off(d).unwrap();
+    let rest: Vec<usize> = every.iter().copied().filter(|&i| i != d).collect();
+    let moved = lab.wait_converged_on(&rest, VIPS, Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert!(moved.values().all(|o| *o != name), "{moved:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    let booted = Instant::now();
+    lab.power_on(d).unwrap();
+    let ready = kubelet.wait_ready(lab, d, booted, Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let back = lab.wait_converged_on(&every, VIPS, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    assert_eq!(back, owners, "the VIPs did not return to their owners");
+    lab.wait_rings_full(&every, Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e:#}\n{}", lab.agent_logs()));
+    let (report, _) = load.finish().unwrap();
+    let on = |b: &String| b.split_once(':').map(|(node, sport)| (node.to_owned(), sport.parse::<u16>().unwrap()));
+    let broken: Vec<(String, u16)> = report.broken.iter().filter_map(on).collect();
+    let ended = broken.iter().filter(|(n, _)| *n == name).count();
+    let lost = broken.iter().filter(|(n, s)| *n != name && through.contains(s)).count();
+    let wrong: Vec<_> = broken.iter().filter(|(n, s)| *n != name && !through.contains(s)).collect();
+    eprintln!(
+        "restarts: {name} rebooted (off 2 s, its new pod Ready {:.1} s after its start): {} of {} new connections failed (slowest {} ms); long-lived: {ended} of {served} its pods carried ended, {} of {} through its VIPs to other nodes kept, {} of {others} others kept",
+        ready.as_secs_f64(),
+        report.failed,
+        report.attempted,
+        report.slowest.as_millis(),
+        through.len() - lost,
+        through.len(),
+        others - wrong.len()
+    );
+    assert!(wrong.is_empty(), "connections through the other VIPs to other nodes broke: {wrong:?}\n{}", lab.agent_logs());
+    assert_eq!(report.failed, 0, "{report}\n{}", lab.agent_logs());
 }
