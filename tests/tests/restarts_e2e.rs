@@ -348,6 +348,28 @@ fn an_api_server_outage_of_60_s_with_a_crash_in_it_breaks_nothing() {
     assert_clean(&report, &kl.lab);
 }
 
+/// The converged lab before a fault on node-3 (`d`): every node, the VIPs'
+/// holders, 8 long-lived connections through each VIP and how many of them
+/// node-3's pods serve.
+struct Loaded {
+    every: Vec<usize>,
+    owners: std::collections::BTreeMap<std::net::Ipv4Addr, String>,
+    d: usize,
+    name: String,
+    conns: Vec<LongConn>,
+    served: usize,
+}
+
+fn loaded(lab: &HaLab) -> Loaded {
+    let every = all(lab);
+    let owners = lab.wait_converged_on(&every, VIPS, Duration::from_secs(10)).unwrap();
+    let d = 2;
+    let name = lab.nodes[d].name.clone();
+    let conns = long_conns(lab, 8);
+    let served = conns.iter().filter(|c| c.backend == name).count();
+    Loaded { every, owners, d, name, conns, served }
+}
+
 /// kube-proxy restarted on a node: its health server (`:10256/healthz`, what a
 /// pool's bare HTTP check asks for Cluster-policy Services) gone for 3 s while its
 /// rules serve on, as they do across a kube-proxy restart. The node leaves every
@@ -359,12 +381,7 @@ fn a_kube_proxy_restart_breaks_nothing_its_node_serves() {
     let spec = HaSpec { health_port: Some(KUBE_PROXY_HEALTHZ_PORT), ..HaSpec::default() };
     let Some((_g, mut kl, _kubelet)) = setup_with(spec, json!({ "type": "http", "interval": "200ms", "timeout": "100ms" })) else { return };
     let lab = &mut kl.lab;
-    let every = all(lab);
-    let owners = lab.wait_converged_on(&every, VIPS, Duration::from_secs(10)).unwrap();
-    let d = 2;
-    let name = lab.nodes[d].name.clone();
-    let conns = long_conns(lab, 8);
-    let served = conns.iter().filter(|c| c.backend == name).count();
+    let Loaded { every, owners, d, name, conns, served } = loaded(lab);
     assert!(served >= 3, "too few long-lived connections on {name}: {served}");
     let in_rings = |lab: &HaLab, n: usize| every.iter().all(|&i| rings_with(lab, i, &name) == Some(n));
     assert!(in_rings(lab, VIPS));
@@ -400,14 +417,9 @@ fn a_kube_proxy_restart_breaks_nothing_its_node_serves() {
 fn a_rebooted_node_breaks_only_what_went_with_it() {
     let Some((_g, mut kl, kubelet)) = setup(None) else { return };
     let lab = &mut kl.lab;
-    let every = all(lab);
-    let owners = lab.wait_converged_on(&every, VIPS, Duration::from_secs(10)).unwrap();
-    let d = 2;
-    let name = lab.nodes[d].name.clone();
-    let conns = long_conns(lab, 8);
+    let Loaded { every, owners, d, name, conns, served } = loaded(lab);
     // The VIP of each connection, from its source port (long_conns' numbering).
     let vip_of = |sport: u16| vip(usize::from((sport - 20000) / 100));
-    let served = conns.iter().filter(|c| c.backend == name).count();
     let through: Vec<u16> = conns.iter().filter(|c| c.backend != name && owners[&vip_of(c.sport)] == name).map(|c| c.sport).collect();
     assert!(served > 0 && !through.is_empty(), "{served} on {name}, {} through its VIPs", through.len());
     let others = conns.len() - served - through.len();

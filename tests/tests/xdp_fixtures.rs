@@ -59,6 +59,9 @@ const ROUTER6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0xfe);
 const LOCAL6_PORT: u16 = 82;
 const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 const ALL_NODES_MAC: Mac = [0x33, 0x33, 0, 0, 0, 1];
+/// Another host's MAC on the segment (a peer holding the same VIPs, or one a
+/// switch floods frames for).
+const OTHER_HOST_MAC: Mac = [0x02, 0, 0, 0, 0, 0x77];
 
 fn backend(i: u8) -> BackendSpec {
     BackendSpec { name: format!("node-{i}"), addr: Ipv4Addr::new(198, 18, 0, 10 + i).into(), mac: [0x02, 0, 0, 0, 0x10, i], weight: 1, local: false }
@@ -156,9 +159,19 @@ struct Case {
     output: Option<Vec<u8>>,
 }
 
+/// Our MAC on the network of a frame tagged `vlan`: VLAN 42's sub-interface has
+/// a MAC of its own, and Linux takes a tagged frame to another MAC for another host.
+fn ours(vlan: Option<u16>) -> Mac {
+    if vlan == Some(VLAN) {
+        VLAN_MAC
+    } else {
+        OUR_MAC
+    }
+}
+
 fn cases(dp: &Dataplane) -> Vec<Case> {
     let req = |tpa, vlan| frames::arp_request(CLIENT_MAC, CLIENT, tpa, vlan);
-    let tcp = |dst, sport, dport, vlan| frames::tcp(OUR_MAC, CLIENT_MAC, vlan, (CLIENT, sport), (dst, dport));
+    let tcp = |dst, sport, dport, vlan| frames::tcp(ours(vlan), CLIENT_MAC, vlan, (CLIENT, sport), (dst, dport));
     let fwd_tcp = tcp(VIP, 40000, 80, None);
     let fwd_tcp_vlan = tcp(VIP_VLAN, 40001, 80, Some(VLAN));
     let fwd_tcp_lo = tcp(VIP_LO, 40002, 80, None);
@@ -332,6 +345,26 @@ fn cases(dp: &Dataplane) -> Vec<Case> {
             verdict: XDP_PASS,
             output: None,
         },
+        // A switch floods a frame for a MAC it has not learnt (or whose port went
+        // down) to every port: the host it is for balances it, no one else.
+        Case {
+            name: "tcp to a held VIP addressed to another host's MAC (flooded): passed, not forwarded twice",
+            input: frames::tcp(OTHER_HOST_MAC, CLIENT_MAC, None, (CLIENT, 40008), (VIP, 80)),
+            verdict: XDP_PASS,
+            output: None,
+        },
+        Case {
+            name: "tcp to a VIP held by every node (lo), flooded for another node: passed",
+            input: frames::tcp_ack(OTHER_HOST_MAC, CLIENT_MAC, None, (CLIENT, 40009), (VIP_LO, 80)),
+            verdict: XDP_PASS,
+            output: None,
+        },
+        Case {
+            name: "tcp in VLAN 42 to a VIP of VLAN 42 addressed to another host's MAC: passed",
+            input: frames::tcp(OTHER_HOST_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 40010), (VIP_VLAN, 80)),
+            verdict: XDP_PASS,
+            output: None,
+        },
         Case { name: "tcp to VIP on a port without service: passed", input: tcp(VIP, 40000, 81, None), verdict: XDP_PASS, output: None },
         Case { name: "tcp to a non-VIP address: passed", input: tcp(OTHER, 40000, 80, None), verdict: XDP_PASS, output: None },
         Case { name: "icmp echo to VIP: local stack", input: frames::icmp_echo(OUR_MAC, CLIENT_MAC, CLIENT, VIP), verdict: XDP_PASS, output: None },
@@ -355,12 +388,12 @@ fn reply6(vip: Ipv6Addr, vport: u16, client: Ipv6Addr, cport: u16) -> Vec<u8> {
 
 /// Fragmentation needed (next-hop MTU 1280) from the router to `vip`, quoting `quoted`.
 fn frag_needed(vip: Ipv4Addr, vlan: Option<u16>, quoted: &[u8]) -> Vec<u8> {
-    frames::icmp_error(OUR_MAC, CLIENT_MAC, vlan, (ROUTER, vip), (3, 4), 1280, quoted)
+    frames::icmp_error(ours(vlan), CLIENT_MAC, vlan, (ROUTER, vip), (3, 4), 1280, quoted)
 }
 
 /// Packet too big (MTU 1280) from the router to `vip`, quoting `quoted`.
 fn too_big(vip: Ipv6Addr, vlan: Option<u16>, quoted: &[u8]) -> Vec<u8> {
-    frames::icmp6_error(OUR_MAC, CLIENT_MAC, vlan, (ROUTER6, vip), (2, 0), 1280, quoted)
+    frames::icmp6_error(ours(vlan), CLIENT_MAC, vlan, (ROUTER6, vip), (2, 0), 1280, quoted)
 }
 
 /// ICMP and ICMPv6 errors to VIPs (and what else ICMP brings), each with the
@@ -498,7 +531,7 @@ fn icmp_cases(dp: &Dataplane) -> Vec<(Case, &'static str)> {
 /// IPv6 balancing cases, each with the reason it is counted under.
 fn lb6_cases(dp: &Dataplane) -> Vec<(Case, &'static str)> {
     use frames::{ipv6_ext, tcp6, udp6, EXT_AH, EXT_DEST_OPTS, EXT_FRAGMENT, EXT_HOP_BY_HOP, EXT_ROUTING, TCP_SYN};
-    let tcp = |dst, sport, dport, vlan| tcp6(OUR_MAC, CLIENT_MAC, vlan, (CLIENT6, sport), (dst, dport), TCP_SYN);
+    let tcp = |dst, sport, dport, vlan| tcp6(ours(vlan), CLIENT_MAC, vlan, (CLIENT6, sport), (dst, dport), TCP_SYN);
     let choice = |vip, sport, dport, proto| ring_choice(dp, svc(vip, dport, proto), CLIENT6, sport, dport);
     let fwd = |name, input: Vec<u8>, to| (Case { name, output: Some(forwarded(&input, to)), input, verdict: XDP_TX }, "forwarded");
     let pass = |name, input, reason| (Case { name, input, verdict: XDP_PASS, output: None }, reason);
@@ -550,6 +583,11 @@ fn lb6_cases(dp: &Dataplane) -> Vec<(Case, &'static str)> {
             "passed_not_owner",
         ),
         pass("tcp to an IPv6 non-VIP address: passed", tcp(CLIENT6, 41010, 80, None), "passed_not_vip"),
+        pass(
+            "tcp to a held IPv6 VIP addressed to another host's MAC (flooded): passed",
+            tcp6(OTHER_HOST_MAC, CLIENT_MAC, None, (CLIENT6, 41014), (VIP6, 80), TCP_SYN),
+            "passed_other_host",
+        ),
         pass("tcp in VLAN 42 to an IPv6 VIP of the untagged network: passed", tcp(VIP6, 41011, 80, Some(VLAN)), "passed_not_owner"),
         (
             Case {
@@ -724,6 +762,8 @@ fn fixtures_byte_for_byte() {
     assert!(counters.reasons["passed_icmp"].0 >= 1);
     // Group frames to VIPs held elsewhere or stale: two IPv4, one IPv6, one ICMP error.
     assert_eq!(counters.reasons["drop_group_not_owner"].0, 4);
+    // Frames flooded for another host: three IPv4 (one in VLAN 42), one IPv6.
+    assert_eq!(counters.reasons["passed_other_host"].0, 4);
     assert_eq!(counters.reasons["forwarded_icmp_error"].0, 7);
     // Per-service and per-backend counters saw the forwarded packets.
     assert!(counters.services.values().map(|c| c.0).sum::<u64>() >= 7);
@@ -1201,7 +1241,7 @@ fn counters_count_layer2_and_layer3_lengths() {
     let mut w = world();
     let pad = |f: &[u8], to: usize| -> Vec<u8> { f.iter().copied().chain(std::iter::repeat(0)).take(to.max(f.len())).collect() };
     let tcp = frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 41000), (VIP, 80));
-    let tcp_vlan_opts = frames::with_ip_options(&frames::tcp(OUR_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 41001), (VIP_VLAN, 80)), 3);
+    let tcp_vlan_opts = frames::with_ip_options(&frames::tcp(VLAN_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 41001), (VIP_VLAN, 80)), 3);
     let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP_VLAN, Some(VLAN));
     let arp_4000 = frames::arp_request(CLIENT_MAC, CLIENT, VIP, Some(4000));
     let udp6 = frames::ipv6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, VIP6), 64, 17, &frames::udp_header(5353, 53, b"q"));
@@ -1401,7 +1441,7 @@ fn frames_to_vips_of_other_networks_go_to_backends_out_of_home_untagged() {
     let untag = |f: &[u8]| -> Vec<u8> { f[..12].iter().chain(&f[16..]).copied().collect() };
     // Home is the VLAN's parent (the interface test runs receive on).
     w.dp.set_home(Some((IFINDEX, OUR_MAC))).unwrap();
-    let vlan_tcp = frames::tcp(OUR_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 42000), (VIP_VLAN, 80));
+    let vlan_tcp = frames::tcp(VLAN_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 42000), (VIP_VLAN, 80));
     let to = ring_choice(&w.dp, svc(VIP_VLAN, 80, PROTO_TCP), CLIENT, 42000, 80);
     for round in 0..3 {
         let before = w.dp.counters().unwrap().reasons["forwarded_home"];
@@ -1413,7 +1453,7 @@ fn frames_to_vips_of_other_networks_go_to_backends_out_of_home_untagged() {
     // This node as the backend of a VLAN's VIP: its stack gets the frame untagged
     // (it need not have the VLAN).
     w.dp.set_service(svc(VIP_VLAN, 81, PROTO_TCP), &[BackendSpec { local: true, ..backend(9) }], TABLE, 0).unwrap();
-    let local_tcp = frames::tcp(OUR_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 42002), (VIP_VLAN, 81));
+    let local_tcp = frames::tcp(VLAN_MAC, CLIENT_MAC, Some(VLAN), (CLIENT, 42002), (VIP_VLAN, 81));
     let (verdict, out, _) = w.dp.test_run(&local_tcp, 1, None).unwrap();
     assert_eq!((verdict, out), (XDP_PASS, untag(&local_tcp)), "a VLAN's frame passed to this node's stack untagged");
     // Home's own network: forwarded as before, tag-free, on the same interface.
@@ -1789,6 +1829,30 @@ fn tcp_flow(sport: u16) -> (Vec<u8>, (Ipv4Addr, u16, Ipv4Addr, u16)) {
     (frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, sport), (VIP, 80)), (CLIENT, sport, VIP, 80))
 }
 
+/// A frame of a cached flow addressed to another host's MAC (a switch flooding
+/// it, as when that host's port went down or its entry aged out) is passed as
+/// the same flow's frame would be on the slow path, and leaves the cached answer
+/// for the frames to our MAC.
+#[test]
+fn a_cached_flows_frame_flooded_for_another_host_is_not_forwarded() {
+    if !privileged() {
+        return;
+    }
+    stay_on_cpu0();
+    let mut w = world();
+    let (f, flow) = tcp_flow(42500);
+    let to = ring_choice(&w.dp, svc(VIP, 80, PROTO_TCP), CLIENT, 42500, 80);
+    assert_eq!(run_cached(&mut w, &f, flow), (XDP_TX, forwarded(&f, to)));
+    let flooded = frames::tcp_ack(OTHER_HOST_MAC, CLIENT_MAC, None, (CLIENT, 42500), (VIP, 80));
+    let before = w.dp.counters().unwrap().reasons["passed_other_host"].0;
+    let (v, out, _) = w.dp.test_run(&flooded, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_PASS, flooded.clone()), "a flooded frame of a cached flow");
+    assert_eq!(w.dp.counters().unwrap().reasons["passed_other_host"].0, before + 1);
+    assert_eq!(cached_to(&w, CLIENT, 42500, VIP, 80), Some(to), "the flooded frame dropped the flow's cached answer");
+    let (v, out, _) = w.dp.test_run(&f, 1, None).unwrap();
+    assert_eq!((v, out), (XDP_TX, forwarded(&f, to)), "the flow's next frame to our MAC");
+}
+
 /// A cached flow gives the flow table's answer with the same counters, and after
 /// every change that could make the answer wrong it is not used again: backend
 /// removed (its flows re-hash, never to it), service removed (nothing forwarded),
@@ -1854,7 +1918,10 @@ fn flow_cache_answers_like_the_flow_table_and_is_invalidated_by_changes() {
     run_cached(&mut w, &f, flow);
     const NEW_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
     w.dp.set_iface(IFINDEX, NEW_MAC).unwrap();
-    assert_eq!(w.dp.test_run(&f, 1, None).unwrap().1[6..12], NEW_MAC, "cached source MAC after the interface's changed");
+    // Clients address the new MAC (announced); a frame to the old one is another host's now.
+    let to_new: Vec<u8> = NEW_MAC.iter().chain(&f[6..]).copied().collect();
+    assert_eq!(w.dp.test_run(&to_new, 1, None).unwrap().1[6..12], NEW_MAC, "cached source MAC after the interface's changed");
+    assert_eq!(w.dp.test_run(&f, 1, None).unwrap().0, XDP_PASS, "a frame to the interface's old MAC");
     w.dp.set_iface(IFINDEX, OUR_MAC).unwrap();
 
     // Evicted flows re-hash: a cached flow whose ring slot a fourth backend takes.

@@ -63,6 +63,7 @@ reasons! {
     AskAnsweredPinned = 31 => "ask_answered_pinned",
     AskAnsweredRing = 32 => "ask_answered_ring",
     PassedFromPrevious = 33 => "passed_from_previous",
+    PassedOtherHost = 34 => "passed_other_host",
 }
 
 // The numbers run 0..COUNT, so `ALL[i] as u32 == i` and `lb_stats` has no gap.
@@ -102,7 +103,8 @@ impl Reason {
             | Reason::NdpNotAnnounced
             | Reason::ArpWatched
             | Reason::PassedIpv6Ext
-            | Reason::PassedFromPrevious => "XDP_PASS",
+            | Reason::PassedFromPrevious
+            | Reason::PassedOtherHost => "XDP_PASS",
         }
     }
 }

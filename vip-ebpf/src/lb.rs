@@ -198,7 +198,9 @@ pub fn lb_cache<F: Flows>(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Ve
         // A SYN skips it: its flow may be a reused 5-tuple whose cached answer is
         // stale (the flag read back from the scratch, not kept in a register). So
         // does a frame to a group MAC, which only the VIP's fresh holder may handle.
-        if unsafe { read_volatile(&(*s).syn) } == 0 && !lb_group(ctx)? && lb_key_is::<F>(e.cast(), s) && lb_answer_hit(F::cache_answer(e), s) {
+        // A frame not to our MAC the answer was computed for skips it too: a group
+        // frame, or one a switch flooded to us for another host (lb_other_host).
+        if unsafe { read_volatile(&(*s).syn) } == 0 && lb_dst_is(ctx, F::cache_answer(e))? && lb_key_is::<F>(e.cast(), s) && lb_answer_hit(F::cache_answer(e), s) {
             return lb_cached(ctx, F::cache_answer(e), s).map(Some);
         }
     }
@@ -309,6 +311,31 @@ fn lb_zero(w: *mut u64) {
 fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     Ok(unsafe { (*eth).dst_addr[0] } & 1 != 0)
+}
+
+/// Whether the frame is addressed to the MAC of the cached answer `a` (ours on
+/// the interface it was computed for, written after the backend's): never a
+/// group frame.
+#[inline(always)]
+fn lb_dst_is(ctx: &XdpContext, a: *const FlowAnswer) -> Result<bool, ()> {
+    let dst = ptr_at::<[u8; 6]>(ctx, 0)? as *const u8;
+    let ours = unsafe { (*a).eth.as_ptr().add(6) };
+    Ok(unsafe { read_unaligned(dst as *const u32) == read_unaligned(ours as *const u32) && read_unaligned(dst.add(4) as *const u16) == read_unaligned(ours.add(4) as *const u16) })
+}
+
+/// Whether the frame, for a VIP held here (our MAC on its network in the
+/// scratch), is unicast to another MAC: a switch floods a frame to a MAC it has
+/// not learnt or whose port went down, so every node on the segment may see a
+/// frame its holder also sees. That host's to balance (and its stack's, if it
+/// has one): balanced here too, it would reach a backend twice.
+#[inline(always)]
+fn lb_other_host(ctx: &XdpContext, s: *const Scratch) -> Result<bool, ()> {
+    let dst = ptr_at::<[u8; 6]>(ctx, 0)? as *const u8;
+    let ours = unsafe { (&raw const (*s).mac) as *const u8 };
+    Ok(unsafe {
+        *dst & 1 == 0
+            && (read_unaligned(dst as *const u32) != read_unaligned(ours as *const u32) || read_unaligned(dst.add(4) as *const u16) != read_unaligned(ours.add(4) as *const u16))
+    })
 }
 
 /// The service whose key words (`W`) are at byte `OFF` of the scratch, through
@@ -440,6 +467,9 @@ fn lb_balance<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratch, held
     }
     if !held {
         return lb_not_held(ctx);
+    }
+    if lb_other_host(ctx, s)? {
+        return Ok((xdp_action::XDP_PASS, Reason::PassedOtherHost));
     }
     if let Some(v) = lb_stale(ctx, s)? {
         return Ok(v);
@@ -635,6 +665,9 @@ pub fn lb_icmp_error<F: Flows, const L2: usize>(ctx: &XdpContext, s: *mut Scratc
     }
     lb_flow_touch::<F>(s);
     // As for the flow's packets.
+    if lb_other_host(ctx, s)? {
+        return Ok((xdp_action::XDP_PASS, Reason::PassedOtherHost));
+    }
     if let Some(v) = lb_stale(ctx, s)? {
         return Ok(v);
     }

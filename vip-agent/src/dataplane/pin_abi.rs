@@ -65,7 +65,7 @@ const PINNED: &[(&str, Layout)] = &[
     ("lb_home", (2, 4, 12, 1, 0)),
     ("lb_ifaces", (1, 4, 8, 64, 0)),
     ("lb_nodes", (1, 8, 4, 4096, 0)),
-    ("lb_stats", (6, 4, 16, 34, 0)),
+    ("lb_stats", (6, 4, 16, 35, 0)),
     ("lb_vlans", (1, 8, 4, 256, 0)),
     ("ndp_conflicts", (9, 20, 8, 4096, 0)),
     ("ndp_handoff", (1, 20, 8, 4096, 0)),

@@ -104,6 +104,9 @@ pub(super) fn meaning(r: Reason) -> &'static str {
         Reason::PassedFromPrevious => {
             "A segment the VIP's previous holder sent this node, the VIP's holder, in answer to an ask (its pin or ring chose this node): passed to the stack, not balanced or asked about again."
         }
+        Reason::PassedOtherHost => {
+            "A unicast frame to a VIP service this node holds, addressed to another MAC: a switch flooded it here (it has not learnt that MAC, or the port it was learnt on went down), and its own host sees it too. Passed to the stack, which drops it, so that no flow reaches a backend twice. Rising on every node while one is down shows the switch still floods its MAC (clients or the router still send to it)."
+        }
         Reason::ArpWatched => {
             "An ARP reply or gratuitous ARP for a VIP another node holds that this node's agent is checking (its ARP self-check asked who answers for it): the sender MAC is recorded in `arp_watch` for the agent, the frame passed. A few per VIP checked, about every 45 s."
         }

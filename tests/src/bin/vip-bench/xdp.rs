@@ -39,6 +39,8 @@ const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0x100);
 /// IPv6 flows cycled through for the not-cached row: as many as IPv4's (both
 /// families share `lb_flows`).
 const SPREAD_FLOWS6: u32 = SPREAD_FLOWS;
+/// The hit rows' port (see [`bench_dataplane`]).
+const HIT_PORT: u16 = 8080;
 
 /// Median over ROUNDS of ns/packet for `repeat` runs of one frame.
 fn per_packet(dp: &mut Dataplane, prog: &str, frame: &[u8], live: bool) -> Result<f64> {
@@ -48,6 +50,20 @@ fn per_packet(dp: &mut Dataplane, prog: &str, frame: &[u8], live: bool) -> Resul
         v.push(d.as_nanos() as f64);
     }
     Ok(median(v))
+}
+
+/// [`per_packet`] in live-frames mode, or None where the kernel refuses that mode
+/// (BPF_PROG_RUN answers EPERM, even to root, on some kernel builds): its row is
+/// then left out.
+fn per_packet_live(dp: &mut Dataplane, prog: &str, frame: &[u8]) -> Result<Option<f64>> {
+    match per_packet(dp, prog, frame, true) {
+        Ok(ns) => Ok(Some(ns)),
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))) => {
+            eprintln!("xdp: the kernel refuses live frames ({e:#}): the live-frames row is left out");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Median over ROUNDS of the mean ns/packet of MISS_FLOWS single runs, each a new
@@ -133,6 +149,13 @@ fn bench_dataplane() -> Result<(Dataplane, PinDir)> {
     dp.set_service(ServiceAddr { vip: VIP.into(), port: 80, protocol: Protocol::Tcp }, &backends, 16381, 0)?;
     dp.set_service(ServiceAddr { vip: VIP.into(), port: 53, protocol: Protocol::Udp }, &backends, 16381, 0)?;
     dp.set_service(ServiceAddr { vip: VIP6.into(), port: 80, protocol: Protocol::Tcp }, &backends, 16381, 0)?;
+    // The hit rows' services: runs that are not live keep the rewritten frame, and
+    // the data path balances only frames to our MAC, so their one backend has our
+    // MAC (not local): each repeat is still a hit. A hit does the same work
+    // whatever the backend's MAC.
+    let ours = [BackendSpec { mac: OUR_MAC, ..backends[0].clone() }];
+    dp.set_service(ServiceAddr { vip: VIP.into(), port: HIT_PORT, protocol: Protocol::Tcp }, &ours, 16381, 0)?;
+    dp.set_service(ServiceAddr { vip: VIP6.into(), port: HIT_PORT, protocol: Protocol::Tcp }, &ours, 16381, 0)?;
     Ok((dp, pins))
 }
 
@@ -228,7 +251,7 @@ fn table(rows: &[Row], reduced: Option<&[(f64, f64)]>) -> Section {
 fn rows() -> Result<Vec<Row>> {
     let (mut dp, _pins) = bench_dataplane()?;
     let arp = frames::arp_request(CLIENT_MAC, CLIENT, VIP, None);
-    let fwd = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP, 80));
+    let fwd = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP, HIT_PORT));
     let other = frames::tcp_ack(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (Ipv4Addr::new(198, 18, 0, 200), 80));
     let tuple = |i: u32| (Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + (i >> 12)), 1024 + (i & 0xfff) as u16);
     let syn = |i: u32| frames::tcp(OUR_MAC, CLIENT_MAC, None, tuple(i), (VIP, 80));
@@ -246,9 +269,9 @@ fn rows() -> Result<Vec<Row>> {
         dp.test_run(&spread(i), 1, None)?;
     }
     // The hit rows' flow, established.
-    dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP, 80)), 1, None)?;
+    dp.test_run(&frames::tcp(OUR_MAC, CLIENT_MAC, None, (CLIENT, 40000), (VIP, HIT_PORT)), 1, None)?;
     dp.test_run(&fwd, 1, None)?;
-    let base_live = per_packet(&mut dp, "xdp_baseline_pass", &fwd, true)?;
+    let base_live = per_packet_live(&mut dp, "xdp_baseline_pass", &fwd)?;
     let base = per_packet(&mut dp, "xdp_baseline_pass", &fwd, false)?;
     let mut base_round = 0;
     let base_call = per_call(&mut dp, "xdp_baseline_pass", &syn, &mut base_round)?;
@@ -256,9 +279,15 @@ fn rows() -> Result<Vec<Row>> {
     // reply and would take the pass path. Each ARP run gets a fresh request.
     let mut arp_round = 0;
     let arp_ns = per_call(&mut dp, "vip_xdp", &|_| arp.clone(), &mut arp_round)?;
-    let hit_ns = per_packet(&mut dp, "vip_xdp", &fwd, true)?;
+    let hit_ns = match base_live {
+        Some(_) => per_packet_live(&mut dp, "vip_xdp", &fwd)?,
+        None => None,
+    };
     // Non-live repeats keep the rewritten frame: still TCP to the VIP, still a hit.
+    let forwarded = |dp: &Dataplane| -> Result<u64> { Ok(dp.counters()?.reasons["forwarded"].0) };
+    let before = forwarded(&dp)?;
     let hit_prog_ns = per_packet(&mut dp, "vip_xdp", &fwd, false)?;
+    anyhow::ensure!(forwarded(&dp)? - before == u64::from(REPEAT) * ROUNDS as u64, "the hit row's repeats were not all forwarded");
     let pass_ns = per_packet(&mut dp, "vip_xdp", &other, false)?;
     let pinned = dp.flow_count();
     // All but a few: with 65,537 flows a set of four ways overflows now and then.
@@ -270,10 +299,12 @@ fn rows() -> Result<Vec<Row>> {
     // IPv6: the same paths, beside their IPv4 twins.
     let ns6 = frames::neighbor_solicitation(CLIENT_MAC, None, CLIENT6, VIP6);
     let ns6_ns = per_call(&mut dp, "vip_xdp", &|_| ns6.clone(), &mut arp_round)?;
-    let fwd6 = frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (VIP6, 80), frames::TCP_ACK);
-    dp.test_run(&frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (VIP6, 80), frames::TCP_SYN), 1, None)?;
+    let fwd6 = frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (VIP6, HIT_PORT), frames::TCP_ACK);
+    dp.test_run(&frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (VIP6, HIT_PORT), frames::TCP_SYN), 1, None)?;
     dp.test_run(&fwd6, 1, None)?;
+    let before = forwarded(&dp)?;
     let hit6_ns = per_packet(&mut dp, "vip_xdp", &fwd6, false)?;
+    anyhow::ensure!(forwarded(&dp)? - before == u64::from(REPEAT) * ROUNDS as u64, "the IPv6 hit row's repeats were not all forwarded");
     let other6 = frames::tcp6(OUR_MAC, CLIENT_MAC, None, (CLIENT6, 40000), (CLIENT6, 80), frames::TCP_ACK);
     let pass6_ns = per_packet(&mut dp, "vip_xdp", &other6, false)?;
     let tuple6 = |i: u32| (Ipv6Addr::from(u128::from(Ipv6Addr::new(0x2001, 2, 0x19, 0, 0, 0, 0, 0)) + u128::from(i >> 12)), 1024 + (i & 0xfff) as u16);
@@ -294,7 +325,12 @@ fn rows() -> Result<Vec<Row>> {
     let ack6 = |i: u32| frames::tcp6(OUR_MAC, CLIENT_MAC, None, tuple6(i), (VIP6, 80), frames::TCP_ACK);
     let c = dp.counters()?;
     anyhow::ensure!(c.reasons["arp_answered"].0 >= u64::from(MISS_FLOWS) * ROUNDS as u64, "ARP path not taken: {:?}", c.reasons);
-    anyhow::ensure!(c.reasons["forwarded"].0 >= (2 * u64::from(REPEAT) + u64::from(MISS_FLOWS)) * ROUNDS as u64, "forward path not taken: {:?}", c.reasons);
+    let hit_runs = if hit_ns.is_some() { 2 } else { 1 };
+    anyhow::ensure!(
+        c.reasons["forwarded"].0 >= (hit_runs * u64::from(REPEAT) + u64::from(MISS_FLOWS)) * ROUNDS as u64,
+        "forward path not taken: {:?}",
+        c.reasons
+    );
 
     let mut round = 1 << 24;
     // Each new-flow row gets new maps, as the miss row always had: an empty flow
@@ -324,9 +360,10 @@ fn rows() -> Result<Vec<Row>> {
     let udp_both = new_flows(&udp, Some((&udp, (true, true))))?;
     let syn6_ns = new_flows(&syn6, None)?;
     let tcp6_both = new_flows(&syn6, Some((&ack6, (true, true))))?;
-    Ok(vec![
-        ("ARP reply (XDP_TX)", "100k fresh requests, 1 run each", arp_ns, base_call, "≤ 2×"),
-        ("VIP forward, flow-table hit (XDP_TX)", "live frames, 100k repeats", hit_ns, base_live, "≤ 2.5×"),
+    let live = hit_ns.zip(base_live).map(|(ns, b)| ("VIP forward, flow-table hit (XDP_TX)", "live frames, 100k repeats", ns, b, "≤ 2.5×"));
+    let mut rows = vec![("ARP reply (XDP_TX)", "100k fresh requests, 1 run each", arp_ns, base_call, "≤ 2×")];
+    rows.extend(live);
+    rows.extend([
         ("VIP forward, flow-table hit (XDP_TX)", "100k repeats, not live", hit_prog_ns, base, "≤ 2.5×"),
         ("VIP forward, established flow not in the flow cache (XDP_TX)", "65,536 established flows in turn, 1 run each", lru_ns, base_call, "≤ 3.5×"),
         ("new TCP flow, first packet (SYN)", "100k fresh flows, 1 run each", syn_ns, base_call, "≤ 7.3×"),
@@ -342,5 +379,6 @@ fn rows() -> Result<Vec<Row>> {
         ("IPv6: new TCP flow, first packet (SYN)", "100k fresh flows, 1 run each", syn6_ns, base_call, "≤ 1.2× IPv4's"),
         ("IPv6: new TCP flow, first two packets together (per flow)", "SYNs of 256 then their ACKs, both timed", tcp6_both, base_call, "≤ 1.2× IPv4's"),
         ("IPv6: non-VIP pass (XDP_PASS)", "100k repeats, not live", pass6_ns, base, "≤ 1.2× IPv4's"),
-    ])
+    ]);
+    Ok(rows)
 }
