@@ -5,6 +5,7 @@
 //! run loop that keeps the maps equal to the model; `inspect` decodes the maps for humans.
 pub mod addrs;
 pub mod agent;
+pub mod bgp;
 pub mod cleanup;
 pub mod cli;
 pub mod clock;

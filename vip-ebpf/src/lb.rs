@@ -200,7 +200,11 @@ pub fn lb_cache<F: Flows>(ctx: &XdpContext, s: *mut Scratch) -> Result<Option<Ve
         // does a frame to a group MAC, which only the VIP's fresh holder may handle.
         // A frame not to our MAC the answer was computed for skips it too: a group
         // frame, or one a switch flooded to us for another host (lb_other_host).
-        if unsafe { read_volatile(&(*s).syn) } == 0 && lb_dst_is(ctx, F::cache_answer(e))? && lb_key_is::<F>(e.cast(), s) && lb_answer_hit(F::cache_answer(e), s) {
+        if unsafe { read_volatile(&(*s).syn) } == 0
+            && lb_dst_is(ctx, F::cache_answer(e))?
+            && lb_key_is::<F>(e.cast(), s)
+            && lb_answer_hit(F::cache_answer(e), s)
+        {
             return lb_cached(ctx, F::cache_answer(e), s).map(Some);
         }
     }
@@ -320,7 +324,10 @@ fn lb_group(ctx: &XdpContext) -> Result<bool, ()> {
 fn lb_dst_is(ctx: &XdpContext, a: *const FlowAnswer) -> Result<bool, ()> {
     let dst = ptr_at::<[u8; 6]>(ctx, 0)? as *const u8;
     let ours = unsafe { (*a).eth.as_ptr().add(6) };
-    Ok(unsafe { read_unaligned(dst as *const u32) == read_unaligned(ours as *const u32) && read_unaligned(dst.add(4) as *const u16) == read_unaligned(ours.add(4) as *const u16) })
+    Ok(unsafe {
+        read_unaligned(dst as *const u32) == read_unaligned(ours as *const u32)
+            && read_unaligned(dst.add(4) as *const u16) == read_unaligned(ours.add(4) as *const u16)
+    })
 }
 
 /// Whether the frame, for a VIP held here (our MAC on its network in the
@@ -334,7 +341,8 @@ fn lb_other_host(ctx: &XdpContext, s: *const Scratch) -> Result<bool, ()> {
     let ours = unsafe { (&raw const (*s).mac) as *const u8 };
     Ok(unsafe {
         *dst & 1 == 0
-            && (read_unaligned(dst as *const u32) != read_unaligned(ours as *const u32) || read_unaligned(dst.add(4) as *const u16) != read_unaligned(ours.add(4) as *const u16))
+            && (read_unaligned(dst as *const u32) != read_unaligned(ours as *const u32)
+                || read_unaligned(dst.add(4) as *const u16) != read_unaligned(ours.add(4) as *const u16))
     })
 }
 
