@@ -12,7 +12,7 @@ const VTYSH: &str = "vtysh";
 /// Whether vtysh (Debian's frr package) runs; outside CI a missing one skips, in
 /// CI it fails.
 fn vtysh_installed() -> bool {
-    if Command::new(VTYSH).arg("--version").output().is_ok_and(|o| o.status.success()) {
+    if Command::new(VTYSH).arg("--help").output().is_ok_and(|o| o.status.success()) {
         return true;
     }
     let why = "vtysh is not installed (Debian's frr package; `cargo xtask setup --tests` installs it)";
@@ -23,7 +23,10 @@ fn vtysh_installed() -> bool {
 
 /// `vtysh --dryrun` of `config`: Ok, or FRR's complaint.
 fn dry_run(config: &str) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("vip-frr-config-{}", std::process::id()));
+    // Tests run in parallel: a directory per call.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("vip-frr-config-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("frr.conf");
     std::fs::write(&file, config).unwrap();

@@ -1,8 +1,8 @@
-//! BGP through FRR (`announce: bgp`, being built): the sessions and
-//! advertisements one node wants, and FRR's configuration for them
-//! ([`frr_config`]). The agent renders the file and FRR's own tools load it
-//! (`frr-reload.py` applies the difference, so sessions that did not change are
-//! not reset); FRR's bgpd and bfdd speak the protocols. Why FRR:
+//! BGP through FRR (`announce: bgp`, being built; nothing runs this yet): the
+//! sessions and advertisements one node wants, and FRR's configuration for them
+//! ([`frr_config`]). The plan: the agent renders the file and FRR's own tools
+//! load it (`frr-reload.py` applies the difference, so sessions that did not
+//! change are not reset); FRR's bgpd and bfdd speak the protocols. Why FRR:
 //! docs/development/dependencies.md.
 use std::{fmt::Write as _, net::IpAddr, time::Duration};
 
