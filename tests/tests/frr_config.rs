@@ -5,7 +5,7 @@
 //! sections and exits 0 whatever it refused.
 use std::{net::IpAddr, process::Command, time::Duration};
 
-use vip_agent::bgp::{frr_config, Advertisement, Bfd, Peer, Speaker};
+use vip_agent::bgp::{frr_config, Advertisement, Attributes, Bfd, Peer, Speaker};
 
 const VTYSH: &str = "vtysh";
 
@@ -73,9 +73,11 @@ fn speakers() -> Vec<(&'static str, Speaker)> {
         advertisements: vec![
             Advertisement {
                 addresses: addrs(&["203.0.113.1", "203.0.113.2", "2001:db8::1"]),
-                communities: vec!["64512:100".into(), "65535:65281".into()],
-                large_communities: vec!["64512:1:2".into()],
-                local_pref: Some(200),
+                attributes: Attributes {
+                    communities: vec!["64512:100".into(), "65535:65281".into()],
+                    large_communities: vec!["64512:1:2".into()],
+                    local_pref: Some(200),
+                },
             },
             Advertisement { addresses: addrs(&["203.0.113.9", "2001:db8::9"]), ..Advertisement::default() },
         ],

@@ -88,6 +88,7 @@ fn read_host_sees_addresses_labels_and_vlans_of_its_namespace() {
         garp: None,
         interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
         vlan: None,
+        bgp: Default::default(),
     };
     let node = Node { name: "n1".into(), addr: "198.18.10.1".parse().unwrap(), mac: None, labels: Default::default(), taints: Vec::new() };
     let mut world = World {

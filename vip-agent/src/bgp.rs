@@ -1,13 +1,26 @@
-//! BGP through FRR (`announce: bgp`, being built; nothing runs this yet): the
-//! sessions and advertisements one node wants, and FRR's configuration for them
-//! ([`frr_config`]). The plan: the agent renders the file and FRR's own tools
-//! load it (`frr-reload.py` applies the difference, so sessions that did not
-//! change are not reset); FRR's bgpd and bfdd speak the protocols. Why FRR:
-//! docs/development/dependencies.md.
-use std::{fmt::Write as _, net::IpAddr, time::Duration};
+//! BGP through FRR (`announce: bgp`): the sessions and advertisements one node
+//! wants ([`speaker`], from the model's [`Settings`] and the VIPs the node
+//! holds), and FRR's configuration for them ([`frr_config`]). The agent renders
+//! the file and FRR's own `frr-reload.py` loads it, applying only the
+//! difference, so that sessions that did not change are not reset
+//! ([`frr`]); FRR's bgpd and bfdd, which outlive the agent, speak the
+//! protocols. Why FRR: docs/development/dependencies.md.
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use crate::model::{selects, AnnounceMode, Selector, World};
+
+pub mod frr;
 
 /// A BGP session of this node (MetalLB's BGPPeer, for one node).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Peer {
     pub address: IpAddr,
     pub asn: u32,
@@ -22,7 +35,8 @@ pub struct Peer {
     pub hold_time: Option<Duration>,
     pub keepalive_time: Option<Duration>,
     pub ebgp_multihop: bool,
-    /// The TCP MD5 password (from a Secret).
+    /// The TCP MD5 password (never shown in status or `inspect`).
+    #[serde(skip)]
     pub password: Option<String>,
     /// BFD on the session, with this profile.
     pub bfd: Option<Bfd>,
@@ -37,7 +51,8 @@ impl Peer {
 }
 
 /// A BFD profile (MetalLB's BFDProfile): FRR's defaults are 300 ms and 3.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Bfd {
     pub name: String,
     pub receive_interval: Duration,
@@ -45,16 +60,71 @@ pub struct Bfd {
     pub detect_multiplier: u8,
 }
 
-/// Addresses this node announces (a pool's held VIPs) and what goes with them.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Advertisement {
-    /// Host routes: /32 and /128.
-    pub addresses: Vec<IpAddr>,
+/// What a pool's routes carry (MetalLB's BGPAdvertisement).
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attributes {
     /// Standard communities, `ASN:value`.
     pub communities: Vec<String>,
     /// Large communities, `ASN:value:value`.
     pub large_communities: Vec<String>,
     pub local_pref: Option<u32>,
+}
+
+/// Addresses this node announces (a pool's held VIPs) and what goes with them.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Advertisement {
+    /// Host routes: /32 and /128.
+    pub addresses: Vec<IpAddr>,
+    pub attributes: Attributes,
+}
+
+/// A session and the nodes that open it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    pub peer: Peer,
+    /// Nodes whose labels match (empty: every node).
+    pub node_selector: Selector,
+}
+
+/// The cluster's BGP settings (the config file's `bgp`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    pub sessions: Vec<Session>,
+    pub graceful_restart: bool,
+}
+
+/// The speaker of node `me`: its sessions, and one advertisement per
+/// `announce: bgp` pool (in the model's order, so that the route maps keep their
+/// names while VIPs come and go) with the pool's VIPs of `held`. None without
+/// BGP settings or for a node not in the model.
+pub fn speaker(world: &World, me: &str, held: &BTreeSet<IpAddr>) -> Option<Speaker> {
+    let settings = world.bgp.as_ref()?;
+    let node = world.nodes.iter().find(|n| n.name == me)?;
+    let peers = settings.sessions.iter().filter(|s| selects(&s.node_selector, &node.labels)).map(|s| s.peer.clone()).collect();
+    let advertisements = world
+        .pools
+        .iter()
+        .filter(|p| p.announce == AnnounceMode::Bgp)
+        .map(|p| Advertisement { addresses: p.addresses.iter().copied().filter(|a| held.contains(a)).collect(), attributes: p.bgp.clone() })
+        .collect();
+    Some(Speaker { router_id: router_id(node.addr, me), peers, advertisements, graceful_restart: settings.graceful_restart })
+}
+
+/// A node's BGP identifier: its IPv4 address; an IPv6-only node's is drawn
+/// from its name (FRR needs one, and it must differ between the nodes).
+fn router_id(address: IpAddr, name: &str) -> Ipv4Addr {
+    match address {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(_) => {
+            // FNV-1a: stable across releases (std's hasher is not).
+            let h = name.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+            // Never 0.0.0.0, which BGP refuses.
+            Ipv4Addr::from(h.max(1))
+        }
+    }
 }
 
 /// What one node's speaker is given.
@@ -127,12 +197,19 @@ pub fn validate(s: &Speaker) -> Result<(), Error> {
         }
     }
     for (index, a) in s.advertisements.iter().enumerate() {
-        if let Some(c) = a.communities.iter().find(|c| !community_ok(c, 2)) {
-            return Err(Error::Community { index, field: "communities", value: c.clone(), what: "community (ASN:value, 16 bits each)" });
-        }
-        if let Some(c) = a.large_communities.iter().find(|c| !community_ok(c, 3)) {
-            return Err(Error::Community { index, field: "largeCommunities", value: c.clone(), what: "large community (a:b:c, 32 bits each)" });
-        }
+        check_attributes(&a.attributes).map_err(|(field, value, what)| Error::Community { index, field, value, what })?;
+    }
+    Ok(())
+}
+
+/// A pool's communities that FRR would refuse: the field, the value and what it
+/// should be.
+pub fn check_attributes(a: &Attributes) -> Result<(), (&'static str, String, &'static str)> {
+    if let Some(c) = a.communities.iter().find(|c| !community_ok(c, 2)) {
+        return Err(("communities", c.clone(), "community (ASN:value, 16 bits each)"));
+    }
+    if let Some(c) = a.large_communities.iter().find(|c| !community_ok(c, 3)) {
+        return Err(("largeCommunities", c.clone(), "large community (a:b:c, 32 bits each)"));
     }
     Ok(())
 }
@@ -167,7 +244,11 @@ pub fn frr_config(s: &Speaker) -> Result<String, Error> {
         c.push_str("exit\n!\n");
     }
     let Some(first) = s.peers.first() else { return Ok(c) };
-    let _ = write!(c, "router bgp {}\n bgp router-id {}\n no bgp ebgp-requires-policy\n no bgp network import-check\n", first.my_asn, s.router_id);
+    let _ = write!(
+        c,
+        "router bgp {}\n bgp router-id {}\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n no bgp network import-check\n",
+        first.my_asn, s.router_id
+    );
     if s.graceful_restart {
         c.push_str(" bgp graceful-restart\n bgp graceful-restart preserve-fw-state\n");
     }
@@ -207,7 +288,7 @@ pub fn frr_config(s: &Speaker) -> Result<String, Error> {
         c.push_str(" exit-address-family\n");
     }
     c.push_str("exit\n!\nroute-map vip-in deny 10\nexit\n!\n");
-    for (i, a) in s.advertisements.iter().enumerate() {
+    for (i, a) in s.advertisements.iter().map(|a| &a.attributes).enumerate() {
         let _ = writeln!(c, "route-map vip-adv-{i} permit 10");
         if !a.communities.is_empty() {
             let _ = writeln!(c, " set community {}", a.communities.join(" "));

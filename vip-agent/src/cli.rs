@@ -149,6 +149,19 @@ pub struct RunArgs {
     /// second per node (more VIPs are checked less often). 0s: no check.
     #[arg(long, env = "VIP_ARP_CHECK_INTERVAL", default_value = "45s", value_parser = humantime::parse_duration)]
     pub arp_check_interval: Duration,
+    /// `announce: bgp`: FRR's integrated configuration file, which the agent
+    /// writes (FRR's configuration directory is its directory).
+    #[arg(long, env = "VIP_FRR_CONFIG", default_value = "/etc/frr/frr.conf")]
+    pub frr_config: PathBuf,
+    /// `announce: bgp`: the directory of FRR's vty sockets.
+    #[arg(long, env = "VIP_FRR_VTY_DIR", default_value = "/var/run/frr")]
+    pub frr_vty_dir: PathBuf,
+    /// `announce: bgp`: FRR's frr-reload.py, which applies the difference.
+    #[arg(long, env = "VIP_FRR_RELOAD", default_value = "/usr/lib/frr/frr-reload.py")]
+    pub frr_reload: PathBuf,
+    /// `announce: bgp`: FRR's vtysh.
+    #[arg(long, env = "VIP_VTYSH", default_value = "/usr/bin/vtysh")]
+    pub vtysh: PathBuf,
     /// Log JSON lines instead of text (the level comes from RUST_LOG, default info).
     #[arg(long, env = "VIP_LOG_JSON", value_parser = clap::builder::BoolishValueParser::new())]
     pub log_json: bool,

@@ -70,6 +70,8 @@ pub struct Pool {
     /// The 802.1Q VLAN (1..=4094) of that interface its VIPs live on, without a
     /// VLAN sub-interface on the node; None: untagged (or the sub-interface's).
     pub vlan: Option<u16>,
+    /// What its routes carry (`announce: bgp`).
+    pub bgp: crate::bgp::Attributes,
 }
 
 impl Pool {
@@ -191,6 +193,25 @@ pub enum AnnounceMode {
     /// the node (BGP/ECMP) to announce: no ARP answers, no gratuitous ARP. The
     /// holder still balances the VIP's traffic over the ring.
     Lo,
+    /// Every live eligible node holds the VIP (whatever `distribution` says): it
+    /// goes on each one's loopback, and the agent has the node's FRR announce it
+    /// to the BGP peers of the config's `bgp` section, for the routers to spread
+    /// its traffic by ECMP. No ARP answers, no gratuitous ARP. Not in the
+    /// VipPool schema: no resource gives BGP sessions yet.
+    #[schemars(skip)]
+    Bgp,
+}
+
+impl AnnounceMode {
+    /// Whether the holder puts the VIP on `lo` rather than answering ARP for it.
+    pub fn on_lo(self) -> bool {
+        matches!(self, AnnounceMode::Lo | AnnounceMode::Bgp)
+    }
+
+    /// Whether every live eligible node of `distribution` holds the VIP.
+    pub fn everywhere(self, distribution: Distribution) -> bool {
+        self == AnnounceMode::Bgp || distribution == Distribution::All
+    }
 }
 
 /// Which of a pool's live eligible nodes hold each of its VIPs.
@@ -263,6 +284,8 @@ pub struct World {
     pub services: Vec<Service>,
     pub announce: Announce,
     pub failover: Failover,
+    /// The BGP sessions of `announce: bgp` pools (the config file's `bgp`).
+    pub bgp: Option<crate::bgp::Settings>,
     /// Seed of the Maglev permutation: equal on every node, or rings differ.
     pub maglev_seed: u64,
     /// Nodes of the cluster not in `nodes`, with why (Kubernetes: excluded from

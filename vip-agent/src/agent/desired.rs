@@ -10,7 +10,7 @@ use std::{
 use crate::{
     dataplane::{BackendSpec, ServiceAddr, ServiceSpec},
     health::Target,
-    model::{AnnounceMode, Candidates, Distribution, NoHealthyBackend, NoHolder, World},
+    model::{Candidates, NoHealthyBackend, NoHolder, World},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,11 +48,11 @@ pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership 
     let mut d = Ownership::default();
     for pool in &world.pools {
         let eligible: Vec<String> = world.eligible(pool).into_iter().filter(|n| live.contains(&n.name)).map(|n| n.name.clone()).collect();
-        let everywhere = pool.distribution == Distribution::All && eligible.iter().any(|n| n == me);
+        let everywhere = pool.announce.everywhere(pool.distribution) && eligible.iter().any(|n| n == me);
         for (vip, owner) in crate::ha::ownership::assign(&pool.addresses, &eligible) {
             if owner == me || everywhere {
                 d.held.insert(vip);
-                if pool.announce == AnnounceMode::Lo {
+                if pool.announce.on_lo() {
                     d.on_lo.insert(vip);
                 }
                 if everywhere {

@@ -63,6 +63,8 @@ pub const LEAVING_STAY: Duration = Duration::from_secs(30);
 struct Agent {
     /// This node's name.
     me: String,
+    /// The node's FRR (`announce: bgp`; idle without BGP settings).
+    speaker: crate::bgp::frr::Speaker,
     /// The config file (file source): re-read on change and on SIGHUP.
     config_file: Option<PathBuf>,
     /// How VIP traffic is taken in on this node's backends (the host check).
@@ -151,6 +153,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         arp_sender,
         arp_check_interval,
         heartbeat_key,
+        frr,
     } = opts;
     let mut metrics = metrics::Metrics::new(source.mode());
     let (owners_tx, owners) = watch::channel(BTreeMap::new());
@@ -165,6 +168,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     }
     let dp = Dataplane::load(&pin_dir, ring_capacity)?;
     let (on_lo, on_lo_rx) = watch::channel(BTreeSet::new());
+    let speaker = crate::bgp::frr::Speaker::spawn(frr, me.clone(), Arc::new(World::default()), on_lo.subscribe(), metrics.bgp.clone());
     ha::loopback::spawn(on_lo_rx)?;
     let (guard_tx, guard_rx) = watch::channel(crate::route_guard::Guard::default());
     crate::route_guard::spawn(guard_rx)?;
@@ -181,6 +185,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     let held = dp.held_handle()?;
     let (liveness_tx, liveness_rx) = watch::channel(liveness::Inputs::default());
     let mut agent = Agent {
+        speaker,
         interfaces: interfaces::Interfaces::new(iface, attach_mode),
         liveness_tx,
         iface_problems: Vec::new(),
@@ -250,6 +255,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         node_macs: agent.macs_tx.subscribe(),
     };
     let mut members = liveness::spawn(setup, frame_tx, liveness_rx)?;
+    agent.speaker.start();
     agent.membership = members.borrow_and_update().clone();
     agent.owners_tx.send_replace(agent.membership.owners.clone());
     agent.reconcile(None);
@@ -306,6 +312,7 @@ impl Agent {
         // liveness thread then finds the new pools placed.
         let moved = before.pools != world.pools || before.node(&me) != world.node(&me);
         let uplinks = if moved { self.placement() } else { self.liveness_tx.borrow().uplinks.clone() };
+        self.speaker.set_world(world.clone());
         // The model and its placement in one message (see `liveness::Inputs`).
         self.liveness_tx.send_replace(liveness::Inputs { world, uplinks });
         let backed = preflight::backed_vips(&self.world, &me);

@@ -33,6 +33,8 @@ pub struct Options {
     pub arp_check_interval: Duration,
     /// Where the cluster's heartbeat key comes from.
     pub heartbeat_key: HeartbeatKey,
+    /// FRR, for `announce: bgp` pools.
+    pub frr: crate::bgp::frr::Paths,
 }
 
 /// Where the cluster's heartbeat key comes from.
@@ -87,6 +89,7 @@ impl Options {
             reload_interval: r.reload_interval,
             arp_sender: r.arp_sender,
             arp_check_interval: r.arp_check_interval,
+            frr: crate::bgp::frr::Paths { config: r.frr_config, vty_dir: r.frr_vty_dir, reload: r.frr_reload, vtysh: r.vtysh },
             heartbeat_key,
         })
     }

@@ -2,8 +2,9 @@
 //! wait of a node the model leaves out, then the agent loop (what it waits on:
 //! [`Inputs`]) and its orderly stop.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     future::Future,
+    net::IpAddr,
     pin::Pin,
     sync::{atomic::Ordering, Arc},
     time::Duration,
@@ -21,7 +22,7 @@ use super::{
     keys::KeyUpdates,
     Agent, Membership, LEAVING_STAY,
 };
-use crate::{clock::monotonic_ns, ha, health::HealthChange};
+use crate::{clock::monotonic_ns, ha, health::HealthChange, model::AnnounceMode};
 
 /// What the agent loop waits on, built once by [`super::run`].
 pub(super) struct Inputs {
@@ -159,10 +160,40 @@ impl Agent {
         if ended.is_err() {
             warn!("the liveness thread did not end within 500 ms of the stop");
         }
+        self.withdraw_bgp().await;
         // Program and maps stay: VIPs no peer took keep being answered until their
         // deadline, so that an agent restarted within the hold time takes over
         // without a gap; released ones keep balancing clients that still send here.
         info!("stopping; the data path keeps running on the last state");
         Ok(())
     }
+
+    /// Has FRR withdraw the `announce: bgp` VIPs that live peers hold (all of
+    /// those of a pool with another live eligible node), so that the routers
+    /// move their flows to them while this data path still forwards; the others
+    /// stay announced, as `lo` keeps them. Bounded: a stop must not hang on FRR.
+    async fn withdraw_bgp(&mut self) {
+        if self.world.bgp.is_none() {
+            return;
+        }
+        let bgp_vips = self.membership.on_lo.iter().filter(|v| self.world.announce_mode(**v) == AnnounceMode::Bgp);
+        let mut peers = self.membership.live.clone();
+        peers.remove(&self.me);
+        let taken = super::desired::ownership(&self.world, &self.me, &peers).owners;
+        let (gone, keep): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) = bgp_vips.copied().partition(|v| taken.contains_key(v));
+        if gone.is_empty() {
+            return;
+        }
+        if self.speaker.leave(keep, BGP_WITHDRAW_WAIT).await {
+            info!(withdrawn = gone.len(), "BGP routes of the VIPs peers hold withdrawn");
+        } else {
+            warn!(
+                vips = gone.len(),
+                "FRR did not withdraw the VIPs peers hold within {BGP_WITHDRAW_WAIT:?}; the routers keep sending them here until the sessions' hold time"
+            );
+        }
+    }
 }
+
+/// How long a stop waits for FRR to withdraw (a reload takes under a second).
+const BGP_WITHDRAW_WAIT: Duration = Duration::from_secs(5);

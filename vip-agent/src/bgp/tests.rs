@@ -25,9 +25,7 @@ pub(crate) fn sample() -> Speaker {
         advertisements: vec![
             Advertisement {
                 addresses: vec!["203.0.113.1".parse().unwrap(), "2001:db8::1".parse().unwrap()],
-                communities: vec!["64512:100".into()],
-                large_communities: vec!["64512:1:2".into()],
-                local_pref: Some(200),
+                attributes: Attributes { communities: vec!["64512:100".into()], large_communities: vec!["64512:1:2".into()], local_pref: Some(200) },
             },
             Advertisement { addresses: vec!["203.0.113.2".parse().unwrap()], ..Advertisement::default() },
         ],
@@ -54,6 +52,7 @@ exit
 router bgp 64513
  bgp router-id 198.18.0.11
  no bgp ebgp-requires-policy
+ no bgp default ipv4-unicast
  no bgp network import-check
  bgp graceful-restart
  bgp graceful-restart preserve-fw-state
@@ -117,8 +116,8 @@ fn what_frr_would_refuse_is_refused_naming_the_field() {
     assert!(with(&|s| s.peers[0].password = Some("two words".into())).starts_with("peers[0].password: "));
     assert!(with(&|s| s.peers[0].bfd.as_mut().unwrap().detect_multiplier = 1).starts_with("peers[0].bfd: "));
     assert!(with(&|s| s.peers[0].bfd.as_mut().unwrap().name = "a b".into()).starts_with("peers[0].bfd: "));
-    assert!(with(&|s| s.advertisements[0].communities = vec!["65536:1".into()]).starts_with("advertisements[0].communities: \"65536:1\""));
-    assert!(with(&|s| s.advertisements[0].large_communities = vec!["1:2".into()]).starts_with("advertisements[0].largeCommunities: "));
+    assert!(with(&|s| s.advertisements[0].attributes.communities = vec!["65536:1".into()]).starts_with("advertisements[0].communities: \"65536:1\""));
+    assert!(with(&|s| s.advertisements[0].attributes.large_communities = vec!["1:2".into()]).starts_with("advertisements[0].largeCommunities: "));
     // A hold time of 0 (no keepalives) is BGP's own choice.
     let mut s = sample();
     (s.peers[0].keepalive_time, s.peers[0].hold_time) = (Some(Duration::ZERO), Some(Duration::ZERO));

@@ -1,5 +1,6 @@
 //! The YAML file source: parses and validates `vip-agent run --config FILE` into
 //! the model. Unknown keys are errors; every error names the field path and line.
+mod bgp;
 mod locate;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr, time::Duration};
@@ -49,6 +50,8 @@ struct File {
     announce: FileAnnounce,
     #[serde(default)]
     failover: FileFailover,
+    #[serde(default)]
+    bgp: Option<bgp::FileBgp>,
     #[serde(default)]
     maglev_seed: u64,
 }
@@ -111,6 +114,8 @@ struct FilePool {
     interfaces: Vec<String>,
     #[serde(default)]
     vlan: Option<u16>,
+    #[serde(default)]
+    bgp: Option<bgp::FilePoolBgp>,
 }
 
 #[derive(Deserialize)]
@@ -241,6 +246,14 @@ fn validate(f: File) -> Result<World, FieldError> {
         spec::interface_names(&format!("{p}.interfaces"), &fp.interfaces)?;
         spec::vlan_id(&format!("{p}.vlan"), fp.vlan)?;
         spec::distribution(&format!("{p}.distribution"), fp.distribution, fp.announce)?;
+        if fp.announce == AnnounceMode::Bgp && f.bgp.is_none() {
+            return invalid(format!("{p}.announce"), "`bgp` needs the sessions to announce it on: a top-level `bgp` section with `myASN` and `peers`");
+        }
+        let attributes = match fp.bgp {
+            Some(_) if fp.announce != AnnounceMode::Bgp => return invalid(format!("{p}.bgp"), "only for `announce: bgp`"),
+            Some(b) => bgp::pool(&format!("{p}.bgp"), b)?,
+            None => Default::default(),
+        };
         pools.push(Pool {
             name: fp.name,
             addresses: set.iter().collect(),
@@ -251,6 +264,7 @@ fn validate(f: File) -> Result<World, FieldError> {
             garp,
             interfaces: fp.interfaces,
             vlan: fp.vlan,
+            bgp: attributes,
         });
     }
 
@@ -311,7 +325,8 @@ fn validate(f: File) -> Result<World, FieldError> {
     let fo = f.failover;
     let failover = Failover { heartbeat_port: fo.heartbeat_port, heartbeat_interval: fo.heartbeat_interval, dead_after: fo.dead_after };
     check_timers(&announce, &failover, &FILE_TIMER_FIELDS)?;
-    Ok(World { nodes, pools, services, announce, failover, maglev_seed: f.maglev_seed, left_out: BTreeMap::new() })
+    let bgp = f.bgp.map(bgp::settings).transpose()?;
+    Ok(World { nodes, pools, services, announce, failover, bgp, maglev_seed: f.maglev_seed, left_out: BTreeMap::new() })
 }
 
 /// What a source calls the timers and the heartbeat port in its messages: the

@@ -274,7 +274,7 @@ fn pool_announce_mode_and_gratuitous_arp() {
 #[test]
 fn pool_announce_errors() {
     let at = "    nodeSelector: {role: lb}";
-    rejects(at, &format!("{at}\n    announce: bgp"), "pools[0].announce", "announce: bgp", "unknown variant `bgp`");
+    rejects(at, &format!("{at}\n    announce: ospf"), "pools[0].announce", "announce: ospf", "unknown variant `ospf`");
     rejects(at, &format!("{at}\n    gratuitousArp: {{count: 0}}"), "pools[0].gratuitousArp.count", "gratuitousArp: {count: 0}", "from 1 to 100");
     rejects(at, &format!("{at}\n    gratuitousArp:\n      refresh: 10ms"), "pools[0].gratuitousArp.refresh", "refresh: 10ms", "at least 1s");
     rejects(at, &format!("{at}\n    gratuitousArp:\n      interval: 0s"), "pools[0].gratuitousArp.interval", "interval: 0s", "from 1ms to 10s");
@@ -326,4 +326,62 @@ fn pool_vlan() {
     }
     rejects(at, &format!("{at}\n    vlan: 0"), "pools[0].vlan", "vlan: 0", "0 is not a VLAN id: 1 to 4094");
     rejects(at, &format!("{at}\n    vlan: 4095"), "pools[0].vlan", "vlan: 4095", "4095 is not a VLAN id: 1 to 4094");
+}
+
+/// `GOOD` with its pool `announce: bgp` (communities on its routes) and a `bgp`
+/// section: two peers, one with BFD and timers, one for nodes labelled lb.
+const BGP_POOL: &str = "    nodeSelector: {role: lb}\n    announce: bgp\n    bgp: {communities: [\"64512:100\"], localPref: 200}";
+const BGP: &str = "announce:\n  holdTime: 900ms\nbgp:\n  myASN: 64513\n  bfdProfiles:\n    - name: fast\n      detectMultiplier: 4\n  peers:\n    - address: 198.18.0.1\n      asn: 64512\n      holdTime: 3s\n      keepaliveTime: 1s\n      bfdProfile: fast\n    - address: 198.18.0.2\n      asn: 64512\n      nodeSelector: {role: lb}\n";
+
+fn with_bgp(pool: &str, section: &str) -> String {
+    GOOD.replacen("    nodeSelector: {role: lb}", pool, 1).replacen("announce:\n  holdTime: 900ms\n", section, 1)
+}
+
+#[test]
+fn a_bgp_pool_takes_its_sessions_from_the_bgp_section() {
+    let w = parse(&with_bgp(BGP_POOL, BGP)).unwrap();
+    let vip: std::net::IpAddr = "198.18.1.10".parse().unwrap();
+    assert_eq!(w.announce_mode(vip), crate::model::AnnounceMode::Bgp);
+    assert_eq!(w.pools[0].bgp.communities, ["64512:100"]);
+    assert_eq!(w.pools[0].bgp.local_pref, Some(200));
+    let b = w.bgp.as_ref().unwrap();
+    assert!(b.graceful_restart, "graceful restart by default");
+    let p0 = &b.sessions[0].peer;
+    assert_eq!((p0.asn, p0.my_asn, p0.hold_time, p0.keepalive_time), (64512, 64513, Some(Duration::from_secs(3)), Some(Duration::from_secs(1))));
+    let bfd = p0.bfd.as_ref().unwrap();
+    assert_eq!((bfd.receive_interval, bfd.detect_multiplier), (Duration::from_millis(300), 4), "FRR's interval by default");
+    // n1 (role lb) opens both sessions, n2 only the first; every bgp pool VIP n1
+    // holds is one route, with the pool's communities.
+    let held = [vip].into_iter().collect();
+    let n1 = crate::bgp::speaker(&w, "n1", &held).unwrap();
+    assert_eq!(n1.peers.len(), 2);
+    assert_eq!(n1.router_id, Ipv4Addr::new(198, 18, 0, 11));
+    assert_eq!(n1.advertisements[0].addresses, [vip]);
+    assert_eq!(n1.advertisements[0].attributes.local_pref, Some(200));
+    assert_eq!(crate::bgp::speaker(&w, "n2", &Default::default()).unwrap().peers.len(), 1);
+    assert!(crate::bgp::speaker(&w, "nobody", &held).is_none());
+}
+
+#[test]
+fn bgp_errors_name_the_field() {
+    let bgp_rejects = |pool: &str, section: &str, path: &str, msg: &str| {
+        let err = parse(&with_bgp(pool, section)).expect_err(&format!("accepted {section}"));
+        assert_eq!(err.path, path, "{err}");
+        assert!(err.message.contains(msg), "{err:?} lacks {msg:?}");
+        assert!(err.line.is_some(), "{err}");
+    };
+    let none = "announce:\n  holdTime: 900ms\n";
+    bgp_rejects(BGP_POOL, none, "pools[0].announce", "top-level `bgp` section");
+    bgp_rejects("    nodeSelector: {role: lb}\n    bgp: {localPref: 1}", BGP, "pools[0].bgp", "only for `announce: bgp`");
+    bgp_rejects(&BGP_POOL.replace("64512:100", "64512:65536"), BGP, "pools[0].bgp.communities", "\"64512:65536\" is not a community");
+    bgp_rejects(BGP_POOL, &BGP.replace("bfdProfile: fast", "bfdProfile: slow"), "bgp.peers[0].bfdProfile", "no profile \"slow\"");
+    bgp_rejects(BGP_POOL, &BGP.replace("holdTime: 3s", "holdTime: 2s"), "bgp.peers[0].holdTime", "at least 3 s");
+    bgp_rejects(BGP_POOL, &BGP.replace("198.18.0.2", "198.18.0.1"), "bgp.peers[1].address", "given twice");
+    bgp_rejects(BGP_POOL, &BGP.replace("detectMultiplier: 4", "detectMultiplier: 1"), "bgp.peers[0].bfdProfile", "detectMultiplier");
+    bgp_rejects(
+        BGP_POOL,
+        &BGP.replace("      asn: 64512\n      nodeSelector", "      asm: 64512\n      nodeSelector"),
+        "bgp.peers[1].asm",
+        "unknown field `asm`",
+    );
 }

@@ -304,6 +304,13 @@ pub fn validate(spec: &VipPoolSpec, first_port: u16) -> Result<ValidPool, FieldE
     }
     spec::vlan_id("spec.vlan", spec.vlan)?;
     spec::distribution("spec.distribution", spec.distribution, spec.announce)?;
+    if spec.announce == AnnounceMode::Bgp {
+        // Its sessions come from the config file's `bgp` section; no resource gives them yet.
+        return Err(FieldError::new(
+            "spec.announce",
+            "`bgp` is for the config file (vip-agent run --config) so far: no resource gives BGP peers yet; use `lo` with your own speaker",
+        ));
+    }
     Ok(ValidPool {
         addresses,
         table_size,

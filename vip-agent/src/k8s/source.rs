@@ -276,6 +276,7 @@ pub fn world_from(nodes: &[KNode], pools: &[VipPool], services: &[KService], sli
             garp: v.garp,
             interfaces: v.interfaces.clone(),
             vlan: v.vlan,
+            bgp: Default::default(),
         });
         valid.push((p, v));
     }

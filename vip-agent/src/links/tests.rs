@@ -51,6 +51,7 @@ fn pool(name: &str, first: &str, interfaces: &[&str], role: &str) -> Pool {
         garp: None,
         interfaces: interfaces.iter().map(|s| s.to_string()).collect(),
         vlan: None,
+        bgp: Default::default(),
     }
 }
 

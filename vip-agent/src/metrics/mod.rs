@@ -239,6 +239,8 @@ pub struct Metrics {
     /// 1 for the way this agent's ARP and neighbour frames leave the node.
     pub arp_sender: Family<SenderLabels, Gauge>,
     pub settings_mismatched_peers: Gauge,
+    /// `announce: bgp`: the sessions and routes of this node's FRR.
+    pub bgp: crate::bgp::frr::Metrics,
     /// What the data path's counters are labelled with (updated by `publish`).
     pub names: Arc<RwLock<Names>>,
     pub ready: Arc<AtomicBool>,
@@ -292,6 +294,7 @@ impl Metrics {
             host_problems: Gauge::default(),
             arp_sender: Family::default(),
             settings_mismatched_peers: Gauge::default(),
+            bgp: Default::default(),
             names: Arc::default(),
             ready: Arc::new(AtomicBool::new(false)),
             idle: Arc::new(AtomicBool::new(false)),
@@ -403,6 +406,22 @@ impl Metrics {
             "vip_settings_mismatched_peers",
             "Peers whose cluster-wide settings (failover timers, gratuitous ARP defaults, Maglev seed) differ from this agent's, as their heartbeats tell (listed in /status and vip-agent inspect)",
             m.settings_mismatched_peers.clone(),
+        );
+        registry.register(
+            "vip_bgp_session_up",
+            "announce: bgp: 1 for each BGP session of this node's FRR in state Established, 0 for the others (read from vtysh every 5 s)",
+            m.bgp.session_up.family(),
+        );
+        registry.register("vip_bgp_prefixes_sent", "announce: bgp: routes this node's FRR sends each peer", m.bgp.prefixes_sent.family());
+        registry.register(
+            "vip_bgp_routes",
+            "announce: bgp: VIPs in this node's FRR configuration (its held VIPs of announce: bgp pools)",
+            m.bgp.advertised.clone(),
+        );
+        registry.register(
+            "vip_bgp_reloads",
+            "announce: bgp: FRR configurations applied by frr-reload.py, by result (an error is in the log and tried again every 5 s)",
+            m.bgp.reloads.clone(),
         );
         Self { registry, ..m }
     }

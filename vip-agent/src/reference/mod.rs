@@ -305,6 +305,10 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     }
     l.pool_owner_changes.with(&PoolLabels { pool: s() }, |_| ());
     l.peer_live.with(&PeerLabels { peer: s() }, |_| ());
+    for f in [&m.bgp.session_up, &m.bgp.prefixes_sent] {
+        f.with(&PeerLabels { peer: s() }, |_| ());
+    }
+    let _ = m.bgp.reloads.get_or_create(&crate::metrics::ResultLabels { result: s() });
     l.arp_foreign.with(&ArpLabels { vip: s() }, |_| ());
     l.heartbeat.gaps.track(["x"], Instant::now());
     let _ = l.heartbeat.rejected.get_or_create(&crate::ha::heartbeat::RejectLabels { reason: s() });

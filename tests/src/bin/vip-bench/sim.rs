@@ -139,6 +139,7 @@ fn world(shape: Shape) -> World {
         garp: None,
         interfaces: Vec::new(),
         vlan: None,
+        bgp: Default::default(),
     };
     World { nodes, pools: vec![pool], services, ..Default::default() }
 }

@@ -19,7 +19,6 @@ use crate::{
         garp::{Job, Order},
         HeldVip,
     },
-    model::AnnounceMode,
 };
 
 impl Liveness {
@@ -217,7 +216,7 @@ impl Liveness {
         let now = (Instant::now(), SystemTime::now());
         let mut by_settings: BTreeMap<crate::model::Garp, Vec<_>> = BTreeMap::new();
         for v in vips {
-            if self.world.announce_mode(v) == AnnounceMode::Lo {
+            if self.world.announce_mode(v).on_lo() {
                 continue;
             }
             let Some(l) = self.link_of(v) else { continue };

@@ -13,7 +13,6 @@ use super::{replace_if_changed, Liveness};
 use crate::{
     agent::desired::ownership,
     ha::{garp::Order, heartbeat},
-    model::AnnounceMode,
 };
 
 /// How long a stopping agent waits for its leaving heartbeats to be sent before
@@ -55,7 +54,7 @@ impl Liveness {
         }
         // Off `lo` too: the routing daemon withdraws them, and routers send their
         // flows to the nodes that took them while this data path still forwards.
-        let on_lo: BTreeSet<IpAddr> = released.iter().map(|(v, _)| *v).filter(|v| self.world.announce_mode(*v) == AnnounceMode::Lo).collect();
+        let on_lo: BTreeSet<IpAddr> = released.iter().map(|(v, _)| *v).filter(|v| self.world.announce_mode(*v).on_lo()).collect();
         if !on_lo.is_empty() {
             match tokio::time::timeout(LEAVE_LO_WAIT, crate::ha::loopback::withdraw(&on_lo)).await {
                 Ok(Ok(gone)) => info!(vips = gone.len(), "VIPs taken by peers removed from lo"),

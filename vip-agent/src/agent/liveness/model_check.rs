@@ -96,6 +96,7 @@ fn world(m: &Model) -> World {
             garp: None,
             interfaces: vec![],
             vlan: None,
+            bgp: Default::default(),
         }],
         ..World::default()
     }

@@ -115,6 +115,7 @@ mod tests {
             garp: None,
             interfaces: vec![],
             vlan: None,
+            bgp: Default::default(),
         }
     }
 

@@ -1,0 +1,253 @@
+//! The agent's side of FRR: a task that renders the node's speaker
+//! ([`super::speaker`]) whenever the model or the held VIPs change, writes it to
+//! FRR's integrated configuration file and has `frr-reload.py` apply the
+//! difference (sessions whose settings did not change stay up; a new or gone
+//! VIP is one `network` line), and reads the sessions back from `vtysh`'s JSON
+//! for the metrics. FRR runs beside the agent (the DaemonSet's `frr`
+//! container, or FRR's own systemd unit): it outlives an agent that crashes or
+//! restarts, so routes stay while the XDP program keeps forwarding; an agent
+//! that stops ([`Speaker::leave`]) withdraws what its peers hold before it ends.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
+use tokio::{process::Command, sync::watch};
+use tracing::{info, warn};
+
+use crate::{ha::heartbeat::PeerLabels, metrics::Tracked, model::World};
+
+/// Where FRR is: the paths `vip-agent run` is given (`--frr-*`).
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// The integrated configuration (frr.conf) the agent writes; its directory is
+    /// FRR's configuration directory.
+    pub config: PathBuf,
+    /// The directory of the daemons' vty sockets.
+    pub vty_dir: PathBuf,
+    /// FRR's `frr-reload.py`.
+    pub reload: PathBuf,
+    /// `vtysh`.
+    pub vtysh: PathBuf,
+}
+
+/// A reload that takes longer has hung (one takes well under a second).
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// A failed reload is tried again this often, as are the sessions read back.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// The BGP metrics (registered by `metrics::Metrics`).
+#[derive(Clone, Default)]
+pub struct Metrics {
+    /// 1 for a session in state Established, 0 for the others, per peer.
+    pub session_up: Tracked<PeerLabels, Gauge>,
+    /// Prefixes this node sends the peer.
+    pub prefixes_sent: Tracked<PeerLabels, Gauge>,
+    /// Routes this node announces (its held VIPs of `announce: bgp` pools).
+    pub advertised: Gauge,
+    pub reloads: Family<crate::metrics::ResultLabels, Counter>,
+}
+
+/// The running task's handle: the model goes in; [`Speaker::leave`] withdraws.
+pub struct Speaker {
+    go: watch::Sender<bool>,
+    world: watch::Sender<Arc<World>>,
+    leave: watch::Sender<Option<BTreeSet<IpAddr>>>,
+    left: watch::Receiver<bool>,
+}
+
+impl Speaker {
+    /// Starts the task of node `me`: it renders from the latest model and the
+    /// VIPs on `lo` (`held`: the liveness thread's, those of `announce: bgp`
+    /// pools are announced) once [`Speaker::start`]ed. Idle while the model has
+    /// no BGP settings.
+    pub fn spawn(paths: Paths, me: String, world: Arc<World>, held: watch::Receiver<BTreeSet<IpAddr>>, metrics: Metrics) -> Self {
+        let (go, mut go_rx) = watch::channel(false);
+        let (world_tx, world_rx) = watch::channel(world);
+        let (leave, leave_rx) = watch::channel(None);
+        let (left_tx, left) = watch::channel(false);
+        let task = Task { paths, me, world: world_rx, held, leave: leave_rx, left: left_tx, metrics, applied: None };
+        tokio::spawn(async move {
+            if go_rx.wait_for(|g| *g).await.is_ok() {
+                task.run().await;
+            }
+        });
+        Self { go, world: world_tx, leave, left }
+    }
+
+    /// Lets the task render: called once the liveness thread has said what this
+    /// node holds. Before, `held` is empty, and a restarted agent would withdraw
+    /// every route its predecessor's FRR still announces.
+    pub fn start(&self) {
+        self.go.send_replace(true);
+    }
+
+    pub fn set_world(&self, world: Arc<World>) {
+        self.world.send_replace(world);
+    }
+
+    /// Announces only `keep` from now on (the VIPs no peer holds: a stopping
+    /// agent's peers keep the others announced) and waits, up to `limit`, until
+    /// FRR has it. False when it did not (FRR down, a hung reload).
+    pub async fn leave(&mut self, keep: BTreeSet<IpAddr>, limit: Duration) -> bool {
+        self.leave.send_replace(Some(keep));
+        tokio::time::timeout(limit, self.left.wait_for(|l| *l)).await.is_ok_and(|r| r.is_ok())
+    }
+}
+
+struct Task {
+    paths: Paths,
+    me: String,
+    world: watch::Receiver<Arc<World>>,
+    held: watch::Receiver<BTreeSet<IpAddr>>,
+    leave: watch::Receiver<Option<BTreeSet<IpAddr>>>,
+    left: watch::Sender<bool>,
+    metrics: Metrics,
+    /// The text FRR was last given successfully.
+    applied: Option<String>,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(RETRY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let want = self.render();
+            if let Some((text, count)) = want {
+                if self.applied.as_ref() != Some(&text) {
+                    match reload(&self.paths, &text).await {
+                        Ok(()) => {
+                            info!(routes = count, "FRR configuration applied");
+                            self.metrics.reloads.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
+                            self.metrics.advertised.set(count as i64);
+                            self.applied = Some(text.clone());
+                            self.read_sessions().await;
+                        }
+                        Err(e) => {
+                            warn!("applying FRR's configuration: {e:#}; trying again in {RETRY:?}");
+                            self.metrics.reloads.get_or_create(&crate::metrics::ResultLabels { result: "error".into() }).inc();
+                        }
+                    }
+                }
+                if self.leave.borrow().is_some() && self.applied.as_deref() == Some(text.as_str()) {
+                    self.left.send_replace(true);
+                }
+            } else if self.leave.borrow().is_some() {
+                // Nothing of ours announced: nothing to withdraw.
+                self.left.send_replace(true);
+            }
+            tokio::select! {
+                r = self.world.changed() => if r.is_err() { return },
+                r = self.held.changed() => if r.is_err() { return },
+                r = self.leave.changed() => if r.is_err() { return },
+                _ = tick.tick() => self.read_sessions().await,
+            }
+        }
+    }
+
+    /// FRR's configuration for now and the routes in it; None without BGP settings.
+    fn render(&self) -> Option<(String, usize)> {
+        let world = self.world.borrow().clone();
+        let mut held = self.held.borrow().clone();
+        if let Some(keep) = self.leave.borrow().as_ref() {
+            held.retain(|v| keep.contains(v));
+        }
+        let speaker = super::speaker(&world, &self.me, &held)?;
+        let count = speaker.advertisements.iter().map(|a| a.addresses.len()).sum();
+        match super::frr_config(&speaker) {
+            Ok(text) => Some((text, count)),
+            Err(e) => {
+                // The config's validation refuses what FRR would: not reached.
+                warn!("not giving FRR this node's speaker: {e}");
+                None
+            }
+        }
+    }
+
+    /// The sessions' state into the metrics (skipped while FRR is not ours yet).
+    async fn read_sessions(&self) {
+        if self.applied.is_none() {
+            return;
+        }
+        match sessions(&self.paths).await {
+            Ok(s) => {
+                let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
+                self.metrics.session_up.set_all(s.iter().map(|(p, st)| (label(p), i64::from(st.established))));
+                self.metrics.prefixes_sent.set_all(s.iter().map(|(p, st)| (label(p), st.prefixes_sent as i64)));
+            }
+            Err(e) => warn!("reading BGP sessions from FRR: {e:#}"),
+        }
+    }
+}
+
+/// Writes `text` as FRR's configuration (a whole file or none: renamed into
+/// place) and has `frr-reload.py` apply the difference to the running daemons.
+pub async fn reload(p: &Paths, text: &str) -> Result<()> {
+    let dir = p.config.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(".frr.conf.vip");
+    tokio::fs::write(&tmp, text).await.with_context(|| format!("writing {}", tmp.display()))?;
+    tokio::fs::rename(&tmp, &p.config).await.with_context(|| format!("renaming {} to {}", tmp.display(), p.config.display()))?;
+    let bindir = p.vtysh.parent().ok_or_else(|| anyhow!("--vtysh {} has no directory", p.vtysh.display()))?;
+    let mut cmd = Command::new(&p.reload);
+    cmd.arg("--reload").arg("--stdout").arg("--bindir").arg(bindir).arg("--confdir").arg(dir).arg("--rundir").arg(&p.vty_dir);
+    cmd.arg("--vty_socket").arg(&p.vty_dir).arg(&p.config).kill_on_drop(true);
+    let out = tokio::time::timeout(RELOAD_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| anyhow!("{} did not finish within {RELOAD_TIMEOUT:?}", p.reload.display()))?
+        .with_context(|| format!("running {} (is FRR installed? the image has it)", p.reload.display()))?;
+    if !out.status.success() {
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let tail: Vec<&str> = all.lines().rev().take(5).collect();
+        bail!("{} failed ({}): {}", p.reload.display(), out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
+    }
+    Ok(())
+}
+
+/// One session as FRR reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionState {
+    pub state: String,
+    pub established: bool,
+    pub prefixes_sent: u64,
+    pub last_reset: Option<String>,
+}
+
+/// The sessions of FRR's default instance (`show bgp neighbors json`).
+pub async fn sessions(p: &Paths) -> Result<BTreeMap<IpAddr, SessionState>> {
+    let out = tokio::time::timeout(
+        RELOAD_TIMEOUT,
+        Command::new(&p.vtysh).arg("--vty_socket").arg(&p.vty_dir).args(["-c", "show bgp neighbors json"]).kill_on_drop(true).output(),
+    )
+    .await
+    .map_err(|_| anyhow!("vtysh did not answer within {RELOAD_TIMEOUT:?}"))?
+    .with_context(|| format!("running {}", p.vtysh.display()))?;
+    if !out.status.success() {
+        bail!("vtysh: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    parse_sessions(&out.stdout)
+}
+
+/// `show bgp neighbors json`: an object by peer address (FRR adds keys that are
+/// not addresses, such as `vrfName` in some versions: skipped).
+pub fn parse_sessions(json: &[u8]) -> Result<BTreeMap<IpAddr, SessionState>> {
+    let v: serde_json::Value = serde_json::from_slice(json).context("vtysh's JSON")?;
+    let obj = v.as_object().ok_or_else(|| anyhow!("vtysh's JSON is not an object"))?;
+    let mut out = BTreeMap::new();
+    for (k, n) in obj {
+        let Ok(addr) = k.parse::<IpAddr>() else { continue };
+        let state = n.get("bgpState").and_then(|s| s.as_str()).unwrap_or("").to_owned();
+        let prefixes_sent = n
+            .get("addressFamilyInfo")
+            .and_then(|a| a.as_object())
+            .map(|afs| afs.values().filter_map(|af| af.get("sentPrefixCounter").and_then(|c| c.as_u64())).sum())
+            .unwrap_or(0);
+        let last_reset = n.get("lastResetDueTo").and_then(|s| s.as_str()).map(str::to_owned);
+        out.insert(addr, SessionState { established: state == "Established", state, prefixes_sent, last_reset });
+    }
+    Ok(out)
+}
