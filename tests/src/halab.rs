@@ -92,6 +92,40 @@ pub struct HaSpec {
     /// local routes rather than addresses on `lo`, so that `lo` holds only what
     /// the agents put there (not with `ipv6_only`).
     pub lo_everywhere: bool,
+    /// The pool is `announce: bgp` with these sessions (with `lo_everywhere`'s
+    /// local routes): every node runs FRR in [`HaLab::frr_dir`], which its agent
+    /// drives (`--frr-config`, `--frr-vty-dir`).
+    pub bgp: Option<BgpSpec>,
+}
+
+/// The config file's `bgp` section for [`HaSpec::bgp`].
+#[derive(Clone, Debug)]
+pub struct BgpSpec {
+    pub my_asn: u32,
+    /// Every node peers with each (address, AS).
+    pub peers: Vec<(IpAddr, u32)>,
+    pub keepalive_s: u32,
+    pub hold_s: u32,
+    /// BFD on every session, with FRR's default profile (300 ms, 3).
+    pub bfd: bool,
+    /// Communities on the pool's routes.
+    pub communities: Vec<String>,
+}
+
+impl BgpSpec {
+    /// The file's `bgp` section.
+    pub fn section(&self) -> String {
+        let mut y = format!("bgp:\n  myASN: {}\n", self.my_asn);
+        if self.bfd {
+            y += "  bfdProfiles:\n    - {name: lab}\n";
+        }
+        y += "  peers:\n";
+        for (addr, asn) in &self.peers {
+            let bfd = if self.bfd { ", bfdProfile: lab" } else { "" };
+            y += &format!("    - {{address: '{addr}', asn: {asn}, keepaliveTime: {}s, holdTime: {}s{bfd}}}\n", self.keepalive_s, self.hold_s);
+        }
+        y
+    }
 }
 
 impl Default for HaSpec {
@@ -123,6 +157,7 @@ impl Default for HaSpec {
             agent_bin: None,
             ipv6_only: false,
             lo_everywhere: false,
+            bgp: None,
         }
     }
 }
@@ -190,7 +225,14 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     if s.ipv6 && s.vips > 0 {
         ranges.push(format!("'{}-{}'", vip6(0), vip6(s.vips - 1)));
     }
-    let announce = if s.lo_everywhere { "\n    announce: lo\n    distribution: all" } else { "" };
+    let announce = match &s.bgp {
+        Some(b) if b.communities.is_empty() => "\n    announce: bgp".to_owned(),
+        Some(b) => {
+            format!("\n    announce: bgp\n    bgp: {{communities: [{}]}}", b.communities.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(", "))
+        }
+        None if s.lo_everywhere => "\n    announce: lo\n    distribution: all".to_owned(),
+        None => String::new(),
+    };
     y += &format!("pools:\n  - name: lab\n    addresses: [{}]\n    nodeSelector: {{lab: \"yes\"}}{announce}\nservices:\n", ranges.join(", "));
     let ports: Vec<String> = s.ports.iter().map(u16::to_string).collect();
     let table = s.table_size.map(|t| format!(", tableSize: {t}")).unwrap_or_default();
@@ -216,6 +258,9 @@ pub fn ha_config_of(s: &HaSpec, members: &[usize]) -> String {
     if !s.default_timers {
         y += &format!("announce:\n  holdTime: {}ms\n  garpCount: 3\n  garpInterval: 50ms\n", s.hold_ms);
         y += &format!("failover:\n  heartbeatInterval: {}ms\n  deadAfter: {}ms\n", s.heartbeat_ms, s.dead_after_ms);
+    }
+    if let Some(b) = &s.bgp {
+        y += &b.section();
     }
     y
 }
@@ -666,6 +711,12 @@ impl HaLab {
         self.start_agent(i)
     }
 
+    /// Node `i`'s FRR directory ([`HaSpec::bgp`]): its daemons' sockets and
+    /// the integrated configuration its agent writes.
+    pub fn frr_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("frr-{}", self.nodes[i].name))
+    }
+
     /// Starts (or restarts) node `i`'s agent, appending to its log.
     pub fn start_agent(&mut self, i: usize) -> Result<()> {
         let config = self.config.clone();
@@ -675,6 +726,8 @@ impl HaLab {
     /// [`Self::start_agent`] reading `config` instead of the lab's shared file
     /// (file mode only).
     pub fn start_agent_with(&mut self, i: usize, config: &Path) -> Result<()> {
+        let frr = self.spec.bgp.is_some().then(|| self.frr_dir(i));
+        let frr_config = frr.as_ref().map(|d| d.join("frr.conf"));
         let n = &mut self.nodes[i];
         let mode = mode_arg(self.spec.xdp_mode, &format!("{}'s agent", n.name));
         let metrics_addr = if self.spec.metrics_on_segment {
@@ -707,6 +760,9 @@ impl HaLab {
         let arp_check = self.spec.arp_check_ms.map(|ms| format!("{ms}ms"));
         if let Some(a) = &arp_check {
             args.extend(["--arp-check-interval", a]);
+        }
+        if let (Some(dir), Some(config)) = (&frr, &frr_config) {
+            args.extend(["--frr-config", path_str(config)?, "--frr-vty-dir", path_str(dir)?]);
         }
         let kubeconfig = self.spec.kubeconfig.as_deref().map(path_str).transpose()?;
         match (&self.spec.in_cluster, kubeconfig) {

@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     agent::wait_for,
-    halab::{node_addr6, vip, vip6, vip_nets, HaLab, HaNode, HaSpec, LongConn, Naming, VIP6_NET},
+    halab::{node_addr6, vip, vip6, vip_nets, BgpSpec, HaLab, HaNode, HaSpec, LongConn, Naming, VIP6_NET},
     netns::{veth, NetNs},
 };
 
@@ -46,13 +46,15 @@ pub const HOLD_S: u32 = 3;
 /// intervals, 3 missed.
 pub const BFD_INTERVAL_MS: u32 = 300;
 pub const BFD_MULTIPLIER: u32 = 3;
+/// The community an `announce: bgp` lab's pool puts on its routes.
+pub const COMMUNITY: &str = "64513:100";
 
 const FRR: &str = "/usr/lib/frr";
 
 /// The upstream router (FRR) and the client behind it.
 pub struct Router {
     // Drop order: the daemons first, then the namespaces.
-    daemons: Vec<Child>,
+    pub frr: Frr,
     pub client: NetNs,
     pub ns: NetNs,
     pub dir: PathBuf,
@@ -102,14 +104,12 @@ impl Router {
         let dir = lab.dir.join("router");
         std::fs::create_dir_all(&dir)?;
         let mac = ns.mac("eth0")?;
-        let mut r = Self { daemons: Vec::new(), client, ns, dir, mac, bfd };
-        r.start_frr(bfd, lab.spec.ipv6)?;
-        Ok(r)
+        let frr = Self::start_frr(&ns, &dir, bfd, lab.spec.ipv6)?;
+        Ok(Self { frr, client, ns, dir, mac, bfd })
     }
 
     /// zebra and bgpd (and bfdd with `bfd`, the sessions then checked by BFD).
-    fn start_frr(&mut self, bfd: bool, ipv6: bool) -> Result<()> {
-        let d = self.dir.clone();
+    fn start_frr(ns: &NetNs, d: &Path, bfd: bool, ipv6: bool) -> Result<Frr> {
         std::fs::write(d.join("zebra.conf"), "hostname router\n")?;
         std::fs::write(
             d.join("bfdd.conf"),
@@ -123,7 +123,8 @@ impl Router {
             (
                 format!(
                     " neighbor nodes6 peer-group\n neighbor nodes6 remote-as {NODE_AS}\n neighbor nodes6 timers {KEEPALIVE_S} {HOLD_S}\n \
-                     neighbor nodes6 advertisement-interval 0\n bgp listen range 2001:2::/64 peer-group nodes6\n"
+                     neighbor nodes6 advertisement-interval 0\n{bfd6} bgp listen range 2001:2::/64 peer-group nodes6\n",
+                    bfd6 = if bfd { " neighbor nodes6 bfd profile nodes\n" } else { "" }
                 ),
                 " address-family ipv6 unicast\n  neighbor nodes6 activate\n  maximum-paths 16\n exit-address-family\n",
             )
@@ -153,65 +154,12 @@ impl Router {
                  {family6}"
             ),
         )?;
-        // The daemons drop to user frr (zebra has no way to stay root): the
-        // directory is theirs.
-        crate::netns::sh(&["chown", "-R", "frr:frr", path(&d)?]).context("chown to FRR's user (is the frr package installed? `cargo xtask setup --tests`)")?;
-        let zsock = d.join("zserv.api");
-        let daemons: &[&'static str] = if bfd { &["zebra", "bfdd", "bgpd"] } else { &["zebra", "bgpd"] };
-        for &daemon in daemons {
-            let file = |ext: &str| d.join(format!("{daemon}.{ext}")).display().to_string();
-            // Sockets and the vty in the lab's directory (no /run/frr of the
-            // host), no TCP vty; the daemons run as the package's user `frr`.
-            let args = [
-                "-f".into(),
-                file("conf"),
-                "-i".into(),
-                file("pid"),
-                "--log".into(),
-                format!("file:{}", file("log")),
-                "-z".into(),
-                path(&zsock)?.into(),
-                "--vty_socket".into(),
-                path(&d)?.into(),
-                "-P".into(),
-                "0".into(),
-            ];
-            let child = self
-                .ns
-                .cmd(&format!("{FRR}/{daemon}"))
-                .args(&args)
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join(format!("{daemon}.stderr")))?)
-                .spawn()
-                .with_context(|| format!("starting FRR's {daemon} (is the frr package installed? `cargo xtask setup --tests`)"))?;
-            self.daemons.push(child);
-            // bgpd talks to zebra through its socket, and vtysh to each daemon's.
-            let vty = d.join(format!("{daemon}.vty"));
-            if wait_for(Duration::from_secs(10), || vty.exists().then_some(())).is_none() {
-                bail!("FRR's {daemon} did not open {} within 10 s: {}", vty.display(), self.log_tail(daemon));
-            }
-        }
-        Ok(())
-    }
-
-    /// The tail of a daemon's log and stderr, for an error.
-    fn log_tail(&self, daemon: &str) -> String {
-        [format!("{daemon}.log"), format!("{daemon}.stderr")]
-            .iter()
-            .map(|f| {
-                let t = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
-                let lines: Vec<&str> = t.lines().collect();
-                format!("{f}: {}", lines[lines.len().saturating_sub(8)..].join(" | "))
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
+        Frr::start(ns, d, if bfd { &["zebra", "bfdd", "bgpd"] } else { &["zebra", "bgpd"] })
     }
 
     /// Runs `vtysh -c cmd` against the router's daemons.
     pub fn vtysh(&self, cmd: &str) -> Result<String> {
-        let o = self.ns.cmd("vtysh").args(["--vty_socket", path(&self.dir)?, "-c", cmd]).output()?;
-        anyhow::ensure!(o.status.success(), "vtysh -c {cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
-        Ok(String::from_utf8(o.stdout)?)
+        self.frr.vtysh(&self.ns, cmd)
     }
 
     /// The next hops bgpd selected and zebra installed for `vip` (a host route),
@@ -248,6 +196,38 @@ impl Router {
         Ok(hops)
     }
 
+    /// The router's BGP sessions: state and how many times each was established.
+    pub fn sessions(&self) -> Result<BTreeMap<IpAddr, (String, u64)>> {
+        let text = self.vtysh("show bgp neighbors json")?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("vtysh's neighbors JSON: {text}"))?;
+        let mut out = BTreeMap::new();
+        for (k, n) in v.as_object().into_iter().flatten() {
+            let Ok(addr) = k.parse::<IpAddr>() else { continue };
+            let state = n["bgpState"].as_str().unwrap_or_default().to_owned();
+            out.insert(addr, (state, n["connectionsEstablished"].as_u64().unwrap_or(0)));
+        }
+        Ok(out)
+    }
+
+    /// Waits until `peers` sessions are Established; their count of establishments.
+    pub fn wait_sessions(&self, peers: usize) -> Result<BTreeMap<IpAddr, u64>> {
+        let up = || -> Option<BTreeMap<IpAddr, u64>> {
+            let s = self.sessions().ok()?;
+            let up: BTreeMap<IpAddr, u64> = s.into_iter().filter(|(_, (st, _))| st == "Established").map(|(a, (_, n))| (a, n)).collect();
+            (up.len() == peers).then_some(up)
+        };
+        wait_for(ROUTE_WAIT, up).with_context(|| format!("not {peers} BGP sessions established: {}", self.vtysh("show bgp summary").unwrap_or_default()))
+    }
+
+    /// The communities on the paths to `vip` the router has.
+    pub fn communities(&self, vip: IpAddr) -> Result<BTreeSet<String>> {
+        let (family, len) = if vip.is_ipv4() { ("ipv4", 32) } else { ("ipv6", 128) };
+        let text = self.vtysh(&format!("show bgp {family} unicast {vip}/{len} json"))?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("vtysh's route JSON: {text}"))?;
+        let paths = v["paths"].as_array().with_context(|| format!("no paths for {vip}: {text}"))?;
+        Ok(paths.iter().filter_map(|p| p["community"]["string"].as_str()).map(str::to_owned).collect())
+    }
+
     /// Waits until `peers` BFD sessions are up (they come up a few seconds after
     /// their BGP sessions).
     pub fn wait_bfd_up(&self, peers: usize) -> Result<()> {
@@ -278,7 +258,86 @@ impl Router {
     }
 }
 
-impl Drop for Router {
+/// FRR's daemons in a namespace, each reading `DIR/DAEMON.conf` (empty if the
+/// caller wrote none) and with its sockets and logs in `DIR`: the router's, and
+/// a node's with [`HaSpec::bgp`] (its agent gives them their configuration
+/// through `frr-reload.py`); killed on Drop.
+pub struct Frr {
+    daemons: Vec<Child>,
+    pub dir: PathBuf,
+}
+
+impl Frr {
+    pub fn start(ns: &NetNs, dir: &Path, daemons: &[&str]) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        for daemon in daemons {
+            let conf = dir.join(format!("{daemon}.conf"));
+            if !conf.exists() {
+                std::fs::write(&conf, "")?;
+            }
+        }
+        // The daemons drop to user frr (zebra has no way to stay root): the
+        // directory is theirs.
+        crate::netns::sh(&["chown", "-R", "frr:frr", path(dir)?]).context("chown to FRR's user (is the frr package installed? `cargo xtask setup --tests`)")?;
+        let mut frr = Self { daemons: Vec::new(), dir: dir.to_owned() };
+        let zsock = dir.join("zserv.api");
+        for &daemon in daemons {
+            let file = |ext: &str| dir.join(format!("{daemon}.{ext}")).display().to_string();
+            // Sockets and the vty in the lab's directory (no /run/frr of the
+            // host), no TCP vty; the daemons run as the package's user `frr`.
+            let args = [
+                "-f".into(),
+                file("conf"),
+                "-i".into(),
+                file("pid"),
+                "--log".into(),
+                format!("file:{}", file("log")),
+                "-z".into(),
+                path(&zsock)?.into(),
+                "--vty_socket".into(),
+                path(dir)?.into(),
+                "-P".into(),
+                "0".into(),
+            ];
+            let child = ns
+                .cmd(&format!("{FRR}/{daemon}"))
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join(format!("{daemon}.stderr")))?)
+                .spawn()
+                .with_context(|| format!("starting FRR's {daemon} (is the frr package installed? `cargo xtask setup --tests`)"))?;
+            frr.daemons.push(child);
+            // bgpd talks to zebra through its socket, and vtysh to each daemon's.
+            let vty = dir.join(format!("{daemon}.vty"));
+            if wait_for(Duration::from_secs(10), || vty.exists().then_some(())).is_none() {
+                bail!("FRR's {daemon} did not open {} within 10 s: {}", vty.display(), frr.log_tail(daemon));
+            }
+        }
+        Ok(frr)
+    }
+
+    /// The tail of a daemon's log and stderr, for an error.
+    pub fn log_tail(&self, daemon: &str) -> String {
+        [format!("{daemon}.log"), format!("{daemon}.stderr")]
+            .iter()
+            .map(|f| {
+                let t = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+                let lines: Vec<&str> = t.lines().collect();
+                format!("{f}: {}", lines[lines.len().saturating_sub(8)..].join(" | "))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Runs `vtysh -c cmd` against these daemons (in `ns`, where they run).
+    pub fn vtysh(&self, ns: &NetNs, cmd: &str) -> Result<String> {
+        let o = ns.cmd("vtysh").args(["--vty_socket", path(&self.dir)?, "-c", cmd]).output()?;
+        anyhow::ensure!(o.status.success(), "vtysh -c {cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(String::from_utf8(o.stdout)?)
+    }
+}
+
+impl Drop for Frr {
     fn drop(&mut self) {
         for c in &mut self.daemons {
             let _ = c.kill();
@@ -287,14 +346,22 @@ impl Drop for Router {
     }
 }
 
+/// A node's BGP speaker.
+pub enum Speaker {
+    /// The user's own (`announce: lo`, `distribution: all`).
+    Bird(Bird),
+    /// The one its agent drives ([`HaSpec::bgp`]).
+    Frr(Frr),
+}
+
 /// BIRD on a node, peering with the [`ROUTER`] and exporting the VIPs on its
 /// `lo` (host routes in `vip_nets`, the way the seed's Calico filter exports
 /// `lo`'s external IPs); killed on Drop.
-pub struct Speaker {
+pub struct Bird {
     child: Child,
 }
 
-impl Speaker {
+impl Bird {
     /// With `bfd`, the session is checked by BFD ([`BFD_INTERVAL_MS`], [`BFD_MULTIPLIER`]).
     /// With `addr6` (a dual-stack lab), a second session over IPv6 from that
     /// address exports the IPv6 VIPs on `lo` ([`VIP6_NET`]).
@@ -356,7 +423,7 @@ impl Speaker {
     }
 }
 
-impl Drop for Speaker {
+impl Drop for Bird {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -454,10 +521,29 @@ impl RoutedLab {
     }
 
     /// [`Self::start`] with the lab's shape from `spec` (dual-stack with `ipv6`).
+    /// The speakers start before the agents: an agent's FRR must be there to
+    /// be given its configuration.
     pub fn start_spec(spec: HaSpec, agents: bool, bfd: bool, server_exe: &Path) -> Result<Self> {
         let spec = HaSpec { lo_everywhere: true, ..spec };
-        let lab = if agents { HaLab::start(spec, Naming::Unique, server_exe)? } else { HaLab::build(spec, Naming::Unique, server_exe)? };
-        Self::around(lab, bfd)
+        let mut r = Self::around(HaLab::build(spec, Naming::Unique, server_exe)?, bfd)?;
+        if agents {
+            for i in 0..r.lab.nodes.len() {
+                r.lab.start_agent(i)?;
+            }
+        }
+        Ok(r)
+    }
+
+    /// [`Self::start_spec`] with the pool `announce: bgp`: every node's FRR
+    /// peers with the router (over IPv6 too in a dual-stack lab), driven by its
+    /// agent; BFD on the sessions with `bfd`.
+    pub fn start_bgp(spec: HaSpec, agents: bool, bfd: bool, server_exe: &Path) -> Result<Self> {
+        let mut peers = vec![(IpAddr::from(ROUTER), ROUTER_AS)];
+        if spec.ipv6 {
+            peers.push((ROUTER6.into(), ROUTER_AS));
+        }
+        let bgp = BgpSpec { my_asn: NODE_AS, peers, keepalive_s: KEEPALIVE_S, hold_s: HOLD_S, bfd, communities: vec![COMMUNITY.into()] };
+        Self::start_spec(HaSpec { bgp: Some(bgp), ..spec }, agents, bfd, server_exe)
     }
 }
 
@@ -467,8 +553,15 @@ impl<L: Lab> RoutedLab<L> {
         let ha = lab.ha();
         let router = Router::start(ha, bfd)?;
         let nets = vip_nets(ha.spec.vips);
-        let speakers =
-            ha.nodes.iter().enumerate().map(|(i, n)| Speaker::start(n, &ha.dir, &nets, bfd, ha.spec.ipv6.then(|| node_addr6(i)))).collect::<Result<_>>()?;
+        let speakers = ha
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match &ha.spec.bgp {
+                Some(b) => Frr::start(&n.ns, &ha.frr_dir(i), if b.bfd { &["zebra", "bfdd", "bgpd"] } else { &["zebra", "bgpd"] }).map(Speaker::Frr),
+                None => Bird::start(n, &ha.dir, &nets, bfd, ha.spec.ipv6.then(|| node_addr6(i))).map(Speaker::Bird),
+            })
+            .collect::<Result<_>>()?;
         Ok(Self { speakers, router, lab })
     }
 

@@ -70,6 +70,7 @@ fn speakers() -> Vec<(&'static str, Speaker)> {
             Peer { bfd: Some(bfd("slow", 1000, 5)), source: Some("198.18.0.11".parse().unwrap()), ..peer("198.18.0.2") },
             Peer { source: Some("2001:2::11".parse().unwrap()), port: Some(1179), ebgp_multihop: true, bfd: Some(bfd("fast", 300, 3)), ..peer("2001:2::1") },
         ],
+        retiring: vec![],
         advertisements: vec![
             Advertisement {
                 addresses: addrs(&["203.0.113.1", "203.0.113.2", "2001:db8::1"]),
@@ -85,7 +86,15 @@ fn speakers() -> Vec<(&'static str, Speaker)> {
     };
     let plain = Speaker { peers: vec![peer("198.18.0.1")], advertisements: vec![Advertisement::default()], graceful_restart: false, ..every.clone() };
     let none = Speaker { peers: vec![], advertisements: vec![], ..every.clone() };
-    vec![("every setting", every), ("one plain session, nothing advertised", plain), ("no session", none)]
+    let retiring = every.retire_towards(&Speaker { peers: every.peers[..1].to_vec(), ..every.clone() }).expect("two sessions retire");
+    let leaving = every.retire_towards(&Speaker::silent()).expect("every session retires");
+    vec![
+        ("every setting", every),
+        ("one plain session, nothing advertised", plain),
+        ("no session", none),
+        ("two sessions retiring", retiring),
+        ("every session retiring", leaving),
+    ]
 }
 
 #[test]

@@ -110,7 +110,7 @@ pub fn speaker(world: &World, me: &str, held: &BTreeSet<IpAddr>) -> Option<Speak
         .filter(|p| p.announce == AnnounceMode::Bgp)
         .map(|p| Advertisement { addresses: p.addresses.iter().copied().filter(|a| held.contains(a)).collect(), attributes: p.bgp.clone() })
         .collect();
-    Some(Speaker { router_id: router_id(node.addr, me), peers, advertisements, graceful_restart: settings.graceful_restart })
+    Some(Speaker { router_id: router_id(node.addr, me), peers, retiring: Vec::new(), advertisements, graceful_restart: settings.graceful_restart })
 }
 
 /// A node's BGP identifier: its IPv4 address; an IPv6-only node's is drawn
@@ -133,10 +133,44 @@ pub struct Speaker {
     /// The node's IPv4 address, its BGP identifier.
     pub router_id: std::net::Ipv4Addr,
     pub peers: Vec<Peer>,
+    /// Sessions on their way out: kept, with nothing sent on them, so that
+    /// their peers get the routes withdrawn before the session closes (a peer
+    /// that helps graceful restart keeps the routes of a closed session as
+    /// stale ones, for minutes).
+    pub retiring: Vec<Peer>,
     pub advertisements: Vec<Advertisement>,
     /// Graceful restart on every session: the peers keep this node's routes while
     /// its speaker restarts.
     pub graceful_restart: bool,
+}
+
+impl Speaker {
+    /// No sessions and nothing to announce: a node the model no longer gives
+    /// BGP settings.
+    pub fn silent() -> Self {
+        Self { router_id: Ipv4Addr::UNSPECIFIED, peers: Vec::new(), retiring: Vec::new(), advertisements: Vec::new(), graceful_restart: false }
+    }
+
+    /// What FRR is given first on the way from `self` (what it has) to `next`,
+    /// if `next` drops sessions `self` announces routes on: `next` with those
+    /// sessions kept as [`Speaker::retiring`] (all of `self`'s, if the AS
+    /// changes: FRR's instance goes with it).
+    pub fn retire_towards(&self, next: &Speaker) -> Option<Speaker> {
+        if !self.advertisements.iter().any(|a| !a.addresses.is_empty()) {
+            return None;
+        }
+        let stays = |p: &Peer| next.peers.iter().any(|q| q.address == p.address);
+        match (self.peers.first(), next.peers.first()) {
+            (Some(a), Some(b)) if a.my_asn != b.my_asn => return Some(Speaker { peers: Vec::new(), retiring: self.peers.clone(), ..self.clone() }),
+            _ => {}
+        }
+        let retiring: Vec<Peer> = self.peers.iter().filter(|p| !stays(p)).cloned().collect();
+        if retiring.is_empty() {
+            return None;
+        }
+        let base = if next.peers.is_empty() { self.clone() } else { next.clone() };
+        Some(Speaker { peers: next.peers.clone(), retiring, ..base })
+    }
 }
 
 /// A [`Speaker`] FRR cannot be given, naming the field.
@@ -165,11 +199,12 @@ fn community_ok(s: &str, parts: usize) -> bool {
 
 /// Checks what FRR would refuse or misread, naming the field.
 pub fn validate(s: &Speaker) -> Result<(), Error> {
-    for (index, p) in s.peers.iter().enumerate() {
-        if p.my_asn != s.peers[0].my_asn {
-            return Err(Error::MixedAsn { index, got: p.my_asn, first: s.peers[0].my_asn });
+    let all: Vec<&Peer> = s.peers.iter().chain(&s.retiring).collect();
+    for (index, p) in all.iter().enumerate() {
+        if p.my_asn != all[0].my_asn {
+            return Err(Error::MixedAsn { index, got: p.my_asn, first: all[0].my_asn });
         }
-        if s.peers[..index].iter().any(|q| q.address == p.address) {
+        if all[..index].iter().any(|q| q.address == p.address) {
             return Err(Error::DuplicatePeer { index, address: p.address });
         }
         let bad = |field, message: &str| Err(Error::Peer { index, field, message: message.to_owned() });
@@ -224,7 +259,8 @@ pub fn frr_config(s: &Speaker) -> Result<String, Error> {
     validate(s)?;
     let mut c = String::from("frr defaults traditional\nhostname vip\nlog stdout informational\nservice integrated-vtysh-config\n!\n");
     let mut profiles: Vec<&Bfd> = Vec::new();
-    for b in s.peers.iter().filter_map(|p| p.bfd.as_ref()) {
+    let all: Vec<&Peer> = s.peers.iter().chain(&s.retiring).collect();
+    for b in all.iter().filter_map(|p| p.bfd.as_ref()) {
         if !profiles.iter().any(|q| q.name == b.name) {
             profiles.push(b);
         }
@@ -243,7 +279,7 @@ pub fn frr_config(s: &Speaker) -> Result<String, Error> {
         }
         c.push_str("exit\n!\n");
     }
-    let Some(first) = s.peers.first() else { return Ok(c) };
+    let Some(first) = all.first() else { return Ok(c) };
     let _ = write!(
         c,
         "router bgp {}\n bgp router-id {}\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n no bgp network import-check\n",
@@ -252,7 +288,7 @@ pub fn frr_config(s: &Speaker) -> Result<String, Error> {
     if s.graceful_restart {
         c.push_str(" bgp graceful-restart\n bgp graceful-restart preserve-fw-state\n");
     }
-    for p in &s.peers {
+    for p in &all {
         let n = format!(" neighbor {}", p.address);
         let _ = writeln!(c, "{n} remote-as {}", p.asn);
         if let Some(port) = p.port {
@@ -282,12 +318,18 @@ pub fn frr_config(s: &Speaker) -> Result<String, Error> {
             }
         }
         // A session carries its own family (an IPv4 peer IPv4 routes), as MetalLB's FRR mode does.
-        for p in s.peers.iter().filter(|p| p.address.is_ipv6() == v6) {
+        for p in all.iter().filter(|p| p.address.is_ipv6() == v6) {
             let _ = write!(c, "  neighbor {0} activate\n  neighbor {0} route-map vip-in in\n", p.address);
+            if s.retiring.contains(*p) {
+                let _ = writeln!(c, "  neighbor {} route-map vip-none out", p.address);
+            }
         }
         c.push_str(" exit-address-family\n");
     }
     c.push_str("exit\n!\nroute-map vip-in deny 10\nexit\n!\n");
+    if !s.retiring.is_empty() {
+        c.push_str("route-map vip-none deny 10\nexit\n!\n");
+    }
     for (i, a) in s.advertisements.iter().map(|a| &a.attributes).enumerate() {
         let _ = writeln!(c, "route-map vip-adv-{i} permit 10");
         if !a.communities.is_empty() {

@@ -101,6 +101,9 @@ pub struct AgentSection {
     /// Peers whose cluster-wide settings differ from this node's.
     pub settings_mismatch: Vec<String>,
     pub usage: crate::dataplane::Usage,
+    /// This node's BGP sessions (`announce: bgp`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<crate::status::BgpStatus>,
 }
 
 #[derive(Serialize)]
@@ -317,6 +320,7 @@ fn agent_section(r: &Report, st: Status) -> AgentSection {
         host_problems: st.host_problems,
         settings_mismatch: st.settings_mismatch,
         usage: st.usage,
+        bgp: st.bgp,
     }
 }
 
@@ -569,6 +573,24 @@ pub fn render(r: &Report, verbose: bool) -> String {
             let mut t = Table::new(vec![Col::left("SERVICE", 24), Col::left("VIP:PORT/PROTO", 26), Col::left("ERROR", 0)]);
             for u in &a.unprogrammed {
                 t.row(vec![u.name.clone(), format!("{}/{}", host_port(u.vip, u.port), u.protocol), u.error.clone()]);
+            }
+            t.write(&mut s);
+        }
+        if let Some(b) = &a.bgp {
+            let _ = writeln!(s, "\nBGP ({} routes in FRR's configuration)", b.routes);
+            if let Some(e) = &b.reload_error {
+                let _ = writeln!(s, "  FRR refused the last configuration (retried every 5 s): {e}");
+            }
+            let mut t =
+                Table::new(vec![Col::left("PEER", 26), Col::left("STATE", 12), Col::right("SENT", 6), Col::right("RECEIVED", 9), Col::left("  LAST RESET", 0)]);
+            for p in &b.sessions {
+                t.row(vec![
+                    p.peer.to_string(),
+                    p.state.clone(),
+                    p.prefixes_sent.to_string(),
+                    p.prefixes_received.to_string(),
+                    format!("  {}", p.last_reset.as_deref().unwrap_or("-")),
+                ]);
             }
             t.write(&mut s);
         }

@@ -42,6 +42,36 @@ pub struct Status {
     /// when all agree (`model::cluster_settings`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub settings_mismatch: Vec<String>,
+    /// This node's BGP speaker (`announce: bgp`), as FRR reports it; None
+    /// while the agent drives no FRR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<BgpStatus>,
+}
+
+/// This node's FRR as the agent last saw it (read every 5 s).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BgpStatus {
+    /// VIPs in the configuration FRR was last given.
+    pub routes: usize,
+    pub sessions: Vec<BgpSessionStatus>,
+    /// The last failed reload (FRR down, a refused line), cleared by the next
+    /// that works; retried every 5 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reload_error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BgpSessionStatus {
+    pub peer: IpAddr,
+    /// BGP's state (Established, Active, Connect, ...).
+    pub state: String,
+    pub prefixes_sent: u64,
+    pub prefixes_received: u64,
+    /// Why the session last went down, as FRR says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reset: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -62,8 +62,11 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     // and is kept from running ([`DAEMONS`]).
     ("promtool", "prometheus"),
     // Routed networks (tests/src/routed.rs): the upstream router (FRR's zebra and
-    // bgpd) and the nodes' own BGP speaker (BIRD, as Calico runs it).
+    // bgpd), the nodes' own BGP speaker (BIRD, as Calico runs it) or the FRR
+    // their agents drive.
     ("/usr/lib/frr/bgpd", "frr"),
+    // announce: bgp: the agent applies FRR's configuration with frr-reload.py.
+    ("/usr/lib/frr/frr-reload.py", "frr-pythontools"),
     ("bird", "bird2"),
 ];
 

@@ -65,6 +65,13 @@ pub fn ownership(world: &World, me: &str, live: &BTreeSet<String>) -> Ownership 
     d
 }
 
+/// The owner of each VIP among `live` once `me` is gone: who takes what this
+/// node holds when it leaves, or held before it came.
+pub fn owners_without(world: &World, me: &str, live: &BTreeSet<String>) -> BTreeMap<IpAddr, String> {
+    let others: BTreeSet<String> = live.iter().filter(|n| *n != me).cloned().collect();
+    ownership(world, me, &others).owners
+}
+
 /// The VIPs of every pool that no node holds, with why, as this node can tell:
 /// a pool that no node of the model may hold (the node selector and tolerations
 /// admit none; nodes excluded from load balancers or not ready are not in the

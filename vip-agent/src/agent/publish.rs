@@ -37,6 +37,7 @@ impl Agent {
         let s = &mut self.status;
         s.usage = usage;
         s.owners = self.membership.owners.clone();
+        s.bgp = self.speaker.status().borrow().clone();
         s.held = self.membership.held.iter().copied().collect();
         let checks: BTreeMap<&str, String> = self.world.services.iter().filter_map(|v| Some((v.name.as_str(), check_label(v.health.as_ref()?)))).collect();
         s.services = self

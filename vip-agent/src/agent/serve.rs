@@ -99,6 +99,7 @@ impl Agent {
         // rewritten then too: its timestamp tells `inspect` the agent is alive.
         let mut host_check = tokio::time::interval(crate::status::REFRESH_INTERVAL);
         let mut hup = unix::signal(unix::SignalKind::hangup())?;
+        let mut bgp = self.speaker.status();
         loop {
             tokio::select! {
                 Some(ev) = health.recv() => {
@@ -142,6 +143,7 @@ impl Agent {
                         }
                     }
                 }
+                Ok(()) = bgp.changed() => self.publish(),
                 _ = host_check.tick() => {
                     self.place();
                     self.check_host();
@@ -177,9 +179,7 @@ impl Agent {
             return;
         }
         let bgp_vips = self.membership.on_lo.iter().filter(|v| self.world.announce_mode(**v) == AnnounceMode::Bgp);
-        let mut peers = self.membership.live.clone();
-        peers.remove(&self.me);
-        let taken = super::desired::ownership(&self.world, &self.me, &peers).owners;
+        let taken = super::desired::owners_without(&self.world, &self.me, &self.membership.live);
         let (gone, keep): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) = bgp_vips.copied().partition(|v| taken.contains_key(v));
         if gone.is_empty() {
             return;

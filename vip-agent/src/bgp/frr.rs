@@ -20,7 +20,12 @@ use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge}
 use tokio::{process::Command, sync::watch};
 use tracing::{info, warn};
 
-use crate::{ha::heartbeat::PeerLabels, metrics::Tracked, model::World};
+use crate::{
+    ha::heartbeat::PeerLabels,
+    metrics::Tracked,
+    model::World,
+    status::{BgpSessionStatus, BgpStatus},
+};
 
 /// Where FRR is: the paths `vip-agent run` is given (`--frr-*`).
 #[derive(Clone, Debug)]
@@ -40,6 +45,9 @@ pub struct Paths {
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// A failed reload is tried again this often, as are the sessions read back.
 const RETRY: Duration = Duration::from_secs(5);
+/// How long retiring sessions stay after FRR was told to send nothing on them:
+/// the withdrawals go out at once.
+const RETIRE_WAIT: Duration = Duration::from_secs(1);
 
 /// The BGP metrics (registered by `metrics::Metrics`).
 #[derive(Clone, Default)]
@@ -48,6 +56,8 @@ pub struct Metrics {
     pub session_up: Tracked<PeerLabels, Gauge>,
     /// Prefixes this node sends the peer.
     pub prefixes_sent: Tracked<PeerLabels, Gauge>,
+    /// Prefixes the peer sent that FRR accepted (none: nothing is imported).
+    pub prefixes_received: Tracked<PeerLabels, Gauge>,
     /// Routes this node announces (its held VIPs of `announce: bgp` pools).
     pub advertised: Gauge,
     pub reloads: Family<crate::metrics::ResultLabels, Counter>,
@@ -59,6 +69,7 @@ pub struct Speaker {
     world: watch::Sender<Arc<World>>,
     leave: watch::Sender<Option<BTreeSet<IpAddr>>>,
     left: watch::Receiver<bool>,
+    status: watch::Receiver<Option<BgpStatus>>,
 }
 
 impl Speaker {
@@ -71,13 +82,20 @@ impl Speaker {
         let (world_tx, world_rx) = watch::channel(world);
         let (leave, leave_rx) = watch::channel(None);
         let (left_tx, left) = watch::channel(false);
-        let task = Task { paths, me, world: world_rx, held, leave: leave_rx, left: left_tx, metrics, applied: None };
+        let (status_tx, status) = watch::channel(None);
+        let task = Task { paths, me, world: world_rx, held, leave: leave_rx, left: left_tx, status: status_tx, metrics, applied: None };
         tokio::spawn(async move {
             if go_rx.wait_for(|g| *g).await.is_ok() {
                 task.run().await;
             }
         });
-        Self { go, world: world_tx, leave, left }
+        Self { go, world: world_tx, leave, left, status }
+    }
+
+    /// What FRR does, for the status: changes when a reload or a read of the
+    /// sessions finds something new.
+    pub fn status(&self) -> watch::Receiver<Option<BgpStatus>> {
+        self.status.clone()
     }
 
     /// Lets the task render: called once the liveness thread has said what this
@@ -107,60 +125,99 @@ struct Task {
     held: watch::Receiver<BTreeSet<IpAddr>>,
     leave: watch::Receiver<Option<BTreeSet<IpAddr>>>,
     left: watch::Sender<bool>,
+    status: watch::Sender<Option<BgpStatus>>,
     metrics: Metrics,
-    /// The text FRR was last given successfully.
-    applied: Option<String>,
+    /// What FRR was last given successfully, and when.
+    applied: Option<(String, super::Speaker, tokio::time::Instant)>,
 }
 
 impl Task {
     async fn run(mut self) {
         let mut tick = tokio::time::interval(RETRY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held_open = true;
         loop {
             let want = self.render();
-            if let Some((text, count)) = want {
-                if self.applied.as_ref() != Some(&text) {
+            // Rendered again after a failed reload, and once retiring sessions
+            // have had their routes withdrawn.
+            let mut again = None;
+            if let Some((text, speaker, count)) = want {
+                let retiring = !speaker.retiring.is_empty();
+                if self.applied.as_ref().map(|a| &a.0) != Some(&text) {
                     match reload(&self.paths, &text).await {
                         Ok(()) => {
-                            info!(routes = count, "FRR configuration applied");
+                            info!(routes = count, retiring = speaker.retiring.len(), "FRR configuration applied");
                             self.metrics.reloads.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
                             self.metrics.advertised.set(count as i64);
-                            self.applied = Some(text.clone());
+                            self.applied = Some((text.clone(), speaker, tokio::time::Instant::now()));
+                            self.update_status(|s| (s.routes, s.reload_error) = (count, None));
                             self.read_sessions().await;
                         }
                         Err(e) => {
                             warn!("applying FRR's configuration: {e:#}; trying again in {RETRY:?}");
+                            self.update_status(|s| s.reload_error = Some(format!("{e:#}")));
                             self.metrics.reloads.get_or_create(&crate::metrics::ResultLabels { result: "error".into() }).inc();
+                            again = Some(RETRY);
                         }
                     }
                 }
-                if self.leave.borrow().is_some() && self.applied.as_deref() == Some(text.as_str()) {
+                if retiring && again.is_none() {
+                    again = Some(RETIRE_WAIT);
+                }
+                if self.leave.borrow().is_some() && self.applied.as_ref().map(|a| a.0.as_str()) == Some(text.as_str()) {
                     self.left.send_replace(true);
                 }
             } else if self.leave.borrow().is_some() {
                 // Nothing of ours announced: nothing to withdraw.
                 self.left.send_replace(true);
             }
-            tokio::select! {
-                r = self.world.changed() => if r.is_err() { return },
-                r = self.held.changed() => if r.is_err() { return },
-                r = self.leave.changed() => if r.is_err() { return },
-                _ = tick.tick() => self.read_sessions().await,
+            // Rendered again on a change too; the sessions are read back meanwhile.
+            let wake = tokio::time::sleep(again.unwrap_or(Duration::MAX / 4));
+            tokio::pin!(wake);
+            loop {
+                tokio::select! {
+                    r = self.world.changed() => if r.is_err() { return } else { break },
+                    // The liveness thread ends before a stopping agent leaves:
+                    // what it last said stays.
+                    r = self.held.changed(), if held_open => if r.is_err() { held_open = false } else { break },
+                    r = self.leave.changed() => if r.is_err() { return } else { break },
+                    _ = &mut wake, if again.is_some() => break,
+                    _ = tick.tick() => self.read_sessions().await,
+                }
             }
         }
     }
 
-    /// FRR's configuration for now and the routes in it; None without BGP settings.
-    fn render(&self) -> Option<(String, usize)> {
+    /// FRR's configuration for now and the routes in it. None while FRR was
+    /// never given one and the model has no BGP settings or not this node;
+    /// once it was, a model without either renders no sessions (FRR then
+    /// withdraws everything and closes them).
+    /// Sessions the model drops go in two steps ([`super::Speaker::retire_towards`]):
+    /// kept with nothing sent on them until [`RETIRE_WAIT`] after FRR had that.
+    fn render(&self) -> Option<(String, super::Speaker, usize)> {
         let world = self.world.borrow().clone();
         let mut held = self.held.borrow().clone();
         if let Some(keep) = self.leave.borrow().as_ref() {
             held.retain(|v| keep.contains(v));
         }
-        let speaker = super::speaker(&world, &self.me, &held)?;
+        let mut speaker = super::speaker(&world, &self.me, &held).or_else(|| self.applied.is_some().then(super::Speaker::silent))?;
+        if let Some((_, last, at)) = &self.applied {
+            let retired = !last.retiring.is_empty() && at.elapsed() >= RETIRE_WAIT;
+            if let Some(first) = last.retire_towards(&speaker).filter(|_| !retired) {
+                speaker = first;
+            } else if !retired && !last.retiring.is_empty() {
+                // Still withdrawing: the same step until the wait is over (with
+                // what changed meanwhile, if the sessions that stay are the same).
+                speaker = if !speaker.peers.is_empty() && last.peers == speaker.peers {
+                    super::Speaker { retiring: last.retiring.clone(), ..speaker }
+                } else {
+                    last.clone()
+                };
+            }
+        }
         let count = speaker.advertisements.iter().map(|a| a.addresses.len()).sum();
         match super::frr_config(&speaker) {
-            Ok(text) => Some((text, count)),
+            Ok(text) => Some((text, speaker, count)),
             Err(e) => {
                 // The config's validation refuses what FRR would: not reached.
                 warn!("not giving FRR this node's speaker: {e}");
@@ -169,7 +226,19 @@ impl Task {
         }
     }
 
-    /// The sessions' state into the metrics (skipped while FRR is not ours yet).
+    /// Changes the published status; its readers are told only of a change.
+    fn update_status(&self, f: impl FnOnce(&mut BgpStatus)) {
+        self.status.send_if_modified(|cur| {
+            let mut next = cur.clone().unwrap_or_default();
+            f(&mut next);
+            let changed = cur.as_ref() != Some(&next);
+            *cur = Some(next);
+            changed
+        });
+    }
+
+    /// The sessions' state into the metrics and the status (skipped while FRR
+    /// is not ours yet).
     async fn read_sessions(&self) {
         if self.applied.is_none() {
             return;
@@ -179,6 +248,18 @@ impl Task {
                 let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
                 self.metrics.session_up.set_all(s.iter().map(|(p, st)| (label(p), i64::from(st.established))));
                 self.metrics.prefixes_sent.set_all(s.iter().map(|(p, st)| (label(p), st.prefixes_sent as i64)));
+                self.metrics.prefixes_received.set_all(s.iter().map(|(p, st)| (label(p), st.prefixes_received as i64)));
+                let sessions = s
+                    .into_iter()
+                    .map(|(peer, st)| BgpSessionStatus {
+                        peer,
+                        state: st.state,
+                        prefixes_sent: st.prefixes_sent,
+                        prefixes_received: st.prefixes_received,
+                        last_reset: st.last_reset,
+                    })
+                    .collect();
+                self.update_status(|s| s.sessions = sessions);
             }
             Err(e) => warn!("reading BGP sessions from FRR: {e:#}"),
         }
@@ -214,6 +295,8 @@ pub struct SessionState {
     pub state: String,
     pub established: bool,
     pub prefixes_sent: u64,
+    /// Routes the peer sent that were accepted (none: the agent's FRR imports nothing).
+    pub prefixes_received: u64,
     pub last_reset: Option<String>,
 }
 
@@ -241,13 +324,39 @@ pub fn parse_sessions(json: &[u8]) -> Result<BTreeMap<IpAddr, SessionState>> {
     for (k, n) in obj {
         let Ok(addr) = k.parse::<IpAddr>() else { continue };
         let state = n.get("bgpState").and_then(|s| s.as_str()).unwrap_or("").to_owned();
-        let prefixes_sent = n
-            .get("addressFamilyInfo")
-            .and_then(|a| a.as_object())
-            .map(|afs| afs.values().filter_map(|af| af.get("sentPrefixCounter").and_then(|c| c.as_u64())).sum())
-            .unwrap_or(0);
+        let count = |key: &str| -> u64 {
+            let afs = n.get("addressFamilyInfo").and_then(|a| a.as_object());
+            afs.map(|afs| afs.values().filter_map(|af| af.get(key).and_then(|c| c.as_u64())).sum()).unwrap_or(0)
+        };
         let last_reset = n.get("lastResetDueTo").and_then(|s| s.as_str()).map(str::to_owned);
-        out.insert(addr, SessionState { established: state == "Established", state, prefixes_sent, last_reset });
+        let (prefixes_sent, prefixes_received) = (count("sentPrefixCounter"), count("acceptedPrefixCounter"));
+        out.insert(addr, SessionState { established: state == "Established", state, prefixes_sent, prefixes_received, last_reset });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What FRR 8.4.4 said in the routed lab (`show bgp neighbors json` on a
+    /// node with an IPv4 and an IPv6 session, two routes on each).
+    #[test]
+    fn reads_sessions_from_frr_json() {
+        let s = parse_sessions(include_bytes!("testdata/neighbors-frr-8.4.4.json")).unwrap();
+        let v4: IpAddr = "198.18.0.1".parse().unwrap();
+        let v6: IpAddr = "2001:2::1".parse().unwrap();
+        assert_eq!(s.keys().copied().collect::<Vec<_>>(), [v4, v6]);
+        for st in s.values() {
+            assert_eq!((st.state.as_str(), st.established, st.prefixes_sent, st.prefixes_received), ("Established", true, 2, 0));
+        }
+        assert_eq!(s[&v4].last_reset.as_deref(), Some("Waiting for peer OPEN"));
+        // A session down, and keys that are not addresses.
+        let down = br#"{"198.18.0.9": {"bgpState": "Active", "lastResetDueTo": "No AFI/SAFI activated for peer"}, "vrfName": "default"}"#;
+        let d = parse_sessions(down).unwrap();
+        assert_eq!(d.len(), 1);
+        let st = &d[&"198.18.0.9".parse::<IpAddr>().unwrap()];
+        assert_eq!((st.established, st.prefixes_sent, st.last_reset.as_deref()), (false, 0, Some("No AFI/SAFI activated for peer")));
+        assert!(parse_sessions(b"[]").is_err(), "not an object");
+    }
 }

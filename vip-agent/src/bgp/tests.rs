@@ -22,6 +22,7 @@ pub(crate) fn sample() -> Speaker {
     Speaker {
         router_id: "198.18.0.11".parse().unwrap(),
         peers: vec![v4, v6],
+        retiring: vec![],
         advertisements: vec![
             Advertisement {
                 addresses: vec!["203.0.113.1".parse().unwrap(), "2001:db8::1".parse().unwrap()],
@@ -102,6 +103,33 @@ fn no_peers_render_no_bgp_instance() {
     assert!(!c.contains("router bgp"), "{c}");
 }
 
+/// Dropping a session that carries routes goes through a step where it stays
+/// with nothing sent on it; dropping one with nothing announced, or keeping
+/// every session, goes straight; a new AS retires every session first.
+#[test]
+fn sessions_that_carry_routes_retire_before_they_go() {
+    let now = sample();
+    let one = Speaker { peers: vec![now.peers[0].clone()], ..sample() };
+    let step = now.retire_towards(&one).expect("the IPv6 session carries routes");
+    assert_eq!((step.peers.clone(), step.retiring.clone()), (one.peers.clone(), vec![now.peers[1].clone()]));
+    assert_eq!(step.advertisements, one.advertisements);
+    let c = frr_config(&step).unwrap();
+    assert!(c.contains("  neighbor 2001:2::1 activate\n  neighbor 2001:2::1 route-map vip-in in\n  neighbor 2001:2::1 route-map vip-none out\n"), "{c}");
+    assert!(c.contains("route-map vip-none deny 10\n") && !c.contains("198.18.0.1 route-map vip-none"), "{c}");
+    // Leaving BGP altogether: the old sessions stay, with the old router id.
+    let gone = now.retire_towards(&Speaker::silent()).unwrap();
+    assert_eq!((gone.peers.len(), gone.retiring.len(), gone.router_id), (0, 2, now.router_id));
+    assert!(frr_config(&gone).unwrap().contains("router bgp 64513\n"));
+    // Nothing to withdraw, or nothing dropped: no step.
+    let quiet = Speaker { advertisements: vec![Advertisement::default()], ..sample() };
+    assert_eq!(quiet.retire_towards(&one), None);
+    assert_eq!(now.retire_towards(&sample()), None);
+    let mut other_as = sample();
+    other_as.peers.iter_mut().for_each(|p| p.my_asn = 65000);
+    let step = now.retire_towards(&other_as).unwrap();
+    assert_eq!((step.peers.len(), step.retiring, step.peers), (0, now.peers.clone(), vec![]));
+}
+
 #[test]
 fn what_frr_would_refuse_is_refused_naming_the_field() {
     let with = |f: &dyn Fn(&mut Speaker)| {
@@ -111,6 +139,7 @@ fn what_frr_would_refuse_is_refused_naming_the_field() {
     };
     assert_eq!(with(&|s| s.peers[1].my_asn = 65000), "peers[1].myASN: 65000 differs from peers[0]'s 64513: a node speaks with one AS");
     assert_eq!(with(&|s| s.peers[1].address = s.peers[0].address), "peers[1].address: 198.18.0.1 is given twice");
+    assert_eq!(with(&|s| s.retiring = vec![s.peers[0].clone()]), "peers[2].address: 198.18.0.1 is given twice");
     assert!(with(&|s| s.peers[0].hold_time = None).starts_with("peers[0].holdTime: "));
     assert!(with(&|s| s.peers[0].hold_time = Some(Duration::from_secs(2))).starts_with("peers[0].holdTime: "));
     assert!(with(&|s| s.peers[0].password = Some("two words".into())).starts_with("peers[0].password: "));

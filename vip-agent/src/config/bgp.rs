@@ -16,15 +16,15 @@ pub(super) struct FileBgp {
     /// This cluster's AS: every node speaks with it (FRR's one instance per node).
     #[serde(rename = "myASN")]
     my_asn: u32,
-    #[serde(default = "yes")]
+    /// Off by default, as in MetalLB: a router that helps graceful restart
+    /// keeps a node's routes for minutes once its session times out, so a dead
+    /// node without BFD would stay a next hop. The agent restarts without it
+    /// (FRR outlives the agent); it spares only an FRR restart.
+    #[serde(default)]
     graceful_restart: bool,
     #[serde(default)]
     bfd_profiles: Vec<FileBfd>,
     peers: Vec<FilePeer>,
-}
-
-fn yes() -> bool {
-    true
 }
 
 #[derive(Deserialize)]
@@ -51,7 +51,6 @@ fn default_bfd_multiplier() -> u8 {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct FilePeer {
     address: IpAddr,
-    #[serde(rename = "asn")]
     asn: u32,
     #[serde(default)]
     port: Option<u16>,
@@ -126,6 +125,7 @@ pub(super) fn settings(b: FileBgp) -> Result<Settings, FieldError> {
     let all = bgp::Speaker {
         router_id: std::net::Ipv4Addr::new(0, 0, 0, 1),
         peers: sessions.iter().map(|s| s.peer.clone()).collect(),
+        retiring: Vec::new(),
         advertisements: Vec::new(),
         graceful_restart: b.graceful_restart,
     };

@@ -345,7 +345,7 @@ fn a_bgp_pool_takes_its_sessions_from_the_bgp_section() {
     assert_eq!(w.pools[0].bgp.communities, ["64512:100"]);
     assert_eq!(w.pools[0].bgp.local_pref, Some(200));
     let b = w.bgp.as_ref().unwrap();
-    assert!(b.graceful_restart, "graceful restart by default");
+    assert!(!b.graceful_restart, "no graceful restart by default");
     let p0 = &b.sessions[0].peer;
     assert_eq!((p0.asn, p0.my_asn, p0.hold_time, p0.keepalive_time), (64512, 64513, Some(Duration::from_secs(3)), Some(Duration::from_secs(1))));
     let bfd = p0.bfd.as_ref().unwrap();

@@ -193,6 +193,7 @@ fn dual_stack_report() -> Report {
             }],
             host_problems: vec![],
             settings_mismatch: vec!["n2: deadAfter 1s there, 300ms here".into()],
+            bgp: None,
             usage: Default::default(),
         }),
     }
@@ -273,4 +274,41 @@ fn ipv4_tables_keep_their_widths() {
     let text = render(&r, false);
     assert!(text.contains("\n  NETWORK          VIP              ANNOUNCE  EXPIRES              TAKEN FROM\n  eth0             198.18.1.10      arp       in 900 ms            -\n"), "{text}");
     assert!(text.contains("\n  forwarded                             7 pkts          700 bytes\n"), "{text}");
+}
+
+#[test]
+fn bgp_sessions_are_listed_with_their_state_and_last_reset() {
+    let mut st = status(1);
+    st.bgp = Some(crate::status::BgpStatus {
+        routes: 2,
+        sessions: vec![
+            crate::status::BgpSessionStatus {
+                peer: "198.18.0.1".parse().unwrap(),
+                state: "Established".into(),
+                prefixes_sent: 2,
+                prefixes_received: 0,
+                last_reset: None,
+            },
+            crate::status::BgpSessionStatus {
+                peer: "2001:2::1".parse().unwrap(),
+                state: "Active".into(),
+                prefixes_sent: 0,
+                prefixes_received: 0,
+                last_reset: Some("Waiting for peer OPEN".into()),
+            },
+        ],
+        reload_error: Some("frr-reload.py failed".into()),
+    });
+    let (info, _) = read(Some(&serde_json::to_string(&st).unwrap()), 2_000);
+    let text = render(&report(info, Some(st), vec![]), false);
+    assert!(
+        text.contains("\nBGP (2 routes in FRR's configuration)\n  FRR refused the last configuration (retried every 5 s): frr-reload.py failed\n"),
+        "{text}"
+    );
+    assert!(text.contains("\n  198.18.0.1                 Established       2         0   -\n"), "{text}");
+    assert!(text.contains("\n  2001:2::1                  Active            0         0   Waiting for peer OPEN\n"), "{text}");
+    assert!(text.lines().all(|l| l == l.trim_end()), "trailing spaces:\n{text}");
+    // Without BGP, no section.
+    let (info, plain) = read(Some(&serde_json::to_string(&status(1)).unwrap()), 2_001);
+    assert!(!render(&report(info, plain, vec![]), false).contains("BGP"));
 }

@@ -414,6 +414,11 @@ impl Metrics {
         );
         registry.register("vip_bgp_prefixes_sent", "announce: bgp: routes this node's FRR sends each peer", m.bgp.prefixes_sent.family());
         registry.register(
+            "vip_bgp_prefixes_received",
+            "announce: bgp: routes each peer sent that this node's FRR accepted (none: it imports nothing)",
+            m.bgp.prefixes_received.family(),
+        );
+        registry.register(
             "vip_bgp_routes",
             "announce: bgp: VIPs in this node's FRR configuration (its held VIPs of announce: bgp pools)",
             m.bgp.advertised.clone(),

@@ -305,7 +305,7 @@ fn exposition(modes: &[Mode]) -> Vec<MetricDoc> {
     }
     l.pool_owner_changes.with(&PoolLabels { pool: s() }, |_| ());
     l.peer_live.with(&PeerLabels { peer: s() }, |_| ());
-    for f in [&m.bgp.session_up, &m.bgp.prefixes_sent] {
+    for f in [&m.bgp.session_up, &m.bgp.prefixes_sent, &m.bgp.prefixes_received] {
         f.with(&PeerLabels { peer: s() }, |_| ());
     }
     let _ = m.bgp.reloads.get_or_create(&crate::metrics::ResultLabels { result: s() });

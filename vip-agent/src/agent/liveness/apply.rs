@@ -45,10 +45,8 @@ impl Liveness {
         let deadline = monotonic_ns() + self.world.announce.hold_time.as_nanos() as u64;
         // A VIP of no owner we saw (this agent's first decision): whoever holds
         // it while we are away, as the peers compute it.
-        let without_me = p.take.iter().any(|v| !self.owners.contains_key(v)).then(|| {
-            let others: BTreeSet<String> = self.live.iter().filter(|n| **n != self.s.me).cloned().collect();
-            crate::agent::desired::ownership(&self.world, &self.s.me, &others).owners
-        });
+        let without_me =
+            p.take.iter().any(|v| !self.owners.contains_key(v)).then(|| crate::agent::desired::owners_without(&self.world, &self.s.me, &self.live));
         for vip in &p.take {
             let (announce, ifindex) = p.want[vip];
             // A VIP every node holds has no previous holder: a flow that reaches

@@ -11,7 +11,7 @@ use tracing::{error, info, warn};
 
 use super::{replace_if_changed, Liveness};
 use crate::{
-    agent::desired::ownership,
+    agent::desired::owners_without,
     ha::{garp::Order, heartbeat},
 };
 
@@ -41,9 +41,7 @@ impl Liveness {
                 warn!("leaving heartbeats not sent within {LEAVE_SEND_WAIT:?}; releasing the VIPs peers take anyway");
             }
         }
-        let mut peers = self.live.clone();
-        peers.remove(&self.s.me);
-        let taken = ownership(&self.world, &self.s.me, &peers).owners;
+        let taken = owners_without(&self.world, &self.s.me, &self.live);
         let released: Vec<(IpAddr, u32)> = self.held.iter().filter(|(v, _)| taken.contains_key(v)).map(|(v, (_, i))| (*v, *i)).collect();
         let _ = self.arp_tx.send(Order::Cancel(released.iter().map(|(v, _)| *v).collect()));
         for (vip, ifindex) in &released {
