@@ -283,6 +283,8 @@ impl Frr {
         let zsock = dir.join("zserv.api");
         for &daemon in daemons {
             let file = |ext: &str| dir.join(format!("{daemon}.{ext}")).display().to_string();
+            // A socket left by daemons killed before (a restart in the same directory).
+            let _ = std::fs::remove_file(dir.join(format!("{daemon}.vty")));
             // Sockets and the vty in the lab's directory (no /run/frr of the
             // host), no TCP vty; the daemons run as the package's user `frr`.
             let args = [

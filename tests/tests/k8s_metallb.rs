@@ -350,7 +350,7 @@ async fn imported_pools_are_accepted_and_keep_what_metallb_gave() {
     for w in [
         "# warning: IPAddressPool metallb-system/general: spec.addresses[1]: \"2001:2:0:50::/120\" written as the range 2001:2:0:50::-2001:2:0:50::ff",
         "# warning: IPAddressPool metallb-system/tenant: spec.serviceAllocation.priority: 10: no equivalent",
-        "# warning: BGPAdvertisement metallb-system/uplink: not imported: vip has no BGP speaker (set here, with no equivalent: localPref)",
+        "# warning: BGPAdvertisement metallb-system/uplink: not imported: vip's BGP speaker (announce: bgp) is file mode only so far (set here, with no equivalent: localPref)",
         "# warning: IPAddressPool metallb-system/tenant: interfaces [eth1, ens4]",
     ] {
         assert!(warnings.contains(w), "{w} missing:\n{warnings}");

@@ -20,7 +20,7 @@ use vip_tests::{
     halab::{ask_from, ha_config_of, node_addr6, vip, vip6, HaSpec},
     kubelab::{lb_service, KubeLab},
     netns::privileged,
-    routed::{broken, Ingress, RoutedLab, COMMUNITY, FAR_CLIENT, FAR_CLIENT6, ROUTER, ROUTER6, ROUTE_WAIT},
+    routed::{broken, Frr, Ingress, RoutedLab, Speaker, COMMUNITY, FAR_CLIENT, FAR_CLIENT6, ROUTER, ROUTER6, ROUTE_WAIT},
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -119,6 +119,20 @@ fn a_node_leaving_and_rejoining_the_ecmp_set_breaks_no_connection_unlike_plain_e
     // The baseline moved flows both times, so the zeros above are not for want of a rehash.
     let moved = |(a, b): (usize, usize)| a + b > 0;
     assert!(moved(plain.leave) && moved(plain.join), "plain ECMP broke none at some step ({plain:?}): the router did not rehash");
+    drop(r);
+    // The same with `announce: bgp`: node-3's agent withdraws through its FRR.
+    let mut b = RoutedLab::start_bgp(HaSpec { vips: 1, ..Default::default() }, false, false, lab_exe()).unwrap();
+    let bgp = b.agent_churn(24000, CONNS).unwrap_or_else(|e| panic!("announce: bgp: {e:#}\n{}", b.lab.agent_logs()));
+    eprintln!(
+        "announce: bgp: node-3 leaving broke {:?} of {CONNS} (withdrawn {:?} after SIGTERM), rejoining {:?} of {CONNS}",
+        bgp.leave, bgp.withdrawn, bgp.join
+    );
+    assert_eq!(
+        (bgp.leave, bgp.join),
+        ((0, 0), (0, 0)),
+        "announce: bgp: no connection breaks when a node leaves or rejoins the ECMP set\n{}",
+        b.lab.agent_logs()
+    );
 }
 
 /// BIRD on the nodes (`announce: lo`) with and without BFD, then the agents'
@@ -333,4 +347,14 @@ fn a_bgp_pool_is_announced_by_every_agents_frr_and_nothing_an_agent_does_resets_
     assert_eq!((broken(&mut conns, "node-3"), broken(&mut conns6, "node-3")), ((0, 0), (0, 0)), "node-3's agent back broke connections\n{}", logs(&r));
     assert_eq!(r.router.wait_sessions(6).unwrap(), established, "node-3's agent back reset sessions");
     assert_eq!(conns.len() + conns6.len(), 2 * usize::from(CONNS));
+
+    // Node-1's FRR restarts with nothing (as FRR does from a file of its own):
+    // the router drops node-1; its agent finds FRR without its sessions and
+    // gives it the configuration again.
+    drop(std::mem::replace(&mut r.speakers[0], Speaker::Frr(Frr::start(&r.lab.nodes[0].ns, &r.lab.frr_dir(0), &[]).unwrap())));
+    hops(&r, vips, &[1, 2], "node-1's FRR killed");
+    let t = std::time::Instant::now();
+    r.speakers[0] = Speaker::Frr(Frr::start(&r.lab.nodes[0].ns, &r.lab.frr_dir(0), &["zebra", "bgpd"]).unwrap());
+    hops(&r, vips, &[0, 1, 2], "node-1's FRR started again");
+    eprintln!("node-1's FRR restarted empty: announced again {:?} after it started", t.elapsed());
 }

@@ -151,7 +151,6 @@ impl Task {
                             self.metrics.advertised.set(count as i64);
                             self.applied = Some((text.clone(), speaker, tokio::time::Instant::now()));
                             self.update_status(|s| (s.routes, s.reload_error) = (count, None));
-                            self.read_sessions().await;
                         }
                         Err(e) => {
                             warn!("applying FRR's configuration: {e:#}; trying again in {RETRY:?}");
@@ -182,7 +181,7 @@ impl Task {
                     r = self.held.changed(), if held_open => if r.is_err() { held_open = false } else { break },
                     r = self.leave.changed() => if r.is_err() { return } else { break },
                     _ = &mut wake, if again.is_some() => break,
-                    _ = tick.tick() => self.read_sessions().await,
+                    _ = tick.tick() => if self.read_sessions().await { break },
                 }
             }
         }
@@ -239,12 +238,15 @@ impl Task {
 
     /// The sessions' state into the metrics and the status (skipped while FRR
     /// is not ours yet).
-    async fn read_sessions(&self) {
-        if self.applied.is_none() {
-            return;
-        }
+    /// FRR with other sessions than it was given has lost its configuration
+    /// (it restarted from a file of its own, or someone changed it): it is
+    /// given it again.
+    async fn read_sessions(&mut self) -> bool {
+        let Some((_, given, _)) = &self.applied else { return false };
         match sessions(&self.paths).await {
             Ok(s) => {
+                let want: BTreeSet<IpAddr> = given.peers.iter().chain(&given.retiring).map(|p| p.address).collect();
+                let lost = s.keys().copied().collect::<BTreeSet<_>>() != want;
                 let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
                 self.metrics.session_up.set_all(s.iter().map(|(p, st)| (label(p), i64::from(st.established))));
                 self.metrics.prefixes_sent.set_all(s.iter().map(|(p, st)| (label(p), st.prefixes_sent as i64)));
@@ -260,8 +262,16 @@ impl Task {
                     })
                     .collect();
                 self.update_status(|s| s.sessions = sessions);
+                if lost {
+                    warn!("FRR's sessions are not those it was given (it restarted?): giving it this node's configuration again");
+                    self.applied = None;
+                }
+                lost
             }
-            Err(e) => warn!("reading BGP sessions from FRR: {e:#}"),
+            Err(e) => {
+                warn!("reading BGP sessions from FRR: {e:#}");
+                false
+            }
         }
     }
 }

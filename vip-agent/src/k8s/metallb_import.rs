@@ -190,7 +190,7 @@ pub fn import(objects: &[Value]) -> Import {
         let (with_l2, bgp_only): (Vec<&Pool>, Vec<&Pool>) =
             pools.iter().filter(|p| a.selects(p)).partition(|p| adverts.iter().any(|l2| !l2.bgp && l2.selects(p)));
         let names = |ps: &[&Pool]| ps.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ");
-        let mut msg = "not imported: vip has no BGP speaker".to_owned();
+        let mut msg = "not imported: vip's BGP speaker (announce: bgp) is file mode only so far".to_owned();
         if !a.bgp_fields.is_empty() {
             msg.push_str(&format!(" (set here, with no equivalent: {})", a.bgp_fields.join(", ")));
         }

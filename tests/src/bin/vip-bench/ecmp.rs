@@ -1,10 +1,14 @@
-//! ECMP from every node (`announce: lo, distribution: all`) through a real
-//! router (FRR) and the nodes' own BGP speakers (BIRD): long-lived connections
+//! ECMP from every node (`announce: lo, distribution: all`, the nodes' own BGP
+//! speakers: BIRD; and `announce: bgp`, the FRR each agent drives) through a real
+//! router (FRR): long-lived connections
 //! broken when a node leaves and rejoins the router's ECMP set, with vip's
 //! shared rings and, in the same rounds, with plain ECMP to nodes that serve what
 //! reaches them; and how soon the router drops a node whose agent stops.
 use anyhow::Result;
-use vip_tests::routed::{Churn, Death, RoutedLab, BFD_INTERVAL_MS, BFD_MULTIPLIER, HOLD_S, KEEPALIVE_S};
+use vip_tests::{
+    halab::HaSpec,
+    routed::{Churn, Death, RoutedLab, BFD_INTERVAL_MS, BFD_MULTIPLIER, HOLD_S, KEEPALIVE_S},
+};
 
 use crate::{
     measure::{median, ms},
@@ -17,8 +21,10 @@ const CONNS: u16 = 48;
 
 pub fn section() -> Result<Section> {
     let server = std::env::current_exe()?;
-    let (mut plain, mut vip) = (Vec::new(), Vec::new());
+    let (mut plain, mut vip, mut bgp) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hold, mut bfd): (Vec<Death>, Vec<Death>) = (Vec::new(), Vec::new());
+    let (mut bgp_hold, mut bgp_bfd): (Vec<Death>, Vec<Death>) = (Vec::new(), Vec::new());
+    let one = || HaSpec { vips: 1, ..Default::default() };
     for round in 0..ROUNDS {
         // A lab per round: fresh flows, a fresh router (its hash seed too).
         let mut r = RoutedLab::start(1, false, false, &server)?;
@@ -26,16 +32,19 @@ pub fn section() -> Result<Section> {
         plain.push(r.plain_churn(port, CONNS)?);
         vip.push(r.agent_churn(port + 500, CONNS)?);
         drop(r);
+        let mut r = RoutedLab::start_bgp(one(), false, false, &server)?;
+        bgp.push(r.agent_churn(port + 500, CONNS)?);
+        drop(r);
         // A node's death, in a lab of its own each way: the session ends by the
-        // hold timer, or by BFD.
-        for (with_bfd, out) in [(false, &mut hold), (true, &mut bfd)] {
-            let mut r = RoutedLab::start(1, true, with_bfd, &server)?;
+        // hold timer, or by BFD; BIRD's session or the agent's FRR's.
+        for (with_bgp, with_bfd, out) in [(false, false, &mut hold), (false, true, &mut bfd), (true, false, &mut bgp_hold), (true, true, &mut bgp_bfd)] {
+            let mut r = if with_bgp { RoutedLab::start_bgp(one(), true, with_bfd, &server)? } else { RoutedLab::start(1, true, with_bfd, &server)? };
             out.push(r.node_death(port, CONNS)?);
         }
     }
     let a = at("ecmp");
     let mut s = Section::new(line!(
-        "ECMP from every node: {} rounds, each a new three-node lab with an FRR router and BIRD on the nodes; {} long-lived connections opened before node-3 leaves the router's ECMP set and {} more while it is out",
+        "ECMP from every node: {} rounds, each a new three-node lab with an FRR router and, on the nodes, BIRD (`announce: lo`) or the FRR each agent drives (`announce: bgp`); {} long-lived connections opened before node-3 leaves the router's ECMP set and {} more while it is out",
         a.f("rounds").show(ROUNDS),
         a.f("conns").show(CONNS),
         a.f("conns_out").show(CONNS)
@@ -49,6 +58,7 @@ pub fn section() -> Result<Section> {
     for (key, name, how, runs) in [
         ("plain", "plain ECMP, no rings", "VIP taken off its lo by hand, then put back", &plain),
         ("vip", "vip (`distribution: all`)", "agent SIGTERM (withdraws, stays a backend), then started", &vip),
+        ("bgp", "vip (`announce: bgp`)", "agent SIGTERM (its FRR withdraws, the sessions stay up), then started", &bgp),
     ] {
         let k = a.f(key);
         let (l, j) = (sum(runs, |c| c.leave), sum(runs, |c| c.join));
@@ -66,9 +76,12 @@ pub fn section() -> Result<Section> {
         "|---|---:|---:|---:|---:|",
     );
     let longest = |d: &[Death]| d.iter().filter_map(|d| d.last_failed).max().map_or(0.0, ms);
-    for (key, name, runs) in
-        [("hold", format!("hold timer ({KEEPALIVE_S} s / {HOLD_S} s), no BFD"), &hold), ("bfd", format!("BFD {BFD_INTERVAL_MS} ms × {BFD_MULTIPLIER}"), &bfd)]
-    {
+    for (key, name, runs) in [
+        ("hold", format!("BIRD: hold timer ({KEEPALIVE_S} s / {HOLD_S} s), no BFD"), &hold),
+        ("bfd", format!("BIRD: BFD {BFD_INTERVAL_MS} ms × {BFD_MULTIPLIER}"), &bfd),
+        ("bgp_hold", format!("`announce: bgp`: hold timer ({KEEPALIVE_S} s / {HOLD_S} s), no BFD"), &bgp_hold),
+        ("bgp_bfd", format!("`announce: bgp`: BFD {BFD_INTERVAL_MS} ms × {BFD_MULTIPLIER}"), &bgp_bfd),
+    ] {
         let k = a.f(key);
         let w: Vec<f64> = runs.iter().map(|d| ms(d.withdrawn)).collect();
         let max = w.iter().copied().fold(0.0, f64::max);

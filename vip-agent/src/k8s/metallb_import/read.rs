@@ -259,7 +259,7 @@ pub(super) fn read_advert(kind: &str, v: &Value, out: &mut Vec<Warning>) -> Adve
 pub(super) fn other_kind(kind: &str) -> &'static str {
     match kind {
         "BGPPeer" | "BFDProfile" | "Community" => {
-            "not imported: vip has no BGP speaker (pools it should announce over BGP: `announce: lo`, `distribution: all` and a routing daemon on the nodes)"
+            "not imported: vip's BGP speaker (announce: bgp) is file mode only so far (pools it should announce over BGP: `announce: lo`, `distribution: all` and a routing daemon on the nodes)"
         }
         "AddressPool" => "not imported: the AddressPool kind MetalLB 0.13 replaced; convert it to an IPAddressPool and an L2Advertisement first",
         _ => "not imported: a MetalLB kind with no equivalent in vip",

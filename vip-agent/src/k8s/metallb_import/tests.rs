@@ -356,7 +356,7 @@ metadata: {name: config, namespace: metallb-system}
     );
     assert!(warned(&i, "IPAddressPool metallb-system/third-pool", "")[0].starts_with("no L2Advertisement or BGPAdvertisement selects it"));
     for o in ["BGPPeer metallb-system/peer-1", "Community metallb-system/communities", "BFDProfile metallb-system/fast"] {
-        assert!(warned(&i, o, "")[0].starts_with("not imported: vip has no BGP speaker"), "{o}: {:?}", i.warnings);
+        assert!(warned(&i, o, "")[0].starts_with("not imported: vip's BGP speaker (announce: bgp) is file mode only so far"), "{o}: {:?}", i.warnings);
     }
     assert_eq!(warned(&i, "ConfigMap metallb-system/config", ""), ["skipped: not a MetalLB object (v1 ConfigMap)"]);
     assert!(i.warnings.iter().all(|w| !w.object.contains("ServiceL2Status")), "MetalLB's status objects are not configuration");
