@@ -86,8 +86,9 @@ fn speakers() -> Vec<(&'static str, Speaker)> {
     };
     let plain = Speaker { peers: vec![peer("198.18.0.1")], advertisements: vec![Advertisement::default()], graceful_restart: false, ..every.clone() };
     let none = Speaker { peers: vec![], advertisements: vec![], ..every.clone() };
-    let retiring = every.retire_towards(&Speaker { peers: every.peers[..1].to_vec(), ..every.clone() }).expect("two sessions retire");
-    let leaving = every.retire_towards(&Speaker::silent()).expect("every session retires");
+    let retiring = every.step_towards(Speaker { peers: every.peers[..1].to_vec(), ..every.clone() }, |_| false);
+    let leaving = every.step_towards(Speaker::silent(), |_| false);
+    assert_eq!((retiring.retiring.len(), leaving.retiring.len()), (2, 3));
     vec![
         ("every setting", every),
         ("one plain session, nothing advertised", plain),

@@ -151,25 +151,23 @@ impl Speaker {
         Self { router_id: Ipv4Addr::UNSPECIFIED, peers: Vec::new(), retiring: Vec::new(), advertisements: Vec::new(), graceful_restart: false }
     }
 
-    /// What FRR is given first on the way from `self` (what it has) to `next`,
-    /// if `next` drops sessions `self` announces routes on: `next` with those
-    /// sessions kept as [`Speaker::retiring`] (all of `self`'s, if the AS
-    /// changes: FRR's instance goes with it).
-    pub fn retire_towards(&self, next: &Speaker) -> Option<Speaker> {
-        if !self.advertisements.iter().any(|a| !a.addresses.is_empty()) {
-            return None;
-        }
-        let stays = |p: &Peer| next.peers.iter().any(|q| q.address == p.address);
-        match (self.peers.first(), next.peers.first()) {
-            (Some(a), Some(b)) if a.my_asn != b.my_asn => return Some(Speaker { peers: Vec::new(), retiring: self.peers.clone(), ..self.clone() }),
-            _ => {}
-        }
-        let retiring: Vec<Peer> = self.peers.iter().filter(|p| !stays(p)).cloned().collect();
+    /// What FRR is given on the way from `self` (what it has) to `next`: `next`,
+    /// with the sessions it drops that may still carry routes kept as
+    /// [`Speaker::retiring`] (every session, if the AS changes: FRR's instance
+    /// goes with it) until `done` says a session's wait is over. A session
+    /// carries routes if `self` announced any, or if it is retiring already.
+    pub fn step_towards(&self, next: Speaker, done: impl Fn(IpAddr) -> bool) -> Speaker {
+        let announced = self.advertisements.iter().any(|a| !a.addresses.is_empty());
+        let new_as = matches!((self.peers.first().or(self.retiring.first()), next.peers.first()), (Some(a), Some(b)) if a.my_asn != b.my_asn);
+        let dropped = |p: &&Peer| new_as || !next.peers.iter().any(|q| q.address == p.address);
+        let retiring: Vec<Peer> = self.peers.iter().filter(|_| announced).chain(&self.retiring).filter(dropped).filter(|p| !done(p.address)).cloned().collect();
         if retiring.is_empty() {
-            return None;
+            next
+        } else if new_as || next.peers.is_empty() {
+            Speaker { peers: Vec::new(), retiring, ..self.clone() }
+        } else {
+            Speaker { retiring, ..next }
         }
-        let base = if next.peers.is_empty() { self.clone() } else { next.clone() };
-        Some(Speaker { peers: next.peers.clone(), retiring, ..base })
     }
 }
 

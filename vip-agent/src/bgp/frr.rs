@@ -43,6 +43,8 @@ pub struct Paths {
 
 /// A reload that takes longer has hung (one takes well under a second).
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Reading the sessions waits no longer: a stop waits behind it.
+const READ_TIMEOUT: Duration = Duration::from_secs(3);
 /// A failed reload is tried again this often, as are the sessions read back.
 const RETRY: Duration = Duration::from_secs(5);
 /// How long retiring sessions stay after FRR was told to send nothing on them:
@@ -83,7 +85,18 @@ impl Speaker {
         let (leave, leave_rx) = watch::channel(None);
         let (left_tx, left) = watch::channel(false);
         let (status_tx, status) = watch::channel(None);
-        let task = Task { paths, me, world: world_rx, held, leave: leave_rx, left: left_tx, status: status_tx, metrics, applied: None };
+        let task = Task {
+            paths,
+            me,
+            world: world_rx,
+            held,
+            leave: leave_rx,
+            left: left_tx,
+            status: status_tx,
+            metrics,
+            applied: None,
+            retiring_since: BTreeMap::new(),
+        };
         tokio::spawn(async move {
             if go_rx.wait_for(|g| *g).await.is_ok() {
                 task.run().await;
@@ -127,8 +140,10 @@ struct Task {
     left: watch::Sender<bool>,
     status: watch::Sender<Option<BgpStatus>>,
     metrics: Metrics,
-    /// What FRR was last given successfully, and when.
-    applied: Option<(String, super::Speaker, tokio::time::Instant)>,
+    /// What FRR was last given successfully.
+    applied: Option<(String, super::Speaker)>,
+    /// When FRR was first told to send nothing on each retiring session.
+    retiring_since: BTreeMap<IpAddr, tokio::time::Instant>,
 }
 
 impl Task {
@@ -142,14 +157,19 @@ impl Task {
             // have had their routes withdrawn.
             let mut again = None;
             if let Some((text, speaker, count)) = want {
-                let retiring = !speaker.retiring.is_empty();
                 if self.applied.as_ref().map(|a| &a.0) != Some(&text) {
                     match reload(&self.paths, &text).await {
                         Ok(()) => {
                             info!(routes = count, retiring = speaker.retiring.len(), "FRR configuration applied");
                             self.metrics.reloads.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
                             self.metrics.advertised.set(count as i64);
-                            self.applied = Some((text.clone(), speaker, tokio::time::Instant::now()));
+                            let now = tokio::time::Instant::now();
+                            let retiring: BTreeSet<IpAddr> = speaker.retiring.iter().map(|p| p.address).collect();
+                            self.retiring_since.retain(|p, _| retiring.contains(p));
+                            for p in retiring {
+                                self.retiring_since.entry(p).or_insert(now);
+                            }
+                            self.applied = Some((text.clone(), speaker));
                             self.update_status(|s| (s.routes, s.reload_error) = (count, None));
                         }
                         Err(e) => {
@@ -160,14 +180,15 @@ impl Task {
                         }
                     }
                 }
-                if retiring && again.is_none() {
-                    again = Some(RETIRE_WAIT);
+                // Woken when the first retiring session's wait is over.
+                if let Some(first) = self.retiring_since.values().min().filter(|_| again.is_none()) {
+                    again = Some(RETIRE_WAIT.saturating_sub(first.elapsed()).max(Duration::from_millis(10)));
                 }
                 if self.leave.borrow().is_some() && self.applied.as_ref().map(|a| a.0.as_str()) == Some(text.as_str()) {
                     self.left.send_replace(true);
                 }
-            } else if self.leave.borrow().is_some() {
-                // Nothing of ours announced: nothing to withdraw.
+            } else if self.leave.borrow().is_some() && self.applied.is_none() {
+                // FRR was never given anything of ours: nothing to withdraw.
                 self.left.send_replace(true);
             }
             // Rendered again on a change too; the sessions are read back meanwhile.
@@ -191,8 +212,9 @@ impl Task {
     /// never given one and the model has no BGP settings or not this node;
     /// once it was, a model without either renders no sessions (FRR then
     /// withdraws everything and closes them).
-    /// Sessions the model drops go in two steps ([`super::Speaker::retire_towards`]):
-    /// kept with nothing sent on them until [`RETIRE_WAIT`] after FRR had that.
+    /// Sessions the model drops go in two steps ([`super::Speaker::step_towards`]):
+    /// kept with nothing sent on them until [`RETIRE_WAIT`] after FRR first had
+    /// that for each.
     fn render(&self) -> Option<(String, super::Speaker, usize)> {
         let world = self.world.borrow().clone();
         let mut held = self.held.borrow().clone();
@@ -200,19 +222,8 @@ impl Task {
             held.retain(|v| keep.contains(v));
         }
         let mut speaker = super::speaker(&world, &self.me, &held).or_else(|| self.applied.is_some().then(super::Speaker::silent))?;
-        if let Some((_, last, at)) = &self.applied {
-            let retired = !last.retiring.is_empty() && at.elapsed() >= RETIRE_WAIT;
-            if let Some(first) = last.retire_towards(&speaker).filter(|_| !retired) {
-                speaker = first;
-            } else if !retired && !last.retiring.is_empty() {
-                // Still withdrawing: the same step until the wait is over (with
-                // what changed meanwhile, if the sessions that stay are the same).
-                speaker = if !speaker.peers.is_empty() && last.peers == speaker.peers {
-                    super::Speaker { retiring: last.retiring.clone(), ..speaker }
-                } else {
-                    last.clone()
-                };
-            }
+        if let Some((_, last)) = &self.applied {
+            speaker = last.step_towards(speaker, |p| self.retiring_since.get(&p).is_some_and(|t| t.elapsed() >= RETIRE_WAIT));
         }
         let count = speaker.advertisements.iter().map(|a| a.addresses.len()).sum();
         match super::frr_config(&speaker) {
@@ -242,11 +253,12 @@ impl Task {
     /// (it restarted from a file of its own, or someone changed it): it is
     /// given it again.
     async fn read_sessions(&mut self) -> bool {
-        let Some((_, given, _)) = &self.applied else { return false };
+        let Some((_, given)) = &self.applied else { return false };
+        let given: Vec<IpAddr> = given.peers.iter().chain(&given.retiring).map(|p| p.address).collect();
         match sessions(&self.paths).await {
             Ok(s) => {
-                let want: BTreeSet<IpAddr> = given.peers.iter().chain(&given.retiring).map(|p| p.address).collect();
-                let lost = s.keys().copied().collect::<BTreeSet<_>>() != want;
+                // Sessions FRR has beside ours are not ours to judge.
+                let lost = given.iter().any(|p| !s.contains_key(p));
                 let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
                 self.metrics.session_up.set_all(s.iter().map(|(p, st)| (label(p), i64::from(st.established))));
                 self.metrics.prefixes_sent.set_all(s.iter().map(|(p, st)| (label(p), st.prefixes_sent as i64)));
@@ -269,7 +281,13 @@ impl Task {
                 lost
             }
             Err(e) => {
+                // Not known to be up: FRR may be down (the alert then fires).
                 warn!("reading BGP sessions from FRR: {e:#}");
+                let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
+                self.metrics.session_up.set_all(given.iter().map(|p| (label(p), 0)));
+                let unknown =
+                    |peer| BgpSessionStatus { peer, state: "Unknown".into(), prefixes_sent: 0, prefixes_received: 0, last_reset: Some(format!("{e:#}")) };
+                self.update_status(|s| s.sessions = given.iter().copied().map(unknown).collect());
                 false
             }
         }
@@ -313,11 +331,11 @@ pub struct SessionState {
 /// The sessions of FRR's default instance (`show bgp neighbors json`).
 pub async fn sessions(p: &Paths) -> Result<BTreeMap<IpAddr, SessionState>> {
     let out = tokio::time::timeout(
-        RELOAD_TIMEOUT,
+        READ_TIMEOUT,
         Command::new(&p.vtysh).arg("--vty_socket").arg(&p.vty_dir).args(["-c", "show bgp neighbors json"]).kill_on_drop(true).output(),
     )
     .await
-    .map_err(|_| anyhow!("vtysh did not answer within {RELOAD_TIMEOUT:?}"))?
+    .map_err(|_| anyhow!("vtysh did not answer within {READ_TIMEOUT:?}"))?
     .with_context(|| format!("running {}", p.vtysh.display()))?;
     if !out.status.success() {
         bail!("vtysh: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());

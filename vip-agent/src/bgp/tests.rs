@@ -104,30 +104,42 @@ fn no_peers_render_no_bgp_instance() {
 }
 
 /// Dropping a session that carries routes goes through a step where it stays
-/// with nothing sent on it; dropping one with nothing announced, or keeping
-/// every session, goes straight; a new AS retires every session first.
+/// with nothing sent on it, until its wait is over, through further changes;
+/// dropping one with nothing announced, or keeping every session, goes
+/// straight; a new AS retires every session first.
 #[test]
 fn sessions_that_carry_routes_retire_before_they_go() {
     let now = sample();
-    let one = Speaker { peers: vec![now.peers[0].clone()], ..sample() };
-    let step = now.retire_towards(&one).expect("the IPv6 session carries routes");
-    assert_eq!((step.peers.clone(), step.retiring.clone()), (one.peers.clone(), vec![now.peers[1].clone()]));
+    let (v4, v6) = (now.peers[0].clone(), now.peers[1].clone());
+    let one = Speaker { peers: vec![v4.clone()], ..sample() };
+    let waiting = |_| false;
+    let step = now.step_towards(one.clone(), waiting);
+    assert_eq!((step.peers.clone(), step.retiring.clone()), (vec![v4.clone()], vec![v6.clone()]));
     assert_eq!(step.advertisements, one.advertisements);
     let c = frr_config(&step).unwrap();
     assert!(c.contains("  neighbor 2001:2::1 activate\n  neighbor 2001:2::1 route-map vip-in in\n  neighbor 2001:2::1 route-map vip-none out\n"), "{c}");
     assert!(c.contains("route-map vip-none deny 10\n") && !c.contains("198.18.0.1 route-map vip-none"), "{c}");
-    // Leaving BGP altogether: the old sessions stay, with the old router id.
-    let gone = now.retire_towards(&Speaker::silent()).unwrap();
-    assert_eq!((gone.peers.len(), gone.retiring.len(), gone.router_id), (0, 2, now.router_id));
+    // A second change while it waits: the first session keeps retiring, the
+    // second joins it (the node leaves BGP altogether: the old router id stays).
+    let gone = step.step_towards(Speaker::silent(), waiting);
+    assert_eq!((gone.peers.len(), gone.retiring.clone(), gone.router_id), (0, vec![v4.clone(), v6.clone()], now.router_id));
     assert!(frr_config(&gone).unwrap().contains("router bgp 64513\n"));
-    // Nothing to withdraw, or nothing dropped: no step.
+    // Its wait over, only the other stays; both over, nothing is left.
+    let later = gone.step_towards(Speaker::silent(), |a| a == v6.address);
+    assert_eq!(later.retiring, vec![v4.clone()]);
+    assert_eq!(later.step_towards(Speaker::silent(), |_| true), Speaker::silent());
+    // A retiring session that comes back is a session again.
+    let back = step.step_towards(sample(), waiting);
+    assert_eq!(back, sample());
+    // Nothing announced, or nothing dropped: no step.
     let quiet = Speaker { advertisements: vec![Advertisement::default()], ..sample() };
-    assert_eq!(quiet.retire_towards(&one), None);
-    assert_eq!(now.retire_towards(&sample()), None);
+    assert_eq!(quiet.step_towards(one.clone(), waiting), one);
+    assert_eq!(now.step_towards(sample(), waiting), sample());
     let mut other_as = sample();
     other_as.peers.iter_mut().for_each(|p| p.my_asn = 65000);
-    let step = now.retire_towards(&other_as).unwrap();
-    assert_eq!((step.peers.len(), step.retiring, step.peers), (0, now.peers.clone(), vec![]));
+    let step = now.step_towards(other_as.clone(), waiting);
+    assert_eq!((step.peers.len(), step.retiring), (0, now.peers.clone()));
+    assert_eq!(now.step_towards(other_as.clone(), |_| true), other_as);
 }
 
 #[test]
