@@ -57,7 +57,6 @@ pub struct Router {
     pub frr: Frr,
     pub client: NetNs,
     pub ns: NetNs,
-    pub dir: PathBuf,
     pub mac: [u8; 6],
     /// The sessions are checked by BFD.
     pub bfd: bool,
@@ -105,7 +104,7 @@ impl Router {
         std::fs::create_dir_all(&dir)?;
         let mac = ns.mac("eth0")?;
         let frr = Self::start_frr(&ns, &dir, bfd, lab.spec.ipv6)?;
-        Ok(Self { frr, client, ns, dir, mac, bfd })
+        Ok(Self { frr, client, ns, mac, bfd })
     }
 
     /// zebra and bgpd (and bfdd with `bfd`, the sessions then checked by BFD).
@@ -154,7 +153,7 @@ impl Router {
                  {family6}"
             ),
         )?;
-        Frr::start(ns, d, if bfd { &["zebra", "bfdd", "bgpd"] } else { &["zebra", "bgpd"] })
+        Frr::start(ns, d, Frr::daemons(bfd))
     }
 
     /// Runs `vtysh -c cmd` against the router's daemons.
@@ -268,6 +267,16 @@ pub struct Frr {
 }
 
 impl Frr {
+    /// The daemons BGP needs: zebra and bgpd, and bfdd for BFD (started in
+    /// this order: bgpd and bfdd talk to zebra).
+    pub fn daemons(bfd: bool) -> &'static [&'static str] {
+        if bfd {
+            &["zebra", "bfdd", "bgpd"]
+        } else {
+            &["zebra", "bgpd"]
+        }
+    }
+
     pub fn start(ns: &NetNs, dir: &Path, daemons: &[&str]) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         for daemon in daemons {
@@ -560,7 +569,7 @@ impl<L: Lab> RoutedLab<L> {
             .iter()
             .enumerate()
             .map(|(i, n)| match &ha.spec.bgp {
-                Some(b) => Frr::start(&n.ns, &ha.frr_dir(i), if b.bfd { &["zebra", "bfdd", "bgpd"] } else { &["zebra", "bgpd"] }).map(Speaker::Frr),
+                Some(b) => Frr::start(&n.ns, &ha.frr_dir(i), Frr::daemons(b.bfd)).map(Speaker::Frr),
                 None => Bird::start(n, &ha.dir, &nets, bfd, ha.spec.ipv6.then(|| node_addr6(i))).map(Speaker::Bird),
             })
             .collect::<Result<_>>()?;

@@ -354,7 +354,7 @@ fn a_bgp_pool_is_announced_by_every_agents_frr_and_nothing_an_agent_does_resets_
     drop(std::mem::replace(&mut r.speakers[0], Speaker::Frr(Frr::start(&r.lab.nodes[0].ns, &r.lab.frr_dir(0), &[]).unwrap())));
     hops(&r, vips, &[1, 2], "node-1's FRR killed");
     let t = std::time::Instant::now();
-    r.speakers[0] = Speaker::Frr(Frr::start(&r.lab.nodes[0].ns, &r.lab.frr_dir(0), &["zebra", "bgpd"]).unwrap());
+    r.speakers[0] = Speaker::Frr(Frr::start(&r.lab.nodes[0].ns, &r.lab.frr_dir(0), Frr::daemons(false)).unwrap());
     // Found within 5 s, then a session to set up: a longer wait than a route change's.
     let wait = Duration::from_secs(30);
     for v in (0..vips).flat_map(|k| [IpAddr::from(vip(k)), vip6(k).into()]) {

@@ -210,9 +210,8 @@ impl Task {
 
     /// FRR's configuration for now and the routes in it. None while FRR was
     /// never given one and the model has no BGP settings or not this node;
-    /// once it was, a model without either renders no sessions (FRR then
-    /// withdraws everything and closes them).
-    /// Sessions the model drops go in two steps ([`super::Speaker::step_towards`]):
+    /// once it was, a model without either renders no sessions. Sessions the
+    /// model drops go in two steps ([`super::Speaker::step_towards`]):
     /// kept with nothing sent on them until [`RETIRE_WAIT`] after FRR first had
     /// that for each.
     fn render(&self) -> Option<(String, super::Speaker, usize)> {
@@ -248,19 +247,18 @@ impl Task {
     }
 
     /// The sessions' state into the metrics and the status (skipped while FRR
-    /// is not ours yet).
-    /// FRR with other sessions than it was given has lost its configuration
-    /// (it restarted from a file of its own, or someone changed it): it is
-    /// given it again.
+    /// is not ours yet). True when a session FRR was given is missing: FRR lost
+    /// its configuration (it restarted from a file of its own), and is given it
+    /// again.
     async fn read_sessions(&mut self) -> bool {
         let Some((_, given)) = &self.applied else { return false };
         let given: Vec<IpAddr> = given.peers.iter().chain(&given.retiring).map(|p| p.address).collect();
+        let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
         match sessions(&self.paths).await {
             Ok(s) => {
                 // Sessions FRR has beside ours are not ours to judge.
                 let lost = given.iter().any(|p| !s.contains_key(p));
-                let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
-                self.metrics.session_up.set_all(s.iter().map(|(p, st)| (label(p), i64::from(st.established))));
+                self.metrics.session_up.set_all(s.iter().map(|(p, st)| (label(p), i64::from(st.established()))));
                 self.metrics.prefixes_sent.set_all(s.iter().map(|(p, st)| (label(p), st.prefixes_sent as i64)));
                 self.metrics.prefixes_received.set_all(s.iter().map(|(p, st)| (label(p), st.prefixes_received as i64)));
                 let sessions = s
@@ -283,7 +281,6 @@ impl Task {
             Err(e) => {
                 // Not known to be up: FRR may be down (the alert then fires).
                 warn!("reading BGP sessions from FRR: {e:#}");
-                let label = |p: &IpAddr| PeerLabels { peer: p.to_string() };
                 self.metrics.session_up.set_all(given.iter().map(|p| (label(p), 0)));
                 let unknown =
                     |peer| BgpSessionStatus { peer, state: "Unknown".into(), prefixes_sent: 0, prefixes_received: 0, last_reset: Some(format!("{e:#}")) };
@@ -321,11 +318,16 @@ pub async fn reload(p: &Paths, text: &str) -> Result<()> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionState {
     pub state: String,
-    pub established: bool,
     pub prefixes_sent: u64,
     /// Routes the peer sent that were accepted (none: the agent's FRR imports nothing).
     pub prefixes_received: u64,
     pub last_reset: Option<String>,
+}
+
+impl SessionState {
+    pub fn established(&self) -> bool {
+        self.state == "Established"
+    }
 }
 
 /// The sessions of FRR's default instance (`show bgp neighbors json`).
@@ -358,7 +360,7 @@ pub fn parse_sessions(json: &[u8]) -> Result<BTreeMap<IpAddr, SessionState>> {
         };
         let last_reset = n.get("lastResetDueTo").and_then(|s| s.as_str()).map(str::to_owned);
         let (prefixes_sent, prefixes_received) = (count("sentPrefixCounter"), count("acceptedPrefixCounter"));
-        out.insert(addr, SessionState { established: state == "Established", state, prefixes_sent, prefixes_received, last_reset });
+        out.insert(addr, SessionState { state, prefixes_sent, prefixes_received, last_reset });
     }
     Ok(out)
 }
@@ -376,7 +378,7 @@ mod tests {
         let v6: IpAddr = "2001:2::1".parse().unwrap();
         assert_eq!(s.keys().copied().collect::<Vec<_>>(), [v4, v6]);
         for st in s.values() {
-            assert_eq!((st.state.as_str(), st.established, st.prefixes_sent, st.prefixes_received), ("Established", true, 2, 0));
+            assert_eq!((st.state.as_str(), st.established(), st.prefixes_sent, st.prefixes_received), ("Established", true, 2, 0));
         }
         assert_eq!(s[&v4].last_reset.as_deref(), Some("Waiting for peer OPEN"));
         // A session down, and keys that are not addresses.
@@ -384,7 +386,7 @@ mod tests {
         let d = parse_sessions(down).unwrap();
         assert_eq!(d.len(), 1);
         let st = &d[&"198.18.0.9".parse::<IpAddr>().unwrap()];
-        assert_eq!((st.established, st.prefixes_sent, st.last_reset.as_deref()), (false, 0, Some("No AFI/SAFI activated for peer")));
+        assert_eq!((st.established(), st.prefixes_sent, st.last_reset.as_deref()), (false, 0, Some("No AFI/SAFI activated for peer")));
         assert!(parse_sessions(b"[]").is_err(), "not an object");
     }
 }
